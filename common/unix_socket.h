@@ -1,0 +1,43 @@
+// Unix-domain socket plumbing for the session socket: SOCK_SEQPACKET listen/connect, messages with
+// file descriptors (SCM_RIGHTS), and the peer's kernel credentials (SO_PEERCRED).
+#ifndef TIER_COMMON_UNIX_SOCKET_H_
+#define TIER_COMMON_UNIX_SOCKET_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/unique_fd.h"
+
+namespace tier {
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// Binds and listens on `path` (an existing socket file there is replaced), mode `mode`.
+absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, int backlog = 64);
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path);
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd);
+
+// Sends one message with up to wire::kMaxFds descriptors attached.
+absl::Status SendMessage(int fd, const void* data, size_t len, absl::Span<const int> fds = {});
+
+struct ReceivedMessage {
+  std::vector<char> data;      // empty on orderly shutdown by the peer
+  std::vector<UniqueFd> fds;   // owned: closed unless taken
+};
+
+// Receives one message (blocking unless fd is non-blocking). A truncated message or one carrying
+// more descriptors than allowed is an error (the extra descriptors are closed).
+absl::StatusOr<ReceivedMessage> ReceiveMessage(int fd, size_t max_len, size_t max_fds);
+
+}  // namespace tier
+
+#endif  // TIER_COMMON_UNIX_SOCKET_H_

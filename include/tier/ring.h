@@ -1,0 +1,224 @@
+// The per-session job ring: a submission queue (client -> daemon) and a completion queue
+// (daemon -> client) in one shared-memory segment (a sealed memfd the daemon creates and passes to
+// the client over the session socket).
+//
+// Each queue is single-producer/single-consumer with free-running 32-bit indices. The producer
+// writes an entry, then publishes it with a release store of its tail; the consumer reads the tail
+// with acquire, copies the entry out, then releases its head. The daemon treats everything the
+// client can write as hostile: it reads each index once, checks that tail - head never exceeds the
+// capacity, and copies an entry before validating it (so the client cannot change it between check
+// and use). A broken index ends that session, never the daemon.
+//
+// Sleeping and waking (no syscall while both sides are busy): a consumer about to sleep sets its
+// queue's need_wakeup flag, issues a seq_cst fence, and looks at the queue once more before it
+// blocks on the queue's eventfd. A producer publishes its tail, issues a seq_cst fence, and writes
+// the eventfd only if need_wakeup is set. With both fences, either the consumer sees the new entry
+// or the producer sees the flag (Dekker), so no wake-up is lost.
+#ifndef TIER_RING_H_
+#define TIER_RING_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+namespace tier::ring {
+
+inline constexpr uint32_t kMagic = 0x54524e47;  // "TRNG"
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kMinEntries = 8;
+inline constexpr uint32_t kMaxEntries = 1u << 16;
+
+enum class Opcode : uint32_t {
+  kOffload = 1,  // buffer[offset, offset+len) -> new object `object_id`
+  kReload = 2,   // object `object_id` -> buffer[offset, offset+len)
+  kFree = 3,     // drop object `object_id`
+  kNop = 4,      // completes at once; used to measure the ring itself
+};
+
+inline constexpr uint32_t kFlagFreeAfterReload = 1u << 0;
+
+// 64 bytes: one cache line per entry.
+struct SubmissionEntry {
+  uint64_t job_id = 0;     // echoed in the completion
+  uint32_t opcode = 0;     // Opcode
+  uint32_t flags = 0;      // kFlag*
+  uint64_t object_id = 0;  // chosen by the client for offload (unique in the session, non-zero)
+  uint64_t buffer_id = 0;
+  uint64_t offset = 0;     // bytes into the buffer
+  uint64_t len = 0;        // bytes
+  uint64_t hint = 0;       // next-use order for the spill policy; 0 = none
+  uint64_t sync = 0;       // GPU engine: ticket/semaphore slot of this job (0 = none)
+};
+static_assert(sizeof(SubmissionEntry) == 64);
+
+struct CompletionEntry {
+  uint64_t job_id = 0;
+  int32_t status = 0;  // tier_status / absl::StatusCode
+  uint32_t reserved = 0;
+  uint64_t object_id = 0;
+  uint64_t len = 0;
+};
+static_assert(sizeof(CompletionEntry) == 32);
+
+// One cache line per index so producer and consumer never share a line they write.
+struct alignas(64) Index {
+  std::atomic<uint32_t> value{0};
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct QueueIndices {
+  Index head;         // written by the consumer
+  Index tail;         // written by the producer
+  Index need_wakeup;  // set by the consumer before it sleeps on the queue's eventfd
+};
+
+struct alignas(64) RingHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t sq_entries;  // power of two
+  uint32_t cq_entries;  // power of two
+  uint64_t sq_offset;   // bytes from the segment start
+  uint64_t cq_offset;
+  uint64_t session_id;
+  alignas(64) QueueIndices sq;
+  QueueIndices cq;
+};
+
+inline constexpr size_t kHeaderBytes = 4096;
+static_assert(sizeof(RingHeader) <= kHeaderBytes);
+
+// Bytes of a segment holding `entries` submissions and as many completions, page aligned.
+constexpr size_t SegmentBytes(uint32_t entries) {
+  size_t bytes = kHeaderBytes + size_t{entries} * sizeof(SubmissionEntry) +
+                 size_t{entries} * sizeof(CompletionEntry);
+  return (bytes + 4095) & ~size_t{4095};
+}
+
+// Lays out a fresh segment (daemon side).
+inline RingHeader* InitSegment(void* base, uint32_t entries, uint64_t session_id) {
+  auto* header = new (base) RingHeader();
+  header->magic = kMagic;
+  header->version = kVersion;
+  header->sq_entries = entries;
+  header->cq_entries = entries;
+  header->sq_offset = kHeaderBytes;
+  header->cq_offset = kHeaderBytes + size_t{entries} * sizeof(SubmissionEntry);
+  header->session_id = session_id;
+  return header;
+}
+
+// Producer end of one queue. Only the producer's own tail is trusted; the consumer's head is
+// re-read and checked on each push.
+template <typename Entry>
+class Producer {
+ public:
+  Producer() = default;
+  Producer(QueueIndices* indices, Entry* entries, uint32_t capacity)
+      : indices_(indices), entries_(entries), mask_(capacity - 1),
+        tail_(indices->tail.value.load(std::memory_order_relaxed)) {}
+
+  // Entries the consumer has not taken yet, or nullopt if its head is impossible (corrupt peer).
+  std::optional<uint32_t> Pending() const {
+    uint32_t head = indices_->head.value.load(std::memory_order_acquire);
+    uint32_t used = tail_ - head;
+    if (used > mask_ + 1) return std::nullopt;
+    return used;
+  }
+  uint32_t capacity() const { return mask_ + 1; }
+
+  // False when full (or the peer's head is corrupt: see Pending()).
+  bool TryPush(const Entry& entry) {
+    std::optional<uint32_t> used = Pending();
+    if (!used || *used == mask_ + 1) return false;
+    std::memcpy(&entries_[tail_ & mask_], &entry, sizeof(Entry));
+    ++tail_;
+    indices_->tail.value.store(tail_, std::memory_order_release);
+    return true;
+  }
+
+  // After publishing: true when the consumer asked to be woken (then write its eventfd).
+  bool ConsumerWantsWakeup() const {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return indices_->need_wakeup.value.load(std::memory_order_relaxed) != 0;
+  }
+
+ private:
+  QueueIndices* indices_ = nullptr;
+  Entry* entries_ = nullptr;
+  uint32_t mask_ = 0;
+  uint32_t tail_ = 0;
+};
+
+// Consumer end of one queue. Only the consumer's own head is trusted.
+template <typename Entry>
+class Consumer {
+ public:
+  Consumer() = default;
+  Consumer(QueueIndices* indices, Entry* entries, uint32_t capacity)
+      : indices_(indices), entries_(entries), mask_(capacity - 1),
+        head_(indices->head.value.load(std::memory_order_relaxed)) {}
+
+  enum class Result { kEntry, kEmpty, kCorrupt };
+
+  // Copies the next entry out (never hands out a pointer into shared memory).
+  Result TryPop(Entry* out) {
+    uint32_t tail = indices_->tail.value.load(std::memory_order_acquire);
+    uint32_t avail = tail - head_;
+    if (avail == 0) return Result::kEmpty;
+    if (avail > mask_ + 1) return Result::kCorrupt;
+    std::memcpy(out, &entries_[head_ & mask_], sizeof(Entry));
+    ++head_;
+    indices_->head.value.store(head_, std::memory_order_release);
+    return Result::kEntry;
+  }
+
+  bool Empty() const {
+    return indices_->tail.value.load(std::memory_order_acquire) == head_;
+  }
+
+  // Before sleeping: set need_wakeup, fence, and look again. Returns true if an entry arrived in
+  // between (then do not sleep; call CancelSleep()).
+  bool PrepareSleep() {
+    indices_->need_wakeup.value.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return !Empty();
+  }
+  void CancelSleep() { indices_->need_wakeup.value.store(0, std::memory_order_relaxed); }
+
+ private:
+  QueueIndices* indices_ = nullptr;
+  Entry* entries_ = nullptr;
+  uint32_t mask_ = 0;
+  uint32_t head_ = 0;
+};
+
+// Views of a mapped segment, for each side. The client validates the header it receives (its
+// sizes must fit the mapping) before building these.
+struct SegmentView {
+  RingHeader* header = nullptr;
+  SubmissionEntry* sq = nullptr;
+  CompletionEntry* cq = nullptr;
+};
+
+// Checks a header read from a mapping of `mapped_bytes`; returns a view or nullopt.
+inline std::optional<SegmentView> ViewSegment(void* base, size_t mapped_bytes) {
+  if (mapped_bytes < kHeaderBytes) return std::nullopt;
+  auto* header = static_cast<RingHeader*>(base);
+  uint32_t n = header->sq_entries;
+  if (header->magic != kMagic || header->version != kVersion || n != header->cq_entries ||
+      n < kMinEntries || n > kMaxEntries || (n & (n - 1)) != 0 ||
+      header->sq_offset != kHeaderBytes ||
+      header->cq_offset != kHeaderBytes + size_t{n} * sizeof(SubmissionEntry) ||
+      SegmentBytes(n) > mapped_bytes) {
+    return std::nullopt;
+  }
+  auto* bytes = static_cast<char*>(base);
+  return SegmentView{header, reinterpret_cast<SubmissionEntry*>(bytes + header->sq_offset),
+                     reinterpret_cast<CompletionEntry*>(bytes + header->cq_offset)};
+}
+
+}  // namespace tier::ring
+
+#endif  // TIER_RING_H_

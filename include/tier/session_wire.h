@@ -1,0 +1,96 @@
+// Messages on the session socket (SOCK_SEQPACKET, next to the gRPC socket).
+//
+// This socket carries what gRPC cannot: file descriptors (SCM_RIGHTS) and the peer's kernel
+// credentials (SO_PEERCRED). Its lifetime is the session's: when the client process dies the kernel
+// closes it and the daemon cleans the session up; when the daemon dies the client sees the hang-up
+// and fails its pending jobs. All messages are fixed-size, little-endian host structs (both ends
+// run on the same machine); every field the daemon receives is validated.
+//
+// Exchange: the client sends AttachRequest; the daemon answers AttachReply with three fds (ring
+// memfd, submission doorbell eventfd, completion doorbell eventfd). After that the client sends
+// requests (register/unregister) one at a time and waits for each reply.
+#ifndef TIER_SESSION_WIRE_H_
+#define TIER_SESSION_WIRE_H_
+
+#include <cstdint>
+
+namespace tier::wire {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kMaxMessageBytes = 512;
+inline constexpr size_t kMaxFds = 4;
+
+enum class MessageType : uint32_t {
+  kAttachRequest = 1,
+  kAttachReply = 2,
+  kRegisterBuffer = 3,
+  kRegisterBufferReply = 4,
+  kUnregisterBuffer = 5,
+  kUnregisterBufferReply = 6,
+};
+
+struct MessageHeader {
+  uint32_t type;  // MessageType
+  uint32_t version;
+  uint64_t request_id;
+};
+
+struct AttachRequest {
+  MessageHeader header;
+  uint64_t session_id;
+  uint8_t token[16];
+};
+
+struct Reply {
+  MessageHeader header;
+  int32_t status;  // tier_status
+  uint32_t reserved;
+  char message[160];  // NUL-terminated; empty on success
+};
+
+struct AttachReply {
+  Reply reply;
+  uint64_t ring_bytes;  // size of the ring memfd
+  uint64_t quota_bytes;
+  uint32_t ring_entries;
+  uint32_t reserved;
+  char engine[16];
+  // fds: [0] ring memfd, [1] submission doorbell eventfd, [2] completion doorbell eventfd
+};
+
+enum class BufferKind : uint32_t {
+  kHostMemfd = 1,     // fd: a memfd sealed with F_SEAL_SHRINK, at least `bytes` long
+  kCudaIpc = 2,       // handle: cudaIpcMemHandle_t of an allocation base, `bytes` its size
+  kCudaVmmFd = 3,     // fd: POSIX fd shareable handle of a VMM allocation of `bytes`
+  kCudaSemaphores = 4,  // handle: cudaIpcMemHandle_t of a semaphore page (gpu/client_gpu.h)
+};
+
+struct RegisterBuffer {
+  MessageHeader header;
+  uint32_t kind;  // BufferKind
+  int32_t device;  // GPU ordinal in the client's view (kCuda*); -1 for host
+  uint64_t bytes;
+  uint8_t handle[64];  // kCudaIpc
+  uint8_t device_uuid[16];  // kCuda*: identifies the GPU independent of CUDA_VISIBLE_DEVICES
+};
+
+struct RegisterBufferReply {
+  Reply reply;
+  uint64_t buffer_id;
+};
+
+struct UnregisterBuffer {
+  MessageHeader header;
+  uint64_t buffer_id;
+};
+
+struct UnregisterBufferReply {
+  Reply reply;
+};
+
+static_assert(sizeof(AttachReply) <= kMaxMessageBytes);
+static_assert(sizeof(RegisterBuffer) <= kMaxMessageBytes);
+
+}  // namespace tier::wire
+
+#endif  // TIER_SESSION_WIRE_H_

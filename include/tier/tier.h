@@ -1,0 +1,174 @@
+/* Tierd client library: the stable C ABI (libtierclient.so).
+ *
+ * A process opens a session with the local tierd, registers the memory it wants to offload from
+ * and reload into, and submits jobs. Jobs go through a shared-memory ring: no gRPC call and no
+ * system call per job (a doorbell write only when the daemon is idle).
+ *
+ *   tier_session* s;  tier_session_open(NULL, &s);
+ *   void* p; tier_buffer_id b;  tier_buffer_alloc_host(s, 1 << 20, &p, &b);
+ *   tier_object_id o; tier_job_id j;  tier_offload(s, b, 0, 1 << 20, NULL, &o, &j);
+ *   tier_job_wait(s, j, -1);           // TIER_OK once the data lives in the daemon
+ *   tier_reload(s, o, b, 0, 1 << 20, NULL, &j);  tier_job_wait(s, j, -1);
+ *   tier_free(s, o, &j);  tier_session_close(s);
+ *
+ * Rules of the ABI: opaque handles, fixed-width integers, option structs that begin with their own
+ * size (so fields can be added), no C++ types. Every function returns a tier_status; on failure
+ * tier_last_error() gives a message for the calling thread. A session may be used from several
+ * threads at once.
+ */
+#ifndef TIER_TIER_H_
+#define TIER_TIER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIER_API __attribute__((visibility("default")))
+
+/* The canonical status codes: the same numbers as absl::StatusCode and grpc::StatusCode, so one
+ * vocabulary runs from the daemon to the wire to this ABI to the Python exception. Stable. */
+typedef enum tier_status {
+  TIER_OK = 0,
+  TIER_CANCELLED = 1,
+  TIER_UNKNOWN = 2,
+  TIER_INVALID_ARGUMENT = 3,
+  TIER_DEADLINE_EXCEEDED = 4,
+  TIER_NOT_FOUND = 5,
+  TIER_ALREADY_EXISTS = 6,
+  TIER_PERMISSION_DENIED = 7,
+  TIER_RESOURCE_EXHAUSTED = 8,
+  TIER_FAILED_PRECONDITION = 9,
+  TIER_ABORTED = 10,
+  TIER_OUT_OF_RANGE = 11,
+  TIER_UNIMPLEMENTED = 12,
+  TIER_INTERNAL = 13,
+  TIER_UNAVAILABLE = 14,
+  TIER_DATA_LOSS = 15,
+  TIER_UNAUTHENTICATED = 16
+} tier_status;
+
+typedef struct tier_session tier_session; /* opaque */
+typedef uint64_t tier_buffer_id;           /* a registered region of client memory */
+typedef uint64_t tier_object_id;           /* data held by the daemon (host pool or NVMe) */
+typedef uint64_t tier_job_id;              /* one submitted job, unique within a session */
+
+/* Name of a status code ("OK", "NOT_FOUND", ...); never NULL. */
+TIER_API const char* tier_status_name(tier_status status);
+/* Message describing the last failure on the calling thread; never NULL. */
+TIER_API const char* tier_last_error(void);
+/* Library version, e.g. "0.1.0". */
+TIER_API const char* tier_version(void);
+
+/* ---- Sessions ---------------------------------------------------------------------------- */
+
+typedef struct tier_session_options {
+  uint32_t struct_size;    /* sizeof(tier_session_options) */
+  const char* socket_path; /* NULL: $TIER_SOCKET, else $XDG_RUNTIME_DIR/tierd/tierd.sock when it
+                              exists, else /run/tierd/tierd.sock */
+  const char* name;        /* label shown by tierctl; NULL: the program's name */
+  uint64_t quota_bytes;    /* 0: the daemon's default */
+  uint32_t ring_entries;   /* 0: the daemon's default */
+  int32_t connect_timeout_ms; /* <= 0: 5000 */
+} tier_session_options;
+
+TIER_API void tier_session_options_init(tier_session_options* options);
+/* Connects to tierd, opens a session and attaches to it. options may be NULL. */
+TIER_API tier_status tier_session_open(const tier_session_options* options, tier_session** out);
+/* Waits for the session's jobs, closes it (the daemon frees its objects) and frees the handle. */
+TIER_API void tier_session_close(tier_session* session);
+
+typedef struct tier_session_info {
+  uint32_t struct_size; /* sizeof(tier_session_info) */
+  uint64_t session_id;
+  uint64_t quota_bytes;
+  uint32_t ring_entries;
+  uint32_t reserved;
+  uint64_t jobs_in_flight; /* submitted by this handle, completion not yet reaped */
+  char engine[16];         /* the daemon's copy engine: "host", "cuda", "hip" */
+} tier_session_info;
+
+TIER_API tier_status tier_session_get_info(tier_session* session, tier_session_info* info);
+
+/* ---- Buffers ----------------------------------------------------------------------------- */
+
+/* Allocates bytes of host memory shared with the daemon and registers it. This is the memory the
+ * host engine copies from and to (and the pinned-staging-free path on GPU nodes). The memory lives
+ * until tier_buffer_unregister or the session closes. */
+TIER_API tier_status tier_buffer_alloc_host(tier_session* session, uint64_t bytes, void** ptr,
+                                            tier_buffer_id* id);
+/* Registers an existing memfd (sealed against shrinking: F_SEAL_SHRINK) of at least bytes. The
+ * library does not take ownership of fd. */
+TIER_API tier_status tier_buffer_register_fd(tier_session* session, int fd, uint64_t bytes,
+                                             tier_buffer_id* id);
+/* Registers the GPU allocation that contains device_ptr (the whole allocation, once: later calls
+ * for pointers inside an already registered allocation return the same id). *offset is
+ * device_ptr's offset within the allocation, to use in jobs. UNIMPLEMENTED without a GPU engine. */
+TIER_API tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
+                                                 tier_buffer_id* id, uint64_t* offset);
+/* Waits for jobs that use the buffer, then drops it (the daemon closes its mapping). */
+TIER_API tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id);
+
+/* ---- Jobs -------------------------------------------------------------------------------- */
+
+typedef struct tier_offload_options {
+  uint32_t struct_size; /* sizeof(tier_offload_options) */
+  uint32_t num_producer_streams;
+  /* GPU only: the streams whose work wrote the data (cudaStream_t / hipStream_t). The daemon's copy
+   * waits on the GPU for all of them. NULL/0: the calling thread's current (legacy default) stream. */
+  void* const* producer_streams;
+  /* Expected order of reload, smaller = sooner; 0 = no hint (spill policy treats offload order as
+   * reverse reload order, as in activation offload). */
+  uint64_t next_use_hint;
+} tier_offload_options;
+
+typedef struct tier_reload_options {
+  uint32_t struct_size; /* sizeof(tier_reload_options) */
+  uint32_t flags;       /* TIER_RELOAD_* */
+  /* GPU only: the stream that will use the data. Before tier_reload returns, this stream has been
+   * made to wait for the copy's completion. NULL: the legacy default stream. */
+  void* consumer_stream;
+} tier_reload_options;
+
+/* Drop the object once the reload has copied it out (saves a tier_free round trip). */
+#define TIER_RELOAD_FREE_AFTER 1u
+
+TIER_API void tier_offload_options_init(tier_offload_options* options);
+TIER_API void tier_reload_options_init(tier_reload_options* options);
+
+/* Copies len bytes at offset of buffer into a new daemon object. *object is valid at once (jobs
+ * naming it are ordered after this one); the data must not change until the job completes. */
+TIER_API tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t offset,
+                                  uint64_t len, const tier_offload_options* options,
+                                  tier_object_id* object, tier_job_id* job);
+/* Copies the object (len must equal its length) into buffer at offset. */
+TIER_API tier_status tier_reload(tier_session* session, tier_object_id object,
+                                 tier_buffer_id buffer, uint64_t offset, uint64_t len,
+                                 const tier_reload_options* options, tier_job_id* job);
+/* Drops the object; its memory returns to the pool once jobs using it have finished. */
+TIER_API tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id* job);
+
+/* Waits until the job completes and returns its status (TIER_DEADLINE_EXCEEDED if timeout_ms
+ * passes first; timeout_ms < 0 waits for ever). A job's result can be waited for once. If the
+ * daemon dies, pending jobs complete with TIER_UNAVAILABLE. */
+TIER_API tier_status tier_job_wait(tier_session* session, tier_job_id job, int64_t timeout_ms);
+
+typedef struct tier_completion {
+  tier_job_id job;
+  tier_object_id object;
+  uint64_t len;
+  tier_status status;
+  uint32_t reserved;
+} tier_completion;
+
+/* Returns up to max completions not yet waited for, without blocking. */
+TIER_API tier_status tier_poll(tier_session* session, tier_completion* out, size_t max,
+                               size_t* count);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TIER_TIER_H_ */
