@@ -1,0 +1,151 @@
+#include "storage/faulty_io_queue.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tier::storage {
+namespace {
+
+std::string Describe(const IoRequest& r) {
+  return absl::StrCat("injected fault: ", r.op == IoOp::kRead ? "read" : "write", " of ", r.len,
+                      " bytes at offset ", r.offset, " of file ", r.file);
+}
+
+}  // namespace
+
+FaultyIoQueue::FaultyIoQueue(std::unique_ptr<IoQueue> inner)
+    : inner_(std::move(inner)), name_(absl::StrCat("faulty(", std::string(inner_->name()), ")")) {}
+
+int FaultyIoQueue::AddRule(const FaultRule& rule) {
+  std::lock_guard lock(mu_);
+  rules_.push_back(RuleState{rule, rule.skip, rule.times, 0});
+  return static_cast<int>(rules_.size() - 1);
+}
+
+void FaultyIoQueue::ClearRules() {
+  std::lock_guard lock(mu_);
+  // Keep the entries (ids stay valid for fired()) but make them inert.
+  for (RuleState& r : rules_) r.times_left = 0;
+}
+
+uint64_t FaultyIoQueue::fired(int id) const {
+  std::lock_guard lock(mu_);
+  return id >= 0 && static_cast<size_t>(id) < rules_.size() ? rules_[id].fired : 0;
+}
+
+uint64_t FaultyIoQueue::total_fired() const {
+  std::lock_guard lock(mu_);
+  return total_fired_;
+}
+
+absl::Status FaultyIoQueue::RegisterBuffers(absl::Span<const IoBuffer> buffers) {
+  return inner_->RegisterBuffers(buffers);
+}
+
+absl::StatusOr<int> FaultyIoQueue::RegisterFile(int fd) { return inner_->RegisterFile(fd); }
+
+uint32_t FaultyIoQueue::outstanding() const {
+  return inner_->outstanding() + static_cast<uint32_t>(ready_.size());
+}
+
+int FaultyIoQueue::Match(const IoRequest& request, FaultRule* fired) {
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    RuleState& r = rules_[i];
+    const FaultRule& rule = r.rule;
+    if (r.times_left == 0 || rule.op != request.op) continue;
+    if (rule.file >= 0 && rule.file != request.file) continue;
+    if (request.offset >= rule.offset_end || request.offset + request.len <= rule.offset_begin) {
+      continue;
+    }
+    if (r.skip_left > 0) {
+      --r.skip_left;
+      continue;
+    }
+    if (r.times_left > 0) --r.times_left;
+    ++r.fired;
+    ++total_fired_;
+    *fired = rule;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+absl::Status FaultyIoQueue::Enqueue(const IoRequest& request) {
+  if (outstanding() >= depth()) {
+    return absl::ResourceExhaustedError(absl::StrCat(name_, " queue full (depth ", depth(), ")"));
+  }
+  if (request.buf == nullptr || request.len == 0) {
+    return absl::InvalidArgumentError("I/O request needs a buffer and len > 0");
+  }
+  FaultRule rule;
+  int fired;
+  {
+    std::lock_guard lock(mu_);
+    fired = Match(request, &rule);
+  }
+  Tracked tracked{request, fired, rule.action, rule.error, 0};
+  IoRequest inner = request;
+  if (fired >= 0) {
+    switch (rule.action) {
+      case FaultRule::Action::kFail:
+        ready_.push_back(IoCompletion{request.user_data,
+                                      ErrnoStatus(Describe(request), rule.error), 0});
+        return absl::OkStatus();
+      case FaultRule::Action::kShort: {
+        uint64_t part = rule.short_bytes != 0 ? rule.short_bytes : request.len / 2;
+        if (part == 0 || part >= request.len) {
+          ready_.push_back(IoCompletion{request.user_data,
+                                        ErrnoStatus(Describe(request), rule.error), 0});
+          return absl::OkStatus();
+        }
+        inner.len = part;
+        break;
+      }
+      case FaultRule::Action::kCorrupt: {
+        uint64_t lo = std::max(request.offset, rule.offset_begin);
+        tracked.corrupt_offset =
+            rule.corrupt_offset >= request.offset && rule.corrupt_offset < request.offset + request.len
+                ? rule.corrupt_offset
+                : lo;
+        break;
+      }
+    }
+  }
+  inner.user_data = next_tag_;
+  if (absl::Status s = inner_->Enqueue(inner); !s.ok()) return s;
+  tracked_.emplace(next_tag_++, tracked);
+  return absl::OkStatus();
+}
+
+int FaultyIoQueue::Submit() { return inner_->Submit(); }
+
+int FaultyIoQueue::Poll(std::vector<IoCompletion>* out, bool wait) {
+  std::vector<IoCompletion> inner;
+  // Failures made locally are already complete: never block in the inner queue while we hold some.
+  inner_->Poll(&inner, wait && ready_.empty());
+  size_t before = out->size();
+  for (IoCompletion& c : ready_) out->push_back(std::move(c));
+  ready_.clear();
+  for (IoCompletion& c : inner) {
+    auto it = tracked_.find(c.user_data);
+    if (it == tracked_.end()) continue;  // cannot happen: every inner request is tracked
+    Tracked t = it->second;
+    tracked_.erase(it);
+    IoCompletion result{t.original.user_data, std::move(c.status), c.bytes};
+    if (t.rule >= 0 && result.status.ok()) {
+      if (t.action == FaultRule::Action::kShort) {
+        result.status = ErrnoStatus(absl::StrCat(Describe(t.original), ": short transfer of ",
+                                                 result.bytes, " bytes"),
+                                    t.error);
+      } else if (t.action == FaultRule::Action::kCorrupt) {
+        t.original.buf[t.corrupt_offset - t.original.offset] ^= 0x10;
+      }
+    }
+    out->push_back(std::move(result));
+  }
+  return static_cast<int>(out->size() - before);
+}
+
+}  // namespace tier::storage

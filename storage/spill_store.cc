@@ -1,0 +1,541 @@
+#include "storage/spill_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "storage/crc32c.h"
+
+namespace tier::storage {
+namespace {
+
+constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment of buffers, offsets and lengths
+
+uint64_t RoundUp(uint64_t n) { return (n + kBlock - 1) & ~(kBlock - 1); }
+
+bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & (kBlock - 1)) == 0; }
+
+// One aligned block written and read back at offset 0: the only reliable test of whether this
+// filesystem does O_DIRECT (some accept the flag at open and refuse the I/O with EINVAL).
+absl::Status ProbeIo(int fd) {
+  void* block = std::aligned_alloc(kBlock, kBlock);
+  if (block == nullptr) return absl::ResourceExhaustedError("probe buffer");
+  std::memset(block, 0, kBlock);
+  absl::Status status;
+  if (::pwrite(fd, block, kBlock, 0) != static_cast<ssize_t>(kBlock)) {
+    status = ErrnoStatus("probe write", errno == 0 ? EIO : errno);
+  } else if (::pread(fd, block, kBlock, 0) != static_cast<ssize_t>(kBlock)) {
+    status = ErrnoStatus("probe read", errno == 0 ? EIO : errno);
+  }
+  std::free(block);
+  return status;
+}
+
+absl::StatusOr<UniqueFd> OpenLocked(const std::string& path, bool direct) {
+  int flags = O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  UniqueFd fd(::open(path.c_str(), flags, 0600));
+  if (!fd.valid()) return ErrnoStatus(absl::StrCat("open ", path));
+  // Two daemons on one spill directory would overwrite each other's records.
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("spill file ", path, " is in use by another process (or listed twice)"));
+    }
+    return ErrnoStatus(absl::StrCat("flock ", path));
+  }
+  return fd;
+}
+
+}  // namespace
+
+struct SpillStore::File {
+  explicit File(uint64_t bytes) : allocator(bytes, kBlock) {}
+  ~File() {
+    if (remove && fd.valid()) ::unlink(path.c_str());
+  }
+
+  std::string directory;
+  std::string path;
+  UniqueFd fd;
+  bool direct = false;
+  bool remove = true;
+  int queue_index = -1;
+  // Guarded by SpillStore::mu_.
+  ExtentAllocator allocator;
+  std::unordered_map<uint64_t, Live> live;  // extent offset -> record
+  uint64_t records = 0;                     // entries of `live` not freed
+  SpillFileUsage usage;                     // the counters; sizes are filled in by Usage()
+};
+
+struct SpillStore::Op {
+  IoOp kind = IoOp::kWrite;
+  SpillRecord record;  // a write's crc32c is filled in as its chunks are issued
+  char* buf = nullptr;
+  uint64_t io_len = 0;   // record.extent.bytes: whole blocks
+  uint64_t issued = 0;   // bytes of io_len handed to the queue
+  uint32_t in_flight = 0;
+  uint64_t crc_bytes = 0;  // bytes of record.len covered by crc
+  uint32_t crc = 0;
+  std::vector<bool> chunk_done;  // reads: which chunks arrived
+  uint32_t crc_chunks = 0;       // reads: chunks covered by crc (all arrived, in order)
+  absl::Status status;
+  WriteDone write_done;
+  ReadDone read_done;
+  std::list<std::unique_ptr<Op>>::iterator where;
+};
+
+absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions options) {
+  if (options.directories.empty()) return absl::InvalidArgumentError("no spill directory");
+  uint64_t file_bytes = options.file_bytes & ~(kBlock - 1);
+  if (file_bytes == 0) return absl::InvalidArgumentError("spill file size must be >= 4096 bytes");
+  if (options.io_bytes == 0 || options.io_bytes % kBlock != 0 || options.io_bytes > (1u << 30)) {
+    return absl::InvalidArgumentError("spill io size must be a multiple of 4096, at most 1 GiB");
+  }
+
+  std::vector<std::unique_ptr<File>> files;
+  for (const std::string& dir : options.directories) {
+    auto file = std::make_unique<File>(file_bytes);
+    file->directory = dir;
+    file->path = absl::StrCat(dir, "/", options.file_name);
+    file->remove = options.remove_files;
+    bool direct = options.direct_io != DirectIo::kOff;
+    absl::StatusOr<UniqueFd> fd = OpenLocked(file->path, direct);
+    if (!fd.ok() && direct && absl::IsInvalidArgument(fd.status())) {
+      // EINVAL at open: O_DIRECT refused outright (tmpfs before Linux 6.6).
+      if (options.direct_io == DirectIo::kRequired) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "spill directory ", dir, " does not support O_DIRECT: ", fd.status().message()));
+      }
+      direct = false;
+      fd = OpenLocked(file->path, false);
+    }
+    if (!fd.ok()) return fd.status();
+    file->fd = std::move(*fd);
+
+    if (::fallocate(file->fd.get(), 0, 0, static_cast<off_t>(file_bytes)) != 0) {
+      int err = errno;
+      if (err != EOPNOTSUPP) {
+        ::unlink(file->path.c_str());
+        return ErrnoStatus(absl::StrCat("preallocate ", file_bytes, " bytes for ", file->path), err);
+      }
+      LogWarning("spill: ", dir, " cannot preallocate (fallocate unsupported); the file is sparse ",
+                 "and a full disk shows up as write errors");
+    }
+    if (::ftruncate(file->fd.get(), static_cast<off_t>(file_bytes)) != 0) {  // shrink a larger leftover
+      return ErrnoStatus(absl::StrCat("ftruncate ", file->path));
+    }
+    if (direct) {
+      absl::Status probe = ProbeIo(file->fd.get());
+      if (absl::IsInvalidArgument(probe)) {
+        if (options.direct_io == DirectIo::kRequired) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "spill directory ", dir, " does not support O_DIRECT: ", probe.message()));
+        }
+        direct = false;
+        file->fd.reset();  // drops the lock before taking it again below
+        absl::StatusOr<UniqueFd> buffered = OpenLocked(file->path, false);
+        if (!buffered.ok()) return buffered.status();
+        file->fd = std::move(*buffered);
+        probe = ProbeIo(file->fd.get());
+      }
+      if (!probe.ok()) return probe;
+    }
+    if (!direct && options.direct_io != DirectIo::kOff) {
+      LogWarning("spill: ", dir, " refuses O_DIRECT (tmpfs?): using buffered I/O, which goes ",
+                 "through the page cache");
+    }
+    file->direct = direct;
+    files.push_back(std::move(file));
+  }
+
+  absl::StatusOr<std::unique_ptr<IoQueue>> queue = MakeIoQueue(
+      {.kind = options.io_queue, .depth = options.queue_depth, .threads = options.io_threads});
+  if (!queue.ok()) return queue.status();
+  if (options.wrap_io_queue) *queue = options.wrap_io_queue(std::move(*queue));
+  if (!options.registered_buffers.empty()) {
+    if (absl::Status s = (*queue)->RegisterBuffers(options.registered_buffers); !s.ok()) {
+      LogWarning("spill: buffers not registered with the io queue (", s.message(),
+                 "); I/O works, with per-request page pinning");
+    }
+  }
+  for (auto& file : files) {
+    absl::StatusOr<int> index = (*queue)->RegisterFile(file->fd.get());
+    if (!index.ok()) return index.status();
+    file->queue_index = *index;
+    LogInfo("spill: ", file->path, ", ", file_bytes, " bytes, ",
+            file->direct ? "O_DIRECT" : "buffered", ", ", std::string((*queue)->name()));
+  }
+  return std::unique_ptr<SpillStore>(
+      new SpillStore(options.io_bytes, std::move(files), std::move(*queue)));
+}
+
+SpillStore::SpillStore(uint64_t io_bytes, std::vector<std::unique_ptr<File>> files,
+                       std::unique_ptr<IoQueue> queue)
+    : io_bytes_(io_bytes), files_(std::move(files)), queue_(std::move(queue)),
+      io_queue_name_(queue_->name()) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+SpillStore::~SpillStore() {
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    wake = in_poll_;
+  }
+  cv_.notify_one();
+  if (wake) queue_->Wake();
+  thread_.join();
+  queue_.reset();  // waits for nothing more: the I/O thread drained it
+}
+
+const std::string& SpillStore::file_path(uint32_t file) const { return files_[file]->path; }
+
+std::string SpillStore::Describe(const SpillRecord& record) const {
+  std::string path = record.file < files_.size() ? files_[record.file]->path
+                                                 : absl::StrCat("file #", record.file);
+  return absl::StrCat("spill record ", record.id, " (", path, " at offset ", record.extent.offset,
+                      ", ", record.len, " bytes)");
+}
+
+void SpillStore::Post(std::unique_ptr<Op> op) {
+  bool wake;
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back(std::move(op));
+    wake = in_poll_;
+  }
+  // The I/O thread is either idle on cv_ or (in_poll_) possibly blocked in the queue's Poll; it
+  // set in_poll_ under mu_ after seeing an empty inbox, so one of these two always reaches it.
+  cv_.notify_one();
+  if (wake) queue_->Wake();
+}
+
+absl::Status SpillStore::Write(const char* src, uint64_t len, WriteDone done) {
+  if (src == nullptr || len == 0) return absl::InvalidArgumentError("spill write of nothing");
+  if (!Aligned(src)) return absl::InvalidArgumentError("spill write source is not 4096-aligned");
+  auto op = std::make_unique<Op>();
+  op->kind = IoOp::kWrite;
+  op->buf = const_cast<char*>(src);  // only ever written to the file
+  op->write_done = std::move(done);
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return absl::UnavailableError("spill store is closing");
+    // The file with the most free space that has room: spreads records over the devices.
+    File* best = nullptr;
+    uint32_t best_index = 0;
+    for (uint32_t i = 0; i < files_.size(); ++i) {
+      File& f = *files_[i];
+      if (f.allocator.largest_free() < RoundUp(len)) continue;
+      if (best == nullptr || f.allocator.free_bytes() > best->allocator.free_bytes()) {
+        best = &f;
+        best_index = i;
+      }
+    }
+    std::optional<Extent> extent;
+    if (best != nullptr) extent = best->allocator.Allocate(len);
+    if (!extent) {
+      uint64_t free = 0;
+      for (const auto& f : files_) free += f->allocator.free_bytes();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "spill store full: no file has ", RoundUp(len), " contiguous free bytes (", free,
+          " bytes free in all)"));
+    }
+    op->record = SpillRecord{next_id_++, best_index, *extent, len, 0};
+    op->io_len = extent->bytes;
+  }
+  Post(std::move(op));
+  return absl::OkStatus();
+}
+
+absl::Status SpillStore::Read(const SpillRecord& record, char* dst, ReadDone done) {
+  if (dst == nullptr) return absl::InvalidArgumentError("spill read into nothing");
+  if (!Aligned(dst)) return absl::InvalidArgumentError("spill read destination is not 4096-aligned");
+  auto op = std::make_unique<Op>();
+  op->kind = IoOp::kRead;
+  op->buf = dst;
+  op->read_done = std::move(done);
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return absl::UnavailableError("spill store is closing");
+    if (record.file >= files_.size()) return absl::NotFoundError(Describe(record) + ": no such file");
+    File& f = *files_[record.file];
+    auto it = f.live.find(record.extent.offset);
+    if (it == f.live.end() || it->second.freed || !(it->second.record == record)) {
+      return absl::NotFoundError(Describe(record) + ": not held by this store (freed?)");
+    }
+    ++it->second.readers;
+    op->record = it->second.record;
+    op->io_len = record.extent.bytes;
+    op->chunk_done.assign((op->io_len + io_bytes_ - 1) / io_bytes_, false);
+  }
+  Post(std::move(op));
+  return absl::OkStatus();
+}
+
+absl::Status SpillStore::Free(const SpillRecord& record) {
+  std::lock_guard lock(mu_);
+  if (record.file >= files_.size()) return absl::NotFoundError(Describe(record) + ": no such file");
+  File& f = *files_[record.file];
+  auto it = f.live.find(record.extent.offset);
+  if (it == f.live.end() || it->second.freed || !(it->second.record == record)) {
+    return absl::NotFoundError(Describe(record) + ": not held by this store (freed twice?)");
+  }
+  --f.records;
+  if (it->second.readers > 0) {
+    it->second.freed = true;  // the last reader releases the extent
+  } else {
+    ReleaseLocked(f, it->second.record.extent);
+    f.live.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+void SpillStore::ReleaseLocked(File& file, const Extent& extent) {
+  if (!file.allocator.Free(extent)) {
+    LogError("spill: allocator refused extent ", extent.offset, "+", extent.bytes, " of ",
+             file.path, " (bookkeeping bug)");
+  }
+}
+
+absl::StatusOr<SpillRecord> SpillStore::WriteAndWait(const char* src, uint64_t len) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<absl::StatusOr<SpillRecord>> result;
+  absl::Status posted = Write(src, len, [&](absl::StatusOr<SpillRecord> r) {
+    std::lock_guard lock(mu);
+    result = std::move(r);
+    cv.notify_one();
+  });
+  if (!posted.ok()) return posted;
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return result.has_value(); });
+  return std::move(*result);
+}
+
+absl::Status SpillStore::ReadAndWait(const SpillRecord& record, char* dst) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<absl::Status> result;
+  absl::Status posted = Read(record, dst, [&](absl::Status s) {
+    std::lock_guard lock(mu);
+    result = std::move(s);
+    cv.notify_one();
+  });
+  if (!posted.ok()) return posted;
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return result.has_value(); });
+  return std::move(*result);
+}
+
+std::vector<SpillFileUsage> SpillStore::Usage() const {
+  std::lock_guard lock(mu_);
+  std::vector<SpillFileUsage> out;
+  for (const auto& f : files_) {
+    SpillFileUsage u = f->usage;
+    u.directory = f->directory;
+    u.path = f->path;
+    u.direct_io = f->direct;
+    u.capacity_bytes = f->allocator.capacity();
+    u.used_bytes = f->allocator.used_bytes();
+    u.largest_free = f->allocator.largest_free();
+    u.records = f->records;
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+// ---- The I/O thread ----
+
+void SpillStore::Run() {
+  std::vector<std::unique_ptr<Op>> incoming;
+  std::vector<IoCompletion> completions;
+  while (true) {
+    bool idle = reads_.empty() && writes_.empty();
+    bool stopping;
+    {
+      std::unique_lock lock(mu_);
+      if (idle) cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+      incoming.swap(inbox_);
+      stopping = stopping_;
+    }
+    if (idle && incoming.empty() && stopping) break;
+    for (auto& op : incoming) {
+      auto& list = op->kind == IoOp::kRead ? reads_ : writes_;
+      Op* raw = op.get();
+      list.push_back(std::move(op));
+      raw->where = std::prev(list.end());
+    }
+    incoming.clear();
+    if (stopping) {
+      // Closing: what has not started is cancelled; what has chunks in flight completes.
+      std::vector<Op*> cancel;
+      for (auto* list : {&reads_, &writes_}) {
+        for (auto& op : *list) {
+          if (op->issued == 0) cancel.push_back(op.get());
+        }
+      }
+      for (Op* op : cancel) {
+        op->status = absl::CancelledError("spill store closed before the operation started");
+        Finish(op);
+      }
+    }
+
+    Issue();
+
+    // Block in Poll only while nothing new waits: Post sees in_poll_ and wakes the queue.
+    bool wait;
+    {
+      std::lock_guard lock(mu_);
+      wait = inbox_.empty() && !stopping_;
+      in_poll_ = wait;
+    }
+    if (stopping) wait = queue_->outstanding() > 0;  // draining: block on the device alone
+    queue_->Poll(&completions, wait);
+    {
+      std::lock_guard lock(mu_);
+      in_poll_ = false;
+    }
+    for (const IoCompletion& c : completions) HandleCompletion(c);
+    completions.clear();
+  }
+}
+
+void SpillStore::Issue() {
+  std::vector<Op*> failed;
+  for (auto* list : {&reads_, &writes_}) {  // reads first: a reload is what a job waits on
+    for (auto& owned : *list) {
+      Op* op = owned.get();
+      while (op->status.ok() && op->issued < op->io_len &&
+             queue_->outstanding() < queue_->depth()) {
+        uint64_t len = std::min(io_bytes_, op->io_len - op->issued);
+        const File& f = *files_[op->record.file];
+        uint64_t tag = next_tag_++;
+        absl::Status s = queue_->Enqueue(IoRequest{op->kind, f.queue_index,
+                                                   op->record.extent.offset + op->issued,
+                                                   op->buf + op->issued, len, tag});
+        if (!s.ok()) {
+          op->status = s;
+          if (op->in_flight == 0) failed.push_back(op);
+          break;
+        }
+        chunks_[tag] = ChunkRef{op, static_cast<uint32_t>(op->issued / io_bytes_)};
+        op->issued += len;
+        ++op->in_flight;
+      }
+    }
+  }
+  queue_->Submit();
+  // Checksums of writes while their chunks travel: the data does not change under the write.
+  for (auto& op : writes_) {
+    uint64_t upto = std::min(op->issued, op->record.len);
+    if (op->crc_bytes < upto) {
+      op->crc = Crc32cExtend(op->crc, op->buf + op->crc_bytes, upto - op->crc_bytes);
+      op->crc_bytes = upto;
+    }
+  }
+  for (Op* op : failed) Finish(op);
+}
+
+void SpillStore::HandleCompletion(const IoCompletion& c) {
+  auto it = chunks_.find(c.user_data);
+  if (it == chunks_.end()) {
+    LogError("spill: completion for unknown request ", c.user_data);
+    return;
+  }
+  ChunkRef ref = it->second;
+  chunks_.erase(it);
+  Op* op = ref.op;
+  --op->in_flight;
+  {
+    std::lock_guard lock(mu_);
+    SpillFileUsage& u = files_[op->record.file]->usage;
+    (op->kind == IoOp::kRead ? u.bytes_read : u.bytes_written) += c.bytes;
+  }
+  if (!c.status.ok()) {
+    if (op->status.ok()) op->status = c.status;  // the first error is the one reported
+  } else if (op->kind == IoOp::kRead && op->status.ok()) {
+    op->chunk_done[ref.chunk] = true;
+    // Extend the checksum over every chunk that now follows a contiguous prefix.
+    while (op->crc_chunks < op->chunk_done.size() && op->chunk_done[op->crc_chunks]) {
+      uint64_t begin = uint64_t{op->crc_chunks} * io_bytes_;
+      uint64_t end = std::min(begin + io_bytes_, op->record.len);
+      if (begin < end) op->crc = Crc32cExtend(op->crc, op->buf + begin, end - begin);
+      ++op->crc_chunks;
+    }
+  }
+  if (op->in_flight == 0 && (!op->status.ok() || op->issued == op->io_len)) Finish(op);
+}
+
+void SpillStore::Finish(Op* op) {
+  std::unique_ptr<Op> owned = std::move(*op->where);
+  (op->kind == IoOp::kRead ? reads_ : writes_).erase(op->where);
+  File& f = *files_[op->record.file];
+  const char* what = op->kind == IoOp::kRead ? "read of " : "write of ";
+
+  if (op->kind == IoOp::kWrite) {
+    absl::StatusOr<SpillRecord> result;
+    {
+      std::lock_guard lock(mu_);
+      if (op->status.ok()) {
+        op->record.crc32c = op->crc;
+        f.live[op->record.extent.offset] = Live{op->record, 0, false};
+        ++f.records;
+        ++f.usage.writes;
+        result = op->record;
+      } else {
+        // Nothing of the failed record is kept: its space goes straight back.
+        ReleaseLocked(f, op->record.extent);
+        if (!absl::IsCancelled(op->status)) ++f.usage.write_errors;
+        result = absl::Status(op->status.code(),
+                              absl::StrCat("spill ", what, Describe(op->record), " failed: ",
+                                           op->status.message()));
+      }
+    }
+    if (!result.ok() && !absl::IsCancelled(op->status)) LogWarning(result.status().message());
+    op->write_done(std::move(result));
+    return;
+  }
+
+  absl::Status result = op->status;
+  if (result.ok() && op->crc != op->record.crc32c) {
+    // Never hand back data that is not what was written.
+    result = absl::DataLossError(absl::StrFormat(
+        "%s: checksum mismatch (stored crc32c 0x%08x, read 0x%08x)", Describe(op->record),
+        op->record.crc32c, op->crc));
+  } else if (!result.ok()) {
+    result = absl::Status(result.code(), absl::StrCat("spill ", what, Describe(op->record),
+                                                      " failed: ", result.message()));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (result.ok()) {
+      ++f.usage.reads;
+    } else if (absl::IsDataLoss(result) && op->status.ok()) {
+      ++f.usage.checksum_failures;
+    } else if (!absl::IsCancelled(result)) {
+      ++f.usage.read_errors;
+    }
+    auto it = f.live.find(op->record.extent.offset);
+    if (it != f.live.end() && it->second.record.id == op->record.id) {
+      if (--it->second.readers == 0 && it->second.freed) {
+        ReleaseLocked(f, it->second.record.extent);
+        f.live.erase(it);
+      }
+    }
+  }
+  if (!result.ok() && !absl::IsCancelled(result)) LogWarning(result.message());
+  op->read_done(std::move(result));
+}
+
+}  // namespace tier::storage

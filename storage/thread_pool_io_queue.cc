@@ -1,0 +1,158 @@
+#include "storage/thread_pool_io_queue.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tier::storage {
+namespace {
+
+// A single pread/pwrite moves at most about 2 GiB; ask for no more than this per call.
+constexpr uint64_t kMaxPiece = uint64_t{1} << 30;
+
+std::string Describe(const IoRequest& r) {
+  return absl::StrCat(r.op == IoOp::kRead ? "pread" : "pwrite", " of ", r.len, " bytes at offset ",
+                      r.offset, " of file ", r.file);
+}
+
+}  // namespace
+
+ThreadPoolIoQueue::ThreadPoolIoQueue(uint32_t depth, uint32_t threads)
+    : depth_(std::clamp<uint32_t>(depth, 1, 4096)) {
+  if (threads == 0) threads = std::min<uint32_t>(depth_, 64);
+  threads_.reserve(threads);
+  for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPoolIoQueue::~ThreadPoolIoQueue() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    work_.clear();  // never started: no buffer is touched
+  }
+  work_cv_.notify_all();
+  // Workers finish the request they run (it may be writing into a caller's buffer) before exiting.
+  for (std::thread& t : threads_) t.join();
+}
+
+absl::Status ThreadPoolIoQueue::RegisterBuffers(absl::Span<const IoBuffer> buffers) {
+  for (const IoBuffer& b : buffers) {
+    if (b.base == nullptr || b.len == 0) return absl::InvalidArgumentError("empty buffer region");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ThreadPoolIoQueue::RegisterFile(int fd) {
+  if (fd < 0) return absl::InvalidArgumentError("bad file descriptor");
+  fds_.push_back(fd);
+  return static_cast<int>(fds_.size() - 1);
+}
+
+absl::Status ThreadPoolIoQueue::Enqueue(const IoRequest& request) {
+  if (request.file < 0 || static_cast<size_t>(request.file) >= fds_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown file index ", request.file));
+  }
+  if (request.buf == nullptr || request.len == 0) {
+    return absl::InvalidArgumentError("I/O request needs a buffer and len > 0");
+  }
+  if (outstanding_ >= depth_) {
+    return absl::ResourceExhaustedError(absl::StrCat("thread-pool queue full (depth ", depth_, ")"));
+  }
+  queued_.push_back(Work{request, fds_[request.file]});
+  ++outstanding_;
+  return absl::OkStatus();
+}
+
+int ThreadPoolIoQueue::Submit() {
+  if (queued_.empty()) return 0;
+  int n = static_cast<int>(queued_.size());
+  {
+    std::lock_guard lock(mu_);
+    for (Work& w : queued_) work_.push_back(w);
+  }
+  queued_.clear();
+  if (n == 1) {
+    work_cv_.notify_one();
+  } else {
+    work_cv_.notify_all();
+  }
+  return n;
+}
+
+int ThreadPoolIoQueue::Poll(std::vector<IoCompletion>* out, bool wait) {
+  Submit();
+  std::unique_lock lock(mu_);
+  if (wait) {
+    done_cv_.wait(lock, [&] { return !done_.empty() || wake_ || (work_.empty() && running_ == 0); });
+  }
+  wake_ = false;
+  int n = static_cast<int>(done_.size());
+  for (IoCompletion& c : done_) out->push_back(std::move(c));
+  done_.clear();
+  outstanding_ -= static_cast<uint32_t>(n);
+  return n;
+}
+
+void ThreadPoolIoQueue::Wake() {
+  {
+    std::lock_guard lock(mu_);
+    wake_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+void ThreadPoolIoQueue::WorkerLoop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [&] { return stop_ || !work_.empty(); });
+    if (stop_) return;
+    Work work = work_.front();
+    work_.pop_front();
+    ++running_;
+    lock.unlock();
+    IoCompletion completion = Execute(work);
+    lock.lock();
+    --running_;
+    done_.push_back(std::move(completion));
+    done_cv_.notify_all();
+  }
+}
+
+IoCompletion ThreadPoolIoQueue::Execute(const Work& work) {
+  const IoRequest& r = work.request;
+  IoCompletion c{r.user_data, absl::OkStatus(), 0};
+  while (c.bytes < r.len) {
+    size_t len = static_cast<size_t>(std::min(kMaxPiece, r.len - c.bytes));
+    off_t offset = static_cast<off_t>(r.offset + c.bytes);
+    ssize_t n;
+    if (r.offset == kCurrentPosition) {
+      n = r.op == IoOp::kRead ? ::read(work.fd, r.buf + c.bytes, len)
+                              : ::write(work.fd, r.buf + c.bytes, len);
+    } else {
+      n = r.op == IoOp::kRead ? ::pread(work.fd, r.buf + c.bytes, len, offset)
+                              : ::pwrite(work.fd, r.buf + c.bytes, len, offset);
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      c.status = ErrnoStatus(Describe(r));
+      return c;
+    }
+    if (n == 0) {
+      c.status = r.op == IoOp::kRead
+                     ? absl::OutOfRangeError(absl::StrCat(Describe(r), ": end of file after ",
+                                                          c.bytes, " bytes"))
+                     : ErrnoStatus(absl::StrCat(Describe(r), ": no progress after ", c.bytes,
+                                                " bytes"),
+                                   EIO);
+      return c;
+    }
+    c.bytes += static_cast<uint64_t>(n);  // a short transfer continues from here
+  }
+  return c;
+}
+
+}  // namespace tier::storage
