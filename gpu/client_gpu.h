@@ -1,0 +1,149 @@
+// The client library's GPU layer (libtierclient links it as tier_client_gpu): exporting device
+// allocations for registration, and the per-GPU semaphore page that orders the client's streams
+// against the daemon's copy streams on the GPU, with no host round trip.
+//
+// Runtime neutral: no CUDA or HIP type appears here; streams are passed as void* (cudaStream_t or
+// hipStream_t; nullptr = the legacy default stream of the page's GPU). Built for CUDA
+// (client_gpu_cuda.cc), HIP (client_gpu_hip.cc) or nothing (client_gpu_none.cc: UNIMPLEMENTED).
+//
+// THE SEMAPHORE PAGE. Per session and per GPU the client allocates 4 KiB of device memory holding
+// four monotonically increasing 64-bit counters and registers it with the daemon (BufferKind
+// kCudaSemaphores; the daemon opens it by IPC):
+//   produced      client -> daemon  offload sources are written, up to offload ticket k
+//   offload_done  daemon -> client  offload copies finished, up to offload ticket k
+//   reload_ready  client -> daemon  reload destinations may be written, up to reload ticket k
+//   reload_done   daemon -> client  reload copies finished, up to reload ticket k
+// Offloads and reloads are numbered separately, 1, 2, 3, ... (TicketOffload / TicketReload); the
+// ticket travels in the ring entry's `sync` field.
+//
+// Offload k: the client's ticket stream (one internal non-blocking stream per GPU) waits for an
+// event recorded on every producer stream, then writes produced = k. The daemon's D2H stream
+// waits produced >= k, copies, writes offload_done = k. Reload k: the ticket stream waits for an
+// event recorded on the consumer stream (after the destination was allocated there), writes
+// reload_ready = k; the consumer stream then waits reload_done >= k (WaitReloadDone), before
+// tier_reload returns. The daemon's H2D stream waits reload_ready >= k, copies, writes
+// reload_done = k. Because the ticket stream is one in-order stream, produced and reload_ready
+// only grow; the daemon issues each lane's jobs in ticket order, so the done counters only grow.
+//
+// WHY THIS CANNOT DEADLOCK. (1) Every daemon-side wait targets a value whose write was enqueued
+// before the waiting job was submitted: the client enqueues `produced = k` / `reload_ready = k`
+// on its ticket stream before it pushes job k to the ring. (2) Each daemon lane (stream) issues
+// its jobs in ticket order and a job waits only for its own ticket; the engine holds a job back
+// on the host only until the smaller tickets of its lane arrive, which the client took earlier.
+// (3) The only cross-stream edges are producer/consumer stream -> ticket stream -> daemon stream
+// -> consumer stream (reload_done) or freeing stream (offload_done). A client-side wait on a done
+// counter is satisfied by the daemon's job k, whose own wait is on a ticket enqueued before that
+// client-side wait. So every chain of waits ends at work that was already queued: no cycle.
+// Caveat, kept true by the daemon: where the GPU runs several streams on one hardware queue, an
+// operation also waits for whatever was queued before it on that queue. The argument then needs
+// the daemon to submit jobs in an order consistent with the client's (ring order): a ticketed job
+// must not be held back on the host until some other job of the session completes (the engine
+// itself orders a reload after an offload into the same pool bytes on the GPU; see
+// gpu/stream_engine.h).
+//
+// DEAD PEER. If the daemon dies, consumer streams wait on reload_done forever; the client library
+// then calls ReleaseWaiters(), which sets offload_done and reload_done to kReleasedTicket from a
+// fresh stream so no stream hangs, and reports the pending jobs failed. The page must stay
+// allocated while the daemon may use it: free it (destroy the DeviceSync) only after the session
+// closed or the daemon is known dead and ReleaseWaiters() returned.
+#ifndef TIER_GPU_CLIENT_GPU_H_
+#define TIER_GPU_CLIENT_GPU_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/unique_fd.h"
+#include "tier/session_wire.h"
+
+namespace tier::gpu {
+
+// Layout of the semaphore page: byte offsets of the 64-bit counters (each on its own 64 bytes).
+inline constexpr uint64_t kSemaphorePageBytes = 4096;
+// What the client allocates for it: a whole 2 MiB allocation, so that the IPC handle names
+// exactly this allocation (small cudaMalloc blocks may share a larger driver allocation).
+inline constexpr uint64_t kSemaphoreAllocBytes = 2 << 20;
+inline constexpr uint64_t kProducedOffset = 0;
+inline constexpr uint64_t kOffloadDoneOffset = 64;
+inline constexpr uint64_t kReloadReadyOffset = 128;
+inline constexpr uint64_t kReloadDoneOffset = 192;
+// Written to a counter to release every wait on it for good (a dead peer). CUDA's wait is a cyclic
+// compare, (int64_t)(*addr - k) >= 0, so the release value is 2^63 - 1, not UINT64_MAX.
+inline constexpr uint64_t kReleasedTicket = UINT64_MAX / 2;
+// Tickets stay below this (the daemon rejects larger ones), far from the cyclic compare's wrap.
+inline constexpr uint64_t kMaxTicket = uint64_t{1} << 62;
+
+// Number of GPUs this process sees; 0 when there is no device or no driver (never an error then).
+int GpuDeviceCount();
+
+// A device allocation described for registration (wire::RegisterBuffer + an optional fd).
+struct DeviceAllocation {
+  wire::BufferKind kind = wire::BufferKind::kCudaIpc;  // kCudaIpc, kCudaVmmFd or kCudaSemaphores
+  int device = -1;                                      // this process's ordinal
+  std::array<uint8_t, 16> device_uuid{};                // the GPU's UUID (cudaDeviceProp::uuid)
+  uint64_t base = 0;                                    // device address of the allocation
+  uint64_t bytes = 0;                                   // its size
+  uint64_t offset = 0;                                  // the queried pointer's offset in it
+  std::array<uint8_t, 64> ipc_handle{};                 // kCudaIpc, kCudaSemaphores
+  UniqueFd fd;                                          // kCudaVmmFd: POSIX fd shareable handle
+};
+
+// Finds the allocation holding `device_ptr` (any pointer inside it) and exports it:
+// - VMM memory (cuMemCreate, e.g. PyTorch expandable segments): the physical allocation mapped at
+//   the pointer, as a POSIX fd (kCudaVmmFd). It must have been created with
+//   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requested handle types. Note: a VMM range
+//   made of several physical allocations is several buffers; a tensor crossing one of their
+//   boundaries cannot be named as one (buffer, offset, len).
+// - cudaMalloc memory: a legacy IPC handle of the allocation base (kCudaIpc).
+// Errors: INVALID_ARGUMENT for host, managed or unknown pointers and for memory that cannot be
+// exported (e.g. from a stream-ordered pool); UNIMPLEMENTED without a GPU runtime.
+absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr);
+
+// The semaphore page of one session on one GPU, with the ticket stream. Thread-safe.
+class DeviceSync {
+ public:
+  virtual ~DeviceSync() = default;
+  virtual int device() const = 0;
+
+  // The page, for registration with the daemon (kind kCudaSemaphores).
+  virtual absl::StatusOr<DeviceAllocation> Export() = 0;
+
+  // Takes the next offload ticket k and enqueues, on the ticket stream, a wait for the work
+  // enqueued so far on each producer stream (none given: the legacy default stream), then
+  // produced = k. Push job k to the ring after this returns. On error no ticket was taken.
+  virtual absl::StatusOr<uint64_t> TicketOffload(absl::Span<void* const> producer_streams) = 0;
+
+  // Takes the next reload ticket k and enqueues, on the ticket stream, a wait for the work
+  // enqueued so far on `consumer_stream` (call it after the destination was allocated on that
+  // stream), then reload_ready = k. Then call WaitReloadDone(consumer_stream, k) and push job k.
+  // On error no ticket was taken.
+  virtual absl::StatusOr<uint64_t> TicketReload(void* consumer_stream) = 0;
+
+  // Makes `stream` wait (on the GPU) until reload k has been copied into its destination.
+  virtual absl::Status WaitReloadDone(void* stream, uint64_t ticket) = 0;
+
+  // Makes `stream` wait (on the GPU) until offload k has been copied out of its source: a stream
+  // that frees or overwrites the source calls this first.
+  virtual absl::Status WaitOffloadDone(void* stream, uint64_t ticket) = 0;
+
+  // The daemon is gone: sets offload_done and reload_done to kReleasedTicket from a fresh stream
+  // (retrying on other fresh streams if one is stuck behind a blocked hardware queue) and waits
+  // until the write has landed, so no stream of this process waits for the daemon any more.
+  // Later ticket calls fail with UNAVAILABLE. DEADLINE_EXCEEDED if no write landed within ~2 s.
+  virtual absl::Status ReleaseWaiters() = 0;
+
+  // The four counters as the GPU holds them now (a synchronous read on a private stream), in
+  // page order: produced, offload_done, reload_ready, reload_done. For tests and diagnostics.
+  virtual absl::StatusOr<std::array<uint64_t, 4>> ReadCounters() = 0;
+};
+
+// Allocates and zeroes a semaphore page on `device` and creates its ticket stream. Fails with
+// FAILED_PRECONDITION if the GPU lacks 64-bit stream memory operations.
+absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device);
+
+}  // namespace tier::gpu
+
+#endif  // TIER_GPU_CLIENT_GPU_H_

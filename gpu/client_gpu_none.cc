@@ -1,0 +1,17 @@
+// client_gpu.h for builds without a GPU runtime (TIER_GPU=none): no devices; everything else is
+// UNIMPLEMENTED.
+#include "gpu/client_gpu.h"
+
+namespace tier::gpu {
+
+int GpuDeviceCount() { return 0; }
+
+absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void*) {
+  return absl::UnimplementedError("this client library was built without GPU support");
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int) {
+  return absl::UnimplementedError("this client library was built without GPU support");
+}
+
+}  // namespace tier::gpu

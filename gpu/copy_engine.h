@@ -1,0 +1,133 @@
+// The one interface between the daemon and whatever moves bytes: the host engine (memcpy on worker
+// threads; no GPU needed, what CI runs), CUDA, or HIP. The daemon never knows which one runs.
+//
+// The engine imports client memory (a memfd, a CUDA IPC handle, a VMM fd) once per registration,
+// pins the host pool once at start, and runs copy jobs between imported client memory and pool
+// extents. Jobs of one direction run in submission order (see CopyJob); completion is reported once
+// per job through its `done` callback, on an engine thread.
+#ifndef TIER_GPU_COPY_ENGINE_H_
+#define TIER_GPU_COPY_ENGINE_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/unique_fd.h"
+#include "tier/session_wire.h"
+
+namespace tier::gpu {
+
+// Client memory opened in the daemon. Destroying it closes the mapping / IPC handle.
+class ImportedBuffer {
+ public:
+  virtual ~ImportedBuffer() = default;
+  virtual char* base() const = 0;  // host pointer (host engine) or device pointer (GPU engines)
+  virtual uint64_t bytes() const = 0;
+  // GPU engines: the daemon's ordinal of the GPU holding the memory; -1 for host memory.
+  virtual int device() const { return -1; }
+};
+
+// What a client sent to register a buffer (validated by the engine).
+struct BufferImport {
+  wire::BufferKind kind = wire::BufferKind::kHostMemfd;
+  int device = -1;
+  uint64_t bytes = 0;
+  std::array<uint8_t, 64> ipc_handle{};
+  std::array<uint8_t, 16> device_uuid{};
+  UniqueFd fd;  // kHostMemfd, kCudaVmmFd
+};
+
+// Per-session engine state. GPU engines keep here the session's own D2H/H2D streams (so a client
+// that never writes a ticket stalls only its own streams, never another session's) and its
+// semaphore page. The host engine keeps nothing.
+class EngineSession {
+ public:
+  virtual ~EngineSession() = default;
+};
+
+enum class Direction {
+  kToPool,    // offload: client buffer -> pool extent (device to host on a GPU)
+  kFromPool,  // reload: pool extent -> client buffer (host to device on a GPU)
+};
+
+struct CopyJob {
+  Direction direction = Direction::kToPool;
+  char* client = nullptr;  // inside an ImportedBuffer
+  char* pool = nullptr;    // inside the host pool
+  uint64_t len = 0;
+  // The session the job belongs to (from CopyEngine::OpenSession), never null.
+  EngineSession* session = nullptr;
+  // GPU engines: the job's ticket from the ring entry (0 = none). The host engine ignores it.
+  //
+  // Tickets number a session's jobs per GPU and per direction 1, 2, 3, ... (the client takes
+  // them; see gpu/client_gpu.h). A GPU engine issues a session's ticketed jobs of one GPU and
+  // direction in ticket order, holding back a job until every smaller ticket has been submitted,
+  // because its completion write `done = k` tells the client that every job up to k is done.
+  // So every ticket the client took must reach Submit exactly once: a job the daemon rejects
+  // before copying must still be submitted as a ticket-only job (below) and then reported failed,
+  // or every later job of that lane waits until the session ends.
+  uint64_t sync = 0;
+  // A job with len == 0 is ticket-only: no copy; the GPU engine still waits for the ticket and
+  // signals it (so the client's streams are released), then calls done(OK). The host engine
+  // completes it at once. `client` may then be null; `device` says which GPU's lane it belongs to.
+  // GPU engines: the daemon's GPU ordinal of `client` (ImportedBuffer::device()); -1 = let the
+  // engine find it from `client`, or, for a ticket-only job without `client`, the session's only
+  // GPU with a semaphore page.
+  int device = -1;
+  // Called exactly once when the copy finished or failed.
+  absl::AnyInvocable<void(absl::Status) &&> done;
+};
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  virtual absl::string_view name() const = 0;
+  // Pins the host pool for this engine (cudaHostRegister on GPUs; nothing for the host engine).
+  virtual absl::Status RegisterPool(char* base, uint64_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t session_id) = 0;
+  // The client is gone or closing: release anything of the session's that waits on the client
+  // (GPU: write the session's semaphores so its streams cannot hang). Queued jobs still complete
+  // (or fail) through their callbacks. The EngineSession is destroyed only after that.
+  virtual void AbandonSession(EngineSession* session) = 0;
+  virtual absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(EngineSession* session,
+                                                                 BufferImport import) = 0;
+  // Queues a copy. Copies of one direction start in submission order; the two directions run
+  // independently (both PCIe directions at once on a GPU).
+  virtual void Submit(CopyJob job) = 0;
+  // Finishes every queued job (their callbacks run), then stops accepting work.
+  virtual void Shutdown() = 0;
+};
+
+struct HostEngineOptions {
+  int threads_per_direction = 1;
+  uint64_t inline_max_bytes = 64 * 1024;  // copies up to this size run on the submitting thread
+  uint64_t copy_delay_us = 0;             // test-only delay injection: sleep before every copy
+};
+
+std::unique_ptr<CopyEngine> MakeHostEngine(const HostEngineOptions& options);
+
+// The GPU engines (CUDA, HIP): see gpu/stream_engine.h.
+struct GpuEngineOptions {
+  // Test-only delay injection: every copy starts this long after its ticket wait passed (a GPU
+  // side delay: the stream waits on a word the engine opens after the delay), so a client that
+  // uses data before the completion value, or frees a source early, sees a mismatch every time.
+  uint64_t copy_delay_us = 0;
+  // Completion polling: the poller thread spins this long after the last progress, then sleeps
+  // in growing steps up to poll_max_sleep_us while jobs are in flight.
+  uint32_t poll_spin_us = 50;
+  uint32_t poll_max_sleep_us = 200;
+  // A lane whose jobs made no progress for this long has its stream queried for errors.
+  uint32_t watchdog_ms = 100;
+  // Shutdown: how long to wait for in-flight jobs before releasing every session's semaphores,
+  // and again before failing what is left.
+  uint32_t shutdown_grace_ms = 5000;
+};
+
+}  // namespace tier::gpu
+
+#endif  // TIER_GPU_COPY_ENGINE_H_

@@ -1,0 +1,173 @@
+// The host engine: client buffers are shared-memory segments (memfds) the client registered; the
+// daemon maps them and copies with memcpy. It is what runs where no GPU exists (this machine, CI),
+// and it runs the whole daemon/client path the GPU engines use, with only the copy step different.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gpu/copy_engine.h"
+
+namespace tier::gpu {
+namespace {
+
+class MappedMemfd final : public ImportedBuffer {
+ public:
+  MappedMemfd(char* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
+  ~MappedMemfd() override { ::munmap(base_, bytes_); }
+  char* base() const override { return base_; }
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  char* base_;
+  uint64_t bytes_;
+};
+
+class HostSession final : public EngineSession {};
+
+// One direction's queue and workers. Jobs start in submission order.
+class CopyLane {
+ public:
+  CopyLane(int threads, uint64_t inline_max_bytes, uint64_t delay_us)
+      : inline_max_bytes_(inline_max_bytes), delay_us_(delay_us) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~CopyLane() { Shutdown(); }
+
+  void Submit(CopyJob job) {
+    {
+      std::unique_lock lock(mu_);
+      if (stopping_) {
+        lock.unlock();
+        std::move(job.done)(absl::UnavailableError("copy engine is shut down"));
+        return;
+      }
+      // Small copies run right here when nothing is queued ahead of them: no thread hand-off,
+      // which is most of a small job's latency.
+      if (!(job.len <= inline_max_bytes_ && queue_.empty() && delay_us_ == 0)) {
+        queue_.push_back(std::move(job));
+        cv_.notify_one();
+        return;
+      }
+    }
+    Run(job);
+  }
+
+  void Shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+ private:
+  void Run(CopyJob& job) {
+    if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    if (job.direction == Direction::kToPool) {
+      std::memcpy(job.pool, job.client, job.len);
+    } else {
+      std::memcpy(job.client, job.pool, job.len);
+    }
+    std::move(job.done)(absl::OkStatus());
+  }
+
+  void Work() {
+    for (;;) {
+      CopyJob job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        // Drain what is queued even when stopping: every job's callback must run.
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Run(job);
+    }
+  }
+
+  const uint64_t inline_max_bytes_;
+  const uint64_t delay_us_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<CopyJob> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+class HostEngine final : public CopyEngine {
+ public:
+  explicit HostEngine(const HostEngineOptions& options)
+      : to_pool_(options.threads_per_direction, options.inline_max_bytes, options.copy_delay_us),
+        from_pool_(options.threads_per_direction, options.inline_max_bytes,
+                   options.copy_delay_us) {}
+
+  absl::string_view name() const override { return "host"; }
+
+  absl::Status RegisterPool(char*, uint64_t) override { return absl::OkStatus(); }
+
+  absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t) override {
+    return std::make_unique<HostSession>();
+  }
+  void AbandonSession(EngineSession*) override {}
+
+  absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(EngineSession*,
+                                                         BufferImport import) override {
+    if (import.kind != wire::BufferKind::kHostMemfd) {
+      return absl::UnimplementedError(
+          "the host engine copies only host memory (memfd buffers); this daemon has no GPU engine");
+    }
+    if (!import.fd.valid()) return absl::InvalidArgumentError("host buffer without a memfd");
+    if (import.bytes == 0) return absl::InvalidArgumentError("host buffer of 0 bytes");
+    // A client could shrink its memfd under our mapping and crash the daemon with SIGBUS on the
+    // next copy; only memfds sealed against shrinking are accepted.
+    int seals = ::fcntl(import.fd.get(), F_GET_SEALS);
+    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+      return absl::InvalidArgumentError("host buffer fd must be a memfd sealed with F_SEAL_SHRINK");
+    }
+    struct stat st {};
+    if (::fstat(import.fd.get(), &st) != 0) return ErrnoStatus("fstat of host buffer");
+    if (static_cast<uint64_t>(st.st_size) < import.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("host buffer memfd holds ", st.st_size,
+                                                     " bytes, fewer than the ", import.bytes,
+                                                     " registered"));
+    }
+    void* base = ::mmap(nullptr, import.bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                        import.fd.get(), 0);
+    if (base == MAP_FAILED) return ErrnoStatus("mmap of host buffer");
+    return std::make_unique<MappedMemfd>(static_cast<char*>(base), import.bytes);
+  }
+
+  void Submit(CopyJob job) override {
+    (job.direction == Direction::kToPool ? to_pool_ : from_pool_).Submit(std::move(job));
+  }
+
+  void Shutdown() override {
+    to_pool_.Shutdown();
+    from_pool_.Shutdown();
+  }
+
+ private:
+  CopyLane to_pool_;
+  CopyLane from_pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<CopyEngine> MakeHostEngine(const HostEngineOptions& options) {
+  return std::make_unique<HostEngine>(options);
+}
+
+}  // namespace tier::gpu
