@@ -1,0 +1,115 @@
+// tierd's settings. Every setting has an embedded default (the daemon runs with no file), can be
+// set in a config file (`key = value` lines, `#` comments; see deploy/tierd.conf) and from a flag
+// `--key=value` (flags win over the file). One table of keys serves both, so they cannot drift.
+#ifndef TIER_DAEMON_CONFIG_H_
+#define TIER_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tier::daemon {
+
+struct Config {
+  // Paths. Defaults: $XDG_RUNTIME_DIR/tierd when set (non-root use), else /run/tierd; state under
+  // $XDG_STATE_HOME/tierd or /var/lib/tierd. Under systemd, $RUNTIME_DIRECTORY/$STATE_DIRECTORY
+  // (set by RuntimeDirectory=/StateDirectory=) come first, so `User=tierd` gets /run/tierd and
+  // /var/lib/tierd rather than paths under its home. All paths must be absolute.
+  std::string socket_path;          // socket      gRPC control socket
+  std::string session_socket_path;  // session_socket  (default: <socket dir>/tierd.session.sock)
+  std::string state_dir;            // state_dir
+  std::string spill_dir;            // spill_dir   (default: <state_dir>/spill)
+  uint32_t socket_mode = 0660;      // socket_mode (octal in the file: 0660)
+  // socket_group: group both sockets are chown'ed to, so its members can use Tierd (with
+  // socket_mode 0660). Empty: leave the daemon's own group (under the shipped unit: `tier`).
+  std::string socket_group;
+
+  // Host pool.
+  uint64_t pool_bytes = 0;          // pool_bytes  (0: pool_fraction of MemAvailable, <= pool_max_bytes)
+  double pool_fraction = 0.25;      // pool_fraction
+  uint64_t pool_max_bytes = 8ull << 30;  // pool_max_bytes
+  int pool_numa_node = -1;          // pool_numa_node
+  std::string pool_lock = "best-effort";  // pool_lock: off | best-effort | required
+
+  // Sessions.
+  // Quotas stay 0 after Finalize() when unset: 0 means "the whole pool" and the daemon resolves it
+  // against the pool it actually built (Finalize checks default <= max when both are set).
+  uint64_t default_quota_bytes = 0;  // default_quota_bytes (0: the whole pool)
+  uint64_t max_quota_bytes = 0;      // max_quota_bytes (0: the whole pool)
+  uint32_t ring_entries = 1024;      // ring_entries
+  uint32_t max_sessions = 256;       // max_sessions
+  uint32_t attach_timeout_ms = 10000;  // attach_timeout_ms
+
+  // Copy engine.
+  std::string engine = "auto";       // engine: auto | host | cuda | hip
+  uint32_t host_engine_threads = 2;  // host_engine_threads (per direction)
+  uint64_t copy_delay_us = 0;        // copy_delay_us: test-only delay injection per copy
+  uint32_t poll_idle_us = 50;        // poll_idle_us: ring poller spins this long before sleeping
+
+  // Service.
+  std::string log_level = "info";    // log_level: debug | info | warning | error
+  uint32_t drain_timeout_ms = 30000; // drain_timeout_ms: SIGTERM waits this long for jobs
+
+  // Files the settings came from, for the log.
+  std::string config_file;           // config (flag only)
+};
+
+// What the default paths depend on; ProcessConfigEnv() reads it from this process (geteuid and
+// the variables named below), tests build it by hand.
+struct ConfigEnv {
+  bool root = false;               // effective uid 0
+  std::string runtime_directory;   // $RUNTIME_DIRECTORY (systemd RuntimeDirectory=; first entry)
+  std::string state_directory;     // $STATE_DIRECTORY (systemd StateDirectory=; first entry)
+  std::string xdg_runtime_dir;     // $XDG_RUNTIME_DIR
+  std::string xdg_state_home;      // $XDG_STATE_HOME
+  std::string home;                // $HOME
+};
+ConfigEnv ProcessConfigEnv();
+
+// Embedded defaults with paths resolved from the environment. Socket dir: $RUNTIME_DIRECTORY,
+// else $XDG_RUNTIME_DIR/tierd when not root, else /run/tierd. State dir: $STATE_DIRECTORY, else
+// (not root) $XDG_STATE_HOME/tierd or $HOME/.local/state/tierd, else /var/lib/tierd. Derived
+// paths (session socket, spill dir) and the pool size are left for Finalize().
+Config DefaultConfig(const ConfigEnv& env);
+Config DefaultConfig();  // DefaultConfig(ProcessConfigEnv())
+
+// Applies `key = value` lines. Unknown keys, malformed values and out-of-range values are errors
+// that name the line ("<origin>:<line>: ..."). `#` starts a comment only at the start of a line
+// (after blanks), so values may contain it. Later lines win. Sizes take plain bytes or a suffix
+// K/M/G/T or KiB/MiB/GiB/TiB (all powers of 1024); socket_mode is octal. A missing file is
+// NOT_FOUND.
+absl::Status ApplyConfigText(std::string_view text, std::string_view origin, Config* config);
+absl::Status ApplyConfigFile(const std::string& path, Config* config);
+
+// Builds the config: defaults, then the file named by --config=PATH (or $TIERD_CONFIG), then the
+// remaining flags (`--key=value` or `--key value`; `-` and `_` are the same in flag names), then
+// Finalize(). No file is read unless one is named, and a named file that is missing is an error.
+// `--config=` (empty) reads no file even when $TIERD_CONFIG is set. `--help` is handled by the
+// caller.
+absl::StatusOr<Config> LoadConfig(const std::vector<std::string>& args);
+
+// Fills derived defaults (session socket, spill dir, pool size from MemAvailable in /proc/meminfo)
+// and checks cross-field rules (socket path lengths, distinct sockets, quota default <= max).
+// Idempotent: a finalized config finalizes to itself.
+absl::Status Finalize(Config* config);
+
+// MemAvailable from the text of /proc/meminfo, in bytes.
+absl::StatusOr<uint64_t> ParseMemAvailable(std::string_view meminfo_text);
+// The pool size for pool_bytes = 0: fraction * mem_available_bytes, at most max_bytes, rounded down
+// to 2 MiB, at least 64 MiB.
+uint64_t DerivePoolBytes(double fraction, uint64_t mem_available_bytes, uint64_t max_bytes);
+inline constexpr uint64_t kPoolGranuleBytes = 2ull << 20;
+inline constexpr uint64_t kMinDerivedPoolBytes = 64ull << 20;
+
+// Text of all keys with their current values, in file syntax (for --print-config and the log);
+// ApplyConfigText() of it reproduces `config` (except config_file, printed as a comment).
+std::string DescribeConfig(const Config& config);
+// One line per key for --help.
+std::string ConfigUsage();
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_CONFIG_H_

@@ -1,0 +1,118 @@
+#include "daemon/control_service.h"
+
+#include "tier/ring.h"
+
+namespace tier::daemon {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+ControlService::ControlService(ControlContext context, SessionRegistry& registry,
+                               storage::HostPool& pool, DaemonMetrics& metrics,
+                               std::function<uint64_t(uint32_t)> drain)
+    : context_(std::move(context)), registry_(registry), pool_(pool), metrics_(metrics),
+      drain_(std::move(drain)) {}
+
+v1::HealthResponse::State ControlService::State() const {
+  return registry_.draining() ? v1::HealthResponse::DRAINING : v1::HealthResponse::SERVING;
+}
+
+grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                                        v1::GetVersionResponse* response) {
+  response->set_version(context_.version);
+  response->set_api_version(1);
+  response->set_ring_version(ring::kVersion);
+  response->set_engine(context_.engine);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                    v1::HealthResponse* response) {
+  response->set_state(State());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::OpenSession(grpc::ServerContext*,
+                                         const v1::OpenSessionRequest* request,
+                                         v1::OpenSessionResponse* response) {
+  absl::StatusOr<OpenedSession> opened =
+      registry_.Open(request->name(), request->quota_bytes(), request->ring_entries());
+  if (!opened.ok()) return ToGrpc(opened.status());
+  response->set_session_id(opened->session->id());
+  response->set_attach_token(opened->token.data(), opened->token.size());
+  response->set_session_socket(context_.session_socket);
+  response->set_quota_bytes(opened->session->quota_bytes());
+  response->set_ring_entries(opened->session->ring_entries());
+  response->set_attach_timeout_ms(context_.attach_timeout_ms);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::CloseSession(grpc::ServerContext*,
+                                          const v1::CloseSessionRequest* request,
+                                          v1::CloseSessionResponse*) {
+  AttachToken token{};
+  if (request->attach_token().size() != token.size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "attach_token must be 16 bytes");
+  }
+  std::copy(request->attach_token().begin(), request->attach_token().end(), token.begin());
+  return ToGrpc(registry_.Close(request->session_id(), token));
+}
+
+grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                                       v1::GetStatusResponse* response) {
+  uint64_t now = MonotonicMs();
+  response->set_version(context_.version);
+  response->set_engine(context_.engine);
+  response->set_uptime_ms(now - context_.started_ms);
+  response->set_state(State());
+  storage::PoolUsage usage = pool_.Usage();
+  v1::TierStatus* host = response->add_tiers();
+  host->set_name("host");
+  host->set_capacity_bytes(usage.capacity_bytes);
+  host->set_used_bytes(usage.used_bytes);
+  host->set_free_bytes(usage.free_bytes);
+  host->set_objects(usage.allocations);
+  response->set_sessions(static_cast<uint32_t>(registry_.size()));
+  response->set_jobs_in_flight(metrics_.jobs_in_flight.load(std::memory_order_relaxed));
+  response->set_jobs_completed(metrics_.totals.jobs_completed.load(std::memory_order_relaxed));
+  response->set_jobs_failed(metrics_.totals.jobs_failed.load(std::memory_order_relaxed));
+  response->set_bytes_offloaded(metrics_.totals.bytes_offloaded.load(std::memory_order_relaxed));
+  response->set_bytes_reloaded(metrics_.totals.bytes_reloaded.load(std::memory_order_relaxed));
+  response->set_recent_bandwidth_bytes_per_s(metrics_.bandwidth.BytesPerSecond(now));
+  response->set_pool_locked(pool_.locked() || pool_.registered());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                                          v1::ListSessionsResponse* response) {
+  for (const SessionSnapshot& s : registry_.Snapshots()) {
+    v1::SessionInfo* info = response->add_sessions();
+    info->set_session_id(s.id);
+    info->set_name(s.name);
+    info->set_attached(s.attached);
+    info->set_pid(s.peer.pid);
+    info->set_uid(s.peer.uid);
+    info->set_gid(s.peer.gid);
+    info->set_quota_bytes(s.quota_bytes);
+    info->set_used_bytes(s.used_bytes);
+    info->set_objects(s.objects);
+    info->set_buffers(s.buffers);
+    info->set_jobs_in_flight(s.jobs_in_flight);
+    info->set_jobs_completed(s.jobs_completed);
+    info->set_jobs_failed(s.jobs_failed);
+    info->set_bytes_offloaded(s.bytes_offloaded);
+    info->set_bytes_reloaded(s.bytes_reloaded);
+    info->set_age_ms(s.age_ms);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::Drain(grpc::ServerContext*, const v1::DrainRequest* request,
+                                   v1::DrainResponse* response) {
+  response->set_jobs_in_flight(drain_(request->timeout_ms()));
+  return grpc::Status::OK;
+}
+
+}  // namespace tier::daemon

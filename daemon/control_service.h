@@ -1,0 +1,60 @@
+// The gRPC control API (proto/tier.proto) over the daemon's parts. Read-mostly: it opens and closes
+// sessions, reports status, and drains; it never touches the job path.
+#ifndef TIER_DAEMON_CONTROL_SERVICE_H_
+#define TIER_DAEMON_CONTROL_SERVICE_H_
+
+#include <functional>
+#include <string>
+
+#include "daemon/metrics.h"
+#include "daemon/session_registry.h"
+#include "storage/host_pool.h"
+#include "tier.grpc.pb.h"
+
+namespace tier::daemon {
+
+struct ControlContext {
+  std::string version;
+  std::string engine;
+  std::string session_socket;
+  uint32_t attach_timeout_ms = 0;
+  uint64_t started_ms = 0;
+};
+
+class ControlService final : public tier::v1::Control::Service {
+ public:
+  // `drain(timeout_ms)` stops admission and waits for in-flight jobs; returns jobs left.
+  ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
+                 DaemonMetrics& metrics, std::function<uint64_t(uint32_t)> drain);
+
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                          v1::GetVersionResponse*) override;
+  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+                      v1::HealthResponse*) override;
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*,
+                           v1::OpenSessionResponse*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse*) override;
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse*) override;
+  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                            v1::ListSessionsResponse*) override;
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*,
+                     v1::DrainResponse*) override;
+
+ private:
+  v1::HealthResponse::State State() const;
+
+  const ControlContext context_;
+  SessionRegistry& registry_;
+  storage::HostPool& pool_;
+  DaemonMetrics& metrics_;
+  std::function<uint64_t(uint32_t)> drain_;
+};
+
+// absl::Status -> grpc::Status with the same canonical code.
+grpc::Status ToGrpc(const absl::Status& status);
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_CONTROL_SERVICE_H_

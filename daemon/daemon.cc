@@ -1,0 +1,202 @@
+#include "daemon/daemon.h"
+
+#include <grp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/unix_socket.h"
+#include "gpu/engine_factory.h"
+
+namespace tier::daemon {
+namespace {
+
+absl::Status MakeParentDir(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) return absl::OkStatus();
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", dir.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+// A second daemon on the same socket would steal it from the first: refuse to start instead.
+absl::Status CheckNotRunning(const std::string& socket_path) {
+  if (::access(socket_path.c_str(), F_OK) != 0) return absl::OkStatus();
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket_path.c_str());
+  bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  if (live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another tierd is serving ", socket_path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
+  if (name.empty()) return static_cast<gid_t>(-1);
+  group* entry = ::getgrnam(name.c_str());
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("no group '", name, "'"));
+  return entry->gr_gid;
+}
+
+storage::LockMode ParseLockMode(const std::string& mode) {
+  if (mode == "off") return storage::LockMode::kOff;
+  if (mode == "required") return storage::LockMode::kRequired;
+  return storage::LockMode::kBestEffort;
+}
+
+}  // namespace
+
+Daemon::Daemon(const Config& config) : config_(config), started_ms_(MonotonicMs()) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config) {
+  std::unique_ptr<Daemon> daemon(new Daemon(config));
+  if (absl::Status status = daemon->Init(); !status.ok()) return status;
+  return daemon;
+}
+
+absl::Status Daemon::Init() {
+  if (absl::Status s = CheckNotRunning(config_.socket_path); !s.ok()) return s;
+  absl::StatusOr<gid_t> gid = ResolveGroup(config_.socket_group);
+  if (!gid.ok()) return gid.status();
+
+  // The engine first: a GPU engine must exist before the pool is registered with it.
+  gpu::EngineOptions engine_options;
+  engine_options.kind = config_.engine;
+  engine_options.host_threads = static_cast<int>(config_.host_engine_threads);
+  engine_options.copy_delay_us = config_.copy_delay_us;
+  absl::StatusOr<std::unique_ptr<gpu::CopyEngine>> engine = gpu::MakeCopyEngine(engine_options);
+  if (!engine.ok()) return engine.status();
+  engine_ = *std::move(engine);
+  if (config_.copy_delay_us > 0) {
+    LogWarning("delay injection on: every copy waits ", config_.copy_delay_us, " us (test only)");
+  }
+
+  uint64_t start_ns = MonotonicNs();
+  storage::HostPoolOptions pool_options;
+  pool_options.bytes = config_.pool_bytes;
+  pool_options.numa_node = config_.pool_numa_node;
+  pool_options.lock = ParseLockMode(config_.pool_lock);
+  absl::StatusOr<std::unique_ptr<storage::HostPool>> pool = storage::HostPool::Create(pool_options);
+  if (!pool.ok()) return pool.status();
+  pool_ = *std::move(pool);
+  if (engine_->name() != "host") {
+    if (absl::Status s = engine_->RegisterPool(pool_->base(), pool_->bytes()); !s.ok()) return s;
+    pool_->set_registered(true);
+  }
+  LogInfo("host pool: ", pool_->bytes() >> 20, " MiB ",
+          pool_->registered() ? "registered with the GPU" : (pool_->locked() ? "mlocked" : "pageable"),
+          " in ", (MonotonicNs() - start_ns) / 1000000, " ms; engine: ", engine_->name());
+
+  uint64_t quota_cap = config_.max_quota_bytes ? config_.max_quota_bytes : pool_->bytes();
+  SessionLimits limits;
+  limits.default_quota_bytes =
+      std::min(config_.default_quota_bytes ? config_.default_quota_bytes : pool_->bytes(), quota_cap);
+  limits.max_quota_bytes = quota_cap;
+  limits.default_ring_entries = config_.ring_entries;
+  limits.max_sessions = config_.max_sessions;
+  limits.attach_timeout_ms = config_.attach_timeout_ms;
+
+  executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
+  registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
+  poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
+  if (absl::Status s = poller_->Start(); !s.ok()) return s;
+  registry_->set_on_change([poller = poller_.get()] { poller->Wake(); });
+
+  for (const std::string* path : {&config_.socket_path, &config_.session_socket_path}) {
+    if (absl::Status s = MakeParentDir(*path); !s.ok()) return s;
+  }
+  listener_ = std::make_unique<SessionListener>(*registry_, *engine_);
+  if (absl::Status s = listener_->Start(config_.session_socket_path, config_.socket_mode, *gid);
+      !s.ok()) {
+    return s;
+  }
+
+  ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
+                         config_.attach_timeout_ms, started_ms_};
+  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, metrics_,
+                                              [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
+  ::unlink(config_.socket_path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", config_.socket_path));
+  }
+  if (::chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
+    return ErrnoStatus(absl::StrCat("chmod ", config_.socket_path));
+  }
+  if (*gid != static_cast<gid_t>(-1) &&
+      ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
+    return ErrnoStatus(absl::StrCat("chown ", config_.socket_path));
+  }
+  LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
+          config_.session_socket_path, ")");
+  return absl::OkStatus();
+}
+
+uint64_t Daemon::Drain(uint32_t timeout_ms) {
+  registry_->SetDraining();
+  uint64_t deadline = timeout_ms == 0 ? ~uint64_t{0} : MonotonicMs() + timeout_ms;
+  // Jobs finish in micro- to milliseconds; a 1 ms check is plenty and keeps this off the job path.
+  while (metrics_.jobs_in_flight.load(std::memory_order_acquire) > 0 && MonotonicMs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return metrics_.jobs_in_flight.load(std::memory_order_acquire);
+}
+
+int Daemon::Run() {
+  notifier_.Ready(absl::StrCat("serving ", config_.socket_path, ", pool ", pool_->bytes() >> 20,
+                               " MiB, engine ", engine_->name()));
+  // Healthy while the ring poller goes round: a wedged poller stops the pings and systemd
+  // restarts tierd (clients then fail their jobs with UNAVAILABLE rather than hang).
+  notifier_.StartWatchdog([this] { return MonotonicMs() - poller_->last_heartbeat_ms() < 5000; });
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int signal_number = 0;
+  while (sigwait(&signals, &signal_number) != 0 || (signal_number != SIGTERM && signal_number != SIGINT)) {
+  }
+  LogInfo("signal ", signal_number, ": draining");
+  notifier_.Stopping();
+  uint64_t left = Drain(config_.drain_timeout_ms);
+  if (left > 0) LogWarning(left, " jobs still in flight after ", config_.drain_timeout_ms, " ms");
+  Shutdown();
+  LogInfo("tierd stopped");
+  return left == 0 ? 0 : 1;
+}
+
+void Daemon::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Order: stop taking work (sockets, poller), end sessions (their jobs finish), then the engine.
+  // Control calls are short and jobs have drained by now; an idle client channel would otherwise
+  // hold the shutdown for the whole deadline (gRPC waits for connections, not only calls).
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  if (listener_) listener_->Stop();
+  if (poller_) poller_->Stop();
+  if (registry_) registry_->EndAllAndWait();
+  if (engine_) engine_->Shutdown();
+  ::unlink(config_.socket_path.c_str());
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,62 @@
+// The composition root of tierd: builds the pool, the copy engine, the session machinery and the
+// servers from a Config, serves until SIGTERM/SIGINT, then drains and stops in order. It owns the
+// parts; it holds no policy of its own.
+#ifndef TIER_DAEMON_DAEMON_H_
+#define TIER_DAEMON_DAEMON_H_
+
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "daemon/control_service.h"
+#include "daemon/job_executor.h"
+#include "daemon/metrics.h"
+#include "daemon/ring_poller.h"
+#include "daemon/session_listener.h"
+#include "daemon/session_registry.h"
+#include "daemon/systemd_notifier.h"
+#include "gpu/copy_engine.h"
+#include "storage/host_pool.h"
+
+namespace tier::daemon {
+
+inline constexpr char kVersion[] = "0.1.0";
+
+class Daemon {
+ public:
+  // Everything up to and including listening on both sockets. The caller has blocked SIGTERM,
+  // SIGINT and SIGPIPE in every thread (Run() waits for the first two).
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(const Config& config);
+  ~Daemon();
+
+  // Serves until SIGTERM or SIGINT; then drains (in-flight jobs finish) and stops. Returns the
+  // process exit status.
+  int Run();
+
+ private:
+  explicit Daemon(const Config& config);
+  absl::Status Init();
+  // Stops admitting jobs and waits up to timeout_ms (0: unbounded) for in-flight ones.
+  uint64_t Drain(uint32_t timeout_ms);
+  void Shutdown();
+
+  const Config config_;
+  const uint64_t started_ms_;
+  DaemonMetrics metrics_;
+  std::unique_ptr<storage::HostPool> pool_;
+  std::unique_ptr<gpu::CopyEngine> engine_;
+  std::unique_ptr<JobExecutor> executor_;
+  std::unique_ptr<SessionRegistry> registry_;
+  std::unique_ptr<RingPoller> poller_;
+  std::unique_ptr<SessionListener> listener_;
+  std::unique_ptr<ControlService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  SystemdNotifier notifier_;
+  bool shut_down_ = false;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_DAEMON_H_

@@ -1,0 +1,249 @@
+#include "daemon/job_executor.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tier::daemon {
+namespace {
+
+using ring::Opcode;
+
+}  // namespace
+
+void JobExecutor::Start(const std::shared_ptr<Session>& session,
+                        const ring::SubmissionEntry& entry) {
+  if (!session->BeginJob()) return;  // closing: the client is gone or going
+  metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
+  absl::Status status;
+  switch (static_cast<Opcode>(entry.opcode)) {
+    case Opcode::kOffload:
+      status = Offload(session, entry);
+      break;
+    case Opcode::kReload:
+      status = Reload(session, entry);
+      break;
+    case Opcode::kFree:
+      status = Free(*session, entry);
+      if (status.ok()) Complete(*session, entry, status);
+      break;
+    case Opcode::kNop:
+      Complete(*session, entry, absl::OkStatus());
+      break;
+    default:
+      status = absl::InvalidArgumentError(absl::StrCat("unknown opcode ", entry.opcode));
+  }
+  // Offload and reload complete from the copy's callback when they start; a failure to start
+  // completes here.
+  if (!status.ok()) Complete(*session, entry, status);
+}
+
+void JobExecutor::Reject(const std::shared_ptr<Session>& session,
+                         const ring::SubmissionEntry& entry, absl::Status status) {
+  if (!session->BeginJob()) return;
+  metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
+  Complete(*session, entry, status);
+}
+
+absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
+                                                           const ring::SubmissionEntry& e) {
+  if (e.len == 0) return absl::InvalidArgumentError("job length is 0");
+  std::shared_ptr<gpu::ImportedBuffer> buffer = session.FindBuffer(e.buffer_id);
+  if (buffer == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no buffer ", e.buffer_id, " in this session"));
+  }
+  // Written so that no sum can overflow: offset <= bytes, then len <= bytes - offset.
+  if (e.offset > buffer->bytes() || e.len > buffer->bytes() - e.offset) {
+    return absl::OutOfRangeError(absl::StrCat("bytes [", e.offset, ", +", e.len,
+                                              ") lie outside buffer ", e.buffer_id, " (",
+                                              buffer->bytes(), " bytes)"));
+  }
+  char* data = buffer->base() + e.offset;
+  return Range{std::move(buffer), data};
+}
+
+absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
+                                  const ring::SubmissionEntry& e) {
+  if (e.object_id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
+  absl::StatusOr<Range> range = CheckRange(*session, e);
+  if (!range.ok()) return range.status();
+
+  auto object = std::make_shared<Object>();
+  {
+    std::lock_guard lock(session->mu());
+    if (session->objects().contains(e.object_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("object ", e.object_id, " already exists"));
+    }
+    // Charged as the extent the pool will hand out (rounded up to its alignment).
+    uint64_t charge = (e.len + pool_.alignment() - 1) & ~(pool_.alignment() - 1);
+    if (session->used_bytes() + charge > session->quota_bytes()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session quota exceeded: ", session->used_bytes(), " + ", charge,
+                       " bytes > quota of ", session->quota_bytes()));
+    }
+    std::optional<storage::Extent> extent = pool_.Allocate(e.len);
+    if (!extent) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host pool full: no free extent of ", e.len, " bytes"));
+    }
+    object->extent = *extent;
+    object->len = e.len;
+    object->pins = 1;  // the fill
+    session->objects().emplace(e.object_id, object);
+    session->used_bytes() += extent->bytes;
+  }
+
+  gpu::CopyJob job;
+  job.direction = gpu::Direction::kToPool;
+  job.client = range->data;
+  job.pool = pool_.At(object->extent);
+  job.len = e.len;
+  job.session = session->engine_session();
+  job.sync = e.sync;
+  // The callback holds the buffer (so an unregister cannot unmap it mid-copy) and the session.
+  job.done = [this, session, e, object, buffer = std::move(range->buffer)](absl::Status status) {
+    std::vector<std::function<void(absl::Status)>> waiters;
+    {
+      std::lock_guard lock(session->mu());
+      if (status.ok()) {
+        object->state = Object::State::kReady;
+      } else if (!object->dropped) {
+        // A failed offload leaves no object behind.
+        session->objects().erase(e.object_id);
+        object->dropped = true;
+      }
+      waiters.swap(object->on_filled);
+      UnpinLocked(*session, *object);
+    }
+    for (auto& start : waiters) start(status);
+    Complete(*session, e, status);
+  };
+  engine_.Submit(std::move(job));
+  return absl::OkStatus();
+}
+
+absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
+                                 const ring::SubmissionEntry& e) {
+  absl::StatusOr<Range> range = CheckRange(*session, e);
+  if (!range.ok()) return range.status();
+  std::shared_ptr<Object> object;
+  {
+    std::lock_guard lock(session->mu());
+    auto it = session->objects().find(e.object_id);
+    if (it == session->objects().end()) {
+      return absl::NotFoundError(absl::StrCat("no object ", e.object_id, " in this session"));
+    }
+    object = it->second;
+    if (e.len != object->len) {
+      return absl::InvalidArgumentError(absl::StrCat("reload of ", e.len, " bytes from object ",
+                                                     e.object_id, " of ", object->len, " bytes"));
+    }
+    ++object->pins;
+    if (e.flags & ring::kFlagFreeAfterReload) {
+      session->objects().erase(it);
+      object->dropped = true;
+    }
+    if (object->state == Object::State::kFilling) {
+      // Started by the offload's completion, in the order the reloads arrived.
+      object->on_filled.push_back(
+          [this, session, e, object, range = *range](absl::Status fill) mutable {
+            if (fill.ok()) {
+              StartReloadCopy(session, e, std::move(object), std::move(range));
+              return;
+            }
+            {
+              std::lock_guard lock(session->mu());
+              UnpinLocked(*session, *object);
+            }
+            Complete(*session, e,
+                     absl::AbortedError(absl::StrCat("offload of object ", e.object_id,
+                                                     " failed: ", fill.message())));
+          });
+      return absl::OkStatus();
+    }
+  }
+  StartReloadCopy(session, e, std::move(object), std::move(*range));
+  return absl::OkStatus();
+}
+
+void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
+                                  const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
+                                  Range range) {
+  gpu::CopyJob job;
+  job.direction = gpu::Direction::kFromPool;
+  job.client = range.data;
+  job.pool = pool_.At(object->extent);
+  job.len = e.len;
+  job.session = session->engine_session();
+  job.sync = e.sync;
+  job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
+    {
+      std::lock_guard lock(session->mu());
+      UnpinLocked(*session, *object);
+    }
+    Complete(*session, e, status);
+  };
+  engine_.Submit(std::move(job));
+}
+
+absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e) {
+  std::lock_guard lock(session.mu());
+  auto it = session.objects().find(e.object_id);
+  if (it == session.objects().end()) {
+    return absl::NotFoundError(absl::StrCat("no object ", e.object_id, " in this session"));
+  }
+  std::shared_ptr<Object> object = std::move(it->second);
+  session.objects().erase(it);
+  object->dropped = true;
+  // Jobs already accepted keep their pins; the memory returns when the last one ends.
+  ++object->pins;
+  UnpinLocked(session, *object);
+  return absl::OkStatus();
+}
+
+void JobExecutor::UnpinLocked(Session& session, Object& object) {
+  if (--object.pins > 0 || !object.dropped) return;
+  pool_.Free(object.extent);
+  session.used_bytes() -= object.extent.bytes;
+  object.extent = {};
+}
+
+void JobExecutor::ReleaseAll(Session& session) {
+  std::lock_guard lock(session.mu());
+  for (const std::shared_ptr<Object>& object : session.TakeAllObjects()) {
+    object->dropped = true;
+    ++object->pins;
+    UnpinLocked(session, *object);
+  }
+}
+
+void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
+                           const absl::Status& status) {
+  ring::CompletionEntry c{};
+  c.job_id = entry.job_id;
+  c.status = StatusCodeToInt(status);
+  c.object_id = entry.object_id;
+  c.len = entry.len;
+  JobCounters& counters = session.counters();
+  if (status.ok()) {
+    counters.jobs_completed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.totals.jobs_completed.fetch_add(1, std::memory_order_relaxed);
+    auto opcode = static_cast<Opcode>(entry.opcode);
+    if (opcode == Opcode::kOffload || opcode == Opcode::kReload) {
+      auto& session_bytes =
+          opcode == Opcode::kOffload ? counters.bytes_offloaded : counters.bytes_reloaded;
+      auto& total_bytes = opcode == Opcode::kOffload ? metrics_.totals.bytes_offloaded
+                                                     : metrics_.totals.bytes_reloaded;
+      session_bytes.fetch_add(entry.len, std::memory_order_relaxed);
+      total_bytes.fetch_add(entry.len, std::memory_order_relaxed);
+      metrics_.bandwidth.Add(entry.len, MonotonicMs());
+    }
+  } else {
+    counters.jobs_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.totals.jobs_failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  session.PostCompletion(c);
+  metrics_.jobs_in_flight.fetch_sub(1, std::memory_order_relaxed);
+  session.EndJob();
+}
+
+}  // namespace tier::daemon

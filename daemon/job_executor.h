@@ -1,0 +1,62 @@
+// Validates ring entries and runs them: offload (client buffer -> new pool extent), reload (object
+// -> client buffer), free. Every entry ends in exactly one completion on the session's ring, with
+// a canonical status code; a bad entry fails alone and touches nothing else.
+//
+// Ordering between jobs on the same object is kept here, not by the engine: a reload of an object
+// whose offload is still copying waits for that offload (it is started from the offload's
+// completion), and an object's extent returns to the pool only once it has been freed and no
+// accepted job still uses it.
+#ifndef TIER_DAEMON_JOB_EXECUTOR_H_
+#define TIER_DAEMON_JOB_EXECUTOR_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "daemon/metrics.h"
+#include "daemon/session.h"
+#include "gpu/copy_engine.h"
+#include "storage/host_pool.h"
+#include "tier/ring.h"
+
+namespace tier::daemon {
+
+class JobExecutor {
+ public:
+  JobExecutor(storage::HostPool& pool, gpu::CopyEngine& engine, DaemonMetrics& metrics)
+      : pool_(pool), engine_(engine), metrics_(metrics) {}
+
+  // Starts one entry taken from the session's submission queue. Never waits for a copy.
+  void Start(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry);
+  // Completes an entry with `status` without running it (daemon draining).
+  void Reject(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
+              absl::Status status);
+  // After the session is idle and closing: returns all its objects' memory to the pool.
+  void ReleaseAll(Session& session);
+
+ private:
+  // The checked view of a buffer range named by an entry.
+  struct Range {
+    std::shared_ptr<gpu::ImportedBuffer> buffer;
+    char* data = nullptr;
+  };
+  absl::StatusOr<Range> CheckRange(Session& session, const ring::SubmissionEntry& entry);
+
+  absl::Status Offload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
+  absl::Status Reload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
+  absl::Status Free(Session& session, const ring::SubmissionEntry& e);
+  void StartReloadCopy(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                       std::shared_ptr<Object> object, Range range);
+
+  // Drops one pin; returns the extent to the pool when the object is freed and unpinned.
+  // Caller holds session.mu().
+  void UnpinLocked(Session& session, Object& object);
+  void Complete(Session& session, const ring::SubmissionEntry& entry, const absl::Status& status);
+
+  storage::HostPool& pool_;
+  gpu::CopyEngine& engine_;
+  DaemonMetrics& metrics_;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_JOB_EXECUTOR_H_

@@ -1,0 +1,46 @@
+// Counters the status API reports. Lock-free on the job path: relaxed atomics, and a bandwidth
+// meter of per-100 ms buckets over the last few seconds.
+#ifndef TIER_DAEMON_METRICS_H_
+#define TIER_DAEMON_METRICS_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+namespace tier::daemon {
+
+// Bytes moved per 100 ms bucket over the last kBuckets buckets.
+class BandwidthMeter {
+ public:
+  static constexpr int kBuckets = 50;  // 5 s
+  void Add(uint64_t bytes, uint64_t now_ms);
+  double BytesPerSecond(uint64_t now_ms) const;
+
+ private:
+  struct Bucket {
+    std::atomic<uint64_t> epoch{0};  // now_ms / 100 of the bucket's contents
+    std::atomic<uint64_t> bytes{0};
+  };
+  std::array<Bucket, kBuckets> buckets_;
+};
+
+// Counts shared by a session and the daemon totals.
+struct JobCounters {
+  std::atomic<uint64_t> jobs_completed{0};
+  std::atomic<uint64_t> jobs_failed{0};
+  std::atomic<uint64_t> bytes_offloaded{0};
+  std::atomic<uint64_t> bytes_reloaded{0};
+};
+
+struct DaemonMetrics {
+  JobCounters totals;
+  std::atomic<uint64_t> jobs_in_flight{0};
+  BandwidthMeter bandwidth;
+};
+
+uint64_t MonotonicMs();
+uint64_t MonotonicNs();
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_METRICS_H_

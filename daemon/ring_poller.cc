@@ -1,0 +1,138 @@
+#include "daemon/ring_poller.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/status.h"
+
+namespace tier::daemon {
+namespace {
+
+constexpr int kBatch = 64;  // entries per session per pass, so one busy client cannot starve others
+
+void DrainEventfd(int fd) {
+  uint64_t value;
+  [[maybe_unused]] ssize_t n = ::read(fd, &value, sizeof(value));
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+RingPoller::RingPoller(SessionRegistry& registry, JobExecutor& executor, uint32_t poll_idle_us)
+    : registry_(registry), executor_(executor), poll_idle_ns_(uint64_t{poll_idle_us} * 1000) {}
+
+RingPoller::~RingPoller() { Stop(); }
+
+absl::Status RingPoller::Start() {
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) return ErrnoStatus("eventfd");
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+void RingPoller::Wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
+}
+
+void RingPoller::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_release);
+  Wake();
+  thread_.join();
+}
+
+bool RingPoller::Drain(const std::shared_ptr<Session>& session, bool* blocked) {
+  bool took = false;
+  ring::SubmissionEntry entry;
+  for (int i = 0; i < kBatch; ++i) {
+    if (!session->CanAdmit()) {
+      *blocked = true;
+      break;
+    }
+    auto result = session->submissions().TryPop(&entry);
+    if (result == ring::Consumer<ring::SubmissionEntry>::Result::kEmpty) break;
+    if (result == ring::Consumer<ring::SubmissionEntry>::Result::kCorrupt) {
+      registry_.End(session, "client corrupted its submission queue");
+      break;
+    }
+    took = true;
+    if (registry_.draining()) {
+      executor_.Reject(session, entry, absl::UnavailableError("tierd is draining"));
+    } else {
+      executor_.Start(session, entry);
+    }
+  }
+  if (session->broken()) registry_.End(session, "client corrupted its completion queue");
+  return took;
+}
+
+void RingPoller::RebuildEpoll(const std::vector<std::shared_ptr<Session>>& sessions) {
+  epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
+  for (const auto& session : sessions) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, session->sq_doorbell_fd(), &ev);
+  }
+}
+
+void RingPoller::Sleep(const std::vector<std::shared_ptr<Session>>& sessions, bool any_blocked) {
+  // Announce the sleep on every ring, then look once more: a client that published an entry
+  // before seeing the flag is caught here; one that publishes after will ring the doorbell.
+  bool pending = false;
+  for (const auto& session : sessions) pending |= session->submissions().PrepareSleep();
+  if (!pending) {
+    // A session that is blocked on a full completion queue does not ring; look again soon.
+    epoll_event events[16];
+    ::epoll_wait(epoll_fd_.get(), events, 16, any_blocked ? 1 : 500);
+    DrainEventfd(wake_fd_.get());
+    for (const auto& session : sessions) DrainEventfd(session->sq_doorbell_fd());
+  }
+  for (const auto& session : sessions) session->submissions().CancelSleep();
+}
+
+void RingPoller::Run() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  uint64_t generation = ~uint64_t{0};
+  uint64_t last_work_ns = MonotonicNs();
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (uint64_t now_generation = registry_.generation(); now_generation != generation) {
+      generation = now_generation;
+      sessions = registry_.ActiveSessions();
+      RebuildEpoll(sessions);
+    }
+    bool work = false;
+    bool any_blocked = false;
+    for (const auto& session : sessions) {
+      if (session->closing()) continue;
+      work |= Drain(session, &any_blocked);
+    }
+    uint64_t now = MonotonicNs();
+    heartbeat_ms_.store(now / 1000000, std::memory_order_relaxed);
+    if (work) {
+      last_work_ns = now;
+      continue;
+    }
+    if (now - last_work_ns < poll_idle_ns_) {
+      CpuRelax();
+      continue;
+    }
+    if (any_blocked) {
+      // Blocked sessions keep entries in their queue; sleeping on them would spin. Nap briefly.
+      epoll_event events[1];
+      ::epoll_wait(epoll_fd_.get(), events, 1, 1);
+      continue;
+    }
+    Sleep(sessions, any_blocked);
+    last_work_ns = MonotonicNs();
+  }
+}
+
+}  // namespace tier::daemon

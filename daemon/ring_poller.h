@@ -1,0 +1,51 @@
+// The thread that drains every session's submission queue. While jobs keep coming it polls
+// (no system call per job); after poll_idle_us without work it sets each ring's need_wakeup flag
+// and sleeps on the sessions' doorbell eventfds (see the wake-up protocol in tier/ring.h).
+#ifndef TIER_DAEMON_RING_POLLER_H_
+#define TIER_DAEMON_RING_POLLER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/unique_fd.h"
+#include "daemon/job_executor.h"
+#include "daemon/session_registry.h"
+
+namespace tier::daemon {
+
+class RingPoller {
+ public:
+  RingPoller(SessionRegistry& registry, JobExecutor& executor, uint32_t poll_idle_us);
+  ~RingPoller();
+  absl::Status Start();
+  void Stop();
+  // Wakes the thread if it sleeps (any thread may call it).
+  void Wake();
+  // When the loop last went round (it does at least every 500 ms, idle or not): the watchdog's
+  // evidence that jobs are being served.
+  uint64_t last_heartbeat_ms() const { return heartbeat_ms_.load(std::memory_order_relaxed); }
+
+ private:
+  void Run();
+  // Takes up to a batch of entries from one session. Returns true if it took any.
+  bool Drain(const std::shared_ptr<Session>& session, bool* blocked);
+  void Sleep(const std::vector<std::shared_ptr<Session>>& sessions, bool any_blocked);
+  void RebuildEpoll(const std::vector<std::shared_ptr<Session>>& sessions);
+
+  SessionRegistry& registry_;
+  JobExecutor& executor_;
+  const uint64_t poll_idle_ns_;
+  UniqueFd wake_fd_;
+  UniqueFd epoll_fd_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> heartbeat_ms_{0};
+  std::thread thread_;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_RING_POLLER_H_

@@ -1,0 +1,194 @@
+#include "daemon/session.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tier::daemon {
+
+Session::Session(uint64_t id, std::string name, const AttachToken& token, uint64_t quota_bytes,
+                 uint32_t ring_entries)
+    : id_(id), name_(std::move(name)), token_(token), quota_bytes_(quota_bytes),
+      ring_entries_(ring_entries), created_ms_(MonotonicMs()) {}
+
+Session::~Session() {
+  if (ring_base_ != nullptr) ::munmap(ring_base_, ring_bytes_);
+}
+
+bool Session::TokenMatches(const AttachToken& token) const {
+  // Constant time: the token is the only proof that the attaching process opened the session.
+  uint8_t diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) diff |= token[i] ^ token_[i];
+  return diff == 0;
+}
+
+absl::Status Session::Attach(const PeerCredentials& peer,
+                             std::unique_ptr<gpu::EngineSession> engine) {
+  {
+    std::lock_guard lock(mu_);
+    if (attached_) return absl::AlreadyExistsError("session is already attached");
+    if (closing_) return absl::FailedPreconditionError("session is closing");
+  }
+  ring_bytes_ = ring::SegmentBytes(ring_entries_);
+  ring_fd_.reset(::memfd_create(absl::StrCat("tierd-ring-", id_).c_str(),
+                                MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!ring_fd_.valid()) return ErrnoStatus("memfd_create for the job ring");
+  if (::ftruncate(ring_fd_.get(), static_cast<off_t>(ring_bytes_)) != 0) {
+    return ErrnoStatus("ftruncate of the job ring");
+  }
+  // The client must not be able to shrink the ring under the daemon's mapping (SIGBUS).
+  if (::fcntl(ring_fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ErrnoStatus("sealing the job ring");
+  }
+  ring_base_ = ::mmap(nullptr, ring_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd_.get(), 0);
+  if (ring_base_ == MAP_FAILED) {
+    ring_base_ = nullptr;
+    return ErrnoStatus("mmap of the job ring");
+  }
+  ring::RingHeader* header = ring::InitSegment(ring_base_, ring_entries_, id_);
+  auto* bytes = static_cast<char*>(ring_base_);
+  // Offsets and sizes are the daemon's own copies: the client can scribble on the header.
+  sq_ = ring::Consumer<ring::SubmissionEntry>(
+      &header->sq, reinterpret_cast<ring::SubmissionEntry*>(bytes + ring::kHeaderBytes),
+      ring_entries_);
+  cq_ = ring::Producer<ring::CompletionEntry>(
+      &header->cq,
+      reinterpret_cast<ring::CompletionEntry*>(
+          bytes + ring::kHeaderBytes + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
+      ring_entries_);
+  sq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  cq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!sq_doorbell_.valid() || !cq_doorbell_.valid()) return ErrnoStatus("eventfd");
+  engine_session_ = std::move(engine);
+  std::lock_guard lock(mu_);
+  peer_ = peer;
+  attached_ = true;
+  return absl::OkStatus();
+}
+
+bool Session::attached() const {
+  std::lock_guard lock(mu_);
+  return attached_;
+}
+
+bool Session::CanAdmit() {
+  uint64_t in_flight;
+  {
+    std::lock_guard lock(mu_);
+    in_flight = jobs_in_flight_;
+  }
+  std::lock_guard lock(cq_mu_);
+  std::optional<uint32_t> pending = cq_.Pending();
+  if (!pending) {
+    broken_ = true;
+    return false;
+  }
+  return in_flight + *pending < ring_entries_;
+}
+
+bool Session::PostCompletion(const ring::CompletionEntry& entry) {
+  bool wake;
+  {
+    std::lock_guard lock(cq_mu_);
+    if (!cq_.TryPush(entry)) {
+      // Admission control keeps room for every accepted job, so a full queue means the client
+      // moved its head backwards: the ring is corrupt and the session cannot go on.
+      broken_ = true;
+      return false;
+    }
+    wake = cq_.ConsumerWantsWakeup();
+  }
+  if (wake) {
+    uint64_t one = 1;
+    // EAGAIN only if the counter is saturated, which already means "wake up".
+    [[maybe_unused]] ssize_t n = ::write(cq_doorbell_.get(), &one, sizeof(one));
+  }
+  return true;
+}
+
+uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
+  std::lock_guard lock(mu_);
+  uint64_t id = next_buffer_id_++;
+  buffers_.emplace(id, std::move(buffer));
+  return id;
+}
+
+bool Session::RemoveBuffer(uint64_t buffer_id) {
+  std::shared_ptr<gpu::ImportedBuffer> doomed;  // unmapped outside the lock
+  std::lock_guard lock(mu_);
+  auto it = buffers_.find(buffer_id);
+  if (it == buffers_.end()) return false;
+  doomed = std::move(it->second);
+  buffers_.erase(it);
+  return true;
+}
+
+std::shared_ptr<gpu::ImportedBuffer> Session::FindBuffer(uint64_t buffer_id) {
+  std::lock_guard lock(mu_);
+  auto it = buffers_.find(buffer_id);
+  return it == buffers_.end() ? nullptr : it->second;
+}
+
+bool Session::BeginJob() {
+  std::lock_guard lock(mu_);
+  if (closing_) return false;
+  ++jobs_in_flight_;
+  return true;
+}
+
+void Session::EndJob() {
+  std::lock_guard lock(mu_);
+  if (--jobs_in_flight_ == 0) idle_cv_.notify_all();
+}
+
+void Session::MarkClosing() {
+  std::lock_guard lock(mu_);
+  closing_ = true;
+}
+
+bool Session::closing() const {
+  std::lock_guard lock(mu_);
+  return closing_;
+}
+
+void Session::WaitIdle() {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [this] { return jobs_in_flight_ == 0; });
+}
+
+std::vector<std::shared_ptr<Object>> Session::TakeAllObjects() {
+  std::vector<std::shared_ptr<Object>> all;
+  all.reserve(objects_.size());
+  for (auto& [id, object] : objects_) all.push_back(std::move(object));
+  objects_.clear();
+  buffers_.clear();
+  return all;
+}
+
+SessionSnapshot Session::Snapshot() const {
+  SessionSnapshot s;
+  s.id = id_;
+  s.name = name_;
+  s.quota_bytes = quota_bytes_;
+  s.age_ms = MonotonicMs() - created_ms_;
+  {
+    std::lock_guard lock(mu_);
+    s.attached = attached_;
+    s.peer = peer_;
+    s.used_bytes = used_bytes_;
+    s.objects = objects_.size();
+    s.buffers = buffers_.size();
+    s.jobs_in_flight = jobs_in_flight_;
+  }
+  s.jobs_completed = counters_.jobs_completed.load(std::memory_order_relaxed);
+  s.jobs_failed = counters_.jobs_failed.load(std::memory_order_relaxed);
+  s.bytes_offloaded = counters_.bytes_offloaded.load(std::memory_order_relaxed);
+  s.bytes_reloaded = counters_.bytes_reloaded.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace tier::daemon

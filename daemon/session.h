@@ -1,0 +1,155 @@
+// One client session: its identity (kernel credentials of the session socket), quota, shared-memory
+// job ring with its doorbells, registered buffers, and the objects it holds in the daemon.
+//
+// Threads: the ring poller consumes the submission queue (one thread only); engine threads post
+// completions; the session listener registers buffers and ends the session; gRPC threads read
+// snapshots. Everything mutable beyond the ring ends is guarded by mu_.
+#ifndef TIER_DAEMON_SESSION_H_
+#define TIER_DAEMON_SESSION_H_
+
+#include <array>
+#include <condition_variable>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "common/unix_socket.h"
+#include "daemon/metrics.h"
+#include "gpu/copy_engine.h"
+#include "storage/extent_allocator.h"
+#include "tier/ring.h"
+
+namespace tier::daemon {
+
+using AttachToken = std::array<uint8_t, 16>;
+
+// Data held for the client. Lives in the session's table until freed; its memory returns to the
+// pool when it has been freed and no job pins it any more.
+struct Object {
+  enum class State { kFilling, kReady };
+  storage::Extent extent;
+  uint64_t len = 0;
+  State state = State::kFilling;
+  uint32_t pins = 0;      // jobs accepted that still use the extent (the fill counts as one)
+  bool dropped = false;   // freed by the client (gone from the table)
+  // Reloads accepted while the object was still filling; started when the fill completes.
+  std::vector<std::function<void(absl::Status)>> on_filled;
+};
+
+struct SessionSnapshot {
+  uint64_t id = 0;
+  std::string name;
+  bool attached = false;
+  PeerCredentials peer;
+  uint64_t quota_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;
+  uint64_t buffers = 0;
+  uint64_t jobs_in_flight = 0;
+  uint64_t jobs_completed = 0;
+  uint64_t jobs_failed = 0;
+  uint64_t bytes_offloaded = 0;
+  uint64_t bytes_reloaded = 0;
+  uint64_t age_ms = 0;
+};
+
+class Session {
+ public:
+  Session(uint64_t id, std::string name, const AttachToken& token, uint64_t quota_bytes,
+          uint32_t ring_entries);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  uint64_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+  uint64_t quota_bytes() const { return quota_bytes_; }
+  uint32_t ring_entries() const { return ring_entries_; }
+  uint64_t created_ms() const { return created_ms_; }
+  bool TokenMatches(const AttachToken& token) const;
+
+  // Creates the ring segment and doorbells and binds the session to the attaching process.
+  absl::Status Attach(const PeerCredentials& peer, std::unique_ptr<gpu::EngineSession> engine);
+  bool attached() const;
+  int ring_fd() const { return ring_fd_.get(); }
+  uint64_t ring_bytes() const { return ring_bytes_; }
+  int sq_doorbell_fd() const { return sq_doorbell_.get(); }
+  int cq_doorbell_fd() const { return cq_doorbell_.get(); }
+  gpu::EngineSession* engine_session() const { return engine_session_.get(); }
+
+  // ---- Ring poller thread only ----
+  ring::Consumer<ring::SubmissionEntry>& submissions() { return sq_; }
+  // True when one more job can be accepted without overrunning the completion queue: jobs in
+  // flight plus completions the client has not reaped stay below its capacity.
+  bool CanAdmit();
+
+  // ---- Any thread ----
+  // Posts a completion and wakes the client if it sleeps. False if the client corrupted the ring
+  // (the session is then broken and should be closed).
+  bool PostCompletion(const ring::CompletionEntry& entry);
+  bool broken() const { return broken_.load(std::memory_order_relaxed); }
+
+  // Buffers.
+  uint64_t AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer);
+  bool RemoveBuffer(uint64_t buffer_id);
+  std::shared_ptr<gpu::ImportedBuffer> FindBuffer(uint64_t buffer_id);
+
+  // Job accounting and closing. BeginJob fails once the session is closing.
+  bool BeginJob();
+  void EndJob();
+  void MarkClosing();
+  bool closing() const;
+  // Blocks until no job is in flight (after MarkClosing, none can start).
+  void WaitIdle();
+
+  // The object table, with the session lock held by the caller (see ObjectLock).
+  std::mutex& mu() { return mu_; }
+  std::unordered_map<uint64_t, std::shared_ptr<Object>>& objects() { return objects_; }
+  uint64_t& used_bytes() { return used_bytes_; }
+  // Everything the session still holds, for release at close (lock held by caller).
+  std::vector<std::shared_ptr<Object>> TakeAllObjects();
+
+  JobCounters& counters() { return counters_; }
+  SessionSnapshot Snapshot() const;
+
+ private:
+  const uint64_t id_;
+  const std::string name_;
+  const AttachToken token_;
+  const uint64_t quota_bytes_;
+  const uint32_t ring_entries_;
+  const uint64_t created_ms_;
+
+  UniqueFd ring_fd_;
+  uint64_t ring_bytes_ = 0;
+  void* ring_base_ = nullptr;
+  UniqueFd sq_doorbell_;
+  UniqueFd cq_doorbell_;
+  ring::Consumer<ring::SubmissionEntry> sq_;
+  std::mutex cq_mu_;
+  ring::Producer<ring::CompletionEntry> cq_;  // guarded by cq_mu_
+  std::atomic<bool> broken_{false};
+  std::unique_ptr<gpu::EngineSession> engine_session_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  bool attached_ = false;
+  PeerCredentials peer_;
+  bool closing_ = false;
+  uint64_t jobs_in_flight_ = 0;
+  uint64_t next_buffer_id_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_;
+  std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_;
+  uint64_t used_bytes_ = 0;  // extent bytes held against the quota
+  JobCounters counters_;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_SESSION_H_

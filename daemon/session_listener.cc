@@ -1,0 +1,256 @@
+#include "daemon/session_listener.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "tier/session_wire.h"
+
+namespace tier::daemon {
+namespace {
+
+constexpr int kTickMs = 200;  // how often pending sessions are checked for the attach timeout
+
+template <typename Message>
+bool ParseMessage(const std::vector<char>& data, Message* out) {
+  if (data.size() != sizeof(Message)) return false;
+  std::memcpy(out, data.data(), sizeof(Message));
+  return true;
+}
+
+void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
+               const absl::Status& status) {
+  reply->header.type = static_cast<uint32_t>(type);
+  reply->header.version = wire::kProtocolVersion;
+  reply->header.request_id = request_id;
+  reply->status = StatusCodeToInt(status);
+  absl::string_view message = status.message();
+  size_t n = std::min(message.size(), sizeof(reply->message) - 1);
+  std::memcpy(reply->message, message.data(), n);
+  reply->message[n] = '\0';
+}
+
+}  // namespace
+
+SessionListener::SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine)
+    : registry_(registry), engine_(engine) {}
+
+SessionListener::~SessionListener() { Stop(); }
+
+absl::Status SessionListener::Start(const std::string& path, mode_t mode, gid_t gid) {
+  absl::StatusOr<UniqueFd> listen_fd = ListenSeqpacket(path, mode);
+  if (!listen_fd.ok()) return listen_fd.status();
+  if (gid != static_cast<gid_t>(-1) && ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return ErrnoStatus(absl::StrCat("chown of ", path));
+  }
+  path_ = path;
+  listen_fd_ = *std::move(listen_fd);
+  epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!epoll_fd_.valid() || !wake_fd_.valid()) return ErrnoStatus("epoll/eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_.get();
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
+  ev.data.fd = wake_fd_.get();
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+void SessionListener::Stop() {
+  if (!thread_.joinable()) return;
+  stop_ = true;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
+  thread_.join();
+  for (auto& [fd, connection] : connections_) {
+    if (connection.session) registry_.End(connection.session, "daemon stopping");
+  }
+  connections_.clear();
+  ::unlink(path_.c_str());
+}
+
+void SessionListener::Run() {
+  epoll_event events[32];
+  while (!stop_) {
+    int n = ::epoll_wait(epoll_fd_.get(), events, 32, kTickMs);
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == wake_fd_.get()) continue;
+      if (fd == listen_fd_.get()) {
+        Accept();
+        continue;
+      }
+      auto it = connections_.find(fd);
+      if (it == connections_.end()) continue;
+      if (!Serve(it->second)) Drop(fd, "client disconnected");
+    }
+    registry_.ExpirePending();
+    // A session the daemon ended (corrupt ring, CloseSession, shutdown) loses its connection too,
+    // so its client sees the hang-up and fails its pending jobs instead of waiting for ever.
+    std::vector<int> ended;
+    for (auto& [fd, connection] : connections_) {
+      if (connection.session && connection.session->closing()) ended.push_back(fd);
+    }
+    for (int fd : ended) Drop(fd, "session ended");
+  }
+}
+
+void SessionListener::Accept() {
+  int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) {
+    if (errno != EAGAIN && errno != EINTR) LogWarning(ErrnoStatus("accept").message());
+    return;
+  }
+  UniqueFd conn(fd);
+  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(fd);
+  if (!peer.ok()) {
+    LogWarning("session socket: ", peer.status().message());
+    return;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return;
+  connections_.emplace(fd, Connection{std::move(conn), *peer, nullptr});
+}
+
+void SessionListener::Drop(int fd, absl::string_view reason) {
+  auto it = connections_.find(fd);
+  if (it == connections_.end()) return;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  if (it->second.session) registry_.End(it->second.session, reason);
+  connections_.erase(it);
+}
+
+bool SessionListener::Serve(Connection& c) {
+  absl::StatusOr<ReceivedMessage> message =
+      ReceiveMessage(c.fd.get(), wire::kMaxMessageBytes, wire::kMaxFds);
+  if (!message.ok()) {
+    if (absl::IsUnavailable(message.status())) return true;  // EAGAIN: spurious wake-up
+    LogWarning("session socket of pid ", c.peer.pid, ": ", message.status().message());
+    return false;
+  }
+  if (message->data.empty()) return false;  // orderly close, or the process died
+  if (message->data.size() < sizeof(wire::MessageHeader)) return false;
+  wire::MessageHeader header;
+  std::memcpy(&header, message->data.data(), sizeof(header));
+  if (header.version != wire::kProtocolVersion) {
+    LogWarning("pid ", c.peer.pid, " speaks session protocol ", header.version, ", not ",
+               wire::kProtocolVersion);
+    return false;
+  }
+  switch (static_cast<wire::MessageType>(header.type)) {
+    case wire::MessageType::kAttachRequest:
+      HandleAttach(c, message->data);
+      return c.session != nullptr;  // a failed attach ends the connection
+    case wire::MessageType::kRegisterBuffer:
+      HandleRegister(c, message->data, std::move(message->fds));
+      return true;
+    case wire::MessageType::kUnregisterBuffer:
+      HandleUnregister(c, message->data);
+      return true;
+    default:
+      LogWarning("pid ", c.peer.pid, " sent unknown message type ", header.type);
+      return false;
+  }
+}
+
+void SessionListener::HandleAttach(Connection& c, const std::vector<char>& data) {
+  wire::AttachRequest request{};
+  wire::AttachReply reply{};
+  absl::Status status;
+  std::shared_ptr<Session> session;
+  if (c.session != nullptr) {
+    status = absl::FailedPreconditionError("connection already attached");
+  } else if (!ParseMessage(data, &request)) {
+    status = absl::InvalidArgumentError("malformed attach request");
+  } else {
+    AttachToken token;
+    std::memcpy(token.data(), request.token, token.size());
+    absl::StatusOr<std::shared_ptr<Session>> attached =
+        registry_.Attach(request.session_id, token, c.peer);
+    if (attached.ok()) {
+      session = *attached;
+    } else {
+      status = attached.status();
+    }
+  }
+  FillReply(&reply.reply, wire::MessageType::kAttachReply, request.header.request_id, status);
+  if (!session) {
+    (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+    return;
+  }
+  reply.ring_bytes = session->ring_bytes();
+  reply.quota_bytes = session->quota_bytes();
+  reply.ring_entries = session->ring_entries();
+  absl::string_view engine = engine_.name();
+  std::memcpy(reply.engine, engine.data(), std::min(engine.size(), sizeof(reply.engine) - 1));
+  int fds[] = {session->ring_fd(), session->sq_doorbell_fd(), session->cq_doorbell_fd()};
+  if (absl::Status sent = SendMessage(c.fd.get(), &reply, sizeof(reply), fds); !sent.ok()) {
+    registry_.End(session, "attach reply could not be sent");
+    return;
+  }
+  c.session = std::move(session);
+}
+
+void SessionListener::HandleRegister(Connection& c, const std::vector<char>& data,
+                                     std::vector<UniqueFd> fds) {
+  wire::RegisterBuffer request{};
+  wire::RegisterBufferReply reply{};
+  absl::Status status;
+  bool parsed = ParseMessage(data, &request);
+  if (c.session == nullptr) {
+    status = absl::FailedPreconditionError("register before attach");
+  } else if (c.session->closing()) {
+    status = absl::FailedPreconditionError("session is ending");
+  } else if (!parsed) {
+    status = absl::InvalidArgumentError("malformed register request");
+  } else if (fds.size() > 1) {
+    status = absl::InvalidArgumentError("register carries more than one descriptor");
+  } else {
+    gpu::BufferImport import;
+    import.kind = static_cast<wire::BufferKind>(request.kind);
+    import.device = request.device;
+    import.bytes = request.bytes;
+    std::memcpy(import.ipc_handle.data(), request.handle, import.ipc_handle.size());
+    std::memcpy(import.device_uuid.data(), request.device_uuid, import.device_uuid.size());
+    if (!fds.empty()) import.fd = std::move(fds[0]);
+    absl::StatusOr<std::unique_ptr<gpu::ImportedBuffer>> buffer =
+        engine_.Import(c.session->engine_session(), std::move(import));
+    if (buffer.ok()) {
+      reply.buffer_id = c.session->AddBuffer(std::shared_ptr<gpu::ImportedBuffer>(*std::move(buffer)));
+    } else {
+      status = buffer.status();
+    }
+  }
+  FillReply(&reply.reply, wire::MessageType::kRegisterBufferReply,
+            parsed ? request.header.request_id : 0, status);
+  (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+}
+
+void SessionListener::HandleUnregister(Connection& c, const std::vector<char>& data) {
+  wire::UnregisterBuffer request{};
+  wire::UnregisterBufferReply reply{};
+  absl::Status status;
+  bool parsed = ParseMessage(data, &request);
+  if (c.session == nullptr) {
+    status = absl::FailedPreconditionError("unregister before attach");
+  } else if (!parsed) {
+    status = absl::InvalidArgumentError("malformed unregister request");
+  } else if (!c.session->RemoveBuffer(request.buffer_id)) {
+    status = absl::NotFoundError(absl::StrCat("no buffer ", request.buffer_id, " in this session"));
+  }
+  FillReply(&reply.reply, wire::MessageType::kUnregisterBufferReply,
+            parsed ? request.header.request_id : 0, status);
+  (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,202 @@
+#include "daemon/session_registry.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace tier::daemon {
+namespace {
+
+uint32_t RoundUpPow2(uint32_t n) {
+  uint32_t p = ring::kMinEntries;
+  while (p < n && p < ring::kMaxEntries) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+SessionRegistry::SessionRegistry(const SessionLimits& limits, JobExecutor& executor,
+                                 gpu::CopyEngine& engine)
+    : limits_(limits), executor_(executor), engine_(engine), reaper_([this] { Reap(); }) {}
+
+SessionRegistry::~SessionRegistry() {
+  EndAllAndWait();
+  {
+    std::lock_guard lock(reap_mu_);
+    stopping_ = true;
+  }
+  reap_cv_.notify_all();
+  reaper_.join();
+}
+
+absl::StatusOr<OpenedSession> SessionRegistry::Open(std::string name, uint64_t quota_bytes,
+                                                    uint32_t ring_entries) {
+  if (draining()) return absl::UnavailableError("tierd is draining: no new sessions");
+  if (name.size() > 64) return absl::InvalidArgumentError("session name longer than 64 bytes");
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("session name has non-printable characters");
+    }
+  }
+  if (quota_bytes == 0) quota_bytes = limits_.default_quota_bytes;
+  quota_bytes = std::min(quota_bytes, limits_.max_quota_bytes);
+  if (ring_entries == 0) ring_entries = limits_.default_ring_entries;
+  if (ring_entries > ring::kMaxEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring_entries ", ring_entries, " above the maximum ", ring::kMaxEntries));
+  }
+  ring_entries = RoundUpPow2(ring_entries);
+
+  AttachToken token;
+  if (::getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
+    return ErrnoStatus("getrandom");
+  }
+  std::lock_guard lock(mu_);
+  if (sessions_.size() >= limits_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tierd serves at most ", limits_.max_sessions, " sessions"));
+  }
+  uint64_t id = next_id_++;
+  auto session = std::make_shared<Session>(id, std::move(name), token, quota_bytes, ring_entries);
+  sessions_.emplace(id, session);
+  return OpenedSession{std::move(session), token};
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t session_id,
+                                                                 const AttachToken& token,
+                                                                 const PeerCredentials& peer) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(session_id);
+    // One answer for "no such session" and "wrong token", so ids cannot be probed.
+    if (it == sessions_.end() || !it->second->TokenMatches(token)) {
+      return absl::PermissionDeniedError("no pending session with that id and token");
+    }
+    session = it->second;
+  }
+  absl::StatusOr<std::unique_ptr<gpu::EngineSession>> engine_session =
+      engine_.OpenSession(session_id);
+  if (!engine_session.ok()) return engine_session.status();
+  if (absl::Status attached = session->Attach(peer, *std::move(engine_session)); !attached.ok()) {
+    return attached;
+  }
+  Changed();
+  LogInfo("session ", session_id, " '", session->name(), "' attached by pid ", peer.pid, " uid ",
+          peer.uid);
+  return session;
+}
+
+absl::Status SessionRegistry::Close(uint64_t session_id, const AttachToken& token) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || !it->second->TokenMatches(token)) {
+      return absl::PermissionDeniedError("no session with that id and token");
+    }
+    session = it->second;
+  }
+  End(session, "closed by its client");
+  std::unique_lock lock(mu_);
+  reaped_cv_.wait(lock, [&] { return !sessions_.contains(session_id); });
+  return absl::OkStatus();
+}
+
+void SessionRegistry::End(const std::shared_ptr<Session>& session, absl::string_view reason) {
+  if (session->closing()) return;
+  session->MarkClosing();
+  Changed();
+  LogInfo("session ", session->id(), " '", session->name(), "' ends: ", reason);
+  // Release whatever waits on the client (GPU semaphores) so its jobs can finish.
+  if (session->engine_session() != nullptr) engine_.AbandonSession(session->engine_session());
+  {
+    std::lock_guard lock(reap_mu_);
+    to_reap_.push_back(session);
+  }
+  reap_cv_.notify_one();
+}
+
+void SessionRegistry::Changed() {
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  if (on_change_) on_change_();
+}
+
+void SessionRegistry::Reap() {
+  for (;;) {
+    std::shared_ptr<Session> session;
+    {
+      std::unique_lock lock(reap_mu_);
+      reap_cv_.wait(lock, [this] { return stopping_ || !to_reap_.empty(); });
+      if (to_reap_.empty()) return;
+      session = std::move(to_reap_.front());
+      to_reap_.pop_front();
+    }
+    // No job can start any more (closing); wait for the running ones, then free everything.
+    session->WaitIdle();
+    executor_.ReleaseAll(*session);
+    {
+      std::lock_guard lock(mu_);
+      sessions_.erase(session->id());
+    }
+    reaped_cv_.notify_all();
+  }
+}
+
+void SessionRegistry::ExpirePending() {
+  std::vector<std::shared_ptr<Session>> expired;
+  uint64_t now = MonotonicMs();
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, session] : sessions_) {
+      if (!session->attached() && !session->closing() &&
+          now - session->created_ms() > limits_.attach_timeout_ms) {
+        expired.push_back(session);
+      }
+    }
+  }
+  for (auto& session : expired) End(session, "not attached in time");
+}
+
+void SessionRegistry::EndAllAndWait() {
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, session] : sessions_) all.push_back(session);
+  }
+  for (auto& session : all) End(session, "daemon shutting down");
+  std::unique_lock lock(mu_);
+  reaped_cv_.wait(lock, [&] { return sessions_.empty(); });
+}
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::ActiveSessions() const {
+  std::vector<std::shared_ptr<Session>> active;
+  std::lock_guard lock(mu_);
+  for (auto& [id, session] : sessions_) {
+    if (session->attached() && !session->closing()) active.push_back(session);
+  }
+  return active;
+}
+
+std::vector<SessionSnapshot> SessionRegistry::Snapshots() const {
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, session] : sessions_) all.push_back(session);
+  }
+  std::vector<SessionSnapshot> out;
+  out.reserve(all.size());
+  for (auto& session : all) out.push_back(session->Snapshot());
+  return out;
+}
+
+size_t SessionRegistry::size() const {
+  std::lock_guard lock(mu_);
+  return sessions_.size();
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,95 @@
+// The daemon's sessions: opened (pending) over gRPC, attached over the session socket, ended by the
+// client, by its death, by a broken ring, or by shutdown. Ending a session is asynchronous: it stops
+// taking jobs at once, the engine releases anything that waits on the client, and a reaper thread
+// returns its memory once its last job has completed.
+#ifndef TIER_DAEMON_SESSION_REGISTRY_H_
+#define TIER_DAEMON_SESSION_REGISTRY_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/job_executor.h"
+#include "daemon/session.h"
+#include "gpu/copy_engine.h"
+
+namespace tier::daemon {
+
+struct SessionLimits {
+  uint64_t default_quota_bytes = 0;
+  uint64_t max_quota_bytes = 0;
+  uint32_t default_ring_entries = 1024;
+  uint32_t max_sessions = 256;
+  uint32_t attach_timeout_ms = 10000;
+};
+
+struct OpenedSession {
+  std::shared_ptr<Session> session;
+  AttachToken token;
+};
+
+class SessionRegistry {
+ public:
+  SessionRegistry(const SessionLimits& limits, JobExecutor& executor, gpu::CopyEngine& engine);
+  ~SessionRegistry();
+
+  absl::StatusOr<OpenedSession> Open(std::string name, uint64_t quota_bytes,
+                                     uint32_t ring_entries);
+  // Binds a pending session to the attaching process.
+  absl::StatusOr<std::shared_ptr<Session>> Attach(uint64_t session_id, const AttachToken& token,
+                                                  const PeerCredentials& peer);
+  // Ends a session on its opener's request (token checked). Returns once its memory is released.
+  absl::Status Close(uint64_t session_id, const AttachToken& token);
+  // Ends a session (client gone, ring broken, shutdown); returns at once.
+  void End(const std::shared_ptr<Session>& session, absl::string_view reason);
+  // Ends pending sessions not attached within the attach timeout.
+  void ExpirePending();
+  // Ends every session and waits until all are released.
+  void EndAllAndWait();
+
+  // Attached, not closing. The poller re-reads this when generation() changes.
+  std::vector<std::shared_ptr<Session>> ActiveSessions() const;
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  // Called (from any thread) whenever the active set changes, so a sleeping poller picks up a new
+  // session's doorbell. Set once, before sessions exist.
+  void set_on_change(std::function<void()> on_change) { on_change_ = std::move(on_change); }
+  std::vector<SessionSnapshot> Snapshots() const;
+  size_t size() const;
+
+  void SetDraining() { draining_.store(true, std::memory_order_release); }
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+
+ private:
+  void Reap();
+  void Changed();
+
+  const SessionLimits limits_;
+  JobExecutor& executor_;
+  gpu::CopyEngine& engine_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> generation_{0};
+  std::function<void()> on_change_;
+
+  mutable std::mutex mu_;
+  std::condition_variable reaped_cv_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // includes closing ones until reaped
+
+  std::mutex reap_mu_;
+  std::condition_variable reap_cv_;
+  std::deque<std::shared_ptr<Session>> to_reap_;
+  bool stopping_ = false;
+  std::thread reaper_;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_SESSION_REGISTRY_H_
