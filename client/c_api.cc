@@ -1,0 +1,238 @@
+// The C ABI (tier.h) over ClientSession. Nothing C++ crosses it: statuses become tier_status plus a
+// thread-local message, exceptions never escape.
+#include <cstring>
+#include <string>
+
+#include "client/client_session.h"
+#include "common/status.h"
+#include "tier/ring.h"
+#include "tier/tier.h"
+
+struct tier_session {
+  std::unique_ptr<tier::client::ClientSession> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+tier_status Fail(const absl::Status& status) {
+  last_error = std::string(status.message());
+  return static_cast<tier_status>(status.code());
+}
+
+tier_status Fail(tier_status code, const char* message) {
+  last_error = message;
+  return code;
+}
+
+tier_status Report(const absl::Status& status) {
+  if (status.ok()) return TIER_OK;
+  return Fail(status);
+}
+
+// Wraps a body so that no exception (bad_alloc, ...) crosses the C boundary.
+template <typename Body>
+tier_status Guard(Body body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return Fail(TIER_INTERNAL, e.what());
+  } catch (...) {
+    return Fail(TIER_INTERNAL, "unknown C++ exception in libtierclient");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tier_status_name(tier_status status) { return tier::StatusCodeName(status); }
+const char* tier_last_error(void) { return last_error.c_str(); }
+const char* tier_version(void) { return "0.1.0"; }
+
+void tier_session_options_init(tier_session_options* options) {
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+}
+
+void tier_offload_options_init(tier_offload_options* options) {
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+}
+
+void tier_reload_options_init(tier_reload_options* options) {
+  std::memset(options, 0, sizeof(*options));
+  options->struct_size = sizeof(*options);
+}
+
+tier_status tier_session_open(const tier_session_options* options, tier_session** out) {
+  return Guard([&] {
+    if (out == nullptr) return Fail(TIER_INVALID_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    tier::client::SessionOptions opts;
+    if (options != nullptr) {
+      if (options->struct_size < sizeof(tier_session_options)) {
+        return Fail(TIER_INVALID_ARGUMENT, "tier_session_options.struct_size too small");
+      }
+      if (options->socket_path != nullptr) opts.socket_path = options->socket_path;
+      if (options->name != nullptr) opts.name = options->name;
+      opts.quota_bytes = options->quota_bytes;
+      opts.ring_entries = options->ring_entries;
+      if (options->connect_timeout_ms > 0) opts.connect_timeout_ms = options->connect_timeout_ms;
+    }
+    if (opts.name.empty()) opts.name = program_invocation_short_name;
+    absl::StatusOr<std::unique_ptr<tier::client::ClientSession>> session =
+        tier::client::ClientSession::Open(opts);
+    if (!session.ok()) return Fail(session.status());
+    *out = new tier_session{*std::move(session)};
+    return TIER_OK;
+  });
+}
+
+void tier_session_close(tier_session* session) {
+  try {
+    delete session;
+  } catch (...) {
+  }
+}
+
+tier_status tier_session_get_info(tier_session* session, tier_session_info* info) {
+  if (session == nullptr || info == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+  if (info->struct_size < sizeof(tier_session_info)) {
+    return Fail(TIER_INVALID_ARGUMENT, "tier_session_info.struct_size too small");
+  }
+  info->session_id = session->impl->id();
+  info->quota_bytes = session->impl->quota_bytes();
+  info->ring_entries = session->impl->ring_entries();
+  info->jobs_in_flight = session->impl->in_flight();
+  std::memset(info->engine, 0, sizeof(info->engine));
+  std::strncpy(info->engine, session->impl->engine().c_str(), sizeof(info->engine) - 1);
+  return TIER_OK;
+}
+
+tier_status tier_buffer_alloc_host(tier_session* session, uint64_t bytes, void** ptr,
+                                   tier_buffer_id* id) {
+  return Guard([&] {
+    if (session == nullptr || ptr == nullptr || id == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    absl::StatusOr<uint64_t> buffer = session->impl->AllocHostBuffer(bytes, ptr);
+    if (!buffer.ok()) return Fail(buffer.status());
+    *id = *buffer;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_buffer_register_fd(tier_session* session, int fd, uint64_t bytes,
+                                    tier_buffer_id* id) {
+  return Guard([&] {
+    if (session == nullptr || id == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    absl::StatusOr<uint64_t> buffer = session->impl->RegisterFd(fd, bytes);
+    if (!buffer.ok()) return Fail(buffer.status());
+    *id = *buffer;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
+                                        tier_buffer_id* id, uint64_t* offset) {
+  (void)device_ptr;
+  (void)id;
+  (void)offset;
+  if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
+  return Fail(TIER_UNIMPLEMENTED, "this libtierclient was built without GPU support");
+}
+
+tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
+  return Guard([&] {
+    if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
+    return Report(session->impl->UnregisterBuffer(id));
+  });
+}
+
+tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t offset,
+                         uint64_t len, const tier_offload_options* options, tier_object_id* object,
+                         tier_job_id* job) {
+  return Guard([&] {
+    if (session == nullptr || object == nullptr || job == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    if (options != nullptr && options->struct_size < sizeof(tier_offload_options)) {
+      return Fail(TIER_INVALID_ARGUMENT, "tier_offload_options.struct_size too small");
+    }
+    tier::client::JobRequest request;
+    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kOffload);
+    request.object = session->impl->NewObjectId();
+    request.buffer = buffer;
+    request.offset = offset;
+    request.len = len;
+    request.hint = options != nullptr ? options->next_use_hint : 0;
+    absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
+    if (!submitted.ok()) return Fail(submitted.status());
+    *object = request.object;
+    *job = *submitted;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffer_id buffer,
+                        uint64_t offset, uint64_t len, const tier_reload_options* options,
+                        tier_job_id* job) {
+  return Guard([&] {
+    if (session == nullptr || job == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    if (options != nullptr && options->struct_size < sizeof(tier_reload_options)) {
+      return Fail(TIER_INVALID_ARGUMENT, "tier_reload_options.struct_size too small");
+    }
+    tier::client::JobRequest request;
+    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
+    request.object = object;
+    request.buffer = buffer;
+    request.offset = offset;
+    request.len = len;
+    if (options != nullptr && (options->flags & TIER_RELOAD_FREE_AFTER)) {
+      request.flags |= tier::ring::kFlagFreeAfterReload;
+    }
+    absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
+    if (!submitted.ok()) return Fail(submitted.status());
+    *job = *submitted;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id* job) {
+  return Guard([&] {
+    if (session == nullptr || job == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    tier::client::JobRequest request;
+    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kFree);
+    request.object = object;
+    absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
+    if (!submitted.ok()) return Fail(submitted.status());
+    *job = *submitted;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_job_wait(tier_session* session, tier_job_id job, int64_t timeout_ms) {
+  return Guard([&] {
+    if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
+    return Report(session->impl->Wait(job, timeout_ms));
+  });
+}
+
+tier_status tier_poll(tier_session* session, tier_completion* out, size_t max, size_t* count) {
+  return Guard([&] {
+    if (session == nullptr || count == nullptr || (out == nullptr && max > 0)) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    std::vector<tier::client::Completion> done = session->impl->Poll(max);
+    for (size_t i = 0; i < done.size(); ++i) {
+      out[i] = tier_completion{done[i].job, done[i].object, done[i].len,
+                               static_cast<tier_status>(done[i].status.code()), 0};
+    }
+    *count = done.size();
+    return TIER_OK;
+  });
+}
+
+}  // extern "C"

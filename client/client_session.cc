@@ -1,0 +1,275 @@
+#include "client/client_session.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tier::client {
+namespace {
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const SessionOptions& in) {
+  SessionOptions options = in;
+  if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
+  if (options.connect_timeout_ms <= 0) options.connect_timeout_ms = 5000;
+  auto control = std::make_unique<ControlClient>(options.socket_path, options.connect_timeout_ms);
+  v1::OpenSessionRequest request;
+  request.set_name(options.name);
+  request.set_quota_bytes(options.quota_bytes);
+  request.set_ring_entries(options.ring_entries);
+  absl::StatusOr<v1::OpenSessionResponse> opened = control->OpenSession(request);
+  if (!opened.ok()) return opened.status();
+
+  absl::StatusOr<SessionChannel> channel = SessionChannel::Connect(opened->session_socket());
+  if (!channel.ok()) return channel.status();
+  absl::StatusOr<AttachResult> attached =
+      channel->Attach(opened->session_id(), opened->attach_token());
+  if (!attached.ok()) return attached.status();
+  absl::StatusOr<JobRing> ring =
+      JobRing::Map(std::move(attached->ring_fd), attached->ring_bytes,
+                   std::move(attached->sq_doorbell), std::move(attached->cq_doorbell));
+  if (!ring.ok()) return ring.status();
+  std::unique_ptr<ClientSession> session(
+      new ClientSession(options, std::move(control), *std::move(channel), *std::move(ring)));
+  session->session_id_ = opened->session_id();
+  session->token_ = opened->attach_token();
+  session->quota_bytes_ = attached->quota_bytes;
+  session->engine_ = attached->engine;
+  return session;
+}
+
+ClientSession::ClientSession(const SessionOptions& options, std::unique_ptr<ControlClient> control,
+                             SessionChannel channel, JobRing ring)
+    : options_(options), control_(std::move(control)), channel_(std::move(channel)),
+      ring_(std::move(ring)) {}
+
+ClientSession::~ClientSession() {
+  // Let the daemon finish what it is doing with our memory before we unmap it, then close: the
+  // daemon frees everything the session held.
+  (void)WaitAll(-1);
+  if (!daemon_gone()) (void)control_->CloseSession(session_id_, token_);
+  std::lock_guard lock(channel_mu_);
+  for (auto& [id, buffer] : host_buffers_) ::munmap(buffer.ptr, buffer.bytes);
+}
+
+absl::StatusOr<uint64_t> ClientSession::RegisterRaw(const wire::RegisterBuffer& request, int fd) {
+  std::lock_guard lock(channel_mu_);
+  absl::StatusOr<uint64_t> id = channel_.Register(request, fd);
+  if (!id.ok() && absl::IsUnavailable(id.status())) {
+    std::lock_guard state(mu_);
+    MarkDaemonGoneLocked();
+  }
+  return id;
+}
+
+absl::StatusOr<uint64_t> ClientSession::RegisterFd(int fd, uint64_t bytes) {
+  wire::RegisterBuffer request{};
+  request.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);
+  request.device = -1;
+  request.bytes = bytes;
+  return RegisterRaw(request, fd);
+}
+
+absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** ptr) {
+  if (bytes == 0) return absl::InvalidArgumentError("buffer of 0 bytes");
+  UniqueFd fd(::memfd_create("tier-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return ErrnoStatus("ftruncate");
+  // Sealed so neither side can shrink it under the other's mapping.
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    return ErrnoStatus("sealing the buffer");
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) return ErrnoStatus("mmap of the buffer");
+  absl::StatusOr<uint64_t> id = RegisterFd(fd.get(), bytes);
+  if (!id.ok()) {
+    ::munmap(base, bytes);
+    return id.status();
+  }
+  std::lock_guard lock(channel_mu_);
+  host_buffers_[*id] = HostBuffer{base, bytes};
+  *ptr = base;
+  return id;
+}
+
+absl::Status ClientSession::UnregisterBuffer(uint64_t buffer_id) {
+  // Jobs naming the buffer must be done before it goes; waiting for all is simple and safe.
+  if (absl::Status s = WaitAll(-1); !s.ok()) return s;
+  std::lock_guard lock(channel_mu_);
+  absl::Status status = channel_.Unregister(buffer_id);
+  if (auto it = host_buffers_.find(buffer_id); it != host_buffers_.end()) {
+    if (status.ok() || absl::IsUnavailable(status)) {
+      ::munmap(it->second.ptr, it->second.bytes);
+      host_buffers_.erase(it);
+    }
+  }
+  return status;
+}
+
+uint64_t ClientSession::NewObjectId() {
+  std::lock_guard lock(mu_);
+  return next_object_++;
+}
+
+size_t ClientSession::ReapLocked() {
+  // While a reaper watches the ring outside the lock it owns the completion queue's head; the
+  // others leave the queue alone and are woken when it is done.
+  if (reaper_active_) return 0;
+  size_t reaped = 0;
+  ring::CompletionEntry entry;
+  while (ring_.Pop(&entry)) {
+    if (pending_.erase(entry.job_id) == 0) continue;  // not ours: ignore rather than trust
+    Completion c{entry.job_id, entry.object_id, entry.len, absl::OkStatus()};
+    if (entry.status != 0) {
+      c.status = absl::Status(StatusCodeFromInt(entry.status),
+                              absl::StrCat(StatusCodeName(entry.status), " from tierd for job ",
+                                           entry.job_id));
+    }
+    done_.emplace(entry.job_id, std::move(c));
+    ++reaped;
+  }
+  if (reaped > 0) cv_.notify_all();
+  return reaped;
+}
+
+void ClientSession::MarkDaemonGoneLocked() {
+  if (daemon_gone_) return;
+  daemon_gone_ = true;
+  for (uint64_t job : pending_) {
+    done_.emplace(job, Completion{job, 0, 0, absl::UnavailableError("tierd went away")});
+  }
+  pending_.clear();
+  cv_.notify_all();
+}
+
+template <typename Pred>
+bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready) {
+  const uint64_t start = NowNs();
+  const uint64_t deadline =
+      timeout_ms < 0 ? ~uint64_t{0} : start + static_cast<uint64_t>(timeout_ms) * 1000000;
+  for (;;) {
+    ReapLocked();
+    if (ready() || daemon_gone_) return true;
+    uint64_t now = NowNs();
+    if (now >= deadline) return false;
+    if (reaper_active_) {
+      // Another thread watches the ring; it wakes us when it reaps.
+      if (timeout_ms < 0) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+      }
+      continue;
+    }
+    reaper_active_ = true;
+    lock.unlock();
+    // Poll first: a completion usually comes within microseconds, and sleeping costs more.
+    bool seen = false;
+    while (NowNs() - now < options_.spin_ns && NowNs() < deadline) {
+      if (!ring_.CompletionsEmpty()) {
+        seen = true;
+        break;
+      }
+      CpuRelax();
+    }
+    JobRing::WaitResult result = JobRing::WaitResult::kReady;
+    if (!seen) {
+      uint64_t left_ns = deadline == ~uint64_t{0} ? 0 : deadline - std::min(deadline, NowNs());
+      int64_t sleep_ms = deadline == ~uint64_t{0} ? -1 : static_cast<int64_t>((left_ns + 999999) / 1000000);
+      result = ring_.SleepForCompletion(sleep_ms, channel_.fd());
+    }
+    lock.lock();
+    reaper_active_ = false;
+    cv_.notify_all();
+    if (result == JobRing::WaitResult::kPeerGone) {
+      ReapLocked();
+      MarkDaemonGoneLocked();
+    }
+  }
+}
+
+absl::StatusOr<uint64_t> ClientSession::Submit(const JobRequest& request) {
+  std::unique_lock lock(mu_);
+  if (daemon_gone_) return absl::UnavailableError("tierd went away");
+  // At most ring-capacity jobs in flight: then neither queue can overflow.
+  if (pending_.size() >= ring_.capacity()) {
+    WaitLocked(lock, -1, [&] { return pending_.size() < ring_.capacity(); });
+    if (daemon_gone_) return absl::UnavailableError("tierd went away");
+  }
+  ring::SubmissionEntry entry{};
+  entry.job_id = next_job_++;
+  entry.opcode = request.opcode;
+  entry.flags = request.flags;
+  entry.object_id = request.object;
+  entry.buffer_id = request.buffer;
+  entry.offset = request.offset;
+  entry.len = request.len;
+  entry.hint = request.hint;
+  entry.sync = request.sync;
+  if (!ring_.Push(entry)) return absl::InternalError("submission queue full despite admission");
+  pending_.insert(entry.job_id);
+  return entry.job_id;
+}
+
+absl::Status ClientSession::Wait(uint64_t job, int64_t timeout_ms) {
+  std::unique_lock lock(mu_);
+  if (!done_.contains(job) && !pending_.contains(job)) {
+    return absl::NotFoundError(absl::StrCat("job ", job, " is unknown or was already waited for"));
+  }
+  if (!WaitLocked(lock, timeout_ms, [&] { return done_.contains(job); })) {
+    return absl::DeadlineExceededError(absl::StrCat("job ", job, " not done within ", timeout_ms, " ms"));
+  }
+  auto it = done_.find(job);
+  absl::Status status = std::move(it->second.status);
+  done_.erase(it);
+  return status;
+}
+
+std::vector<Completion> ClientSession::Poll(size_t max) {
+  std::lock_guard lock(mu_);
+  ReapLocked();
+  std::vector<Completion> out;
+  for (auto it = done_.begin(); it != done_.end() && out.size() < max;) {
+    out.push_back(std::move(it->second));
+    it = done_.erase(it);
+  }
+  return out;
+}
+
+absl::Status ClientSession::WaitAll(int64_t timeout_ms) {
+  std::unique_lock lock(mu_);
+  if (!WaitLocked(lock, timeout_ms, [&] { return pending_.empty(); })) {
+    return absl::DeadlineExceededError("jobs still in flight");
+  }
+  return daemon_gone_ ? absl::UnavailableError("tierd went away") : absl::OkStatus();
+}
+
+size_t ClientSession::in_flight() const {
+  std::lock_guard lock(mu_);
+  return pending_.size();
+}
+
+bool ClientSession::daemon_gone() const {
+  std::lock_guard lock(mu_);
+  return daemon_gone_;
+}
+
+}  // namespace tier::client

@@ -1,0 +1,122 @@
+// The client library's session: the object behind tier_session*. Opens the session over gRPC,
+// attaches over the session socket, registers buffers, and runs jobs through the shared-memory ring.
+//
+// Threads: any number may submit and wait at once. One mutex guards the ring ends and the job
+// tables; at most one waiter at a time sleeps on the completion doorbell (the "reaper") and wakes
+// the others through a condition variable when it reaps.
+#ifndef TIER_CLIENT_CLIENT_SESSION_H_
+#define TIER_CLIENT_CLIENT_SESSION_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/control_client.h"
+#include "client/job_ring.h"
+#include "client/session_channel.h"
+
+namespace tier::client {
+
+struct SessionOptions {
+  std::string socket_path;  // empty: DefaultSocketPath()
+  std::string name;
+  uint64_t quota_bytes = 0;
+  uint32_t ring_entries = 0;
+  int connect_timeout_ms = 5000;
+  uint64_t spin_ns = 50000;  // how long a waiter polls the ring before it sleeps
+};
+
+struct Completion {
+  uint64_t job = 0;
+  uint64_t object = 0;
+  uint64_t len = 0;
+  absl::Status status;
+};
+
+struct JobRequest {
+  uint32_t opcode = 0;
+  uint32_t flags = 0;
+  uint64_t object = 0;
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  uint64_t len = 0;
+  uint64_t hint = 0;
+  uint64_t sync = 0;
+};
+
+class ClientSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<ClientSession>> Open(const SessionOptions& options);
+  ~ClientSession();
+
+  uint64_t id() const { return session_id_; }
+  uint64_t quota_bytes() const { return quota_bytes_; }
+  uint32_t ring_entries() const { return ring_.capacity(); }
+  const std::string& engine() const { return engine_; }
+
+  // Host memory shared with the daemon (a sealed memfd), registered.
+  absl::StatusOr<uint64_t> AllocHostBuffer(uint64_t bytes, void** ptr);
+  absl::StatusOr<uint64_t> RegisterFd(int fd, uint64_t bytes);
+  absl::StatusOr<uint64_t> RegisterRaw(const wire::RegisterBuffer& request, int fd);
+  absl::Status UnregisterBuffer(uint64_t buffer_id);
+
+  // A fresh object id for an offload (unique in this session).
+  uint64_t NewObjectId();
+  // Pushes a job; returns its id. Blocks only while the ring is full.
+  absl::StatusOr<uint64_t> Submit(const JobRequest& request);
+  // Waits for one job (timeout_ms < 0: no limit). The result can be taken once.
+  absl::Status Wait(uint64_t job, int64_t timeout_ms);
+  // Takes up to `max` finished results without blocking.
+  std::vector<Completion> Poll(size_t max);
+  // Waits for every job submitted so far.
+  absl::Status WaitAll(int64_t timeout_ms);
+  size_t in_flight() const;
+  bool daemon_gone() const;
+
+ private:
+  ClientSession(const SessionOptions& options, std::unique_ptr<ControlClient> control,
+                SessionChannel channel, JobRing ring);
+  // Moves every posted completion into done_. Caller holds mu_.
+  size_t ReapLocked();
+  // Blocks until `ready()` holds, the deadline passes, or the daemon is gone. Caller holds `lock`.
+  template <typename Pred>
+  bool WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready);
+  void MarkDaemonGoneLocked();
+
+  const SessionOptions options_;
+  std::unique_ptr<ControlClient> control_;
+  uint64_t session_id_ = 0;
+  std::string token_;
+  uint64_t quota_bytes_ = 0;
+  std::string engine_;
+
+  std::mutex channel_mu_;
+  SessionChannel channel_;  // guarded by channel_mu_
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  JobRing ring_;
+  bool reaper_active_ = false;
+  bool daemon_gone_ = false;
+  uint64_t next_job_ = 1;
+  uint64_t next_object_ = 1;
+  std::unordered_set<uint64_t> pending_;
+  std::unordered_map<uint64_t, Completion> done_;
+
+  struct HostBuffer {
+    void* ptr;
+    uint64_t bytes;
+  };
+  std::unordered_map<uint64_t, HostBuffer> host_buffers_;  // guarded by channel_mu_
+};
+
+}  // namespace tier::client
+
+#endif  // TIER_CLIENT_CLIENT_SESSION_H_

@@ -1,0 +1,61 @@
+#include "client/control_client.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tier::client {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, const std::string& socket_path) {
+  if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat("tierd is not reachable at ", socket_path, " (",
+                                               status.error_message(), ")"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  if (const char* env = std::getenv("TIER_SOCKET"); env != nullptr && *env != '\0') return env;
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && *xdg != '\0') {
+    std::string path = absl::StrCat(xdg, "/tierd/tierd.sock");
+    if (::access(path.c_str(), F_OK) == 0) return path;
+  }
+  return "/run/tierd/tierd.sock";
+}
+
+ControlClient::ControlClient(const std::string& socket_path, int timeout_ms)
+    : socket_path_(socket_path), timeout_ms_(timeout_ms),
+      stub_(v1::Control::NewStub(
+          grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()))) {}
+
+absl::StatusOr<v1::OpenSessionResponse> ControlClient::OpenSession(
+    const v1::OpenSessionRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+  context.set_wait_for_ready(false);
+  v1::OpenSessionResponse response;
+  absl::Status status = FromGrpc(stub_->OpenSession(&context, request, &response), socket_path_);
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status ControlClient::CloseSession(uint64_t session_id, const std::string& token) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+  v1::CloseSessionRequest request;
+  request.set_session_id(session_id);
+  request.set_attach_token(token);
+  v1::CloseSessionResponse response;
+  return FromGrpc(stub_->CloseSession(&context, request, &response), socket_path_);
+}
+
+}  // namespace tier::client

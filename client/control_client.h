@@ -1,0 +1,30 @@
+// The client's gRPC calls: open and close a session. Nothing on the job path uses it.
+#ifndef TIER_CLIENT_CONTROL_CLIENT_H_
+#define TIER_CLIENT_CONTROL_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tier.grpc.pb.h"
+
+namespace tier::client {
+
+// $TIER_SOCKET, else $XDG_RUNTIME_DIR/tierd/tierd.sock if it exists, else /run/tierd/tierd.sock.
+std::string DefaultSocketPath();
+
+class ControlClient {
+ public:
+  ControlClient(const std::string& socket_path, int timeout_ms);
+  absl::StatusOr<v1::OpenSessionResponse> OpenSession(const v1::OpenSessionRequest& request);
+  absl::Status CloseSession(uint64_t session_id, const std::string& token);
+
+ private:
+  std::string socket_path_;
+  int timeout_ms_;
+  std::unique_ptr<v1::Control::Stub> stub_;
+};
+
+}  // namespace tier::client
+
+#endif  // TIER_CLIENT_CONTROL_CLIENT_H_

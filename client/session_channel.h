@@ -1,0 +1,45 @@
+// The client's end of the session socket: attach with the token from OpenSession, then register and
+// unregister buffers (descriptors travel with SCM_RIGHTS). One request at a time.
+#ifndef TIER_CLIENT_SESSION_CHANNEL_H_
+#define TIER_CLIENT_SESSION_CHANNEL_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "tier/session_wire.h"
+
+namespace tier::client {
+
+struct AttachResult {
+  UniqueFd ring_fd;
+  UniqueFd sq_doorbell;
+  UniqueFd cq_doorbell;
+  uint64_t ring_bytes = 0;
+  uint64_t quota_bytes = 0;
+  uint32_t ring_entries = 0;
+  std::string engine;
+};
+
+class SessionChannel {
+ public:
+  static absl::StatusOr<SessionChannel> Connect(const std::string& path);
+  SessionChannel(SessionChannel&&) = default;
+
+  absl::StatusOr<AttachResult> Attach(uint64_t session_id, const std::string& token);
+  // `fd` may be -1 (kinds without a descriptor).
+  absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, int fd);
+  absl::Status Unregister(uint64_t buffer_id);
+  int fd() const { return fd_.get(); }
+
+ private:
+  explicit SessionChannel(UniqueFd fd) : fd_(std::move(fd)) {}
+  UniqueFd fd_;
+  uint64_t next_request_ = 1;
+};
+
+}  // namespace tier::client
+
+#endif  // TIER_CLIENT_SESSION_CHANNEL_H_
