@@ -1,0 +1,258 @@
+#include "tierctl/commands.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "tierctl/format.h"
+#include "tierctl/json_writer.h"
+#include "tierctl/table.h"
+
+#ifndef TIERCTL_VERSION
+#define TIERCTL_VERSION "unknown"
+#endif
+
+namespace tier::ctl {
+namespace {
+
+using Align = Table::Align;
+
+std::string StateName(v1::HealthResponse::State state) {
+  return absl::AsciiStrToLower(v1::HealthResponse::State_Name(state));
+}
+
+// `message` as one JSON object on one line: `extra` members first, then the message's fields
+// (only the one named `only`, when given).
+void PrintJson(const google::protobuf::Message& message, std::ostream& out,
+               std::string_view only = {}, std::function<void(JsonWriter&)> extra = nullptr) {
+  JsonWriter json(out);
+  json.BeginObject();
+  if (extra) extra(json);
+  WriteProtoFields(message, json, only);
+  json.EndObject();
+  out << '\n';
+}
+
+const char* YesNo(bool value) { return value ? "yes" : "no"; }
+
+// "Label:" padded so that the values line up.
+void RenderFields(const std::vector<std::pair<std::string, std::string>>& fields,
+                  std::ostream& out) {
+  size_t width = 0;
+  for (const auto& [label, value] : fields) width = std::max(width, label.size());
+  for (const auto& [label, value] : fields) {
+    out << label << ':' << std::string(width - label.size() + 2, ' ') << value << '\n';
+  }
+}
+
+void RenderTiersTable(const v1::GetStatusResponse& status, std::ostream& out) {
+  Table table({{"TIER"}, {"CAPACITY", Align::kRight}, {"USED", Align::kRight},
+               {"FREE", Align::kRight}, {"USE", Align::kRight}, {"OBJECTS", Align::kRight}});
+  for (const auto& tier : status.tiers()) {
+    table.AddRow({tier.name(), FormatBytes(tier.capacity_bytes()), FormatBytes(tier.used_bytes()),
+                  FormatBytes(tier.free_bytes()),
+                  FormatPercent(tier.used_bytes(), tier.capacity_bytes()),
+                  absl::StrCat(tier.objects())});
+  }
+  table.Render(out);
+}
+
+int ReportRpcError(const grpc::Status& status, const CommandContext& ctx) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    // gRPC's message names every address it tried; its last clause ("Connection refused") is
+    // the part worth a line.
+    const std::string& message = status.error_message();
+    const size_t colon = message.rfind(": ");
+    const std::string reason = colon == std::string::npos ? message : message.substr(colon + 2);
+    const std::string detail = absl::StrCat("cannot connect to ", ctx.socket_path, ": ", reason);
+    // A socket we may not open belongs to a daemon that runs; saying "not running" would mislead.
+    if (reason == "Permission denied") {
+      *ctx.err << "tierctl: " << detail << '\n';
+      return kExitFailure;
+    }
+    return ReportNotRunning(detail, *ctx.err);
+  }
+  *ctx.err << "tierctl: " << StatusCodeName(static_cast<int>(status.error_code())) << ": "
+           << status.error_message() << '\n';
+  return kExitFailure;
+}
+
+template <typename Request, typename Response>
+using StubMethod = grpc::Status (v1::Control::StubInterface::*)(grpc::ClientContext*,
+                                                               const Request&, Response*);
+
+// One call with a deadline `timeout` from now (none when zero). On failure reports it and sets
+// `exit_code`.
+template <typename Request, typename Response>
+bool Call(const CommandContext& ctx, StubMethod<Request, Response> method, const Request& request,
+          Response& response, int& exit_code,
+          std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+  if (timeout.count() < 0) timeout = ctx.call_timeout;
+  grpc::ClientContext call;
+  if (timeout.count() > 0) call.set_deadline(std::chrono::system_clock::now() + timeout);
+  grpc::Status status = (ctx.stub->*method)(&call, request, &response);
+  if (!status.ok()) exit_code = ReportRpcError(status, ctx);
+  return status.ok();
+}
+
+}  // namespace
+
+std::unique_ptr<v1::Control::Stub> ConnectControl(const std::string& socket_path) {
+  return v1::Control::NewStub(
+      grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()));
+}
+
+bool IsCommand(std::string_view command) {
+  for (std::string_view known : {"status", "clients", "sessions", "pools", "health", "version",
+                                 "drain"}) {
+    if (command == known) return true;
+  }
+  return false;
+}
+
+int RunCommand(std::string_view command, const CommandContext& ctx) {
+  using Stub = v1::Control::StubInterface;
+  int exit_code = kExitOk;
+  if (command == "status" || command == "pools") {
+    v1::GetStatusResponse response;
+    if (!Call(ctx, &Stub::GetStatus, v1::GetStatusRequest(), response, exit_code)) return exit_code;
+    if (command == "pools") {
+      RenderTiers(response, ctx.json, *ctx.out);
+    } else {
+      RenderStatus(response, ctx.json, *ctx.out);
+    }
+    return kExitOk;
+  }
+  if (command == "clients" || command == "sessions") {
+    v1::ListSessionsResponse response;
+    if (!Call(ctx, &Stub::ListSessions, v1::ListSessionsRequest(), response, exit_code)) {
+      return exit_code;
+    }
+    RenderSessions(response, ctx.json, *ctx.out);
+    return kExitOk;
+  }
+  if (command == "health") {
+    v1::HealthResponse response;
+    if (!Call(ctx, &Stub::Health, v1::HealthRequest(), response, exit_code)) return exit_code;
+    RenderHealth(response, ctx.json, *ctx.out);
+    return response.state() == v1::HealthResponse::SERVING ? kExitOk : kExitFailure;
+  }
+  if (command == "version") {
+    v1::GetVersionResponse response;
+    if (!Call(ctx, &Stub::GetVersion, v1::GetVersionRequest(), response, exit_code)) {
+      return exit_code;
+    }
+    RenderVersion(response, ctx.json, *ctx.out);
+    return kExitOk;
+  }
+  if (command == "drain") {
+    v1::DrainRequest request;
+    request.set_timeout_ms(ctx.drain_timeout_ms);
+    // The daemon answers once its own drain timeout has passed, so the call gets that much more
+    // than an ordinary one; with no drain timeout it may take as long as the jobs do.
+    const auto deadline = ctx.drain_timeout_ms == 0
+                              ? std::chrono::milliseconds(0)
+                              : ctx.call_timeout + std::chrono::milliseconds(ctx.drain_timeout_ms);
+    v1::DrainResponse response;
+    if (!Call(ctx, &Stub::Drain, request, response, exit_code, deadline)) return exit_code;
+    RenderDrain(response, ctx.drain_timeout_ms, ctx.json, *ctx.out);
+    return response.jobs_in_flight() == 0 ? kExitOk : kExitFailure;
+  }
+  *ctx.err << "tierctl: unknown command '" << command << "'\n";
+  return kExitUsage;
+}
+
+int ReportNotRunning(std::string_view detail, std::ostream& err) {
+  err << "tierctl: tierd is not running (" << detail << ")\n";
+  return kExitNotRunning;
+}
+
+void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
+  if (json) return PrintJson(status, out);
+  RenderFields({{"Version", absl::StrCat(status.version(), " (engine ", status.engine(), ")")},
+                {"State", StateName(status.state())},
+                {"Uptime", FormatDuration(status.uptime_ms())},
+                {"Host pool pinned", YesNo(status.pool_locked())},
+                {"Sessions", absl::StrCat(status.sessions())},
+                {"Jobs", absl::StrCat(status.jobs_in_flight(), " in flight, ",
+                                      status.jobs_completed(), " completed, ",
+                                      status.jobs_failed(), " failed")},
+                {"Offloaded", FormatBytes(status.bytes_offloaded())},
+                {"Reloaded", FormatBytes(status.bytes_reloaded())},
+                {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())}},
+               out);
+  out << '\n';
+  RenderTiersTable(status, out);
+}
+
+void RenderTiers(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
+  if (!json) return RenderTiersTable(status, out);
+  PrintJson(status, out, "tiers");
+}
+
+void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out) {
+  if (json) return PrintJson(sessions, out);
+  if (sessions.sessions().empty()) {
+    out << "No sessions.\n";
+    return;
+  }
+  constexpr Align kR = Align::kRight;
+  Table table({{"ID", kR}, {"NAME"}, {"PID", kR}, {"UID", kR}, {"ATTACHED"}, {"QUOTA", kR},
+               {"USED", kR}, {"OBJECTS", kR}, {"BUFFERS", kR}, {"IN-FLIGHT", kR},
+               {"COMPLETED", kR}, {"FAILED", kR}, {"OFFLOADED", kR}, {"RELOADED", kR},
+               {"AGE", kR}});
+  for (const auto& s : sessions.sessions()) {
+    // A pending session has no peer yet, so no credentials to show.
+    table.AddRow({absl::StrCat(s.session_id()), s.name().empty() ? "-" : s.name(),
+                  s.attached() ? absl::StrCat(s.pid()) : "-",
+                  s.attached() ? absl::StrCat(s.uid()) : "-", YesNo(s.attached()),
+                  FormatBytes(s.quota_bytes()), FormatBytes(s.used_bytes()),
+                  absl::StrCat(s.objects()), absl::StrCat(s.buffers()),
+                  absl::StrCat(s.jobs_in_flight()), absl::StrCat(s.jobs_completed()),
+                  absl::StrCat(s.jobs_failed()), FormatBytes(s.bytes_offloaded()),
+                  FormatBytes(s.bytes_reloaded()), FormatDuration(s.age_ms())});
+  }
+  table.Render(out);
+}
+
+void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out) {
+  if (json) return PrintJson(health, out);
+  out << StateName(health.state()) << '\n';
+}
+
+void RenderVersion(const v1::GetVersionResponse& version, bool json, std::ostream& out) {
+  if (json) {
+    return PrintJson(version, out, {}, [](JsonWriter& w) {
+      w.Key("tierctl_version");
+      w.String(TIERCTL_VERSION);
+    });
+  }
+  out << "tierctl " << TIERCTL_VERSION << '\n'
+      << "tierd   " << version.version() << " (api " << version.api_version() << ", ring "
+      << version.ring_version() << ", engine " << version.engine() << ")\n";
+}
+
+void RenderDrain(const v1::DrainResponse& drain, uint32_t drain_timeout_ms, bool json,
+                 std::ostream& out) {
+  const bool drained = drain.jobs_in_flight() == 0;
+  if (json) {
+    return PrintJson(drain, out, {}, [&](JsonWriter& w) {
+      w.Key("drained");
+      w.Bool(drained);
+    });
+  }
+  if (drained) {
+    out << "Drained: no jobs in flight; tierd admits no new sessions or jobs.\n";
+  } else {
+    out << "Not drained: " << drain.jobs_in_flight() << " jobs still in flight after "
+        << FormatDuration(drain_timeout_ms) << "; tierd admits no new sessions or jobs.\n";
+  }
+}
+
+}  // namespace tier::ctl

@@ -1,0 +1,125 @@
+// tierctl: shows and steers the node's tierd over its control socket.
+#include <charconv>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tierctl/commands.h"
+#include "tierctl/socket_path.h"
+
+namespace tier::ctl {
+namespace {
+
+constexpr char kUsage[] = R"(usage: tierctl [--socket PATH] [--timeout-ms N] [--json] COMMAND
+
+Shows and steers the tierd daemon on this node.
+
+commands:
+  status    version, state, uptime, tiers, sessions, jobs, traffic
+  clients   one row per session (alias: sessions)
+  pools     the memory tiers: capacity, used, free, objects
+  health    serving or draining (exit 1 when not serving)
+  version   tierctl's and tierd's versions
+  drain     stop admitting sessions and jobs, then wait for in-flight jobs
+            (exit 1 when jobs are still in flight at the timeout)
+  help      this text
+
+options:
+  --socket PATH    control socket; default $TIER_SOCKET, else
+                   $XDG_RUNTIME_DIR/tierd/tierd.sock if it exists, else /run/tierd/tierd.sock
+  --timeout-ms N   deadline of each call (default 5000); for drain, how long tierd waits
+                   for in-flight jobs (default: as long as they take)
+  --json           print one JSON object instead of tables
+
+exit status: 0 ok, 1 error, 2 usage, 3 tierd not running
+)";
+
+struct Args {
+  std::string command;
+  std::string socket;
+  std::optional<uint32_t> timeout_ms;
+  bool json = false;
+};
+
+// Options may come before or after the command. Returns an error message, or nothing.
+std::optional<std::string> ParseArgs(int argc, char** argv, Args& args) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    std::optional<std::string_view> value;
+    if (arg.starts_with("--") && arg.find('=') != std::string_view::npos) {
+      value = arg.substr(arg.find('=') + 1);
+      arg = arg.substr(0, arg.find('='));
+    }
+    auto take_value = [&]() -> std::optional<std::string_view> {
+      if (value) return value;
+      if (i + 1 < argc) return std::string_view(argv[++i]);
+      return std::nullopt;
+    };
+    if (arg == "--json" && !value) {
+      args.json = true;
+    } else if (arg == "-h" || arg == "--help") {
+      args.command = "help";
+    } else if (arg == "--socket") {
+      auto path = take_value();
+      if (!path || path->empty()) return "--socket needs a path";
+      args.socket = *path;
+    } else if (arg == "--timeout-ms") {
+      auto text = take_value();
+      uint32_t ms = 0;
+      const char* end = text ? text->data() + text->size() : nullptr;
+      if (!text || std::from_chars(text->data(), end, ms).ptr != end || ms == 0) {
+        return "--timeout-ms needs a positive number of milliseconds";
+      }
+      args.timeout_ms = ms;
+    } else if (arg.starts_with("-")) {
+      return "unknown option " + std::string(arg);
+    } else if (args.command.empty()) {
+      args.command = arg;
+    } else if (args.command != "help") {
+      return "unexpected argument " + std::string(arg);
+    }
+  }
+  if (args.command.empty()) return "no command given";
+  if (args.command != "help" && !IsCommand(args.command)) {
+    return "unknown command " + args.command;
+  }
+  return std::nullopt;
+}
+
+int Main(int argc, char** argv) {
+  Args args;
+  if (auto error = ParseArgs(argc, argv, args)) {
+    std::cerr << "tierctl: " << *error << "\n\n" << kUsage;
+    return kExitUsage;
+  }
+  if (args.command == "help") {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  const std::string socket_path =
+      ResolveSocketPath(SocketPathSourcesFromEnvironment(args.socket));
+  // A missing socket says plainly that the daemon is not running; gRPC's own message would not.
+  if (!PathExists(socket_path)) {
+    return ReportNotRunning("no socket at " + socket_path, std::cerr);
+  }
+
+  auto stub = ConnectControl(socket_path);
+  CommandContext ctx;
+  ctx.stub = stub.get();
+  ctx.socket_path = socket_path;
+  ctx.json = args.json;
+  if (args.command == "drain") {
+    ctx.drain_timeout_ms = args.timeout_ms.value_or(0);
+  } else if (args.timeout_ms) {
+    ctx.call_timeout = std::chrono::milliseconds(*args.timeout_ms);
+  }
+  ctx.out = &std::cout;
+  ctx.err = &std::cerr;
+  return RunCommand(args.command, ctx);
+}
+
+}  // namespace
+}  // namespace tier::ctl
+
+int main(int argc, char** argv) { return tier::ctl::Main(argc, argv); }
