@@ -1,0 +1,12 @@
+# GPU tests (label gpu): built where the CUDA runtime was chosen; each exits 77 ("no GPU:
+# skipped") where no device exists, which tier_add_test maps to SKIPPED.
+if(TIER_GPU_RUNTIME STREQUAL "cuda")
+  tier_add_test(cuda_engine_test LABEL gpu TIMEOUT 600
+    SOURCES gpu/cuda_engine_test.cc
+    LIBS tier_gpu tier_client_gpu tier_common CUDA::cudart absl::strings)
+endif()
+
+# The GPU engine's runtime-neutral core over a fake runtime: runs everywhere.
+tier_add_test(stream_engine_test LABEL unit
+  SOURCES gpu/stream_engine_test.cc
+  LIBS tier_gpu tier_common)

@@ -1,0 +1,19 @@
+# Real tierd processes, real sockets, real shared memory (host engine).
+add_library(tier_test_daemon STATIC ${CMAKE_SOURCE_DIR}/tests/integration/tierd_process.cc)
+target_link_libraries(tier_test_daemon PUBLIC tier_proto)
+target_compile_definitions(tier_test_daemon PRIVATE TIERD_BIN="$<TARGET_FILE:tierd>")
+target_include_directories(tier_test_daemon PUBLIC ${CMAKE_SOURCE_DIR}/tests/integration)
+
+# The kill -9 victim: a separate C program on the shared library, as a foreign client would be.
+add_executable(doomed_client ${CMAKE_SOURCE_DIR}/tests/integration/doomed_client.c)
+target_link_libraries(doomed_client PRIVATE tierclient)
+
+tier_add_test(end_to_end_test LABEL integration TIMEOUT 600
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/end_to_end_test.cc
+  LIBS tier_test_daemon tier_client_static)
+target_compile_definitions(end_to_end_test PRIVATE DOOMED_CLIENT_BIN="$<TARGET_FILE:doomed_client>")
+add_dependencies(end_to_end_test doomed_client)
+
+tier_add_test(protocol_test LABEL integration TIMEOUT 600
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/protocol_test.cc
+  LIBS tier_test_daemon tier_client_static)

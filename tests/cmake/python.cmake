@@ -1,0 +1,31 @@
+# The Python package's tests (python/tests): pytest against real tierd processes of this build
+# (host engine), the package from the source tree and libtierclient.so of this build.
+# Registered only where /usr/bin/python3 can import torch and pytest (Debian: python3-torch,
+# python3-pytest, python3-numpy), and not in sanitizer builds (an ASan/TSan libtierclient.so
+# cannot be loaded into an uninstrumented python3).
+set(_tier_py_test_python /usr/bin/python3)
+set(_tier_py_test_ok FALSE)
+if(TIER_SANITIZE)
+  message(STATUS "python_package_test: not registered in a sanitizer build (TIER_SANITIZE=${TIER_SANITIZE})")
+elseif(NOT EXISTS ${_tier_py_test_python})
+  message(STATUS "python_package_test: not registered (${_tier_py_test_python} not found)")
+else()
+  execute_process(COMMAND ${_tier_py_test_python} -c "import torch, pytest, numpy"
+                  RESULT_VARIABLE _tier_py_test_rc OUTPUT_QUIET ERROR_QUIET)
+  if(_tier_py_test_rc EQUAL 0)
+    set(_tier_py_test_ok TRUE)
+  else()
+    message(STATUS "python_package_test: not registered (${_tier_py_test_python} cannot import "
+                   "torch, pytest and numpy: apt-get install python3-torch python3-pytest python3-numpy)")
+  endif()
+endif()
+if(_tier_py_test_ok)
+  # -p no:cacheprovider and PYTHONDONTWRITEBYTECODE: the test writes nothing into the source tree.
+  add_test(NAME python_package_test
+           COMMAND ${_tier_py_test_python} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_SOURCE_DIR}/python/tests)
+  set_tests_properties(python_package_test PROPERTIES
+    LABELS integration
+    TIMEOUT 900
+    ENVIRONMENT "TIER_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
+endif()

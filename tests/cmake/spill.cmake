@@ -1,0 +1,8 @@
+# The spill store: CRC-32C, the io queues (io_uring, thread pool, fault injection), SpillStore.
+# Their files live under this build directory (a real disk for O_DIRECT; /tmp may be tmpfs);
+# TIER_SPILL_TEST_DIR in the environment overrides it.
+foreach(_spill_test spill_crc32c_test spill_io_queue_test spill_store_test)
+  tier_add_test(${_spill_test} LABEL unit
+    SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/${_spill_test}.cc LIBS tier_spill)
+  target_compile_definitions(${_spill_test} PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")
+endforeach()

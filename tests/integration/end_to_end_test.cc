@@ -1,0 +1,289 @@
+// The whole path with the host engine: a real tierd process, real sockets, real shared memory,
+// the client library as a trainer would link it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tier/client.hpp"
+#include "tierd_process.h"
+
+namespace tier {
+namespace {
+
+using testing::ChildProcess;
+using testing::TierdProcess;
+
+Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name = "test",
+                            uint64_t quota = 0) {
+  Session::Options options;
+  options.socket_path = tierd.socket();
+  options.name = name;
+  options.quota_bytes = quota;
+  return options;
+}
+
+void Fill(void* data, uint64_t len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto* words = static_cast<uint32_t*>(data);
+  for (uint64_t i = 0; i < len / 4; ++i) words[i] = rng();
+}
+
+bool Matches(const void* data, uint64_t len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto* words = static_cast<const uint32_t*>(data);
+  for (uint64_t i = 0; i < len / 4; ++i) {
+    if (words[i] != rng()) return false;
+  }
+  return true;
+}
+
+bool NoSessionsAndEmptyPool(const v1::GetStatusResponse& s) {
+  return s.sessions() == 0 && TierdProcess::HostTier(s).used_bytes() == 0 &&
+         s.jobs_in_flight() == 0;
+}
+
+TEST(EndToEnd, OffloadReloadRoundTrip) {
+  TierdProcess tierd;
+  {
+    Session session(OptionsFor(tierd));
+    HostBuffer buffer = session.AllocHost(1 << 20);
+    Fill(buffer.data, buffer.bytes, 1);
+    auto [object, job] = session.Offload(buffer.id, 0, buffer.bytes);
+    session.Wait(job);
+    std::memset(buffer.data, 0, buffer.bytes);
+    session.Wait(session.Reload(object, buffer.id, 0, buffer.bytes));
+    EXPECT_TRUE(Matches(buffer.data, buffer.bytes, 1));
+
+    v1::GetStatusResponse status = tierd.Status();
+    EXPECT_EQ(TierdProcess::HostTier(status).used_bytes(), 1u << 20);
+    EXPECT_EQ(status.bytes_offloaded(), 1u << 20);
+    EXPECT_EQ(status.bytes_reloaded(), 1u << 20);
+    session.Wait(session.Free(object));
+    EXPECT_EQ(TierdProcess::HostTier(tierd.Status()).used_bytes(), 0u);
+  }
+  EXPECT_TRUE(tierd.WaitForStatus(NoSessionsAndEmptyPool));
+  EXPECT_EQ(tierd.Stop(), 0);
+}
+
+TEST(EndToEnd, ThousandsOfPipelinedJobsOverflowTheRingAndStayOrdered) {
+  TierdProcess tierd({"--ring_entries=64"});
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kChunk = 4096;
+  constexpr int kJobs = 3000;
+  HostBuffer buffer = session.AllocHost(kChunk * 64);
+  Fill(buffer.data, buffer.bytes, 7);
+  std::vector<tier_object_id> objects;
+  std::vector<tier_job_id> jobs;
+  for (int i = 0; i < kJobs; ++i) {
+    auto [object, job] = session.Offload(buffer.id, (i % 64) * kChunk, kChunk);
+    objects.push_back(object);
+    jobs.push_back(job);
+  }
+  for (tier_job_id job : jobs) session.Wait(job);
+  HostBuffer out = session.AllocHost(kChunk);
+  // Reverse order, as activation offload reloads.
+  for (int i = kJobs - 1; i >= 0; --i) {
+    session.Wait(session.Reload(objects[i], out.id, 0, kChunk, /*free_after=*/true));
+    ASSERT_EQ(std::memcmp(out.data, static_cast<char*>(buffer.data) + (i % 64) * kChunk, kChunk), 0)
+        << "object " << i;
+  }
+  EXPECT_EQ(TierdProcess::HostTier(tierd.Status()).used_bytes(), 0u);
+}
+
+TEST(EndToEnd, ReloadQueuedBehindItsOffloadWaitsForItUnderDelayInjection) {
+  // Every copy is delayed: a reload that did not wait for its offload would read stale memory.
+  TierdProcess tierd({"--copy_delay_us=3000"});
+  Session session(OptionsFor(tierd));
+  HostBuffer src = session.AllocHost(256 << 10);
+  HostBuffer dst = session.AllocHost(256 << 10);
+  for (uint32_t round = 0; round < 5; ++round) {
+    Fill(src.data, src.bytes, 100 + round);
+    std::memset(dst.data, 0, dst.bytes);
+    auto [object, offload] = session.Offload(src.id, 0, src.bytes);
+    tier_job_id reload = session.Reload(object, dst.id, 0, dst.bytes, true);  // no wait between
+    session.Wait(reload);
+    session.Wait(offload);
+    EXPECT_TRUE(Matches(dst.data, dst.bytes, 100 + round));
+  }
+}
+
+TEST(EndToEnd, BadJobsFailAloneWithClearCodes) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(64 << 10);
+  Fill(buffer.data, buffer.bytes, 3);
+  auto [good, job] = session.Offload(buffer.id, 0, 4096);
+  session.Wait(job);
+
+  EXPECT_EQ(session.TryWait(session.Reload(999999, buffer.id, 0, 4096)), TIER_NOT_FOUND);
+  EXPECT_EQ(session.TryWait(session.Offload(buffer.id, 0, 0).second), TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(session.TryWait(session.Offload(buffer.id, 60 << 10, 8 << 10).second),
+            TIER_OUT_OF_RANGE);
+  EXPECT_EQ(session.TryWait(session.Offload(buffer.id, ~uint64_t{0} - 100, 4096).second),
+            TIER_OUT_OF_RANGE);
+  EXPECT_EQ(session.TryWait(session.Offload(buffer.id, 4096, ~uint64_t{0} - 100).second),
+            TIER_OUT_OF_RANGE);
+  EXPECT_EQ(session.TryWait(session.Offload(4242, 0, 4096).second), TIER_NOT_FOUND);
+  EXPECT_EQ(session.TryWait(session.Reload(good, buffer.id, 0, 8192)), TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(session.TryWait(session.Reload(good, buffer.id, 62 << 10, 4096)), TIER_OUT_OF_RANGE);
+  EXPECT_EQ(session.TryWait(session.Free(31337)), TIER_NOT_FOUND);
+
+  // The session and the daemon go on serving, the good object intact.
+  std::memset(buffer.data, 0, 4096);
+  session.Wait(session.Reload(good, buffer.id, 0, 4096));
+  EXPECT_TRUE(Matches(buffer.data, 4096, 3));
+  v1::GetStatusResponse status = tierd.Status();
+  EXPECT_EQ(status.jobs_failed(), 9u);
+  EXPECT_EQ(TierdProcess::HostTier(status).used_bytes(), 4096u);
+}
+
+TEST(EndToEnd, QuotaIsEnforcedAndFreedBytesReturnToIt) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd, "quota", 1 << 20));
+  HostBuffer buffer = session.AllocHost(1 << 20);
+  auto [first, job] = session.Offload(buffer.id, 0, 768 << 10);
+  session.Wait(job);
+  auto [second, over] = session.Offload(buffer.id, 0, 512 << 10);
+  EXPECT_EQ(session.TryWait(over), TIER_RESOURCE_EXHAUSTED);
+  session.Wait(session.Free(first));
+  session.Wait(session.Offload(buffer.id, 0, 512 << 10).second);
+  EXPECT_EQ(TierdProcess::HostTier(tierd.Status()).used_bytes(), 512u << 10);
+}
+
+TEST(EndToEnd, FullPoolFailsAtOnceAndKeepsServing) {
+  TierdProcess tierd;  // 64 MiB pool
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(40 << 20);
+  session.Wait(session.Offload(buffer.id, 0, 40 << 20).second);
+  tier_job_id refused = session.Offload(buffer.id, 0, 32 << 20).second;
+  EXPECT_EQ(session.TryWait(refused), TIER_RESOURCE_EXHAUSTED);
+  session.Wait(session.Offload(buffer.id, 0, 16 << 20).second);
+  EXPECT_EQ(TierdProcess::HostTier(tierd.Status()).used_bytes(), 56u << 20);
+}
+
+TEST(EndToEnd, SessionsCannotReachEachOthersObjects) {
+  TierdProcess tierd;
+  Session a(OptionsFor(tierd, "a"));
+  Session b(OptionsFor(tierd, "b"));
+  HostBuffer buf_a = a.AllocHost(4096);
+  HostBuffer buf_b = b.AllocHost(4096);
+  Fill(buf_a.data, 4096, 11);
+  auto [object_a, job_a] = a.Offload(buf_a.id, 0, 4096);
+  a.Wait(job_a);
+  // b names a's object id (ids are per session: b has none) and a's buffer id: both unknown to b.
+  EXPECT_EQ(b.TryWait(b.Reload(object_a, buf_b.id, 0, 4096)), TIER_NOT_FOUND);
+  EXPECT_EQ(b.TryWait(b.Free(object_a)), TIER_NOT_FOUND);
+  std::memset(buf_a.data, 0, 4096);
+  a.Wait(a.Reload(object_a, buf_a.id, 0, 4096));
+  EXPECT_TRUE(Matches(buf_a.data, 4096, 11));
+  // b's own object 1 holds b's data, never a's.
+  Fill(buf_b.data, 4096, 12);
+  auto [object_b, job_b] = b.Offload(buf_b.id, 0, 4096);
+  b.Wait(job_b);
+  std::memset(buf_b.data, 0, 4096);
+  b.Wait(b.Reload(object_b, buf_b.id, 0, 4096));
+  EXPECT_TRUE(Matches(buf_b.data, 4096, 12));
+}
+
+TEST(EndToEnd, KilledClientIsCleanedUpAndOthersKeepTheirData) {
+  TierdProcess tierd;
+  Session survivor(OptionsFor(tierd, "survivor"));
+  HostBuffer keep = survivor.AllocHost(1 << 20);
+  Fill(keep.data, keep.bytes, 21);
+  auto [kept, job] = survivor.Offload(keep.id, 0, keep.bytes);
+  survivor.Wait(job);
+
+  // A separate program, not fork(): a forked child would inherit this process's gRPC state.
+  ChildProcess doomed({DOOMED_CLIENT_BIN, "--socket=" + tierd.socket(), "--mib=8"});
+  ASSERT_EQ(doomed.ReadLine(20000), "ready");
+  EXPECT_GE(TierdProcess::HostTier(tierd.Status()).used_bytes(), 9u << 20);
+  doomed.Kill();
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.sessions() == 1 && TierdProcess::HostTier(s).used_bytes() == 1u << 20;
+  })) << "the dead client's extents were not all freed";
+  std::memset(keep.data, 0, keep.bytes);
+  survivor.Wait(survivor.Reload(kept, keep.id, 0, keep.bytes));
+  EXPECT_TRUE(Matches(keep.data, keep.bytes, 21));
+}
+
+TEST(EndToEnd, SigtermLetsInFlightJobsFinishThenExitsZero) {
+  TierdProcess tierd({"--copy_delay_us=20000"});
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(4 << 20);
+  Fill(buffer.data, buffer.bytes, 5);
+  std::vector<tier_job_id> jobs;
+  for (int i = 0; i < 8; ++i) jobs.push_back(session.Offload(buffer.id, i << 19, 1 << 19).second);
+  ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.jobs_in_flight() > 0; }));
+  std::thread stopper([&] { EXPECT_EQ(tierd.Stop(), 0); });
+  for (tier_job_id job : jobs) EXPECT_EQ(session.TryWait(job), TIER_OK);
+  stopper.join();
+}
+
+TEST(EndToEnd, DeadDaemonFailsPendingJobsInsteadOfHanging) {
+  auto tierd = std::make_unique<TierdProcess>(std::vector<std::string>{"--copy_delay_us=500000"});
+  Session session(OptionsFor(*tierd));
+  HostBuffer buffer = session.AllocHost(1 << 20);
+  tier_job_id job = session.Offload(buffer.id, 0, 1 << 20).second;
+  ASSERT_TRUE(tierd->WaitForStatus([](const v1::GetStatusResponse& s) { return s.jobs_in_flight() > 0; }));
+  tierd->Kill();
+  EXPECT_EQ(session.TryWait(job, 20000), TIER_UNAVAILABLE);
+  tier_object_id object;
+  tier_job_id next;
+  EXPECT_EQ(tier_offload(session.get(), buffer.id, 0, 4096, nullptr, &object, &next),
+            TIER_UNAVAILABLE);
+}
+
+TEST(EndToEnd, ManyClientsInParallel) {
+  TierdProcess tierd;
+  std::vector<std::thread> threads;
+  std::atomic<int> verified{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      Session session(OptionsFor(tierd, "worker" + std::to_string(t)));
+      HostBuffer buffer = session.AllocHost(256 << 10);
+      for (int round = 0; round < 50; ++round) {
+        Fill(buffer.data, buffer.bytes, t * 1000 + round);
+        auto [object, job] = session.Offload(buffer.id, 0, buffer.bytes);
+        session.Wait(job);
+        std::memset(buffer.data, 0, buffer.bytes);
+        session.Wait(session.Reload(object, buffer.id, 0, buffer.bytes, true));
+        if (Matches(buffer.data, buffer.bytes, t * 1000 + round)) ++verified;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(verified.load(), 200);
+  EXPECT_TRUE(tierd.WaitForStatus(NoSessionsAndEmptyPool));
+}
+
+TEST(EndToEnd, OneSessionSharedByThreads) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  std::vector<std::thread> threads;
+  std::atomic<int> verified{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      HostBuffer buffer = session.AllocHost(64 << 10);
+      for (int round = 0; round < 100; ++round) {
+        Fill(buffer.data, buffer.bytes, t * 7919 + round);
+        auto [object, job] = session.Offload(buffer.id, 0, buffer.bytes);
+        session.Wait(job);
+        std::memset(buffer.data, 0, buffer.bytes);
+        session.Wait(session.Reload(object, buffer.id, 0, buffer.bytes, true));
+        if (Matches(buffer.data, buffer.bytes, t * 7919 + round)) ++verified;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(verified.load(), 400);
+}
+
+}  // namespace
+}  // namespace tier

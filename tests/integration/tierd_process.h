@@ -1,0 +1,72 @@
+// Runs a real tierd for a test: its own directory for sockets and state, a small pool, started
+// from the binary built alongside the tests, stopped with SIGTERM (and its exit status checked).
+#ifndef TIER_TESTS_INTEGRATION_TIERD_PROCESS_H_
+#define TIER_TESTS_INTEGRATION_TIERD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tier.grpc.pb.h"
+
+namespace tier::testing {
+
+class TierdProcess {
+ public:
+  // Extra --key=value flags are appended after the test defaults (so they win).
+  explicit TierdProcess(std::vector<std::string> flags = {});
+  ~TierdProcess();
+
+  const std::string& dir() const { return dir_; }
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+
+  // SIGTERM, then the exit status (as from waitpid's WEXITSTATUS, or 128+signal).
+  int Stop();
+  void Kill();
+
+  v1::GetStatusResponse Status();
+  v1::ListSessionsResponse Sessions();
+  v1::Control::Stub& stub() { return *stub_; }
+  // Re-reads the status until `done` holds or timeout_ms passes. Returns whether it held.
+  bool WaitForStatus(const std::function<bool(const v1::GetStatusResponse&)>& done,
+                     int timeout_ms = 20000);
+  // The host tier of a status.
+  static const v1::TierStatus& HostTier(const v1::GetStatusResponse& status);
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+  std::unique_ptr<v1::Control::Stub> stub_;
+};
+
+// Another program run beside the test (posix_spawn: safe after gRPC started threads), its stdout
+// read through a pipe. Killed with SIGKILL and reaped when it goes out of scope.
+class ChildProcess {
+ public:
+  explicit ChildProcess(std::vector<std::string> argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // One line of its stdout without the newline; "" on EOF or when timeout_ms passes.
+  std::string ReadLine(int timeout_ms);
+  // SIGKILL and wait for it.
+  void Kill();
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffered_;
+};
+
+// Runs a command line, returns {exit status, stdout}.
+std::pair<int, std::string> RunCommand(const std::string& command);
+
+}  // namespace tier::testing
+
+#endif  // TIER_TESTS_INTEGRATION_TIERD_PROCESS_H_

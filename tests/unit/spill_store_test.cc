@@ -1,0 +1,441 @@
+// SpillStore on real files, through each io queue (io_uring and the thread-pool fallback run the
+// same suite): round trips of many records of varied sizes with every byte checked, corruption on
+// disk caught as DATA_LOSS, injected EIO/ENOSPC/short transfers/bit flips failing one operation
+// and nothing else, accounting, and shutdown.
+#include "storage/spill_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "gtest/gtest.h"
+#include "spill_test_util.h"
+#include "storage/crc32c.h"
+#include "storage/faulty_io_queue.h"
+#include "storage/host_pool.h"
+#include "storage/uring_io_queue.h"
+
+namespace tier::storage {
+namespace {
+
+using testing::Countdown;
+using testing::FillPattern;
+using testing::TempDir;
+
+class SpillStoreTest : public ::testing::TestWithParam<IoQueueKind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == IoQueueKind::kUring && !UringIoQueue::Create(2).ok()) {
+      GTEST_SKIP() << "io_uring is not available here (detected, not assumed)";
+    }
+    auto pool = HostPool::Create({.bytes = 96 << 20, .lock = LockMode::kOff});
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+  }
+
+  SpillStoreOptions Options(uint64_t file_bytes = 64 << 20) {
+    SpillStoreOptions o;
+    o.directories = {dir_.path()};
+    o.file_bytes = file_bytes;
+    o.io_bytes = 64 << 10;  // small chunks: records of a few hundred KiB span many requests
+    o.queue_depth = 8;
+    o.io_queue = GetParam();
+    o.registered_buffers = {IoBuffer{pool_->base(), pool_->bytes()}};
+    return o;
+  }
+
+  // The store with its queue wrapped in a FaultyIoQueue (faulty_).
+  std::unique_ptr<SpillStore> MakeFaulty(SpillStoreOptions o) {
+    o.wrap_io_queue = [this](std::unique_ptr<IoQueue> inner) {
+      auto faulty = std::make_unique<FaultyIoQueue>(std::move(inner));
+      faulty_ = faulty.get();
+      return faulty;
+    };
+    return Make(std::move(o));
+  }
+
+  std::unique_ptr<SpillStore> Make(SpillStoreOptions o) {
+    auto store = SpillStore::Create(std::move(o));
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(*store) : nullptr;
+  }
+
+  char* Alloc(uint64_t bytes) {
+    std::optional<Extent> e = pool_->Allocate(bytes);
+    EXPECT_TRUE(e.has_value()) << bytes;
+    return e ? pool_->At(*e) : nullptr;
+  }
+
+  // Overwrites bytes of the spill file behind the store's back, as a failing disk would.
+  void Scribble(const std::string& path, uint64_t offset, const std::string& garbage) {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(::pwrite(fd.get(), garbage.data(), garbage.size(), static_cast<off_t>(offset)),
+              static_cast<ssize_t>(garbage.size()));
+    ASSERT_EQ(::fdatasync(fd.get()), 0);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<HostPool> pool_;
+  FaultyIoQueue* faulty_ = nullptr;
+};
+
+TEST_P(SpillStoreTest, ManyRecordsOfVariedSizesRoundTripExactly) {
+  auto store = Make(Options());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->io_queue_name(), GetParam() == IoQueueKind::kUring ? "io_uring" : "thread_pool");
+
+  // Edge sizes around the block and the io size, then random ones up to 600 KiB.
+  std::vector<uint64_t> sizes = {1, 100, 4095, 4096, 4097, 65535, 65536, 65537, 3 * 65536 + 5};
+  std::mt19937_64 rng(11);
+  while (sizes.size() < 90) sizes.push_back(1 + rng() % (600 << 10));
+  uint64_t total = 0;
+  for (uint64_t s : sizes) total += (s + 4095) & ~uint64_t{4095};
+
+  std::vector<char*> src(sizes.size()), dst(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src[i] = Alloc(sizes[i]);
+    dst[i] = Alloc(sizes[i]);
+    ASSERT_TRUE(src[i] && dst[i]);
+    FillPattern(src[i], sizes[i], 1000 + i);
+  }
+
+  // All writes in flight at once; callbacks arrive on the store's I/O thread.
+  std::vector<SpillRecord> records(sizes.size());
+  std::vector<absl::Status> write_status(sizes.size());
+  Countdown written(static_cast<int>(sizes.size()));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(store->Write(src[i], sizes[i], [&, i](absl::StatusOr<SpillRecord> r) {
+                  write_status[i] = r.status();
+                  if (r.ok()) records[i] = *r;
+                  written.Done();
+                }).ok());
+  }
+  written.Wait();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(write_status[i].ok()) << write_status[i];
+    EXPECT_EQ(records[i].len, sizes[i]);
+    EXPECT_EQ(records[i].crc32c, Crc32c(src[i], sizes[i]));
+  }
+
+  std::vector<absl::Status> read_status(sizes.size());
+  Countdown read(static_cast<int>(sizes.size()));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(store->Read(records[i], dst[i], [&, i](absl::Status s) {
+                  read_status[i] = std::move(s);
+                  read.Done();
+                }).ok());
+  }
+  read.Wait();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(read_status[i].ok()) << read_status[i];
+    ASSERT_EQ(std::memcmp(src[i], dst[i], sizes[i]), 0) << "record " << i << ", " << sizes[i] << " bytes";
+  }
+
+  std::vector<SpillFileUsage> usage = store->Usage();
+  ASSERT_EQ(usage.size(), 1u);
+  EXPECT_EQ(usage[0].records, sizes.size());
+  EXPECT_EQ(usage[0].used_bytes, total);
+  EXPECT_EQ(usage[0].bytes_written, total);
+  EXPECT_EQ(usage[0].bytes_read, total);
+  EXPECT_EQ(usage[0].writes, sizes.size());
+  EXPECT_EQ(usage[0].reads, sizes.size());
+  EXPECT_EQ(usage[0].capacity_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(usage[0].write_errors + usage[0].read_errors + usage[0].checksum_failures, 0u);
+  EXPECT_EQ(usage[0].direct_io, testing::DirectIoWorks(dir_.path()));
+
+  for (const SpillRecord& r : records) ASSERT_TRUE(store->Free(r).ok());
+  usage = store->Usage();
+  EXPECT_EQ(usage[0].used_bytes, 0u);
+  EXPECT_EQ(usage[0].records, 0u);
+}
+
+TEST_P(SpillStoreTest, ConcurrentCallersFromSeveralThreads) {
+  auto store = Make(Options());
+  ASSERT_NE(store, nullptr);
+  constexpr int kThreads = 3, kPerThread = 20;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    char* src = Alloc(256 << 10);
+    char* dst = Alloc(256 << 10);
+    threads.emplace_back([&, t, src, dst] {
+      for (int i = 0; i < kPerThread; ++i) {
+        uint64_t len = 1 + (static_cast<uint64_t>(t * 7919 + i * 104729) % (256 << 10));
+        FillPattern(src, len, t * 1000 + i);
+        absl::StatusOr<SpillRecord> r = store->WriteAndWait(src, len);
+        if (!r.ok() || !store->ReadAndWait(*r, dst).ok() || std::memcmp(src, dst, len) != 0 ||
+            !store->Free(*r).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(store->Usage()[0].used_bytes, 0u);
+}
+
+TEST_P(SpillStoreTest, CorruptionOnDiskIsDataLossNamingTheRecord) {
+  auto store = Make(Options());
+  ASSERT_NE(store, nullptr);
+  char* a = Alloc(300000);
+  char* b = Alloc(300000);
+  char* out = Alloc(300000);
+  FillPattern(a, 300000, 1);
+  FillPattern(b, 300000, 2);
+  absl::StatusOr<SpillRecord> ra = store->WriteAndWait(a, 300000);
+  absl::StatusOr<SpillRecord> rb = store->WriteAndWait(b, 300000);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+
+  Scribble(store->file_path(ra->file), ra->extent.offset + 200000, "not the data you wrote");
+  absl::Status s = store->ReadAndWait(*ra, out);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("spill record " + std::to_string(ra->id)), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string_view::npos) << s;
+
+  // Corruption past len, in the padding of the last block, is not data: still a clean read.
+  Scribble(store->file_path(rb->file), rb->extent.offset + 300000 + 10, "padding");
+  ASSERT_TRUE(store->ReadAndWait(*rb, out).ok());
+  EXPECT_EQ(std::memcmp(out, b, 300000), 0);
+
+  SpillFileUsage u = store->Usage()[0];
+  EXPECT_EQ(u.checksum_failures, 1u);
+  EXPECT_EQ(u.read_errors, 0u);
+  EXPECT_EQ(u.reads, 1u);
+  // The damaged record can still be freed, and its space is reused.
+  ASSERT_TRUE(store->Free(*ra).ok());
+  absl::StatusOr<SpillRecord> rc = store->WriteAndWait(a, 300000);
+  ASSERT_TRUE(rc.ok());
+  ASSERT_TRUE(store->ReadAndWait(*rc, out).ok());
+  EXPECT_EQ(std::memcmp(out, a, 300000), 0);
+}
+
+TEST_P(SpillStoreTest, WriteErrorsFailOneRecordAndLoseNothingElse) {
+  auto store = MakeFaulty(Options());
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(faulty_, nullptr);
+  EXPECT_EQ(store->io_queue_name().substr(0, 7), "faulty(");
+  char* src = Alloc(1 << 20);
+  char* out = Alloc(1 << 20);
+  FillPattern(src, 1 << 20, 3);
+  absl::StatusOr<SpillRecord> kept = store->WriteAndWait(src, 500000);
+  ASSERT_TRUE(kept.ok());
+  uint64_t used_before = store->Usage()[0].used_bytes;
+
+  // EIO on the 3rd chunk of the next record (chunks are 64 KiB).
+  faulty_->AddRule({.op = IoOp::kWrite, .error = EIO, .skip = 2});
+  absl::StatusOr<SpillRecord> r = store->WriteAndWait(src, 1 << 20);
+  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("Input/output error"), std::string_view::npos);
+
+  // ENOSPC on a single-chunk record.
+  faulty_->AddRule({.op = IoOp::kWrite, .error = ENOSPC});
+  r = store->WriteAndWait(src, 4096);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("No space left"), std::string_view::npos);
+
+  // A short write of the 2nd chunk whose remainder fails.
+  faulty_->AddRule({.op = IoOp::kWrite, .action = FaultRule::Action::kShort, .error = EIO,
+                    .skip = 1, .short_bytes = 4096});
+  r = store->WriteAndWait(src, 300000);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("short transfer"), std::string_view::npos) << r.status();
+
+  SpillFileUsage u = store->Usage()[0];
+  EXPECT_EQ(u.write_errors, 3u);
+  EXPECT_EQ(u.used_bytes, used_before);  // the failed records' space is back
+  EXPECT_EQ(u.records, 1u);
+  // The store keeps working, and the earlier record is intact.
+  ASSERT_TRUE(store->ReadAndWait(*kept, out).ok());
+  EXPECT_EQ(std::memcmp(out, src, 500000), 0);
+  r = store->WriteAndWait(src, 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(store->ReadAndWait(*r, out).ok());
+  EXPECT_EQ(std::memcmp(out, src, 1 << 20), 0);
+}
+
+TEST_P(SpillStoreTest, ReadErrorsAndBitFlipsFailTheReadButKeepTheRecord) {
+  auto store = MakeFaulty(Options());
+  ASSERT_NE(store, nullptr);
+  char* src = Alloc(1 << 20);
+  char* out = Alloc(1 << 20);
+  FillPattern(src, 1 << 20, 4);
+  absl::StatusOr<SpillRecord> r = store->WriteAndWait(src, 777777);
+  ASSERT_TRUE(r.ok());
+
+  faulty_->AddRule({.op = IoOp::kRead, .error = EIO, .skip = 4});
+  absl::Status s = store->ReadAndWait(*r, out);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("Input/output error"), std::string_view::npos) << s;
+
+  faulty_->AddRule({.op = IoOp::kRead, .action = FaultRule::Action::kShort, .error = EIO});
+  EXPECT_FALSE(store->ReadAndWait(*r, out).ok());
+
+  // One bit flipped in a chunk after the device delivered it: only the checksum can tell.
+  faulty_->AddRule({.op = IoOp::kRead, .action = FaultRule::Action::kCorrupt,
+                    .offset_begin = r->extent.offset + 400000,
+                    .offset_end = r->extent.offset + 400001,
+                    .corrupt_offset = r->extent.offset + 400000});
+  s = store->ReadAndWait(*r, out);
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string_view::npos) << s;
+
+  SpillFileUsage u = store->Usage()[0];
+  EXPECT_EQ(u.read_errors, 2u);
+  EXPECT_EQ(u.checksum_failures, 1u);
+  EXPECT_EQ(faulty_->total_fired(), 3u);
+  // The record survives all of it: a retry reads it whole.
+  ASSERT_TRUE(store->ReadAndWait(*r, out).ok());
+  EXPECT_EQ(std::memcmp(out, src, 777777), 0);
+}
+
+TEST_P(SpillStoreTest, RefusesWhatItCannotDo) {
+  auto store = Make(Options(1 << 20));
+  ASSERT_NE(store, nullptr);
+  char* buf = Alloc(2 << 20);
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Write(buf + 512, 4096, [](auto) {})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Write(buf, 0, [](auto) {})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Write(nullptr, 4096, [](auto) {})));
+  // Larger than the file: refused at once, no callback.
+  EXPECT_TRUE(absl::IsResourceExhausted(store->WriteAndWait(buf, (1 << 20) + 1).status()));
+
+  absl::StatusOr<SpillRecord> r = store->WriteAndWait(buf, 1 << 20);  // fills the file exactly
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::IsResourceExhausted(store->WriteAndWait(buf, 1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->ReadAndWait(*r, buf + 1)));
+
+  SpillRecord stale = *r;
+  stale.id += 1000;
+  EXPECT_TRUE(absl::IsNotFound(store->Free(stale)));
+  EXPECT_TRUE(absl::IsNotFound(store->ReadAndWait(stale, buf)));
+  ASSERT_TRUE(store->Free(*r).ok());
+  EXPECT_TRUE(absl::IsNotFound(store->Free(*r)));  // double free
+  EXPECT_TRUE(absl::IsNotFound(store->ReadAndWait(*r, buf)));
+  EXPECT_EQ(store->Usage()[0].used_bytes, 0u);
+}
+
+TEST_P(SpillStoreTest, FreeDuringReadReleasesSpaceAfterTheRead) {
+  auto store = Make(Options());
+  ASSERT_NE(store, nullptr);
+  char* src = Alloc(4 << 20);
+  char* out = Alloc(4 << 20);
+  FillPattern(src, 4 << 20, 5);
+  absl::StatusOr<SpillRecord> r = store->WriteAndWait(src, 4 << 20);
+  ASSERT_TRUE(r.ok());
+  Countdown done(1);
+  absl::Status read_status;
+  ASSERT_TRUE(store->Read(*r, out, [&](absl::Status s) {
+                read_status = std::move(s);
+                done.Done();
+              }).ok());
+  ASSERT_TRUE(store->Free(*r).ok());  // usually while the read is in flight
+  EXPECT_TRUE(absl::IsNotFound(store->Read(*r, out, [](absl::Status) {})));
+  done.Wait();
+  EXPECT_TRUE(read_status.ok()) << read_status;
+  EXPECT_EQ(std::memcmp(out, src, 4 << 20), 0);
+  EXPECT_EQ(store->Usage()[0].used_bytes, 0u);
+}
+
+TEST_P(SpillStoreTest, SpreadsRecordsOverSeveralDirectories) {
+  TempDir second;
+  SpillStoreOptions o = Options(8 << 20);
+  o.directories.push_back(second.path());
+  auto store = Make(o);
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(store->files(), 2u);
+  char* src = Alloc(1 << 20);
+  char* out = Alloc(1 << 20);
+  std::vector<SpillRecord> records;
+  for (int i = 0; i < 12; ++i) {  // 12 MiB: more than one file holds
+    FillPattern(src, 1 << 20, 50 + i);
+    absl::StatusOr<SpillRecord> r = store->WriteAndWait(src, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status();
+    records.push_back(*r);
+  }
+  std::vector<SpillFileUsage> u = store->Usage();
+  EXPECT_EQ(u[0].records, 6u);
+  EXPECT_EQ(u[1].records, 6u);
+  EXPECT_NE(u[0].path, u[1].path);
+  for (int i = 0; i < 12; ++i) {
+    FillPattern(src, 1 << 20, 50 + i);
+    ASSERT_TRUE(store->ReadAndWait(records[i], out).ok());
+    ASSERT_EQ(std::memcmp(out, src, 1 << 20), 0) << i;
+  }
+}
+
+TEST_P(SpillStoreTest, ASecondStoreOnTheSameDirectoryIsRefused) {
+  auto store = Make(Options(1 << 20));
+  ASSERT_NE(store, nullptr);
+  std::string path = store->file_path(0);
+  auto second = SpillStore::Create(Options(1 << 20));
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_EQ(::access(path.c_str(), F_OK), 0);  // the loser did not remove the winner's file
+  store.reset();
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);  // removed at close
+}
+
+TEST_P(SpillStoreTest, ClosingRunsEveryCallbackExactlyOnce) {
+  constexpr int kRecords = 40;
+  std::vector<std::atomic<int>> calls(kRecords);
+  std::atomic<int> ok{0}, cancelled{0};
+  {
+    auto store = Make(Options());
+    ASSERT_NE(store, nullptr);
+    char* src = Alloc(1 << 20);
+    FillPattern(src, 1 << 20, 6);
+    for (int i = 0; i < kRecords; ++i) {
+      ASSERT_TRUE(store->Write(src, 1 << 20, [&, i](absl::StatusOr<SpillRecord> r) {
+                    ++calls[i];
+                    if (r.ok()) ++ok;
+                    if (absl::IsCancelled(r.status())) ++cancelled;
+                  }).ok());
+    }
+  }  // destroyed with most writes still queued
+  for (int i = 0; i < kRecords; ++i) EXPECT_EQ(calls[i].load(), 1) << i;
+  EXPECT_EQ(ok + cancelled, kRecords);
+}
+
+TEST_P(SpillStoreTest, BufferedModeWorksWhereDirectIoIsNotWanted) {
+  SpillStoreOptions o = Options(4 << 20);
+  o.direct_io = DirectIo::kOff;
+  o.registered_buffers.clear();
+  auto store = Make(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_FALSE(store->Usage()[0].direct_io);
+  char* src = Alloc(1 << 20);
+  char* out = Alloc(1 << 20);
+  FillPattern(src, 1 << 20, 7);
+  absl::StatusOr<SpillRecord> r = store->WriteAndWait(src, 123456);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(store->ReadAndWait(*r, out).ok());
+  EXPECT_EQ(std::memcmp(out, src, 123456), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Queues, SpillStoreTest,
+                         ::testing::Values(IoQueueKind::kUring, IoQueueKind::kThreadPool),
+                         [](const auto& info) {
+                           return info.param == IoQueueKind::kUring ? "IoUring" : "ThreadPool";
+                         });
+
+TEST(SpillStoreOptions, RejectsBadOptions) {
+  TempDir dir;
+  EXPECT_FALSE(SpillStore::Create({.file_bytes = 1 << 20}).ok());
+  EXPECT_FALSE(SpillStore::Create({.directories = {dir.path()}, .file_bytes = 100}).ok());
+  EXPECT_FALSE(
+      SpillStore::Create({.directories = {dir.path()}, .file_bytes = 1 << 20, .io_bytes = 1000})
+          .ok());
+  EXPECT_FALSE(SpillStore::Create({.directories = {dir.path() + "/missing"}, .file_bytes = 1 << 20})
+                   .ok());
+}
+
+}  // namespace
+}  // namespace tier::storage

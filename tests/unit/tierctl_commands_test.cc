@@ -1,0 +1,436 @@
+// tierctl against an in-process fake tierd: a gRPC server with canned answers on a temporary Unix
+// socket. Checks the library's rendering and the real binary's output and exit statuses.
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tier.grpc.pb.h"
+#include "tierctl/commands.h"
+
+namespace tier::ctl {
+namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+class FakeControl final : public v1::Control::Service {
+ public:
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                          v1::GetVersionResponse* response) override {
+    response->set_version("0.1.0");
+    response->set_api_version(1);
+    response->set_ring_version(2);
+    response->set_engine("host");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest*,
+                      v1::HealthResponse* response) override {
+    std::unique_lock lock(mu_);
+    // A stuck daemon: answer only once the test releases it (or the caller gave up).
+    cv_.wait(lock, [&] { return !hold_health_ || context->IsCancelled(); });
+    response->set_state(state_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse* response) override {
+    response->set_version("0.1.0");
+    response->set_engine("host");
+    response->set_uptime_ms(3'723'000);
+    response->set_state(v1::HealthResponse::SERVING);
+    v1::TierStatus* host = response->add_tiers();
+    host->set_name("host");
+    host->set_capacity_bytes(64 * kGiB);
+    host->set_used_bytes(16 * kGiB);
+    host->set_free_bytes(48 * kGiB);
+    host->set_objects(1234);
+    v1::TierStatus* nvme = response->add_tiers();
+    nvme->set_name("nvme");
+    nvme->set_capacity_bytes(512 * kGiB);
+    nvme->set_free_bytes(512 * kGiB);
+    response->set_sessions(2);
+    response->set_jobs_in_flight(3);
+    response->set_jobs_completed(10234);
+    response->set_jobs_failed(1);
+    response->set_bytes_offloaded(1536 * kGiB);
+    response->set_bytes_reloaded(768ull << 20);
+    response->set_recent_bandwidth_bytes_per_s(23.4e9);
+    response->set_pool_locked(true);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                            v1::ListSessionsResponse* response) override {
+    v1::SessionInfo* trainer = response->add_sessions();
+    trainer->set_session_id(7);
+    trainer->set_name("llama \"rank0\"");
+    trainer->set_attached(true);
+    trainer->set_pid(4242);
+    trainer->set_uid(1000);
+    trainer->set_gid(1000);
+    trainer->set_quota_bytes(32 * kGiB);
+    trainer->set_used_bytes(12 * kGiB + 512 * (1ull << 20));
+    trainer->set_objects(96);
+    trainer->set_buffers(4);
+    trainer->set_jobs_in_flight(3);
+    trainer->set_jobs_completed(10000);
+    trainer->set_jobs_failed(1);
+    trainer->set_bytes_offloaded(1024 * kGiB);
+    trainer->set_bytes_reloaded(768ull << 20);
+    trainer->set_age_ms(3'723'000);
+    v1::SessionInfo* pending = response->add_sessions();
+    pending->set_session_id(12);
+    pending->set_quota_bytes(8 * kGiB);
+    pending->set_age_ms(1500);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* request,
+                     v1::DrainResponse* response) override {
+    std::lock_guard lock(mu_);
+    drain_timeouts_.push_back(request->timeout_ms());
+    if (refuse_drain_) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "drain needs root");
+    response->set_jobs_in_flight(jobs_left_after_drain_);
+    return grpc::Status::OK;
+  }
+
+  void HoldHealth(bool hold) {
+    {
+      std::lock_guard lock(mu_);
+      hold_health_ = hold;
+    }
+    cv_.notify_all();
+  }
+  void SetState(v1::HealthResponse::State state) { std::lock_guard lock(mu_); state_ = state; }
+  void SetJobsLeftAfterDrain(uint64_t jobs) {
+    std::lock_guard lock(mu_);
+    jobs_left_after_drain_ = jobs;
+  }
+  void RefuseDrain() { std::lock_guard lock(mu_); refuse_drain_ = true; }
+  std::vector<uint32_t> drain_timeouts() { std::lock_guard lock(mu_); return drain_timeouts_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool hold_health_ = false;
+  v1::HealthResponse::State state_ = v1::HealthResponse::SERVING;
+  uint64_t jobs_left_after_drain_ = 0;
+  bool refuse_drain_ = false;
+  std::vector<uint32_t> drain_timeouts_;
+};
+
+struct Outcome {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+class TierctlCommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/tierctl_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    socket_path_ = dir_ + "/tierd.sock";
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_path_, grpc::InsecureServerCredentials());
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+
+  void TearDown() override {
+    fake_.HoldHealth(false);
+    if (server_) server_->Shutdown();
+    ::unlink(socket_path_.c_str());
+    ::unlink((dir_ + "/stderr").c_str());
+    ::rmdir(dir_.c_str());
+  }
+
+  // Runs the library's command the way main() does, capturing both streams.
+  Outcome RunInProcess(const std::string& command, bool json) {
+    auto stub = ConnectControl(socket_path_);
+    std::ostringstream out, err;
+    CommandContext ctx;
+    ctx.stub = stub.get();
+    ctx.socket_path = socket_path_;
+    ctx.json = json;
+    ctx.out = &out;
+    ctx.err = &err;
+    Outcome run;
+    run.exit_code = RunCommand(command, ctx);
+    run.out = out.str();
+    run.err = err.str();
+    return run;
+  }
+
+  // Runs the real binary: `env` goes before it, `args` after it.
+  Outcome RunBinary(const std::string& args, const std::string& env = "") {
+    const std::string err_path = dir_ + "/stderr";
+    const std::string command = env + " " + TIERCTL_BIN + " " + args + " 2>" + err_path;
+    Outcome run;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return run;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) run.out.append(buf, n);
+    const int status = ::pclose(pipe);
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream err_file(err_path);
+    run.err.assign(std::istreambuf_iterator<char>(err_file), std::istreambuf_iterator<char>());
+    return run;
+  }
+
+  std::string SocketArg() const { return "--socket " + socket_path_; }
+
+  FakeControl fake_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string dir_;
+  std::string socket_path_;
+};
+
+google::protobuf::Struct ParseJson(const std::string& text) {
+  google::protobuf::Struct parsed;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(text, &parsed).ok()) << text;
+  return parsed;
+}
+
+std::set<std::string> Keys(const google::protobuf::Struct& object) {
+  std::set<std::string> keys;
+  for (const auto& [key, value] : object.fields()) keys.insert(key);
+  return keys;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
+  const Outcome run = RunInProcess("status", false);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  EXPECT_EQ(run.err, "");
+  EXPECT_EQ(run.out,
+            "Version:           0.1.0 (engine host)\n"
+            "State:             serving\n"
+            "Uptime:            1h02m03s\n"
+            "Host pool pinned:  yes\n"
+            "Sessions:          2\n"
+            "Jobs:              3 in flight, 10234 completed, 1 failed\n"
+            "Offloaded:         1.5 TiB\n"
+            "Reloaded:          768.0 MiB\n"
+            "Recent bandwidth:  23.4 GB/s\n"
+            "\n"
+            "TIER   CAPACITY      USED       FREE    USE  OBJECTS\n"
+            "host   64.0 GiB  16.0 GiB   48.0 GiB  25.0%     1234\n"
+            "nvme  512.0 GiB       0 B  512.0 GiB   0.0%        0\n");
+}
+
+TEST_F(TierctlCommandsTest, PoolsIsTheTiersTable) {
+  const Outcome run = RunInProcess("pools", false);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  ASSERT_EQ(Lines(run.out).size(), 3u) << run.out;
+  EXPECT_EQ(Lines(run.out)[1], "host   64.0 GiB  16.0 GiB   48.0 GiB  25.0%     1234");
+}
+
+TEST_F(TierctlCommandsTest, ClientsShowsOneAlignedRowPerSession) {
+  const Outcome run = RunInProcess("clients", false);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  // A pending session has no peer credentials yet: PID and UID show "-".
+  EXPECT_EQ(run.out,
+            "ID  NAME            PID   UID  ATTACHED     QUOTA      USED  OBJECTS  BUFFERS  "
+            "IN-FLIGHT  COMPLETED  FAILED  OFFLOADED   RELOADED       AGE\n"
+            " 7  llama \"rank0\"  4242  1000  yes       32.0 GiB  12.5 GiB       96        4  "
+            "        3      10000       1    1.0 TiB  768.0 MiB  1h02m03s\n"
+            "12  -                 -     -  no         8.0 GiB       0 B        0        0  "
+            "        0          0       0        0 B        0 B        1s\n");
+  EXPECT_EQ(RunInProcess("sessions", false).out, run.out);
+}
+
+TEST_F(TierctlCommandsTest, EmptySessionList) {
+  std::ostringstream out;
+  RenderSessions(v1::ListSessionsResponse(), false, out);
+  EXPECT_EQ(out.str(), "No sessions.\n");
+  std::ostringstream json;
+  RenderSessions(v1::ListSessionsResponse(), true, json);
+  EXPECT_EQ(json.str(), "{\"sessions\":[]}\n");
+}
+
+TEST_F(TierctlCommandsTest, ClientsJsonIsValidWithStableNames) {
+  const Outcome run = RunInProcess("clients", true);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  const google::protobuf::Struct parsed = ParseJson(run.out);
+  const auto& sessions = parsed.fields().at("sessions").list_value();
+  ASSERT_EQ(sessions.values_size(), 2);
+  const auto& first = sessions.values(0).struct_value();
+  EXPECT_EQ(Keys(first),
+            (std::set<std::string>{"session_id", "name", "attached", "pid", "uid", "gid",
+                                   "quota_bytes", "used_bytes", "objects", "buffers",
+                                   "jobs_in_flight", "jobs_completed", "jobs_failed",
+                                   "bytes_offloaded", "bytes_reloaded", "age_ms"}));
+  EXPECT_EQ(first.fields().at("name").string_value(), "llama \"rank0\"");
+  EXPECT_EQ(first.fields().at("pid").number_value(), 4242);
+  EXPECT_TRUE(first.fields().at("attached").bool_value());
+  EXPECT_FALSE(sessions.values(1).struct_value().fields().at("attached").bool_value());
+}
+
+TEST_F(TierctlCommandsTest, HealthVersionAndDrainInProcess) {
+  Outcome run = RunInProcess("health", false);
+  EXPECT_EQ(run.exit_code, kExitOk);
+  EXPECT_EQ(run.out, "serving\n");
+  fake_.SetState(v1::HealthResponse::DRAINING);
+  run = RunInProcess("health", true);
+  EXPECT_EQ(run.exit_code, kExitFailure);
+  EXPECT_EQ(run.out, "{\"state\":\"draining\"}\n");
+
+  run = RunInProcess("version", false);
+  EXPECT_EQ(run.exit_code, kExitOk);
+  EXPECT_NE(run.out.find("tierd   0.1.0 (api 1, ring 2, engine host)\n"), std::string::npos)
+      << run.out;
+  run = RunInProcess("version", true);
+  const google::protobuf::Struct version = ParseJson(run.out);
+  EXPECT_EQ(Keys(version), (std::set<std::string>{"tierctl_version", "version", "api_version",
+                                                  "ring_version", "engine"}));
+
+  run = RunInProcess("drain", true);
+  EXPECT_EQ(run.exit_code, kExitOk);
+  EXPECT_EQ(run.out, "{\"drained\":true,\"jobs_in_flight\":0}\n");
+}
+
+TEST_F(TierctlCommandsTest, BinaryStatus) {
+  const Outcome run = RunBinary("status " + SocketArg());
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.err, "");
+  EXPECT_EQ(run.out, RunInProcess("status", false).out);
+  EXPECT_NE(run.out.find("Uptime:            1h02m03s\n"), std::string::npos) << run.out;
+}
+
+TEST_F(TierctlCommandsTest, BinaryStatusJson) {
+  const Outcome run = RunBinary("--json status " + SocketArg());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_TRUE(run.out.ends_with("}\n"));
+  const google::protobuf::Struct parsed = ParseJson(run.out);
+  EXPECT_EQ(Keys(parsed),
+            (std::set<std::string>{"version", "engine", "state", "uptime_ms", "tiers", "sessions",
+                                   "jobs_in_flight", "jobs_completed", "jobs_failed",
+                                   "bytes_offloaded", "bytes_reloaded",
+                                   "recent_bandwidth_bytes_per_s", "pool_locked"}));
+  const auto& f = parsed.fields();
+  EXPECT_EQ(f.at("state").string_value(), "serving");
+  EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
+  EXPECT_EQ(f.at("jobs_completed").number_value(), 10234);
+  EXPECT_EQ(f.at("recent_bandwidth_bytes_per_s").number_value(), 23.4e9);
+  EXPECT_TRUE(f.at("pool_locked").bool_value());
+  const auto& tiers = f.at("tiers").list_value();
+  ASSERT_EQ(tiers.values_size(), 2);
+  const auto& host = tiers.values(0).struct_value().fields();
+  EXPECT_EQ(host.at("name").string_value(), "host");
+  EXPECT_EQ(host.at("capacity_bytes").number_value(), 64.0 * kGiB);
+  EXPECT_EQ(host.at("objects").number_value(), 1234);
+}
+
+TEST_F(TierctlCommandsTest, BinaryClientsAndSocketFromEnvironment) {
+  const Outcome by_flag = RunBinary("clients " + SocketArg());
+  EXPECT_EQ(by_flag.exit_code, 0) << by_flag.err;
+  EXPECT_EQ(by_flag.out, RunInProcess("clients", false).out);
+  const Outcome by_env = RunBinary("sessions", "TIER_SOCKET=" + socket_path_);
+  EXPECT_EQ(by_env.exit_code, 0) << by_env.err;
+  EXPECT_EQ(by_env.out, by_flag.out);
+}
+
+TEST_F(TierctlCommandsTest, BinaryDrainPassesTheTimeoutAndReportsLeftovers) {
+  Outcome run = RunBinary("drain --timeout-ms 1500 " + SocketArg());
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.out, "Drained: no jobs in flight; tierd admits no new sessions or jobs.\n");
+
+  fake_.SetJobsLeftAfterDrain(2);
+  run = RunBinary("drain " + SocketArg() + " --timeout-ms=250");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.out,
+            "Not drained: 2 jobs still in flight after 250ms; tierd admits no new sessions or "
+            "jobs.\n");
+  run = RunBinary("drain --json " + SocketArg());
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.out, "{\"drained\":false,\"jobs_in_flight\":2}\n");
+  EXPECT_EQ(fake_.drain_timeouts(), (std::vector<uint32_t>{1500, 250, 0}));
+}
+
+TEST_F(TierctlCommandsTest, BinaryRpcErrorNamesTheCode) {
+  fake_.RefuseDrain();
+  const Outcome run = RunBinary("drain " + SocketArg());
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.out, "");
+  EXPECT_EQ(run.err, "tierctl: PERMISSION_DENIED: drain needs root\n");
+}
+
+TEST_F(TierctlCommandsTest, BinaryDeadlineAppliesToEachCall) {
+  fake_.HoldHealth(true);
+  const Outcome run = RunBinary("health --timeout-ms 200 " + SocketArg());
+  fake_.HoldHealth(false);
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_TRUE(run.err.starts_with("tierctl: DEADLINE_EXCEEDED: ")) << run.err;
+}
+
+TEST_F(TierctlCommandsTest, BinaryNoSocketMeansNotRunning) {
+  const Outcome run = RunBinary("status --socket /nonexistent/x.sock");
+  EXPECT_EQ(run.exit_code, 3);
+  EXPECT_EQ(run.out, "");
+  EXPECT_EQ(run.err, "tierctl: tierd is not running (no socket at /nonexistent/x.sock)\n");
+}
+
+TEST_F(TierctlCommandsTest, BinaryStaleSocketMeansNotRunning) {
+  server_->Shutdown();
+  server_.reset();
+  // gRPC removes its socket on shutdown; leave a stale file behind as a crashed daemon would.
+  std::ofstream(socket_path_) << "";
+  const Outcome run = RunBinary("status " + SocketArg());
+  EXPECT_EQ(run.exit_code, 3);
+  EXPECT_TRUE(run.err.starts_with("tierctl: tierd is not running (cannot connect to " +
+                                  socket_path_ + ": "))
+      << run.err;
+  EXPECT_EQ(Lines(run.err).size(), 1u) << run.err;
+}
+
+TEST_F(TierctlCommandsTest, BinarySocketWithoutPermissionIsNotCalledNotRunning) {
+  ASSERT_EQ(::chmod(socket_path_.c_str(), 0), 0);
+  // Root ignores file modes, so as root run tierctl as nobody.
+  const std::string as_user =
+      ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups" : "";
+  const Outcome run = RunBinary("status " + SocketArg(), as_user);
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.err, "tierctl: cannot connect to " + socket_path_ + ": Permission denied\n");
+}
+
+TEST_F(TierctlCommandsTest, BinaryUsageErrors) {
+  Outcome run = RunBinary("");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.err.find("usage: tierctl"), std::string::npos) << run.err;
+  run = RunBinary("frobnicate " + SocketArg());
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_TRUE(run.err.starts_with("tierctl: unknown command frobnicate\n")) << run.err;
+  run = RunBinary("status --timeout-ms soon " + SocketArg());
+  EXPECT_EQ(run.exit_code, 2);
+  run = RunBinary("status --bogus " + SocketArg());
+  EXPECT_EQ(run.exit_code, 2);
+  run = RunBinary("help");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_TRUE(run.out.starts_with("usage: tierctl")) << run.out;
+}
+
+}  // namespace
+}  // namespace tier::ctl
