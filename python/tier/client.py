@@ -1,0 +1,1096 @@
+"""The Python client: a session with the local tierd, over the C ABI.
+
+Two layers:
+
+* Low level, one method per C call: :meth:`Client.alloc_host_buffer` (a :class:`HostBuffer` with a
+  memoryview / numpy / torch view of memory shared with the daemon), :meth:`Client.register_fd`,
+  :meth:`Client.register_device`, :meth:`Client.unregister`, :meth:`Client.offload_buffer`,
+  :meth:`Client.reload_buffer`, :meth:`Client.free`, :meth:`Client.wait`, :meth:`Client.poll`.
+* Tensors: ``h = client.offload(t, streams=None)`` gives a :class:`Handle`; ``h.reload(stream=None)``
+  a tensor of the same shape, dtype and device; ``h.free()``. Handles may simply be dropped.
+
+Ownership rules (DESIGN.md section 5), and where each is kept:
+
+* The source of an offload stays alive until its job has completed: the in-flight job record holds
+  it (the CPU staging buffer, or the CUDA tensor itself), not the handle. Dropping the handle early
+  is safe: its object is freed (the daemon orders a free after the offload that fills the object)
+  and the source is released only when the offload's completion is reaped.
+* CPU tensors go through staging buffers (host memory shared with the daemon, reused by size
+  class); a staging buffer belongs to its job until the job completes.
+* CUDA tensors are copied by the daemon itself (GPU engine): their allocation is registered, the
+  producer streams are named on the offload, and a reload allocates its destination on the consumer
+  stream, which the library makes wait (on the GPU) for the copy before tier_reload returns.
+
+Completions. The C library hands a job's result out once (to tier_job_wait or tier_poll). This
+class is the only consumer: under its lock it polls (reaping every finished job: callbacks release
+the sources and staging buffers) or waits for one job. Low-level jobs submitted by the user keep
+their result for :meth:`Client.wait` / :meth:`Client.poll`; the tensor API's jobs report to their
+handles.
+
+Finalizers (``Handle.__del__``) can run anywhere, including inside this class while it holds its
+lock (garbage collection); they never block on the lock: if it is taken, their work is queued and
+run by the next call that takes it (:meth:`Client.collect` runs it explicitly).
+"""
+
+import collections
+import ctypes
+import os
+import sys
+import threading
+import warnings
+import weakref
+
+from . import _lib
+from . import errors
+
+DEFAULT_STAGING_CACHE_BYTES = 256 << 20
+_MIN_STAGING_BYTES = 64 << 10
+_POLL_BATCH = 64
+
+
+def _torch():
+    import torch  # deferred: the low-level client does not need torch
+    return torch
+
+
+def _is_tensor(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _stream_ptr(stream):
+    """A cudaStream_t as an int from a torch.cuda.Stream (or an int); None stays None."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    ptr = getattr(stream, "cuda_stream", None)
+    if ptr is None:
+        raise TypeError("expected a torch.cuda.Stream or a raw stream handle, got %r" % (stream,))
+    return int(ptr)
+
+
+def _staging_class(nbytes):
+    """Staging buffers come in size classes: 64 KiB, then four classes per power of two (at most
+    25% waste), so buffers are reused across tensors of nearby sizes."""
+    if nbytes <= _MIN_STAGING_BYTES:
+        return _MIN_STAGING_BYTES
+    step = 1 << max(nbytes.bit_length() - 3, 0)
+    return (nbytes + step - 1) // step * step
+
+
+class SessionInfo(collections.namedtuple(
+        "SessionInfo", "session_id quota_bytes ring_entries jobs_in_flight engine")):
+    """tier_session_info: the session's id, quota, ring size, jobs in flight and the daemon's
+    copy engine ("host", "cuda", "hip")."""
+
+
+class Completion(collections.namedtuple("Completion", "job object length status")):
+    """One finished low-level job (tier_completion). ``status`` is the canonical code."""
+
+    @property
+    def ok(self):
+        return self.status == errors.OK
+
+    @property
+    def code_name(self):
+        return errors.code_name(self.status)
+
+    def error(self):
+        """The TierError this completion stands for, or None if it succeeded."""
+        if self.ok:
+            return None
+        return errors.error_from_code(
+            self.status, "%s from tierd for job %d" % (self.code_name, self.job))
+
+
+class _Job:
+    """A submitted job, from submission until its result is known (and, for user jobs, taken)."""
+
+    __slots__ = ("id", "what", "status", "message", "keep", "on_done", "user", "object", "length")
+
+    def __init__(self, job_id, what, keep=None, on_done=None, user=False, object_id=0, length=0):
+        self.id = job_id
+        self.object = object_id
+        self.length = length
+        self.what = what          # for messages: "offload of 4096 bytes (object 7)"
+        self.status = None        # None while in flight
+        self.message = ""
+        self.keep = keep          # what must outlive the job (source tensor, staging buffer)
+        self.on_done = on_done    # called once, under the client's lock, with this job
+        self.user = user          # submitted through the low-level API: result kept for wait()
+
+    def error(self):
+        if self.status is None or self.status == errors.OK:
+            return None
+        return errors.error_from_code(self.status, "%s: %s" % (self.what, self.message))
+
+
+class HostBuffer:
+    """Host memory shared with the daemon and registered in the session (tier_buffer_alloc_host).
+
+    ``view()`` is a writable memoryview of the bytes; ``numpy()`` and ``tensor()`` are zero-copy
+    arrays over them. The memory is unmapped by :meth:`unregister` or when the client closes: no
+    view may be used after that (the library cannot revoke them; using one would fault).
+    """
+
+    def __init__(self, client, buffer_id, address, nbytes):
+        self._client = client
+        self.id = buffer_id
+        self.address = address
+        self.nbytes = nbytes
+        self._array = (ctypes.c_ubyte * nbytes).from_address(address)
+        self._valid = True
+        self._u8 = None  # cached torch.uint8 view (staging)
+
+    def __len__(self):
+        return self.nbytes
+
+    def __repr__(self):
+        return "HostBuffer(id=%d, nbytes=%d%s)" % (self.id, self.nbytes,
+                                                   "" if self._valid else ", unregistered")
+
+    @property
+    def valid(self):
+        return self._valid
+
+    def _check(self):
+        if not self._valid:
+            raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
+                                            "host buffer %d was unregistered" % self.id)
+
+    def view(self):
+        """A writable memoryview (format 'B') of the whole buffer."""
+        self._check()
+        return memoryview(self._array).cast("B")
+
+    def numpy(self, dtype="uint8"):
+        """A writable numpy array over the buffer (as many whole elements of dtype as fit)."""
+        import numpy as np
+        self._check()
+        dt = np.dtype(dtype)
+        return np.frombuffer(self.view(), dtype=dt, count=self.nbytes // dt.itemsize)
+
+    def tensor(self, dtype=None):
+        """A CPU torch tensor over the buffer (uint8 unless dtype is given)."""
+        torch = _torch()
+        self._check()
+        u8 = self._uint8()
+        if dtype is None or dtype == torch.uint8:
+            return u8
+        size = _element_size(dtype)
+        return u8[:self.nbytes // size * size].view(dtype)
+
+    def _uint8(self):
+        if self._u8 is None:
+            self._u8 = _torch().frombuffer(self.view(), dtype=_torch().uint8)
+        return self._u8
+
+    def unregister(self):
+        """Waits for the session's jobs, then drops the buffer (the daemon closes its mapping)."""
+        self._client.unregister(self)
+
+    def _invalidate(self):
+        self._valid = False
+        self._u8 = None
+
+
+def _element_size(dtype):
+    return _torch().empty((), dtype=dtype).element_size()
+
+
+class _StagingPool:
+    """Reusable staging buffers by size class. Used under the client's lock."""
+
+    def __init__(self, client, cache_bytes):
+        self._client = client
+        self._cache_bytes = cache_bytes
+        self._idle = collections.OrderedDict()  # buffer id -> HostBuffer, least recently used first
+        self._idle_bytes = 0
+        self._all = {}
+
+    def acquire(self, nbytes):
+        size = _staging_class(nbytes)
+        for buffer_id, buf in self._idle.items():
+            if buf.nbytes == size:
+                del self._idle[buffer_id]
+                self._idle_bytes -= size
+                return buf
+        self._trim(self._cache_bytes - size)
+        buf = self._client._alloc_host_locked(size)
+        self._all[buf.id] = buf
+        return buf
+
+    def release(self, buf):
+        if buf.id not in self._all or not buf.valid:
+            return
+        self._idle[buf.id] = buf
+        self._idle_bytes += buf.nbytes
+
+    def _trim(self, keep_bytes):
+        # tier_buffer_unregister waits for every job of the session; it only runs when the cache
+        # exceeds its budget, and never from a completion callback.
+        while self._idle and self._idle_bytes > max(keep_bytes, 0):
+            buffer_id, buf = self._idle.popitem(last=False)
+            self._idle_bytes -= buf.nbytes
+            del self._all[buffer_id]
+            try:
+                self._client._unregister_locked(buf)
+            except errors.TierError:
+                pass
+
+    @property
+    def idle_bytes(self):
+        return self._idle_bytes
+
+    @property
+    def total_bytes(self):
+        return sum(b.nbytes for b in self._all.values())
+
+    def invalidate_all(self):
+        for buf in self._all.values():
+            buf._invalidate()
+        self._all.clear()
+        self._idle.clear()
+        self._idle_bytes = 0
+
+
+class Client:
+    """A session with tierd.
+
+    ``socket``: the daemon's control socket (None: ``$TIER_SOCKET``, else
+    ``$XDG_RUNTIME_DIR/tierd/tierd.sock`` when it exists, else ``/run/tierd/tierd.sock``).
+    ``name``: shown by ``tierctl clients``. ``quota_bytes``: 0 takes the daemon's default.
+    ``staging_cache_bytes``: idle staging memory kept for reuse (CPU tensors).
+
+    Thread-safe. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, socket=None, name=None, quota_bytes=0, ring_entries=0,
+                 connect_timeout_ms=0, staging_cache_bytes=DEFAULT_STAGING_CACHE_BYTES):
+        self._c = _lib.load()
+        self._session = None
+        self._closed = True
+        self._pid = os.getpid()
+        options = _lib.new_struct(_lib.SessionOptions)
+        socket_bytes = os.fsencode(socket) if socket is not None else None
+        name_bytes = name.encode() if name is not None else None
+        options.socket_path = socket_bytes
+        options.name = name_bytes
+        options.quota_bytes = int(quota_bytes)
+        options.ring_entries = int(ring_entries)
+        options.connect_timeout_ms = int(connect_timeout_ms)
+        session = ctypes.c_void_p()
+        _lib.check(self._c.tier_session_open(ctypes.byref(options), ctypes.byref(session)),
+                   "opening a session with tierd")
+        self._session = session
+        self._closed = False
+        self._lock = threading.Lock()
+        self._inflight = {}     # job id -> _Job: submitted, result not yet taken from the library
+        self._unwaited = {}     # job id -> _Job: user jobs, finished, result not yet taken
+        self._deferred = collections.deque()  # callables queued by finalizers (run under the lock)
+        self._staging = _StagingPool(self, staging_cache_bytes)
+        self._device_buffers = {}  # buffer id -> registrations that returned it
+        self._device_direct = None  # None: not tried; False: no GPU engine, CUDA via staging
+        self._poll_batch = (_lib.Completion * _POLL_BATCH)()
+        info = self.info()
+        self.session_id = info.session_id
+        self.engine = info.engine
+
+    # ---- lifetime ---------------------------------------------------------------------------
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may be gone
+            pass
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Waits for this client's jobs, then closes the session: the daemon frees every object it
+        held and drops every buffer. Host buffers and their views become invalid."""
+        if self._closed:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            if os.getpid() != self._pid:
+                # A forked child: the session (its ring, token, gRPC channel) is the parent's.
+                self._closed = True
+                self._session = None
+                return
+            # Take every result, so each job's owner learns its status and its source is released.
+            for job in list(self._inflight.values()):
+                try:
+                    self._wait_job_locked(job, -1)
+                except errors.TierError:
+                    pass
+            self._closed = True
+            self._deferred.clear()
+            self._staging.invalidate_all()
+            session, self._session = self._session, None
+            self._c.tier_session_close(session)
+
+    def _check_locked(self):
+        if self._closed:
+            raise errors.FailedPrecondition(errors.FAILED_PRECONDITION, "the client is closed")
+        if os.getpid() != self._pid:
+            raise errors.FailedPrecondition(
+                errors.FAILED_PRECONDITION,
+                "this session belongs to process %d; open a new Client after fork" % self._pid)
+        while self._deferred:
+            fn = self._deferred.popleft()
+            try:
+                fn()
+            except errors.TierError:
+                pass
+
+    def _run_or_defer(self, fn):
+        """For finalizers: runs fn under the lock if it is free, else queues it. Never blocks."""
+        if self._closed:
+            return
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._closed:
+                    fn()
+            except errors.TierError:
+                pass
+            finally:
+                self._lock.release()
+        else:
+            self._deferred.append(fn)
+
+    # ---- session ----------------------------------------------------------------------------
+
+    def info(self):
+        """The session's state (tier_session_get_info)."""
+        info = _lib.new_struct(_lib.SessionInfo)
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_session_get_info(self._session, ctypes.byref(info)))
+        return SessionInfo(info.session_id, info.quota_bytes, info.ring_entries,
+                           info.jobs_in_flight, info.engine.decode())
+
+    # ---- buffers ----------------------------------------------------------------------------
+
+    def _alloc_host_locked(self, nbytes):
+        ptr = ctypes.c_void_p()
+        buffer_id = _lib.c_buffer_id()
+        _lib.check(self._c.tier_buffer_alloc_host(self._session, int(nbytes), ctypes.byref(ptr),
+                                                  ctypes.byref(buffer_id)),
+                   "allocating a host buffer of %d bytes" % nbytes)
+        return HostBuffer(self, buffer_id.value, ptr.value, int(nbytes))
+
+    def alloc_host_buffer(self, nbytes):
+        """Host memory shared with the daemon, registered (tier_buffer_alloc_host)."""
+        with self._lock:
+            self._check_locked()
+            return self._alloc_host_locked(nbytes)
+
+    def register_fd(self, fd, nbytes):
+        """Registers a memfd sealed with F_SEAL_SHRINK (tier_buffer_register_fd); returns its id."""
+        buffer_id = _lib.c_buffer_id()
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_buffer_register_fd(self._session, int(fd), int(nbytes),
+                                                       ctypes.byref(buffer_id)),
+                       "registering fd %d" % fd)
+        return buffer_id.value
+
+    def register_device(self, device_ptr):
+        """Registers the GPU allocation holding device_ptr (once per allocation: the library returns
+        the id it already gave for pointers inside it). Returns (buffer id, offset of device_ptr in
+        the allocation). Raises tier.Unimplemented without a GPU engine."""
+        buffer_id = _lib.c_buffer_id()
+        offset = ctypes.c_uint64()
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_buffer_register_device(
+                self._session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
+                ctypes.byref(offset)), "registering device memory at 0x%x" % int(device_ptr))
+            # The library owns the registrations (it unregisters them at close); we only count.
+            self._device_buffers[buffer_id.value] = self._device_buffers.get(buffer_id.value, 0) + 1
+        return buffer_id.value, offset.value
+
+    def _unregister_locked(self, buf):
+        buffer_id = buf.id if isinstance(buf, HostBuffer) else int(buf)
+        _lib.check(self._c.tier_buffer_unregister(self._session, buffer_id),
+                   "unregistering buffer %d" % buffer_id)
+        if isinstance(buf, HostBuffer):
+            buf._invalidate()
+        self._device_buffers.pop(buffer_id, None)
+
+    def unregister(self, buffer):
+        """Waits for the session's jobs, then drops the buffer (a HostBuffer or a buffer id)."""
+        with self._lock:
+            self._check_locked()
+            self._unregister_locked(buffer)
+
+    # ---- jobs: low level --------------------------------------------------------------------
+
+    def _submit_offload_locked(self, buffer_id, offset, length, stream_ptrs, hint, keep,
+                               on_done=None, user=False):
+        options = _lib.new_struct(_lib.OffloadOptions)
+        options.next_use_hint = int(hint)
+        streams = None
+        if stream_ptrs:
+            streams = (ctypes.c_void_p * len(stream_ptrs))(*stream_ptrs)
+            options.num_producer_streams = len(stream_ptrs)
+            options.producer_streams = ctypes.cast(streams, ctypes.POINTER(ctypes.c_void_p))
+        obj = _lib.c_object_id()
+        job = _lib.c_job_id()
+        _lib.check(self._c.tier_offload(self._session, int(buffer_id), int(offset), int(length),
+                                        ctypes.byref(options), ctypes.byref(obj),
+                                        ctypes.byref(job)),
+                   "offload of %d bytes from buffer %d" % (length, buffer_id))
+        record = _Job(job.value, "offload of %d bytes (object %d, job %d)" % (
+            length, obj.value, job.value), keep, on_done, user, obj.value, length)
+        self._inflight[record.id] = record
+        return obj.value, record
+
+    def _submit_reload_locked(self, object_id, buffer_id, offset, length, stream_ptr, free_after,
+                              keep=None, on_done=None, user=False):
+        options = _lib.new_struct(_lib.ReloadOptions)
+        options.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
+        options.consumer_stream = stream_ptr
+        job = _lib.c_job_id()
+        _lib.check(self._c.tier_reload(self._session, int(object_id), int(buffer_id), int(offset),
+                                       int(length), ctypes.byref(options), ctypes.byref(job)),
+                   "reload of object %d" % object_id)
+        record = _Job(job.value, "reload of object %d (%d bytes, job %d)" % (
+            object_id, length, job.value), keep, on_done, user, object_id, length)
+        self._inflight[record.id] = record
+        return record
+
+    def _submit_free_locked(self, object_id, on_done=None, user=False):
+        job = _lib.c_job_id()
+        _lib.check(self._c.tier_free(self._session, int(object_id), ctypes.byref(job)),
+                   "free of object %d" % object_id)
+        record = _Job(job.value, "free of object %d (job %d)" % (object_id, job.value), None,
+                      on_done, user, object_id)
+        self._inflight[record.id] = record
+        return record
+
+    def offload_buffer(self, buffer, offset, length, producer_streams=None, next_use_hint=0):
+        """tier_offload: copies buffer[offset, +length) into a new daemon object. Returns
+        (object id, job id); wait for the job before changing the bytes."""
+        buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        ptrs = [_stream_ptr(s) for s in producer_streams] if producer_streams else None
+        with self._lock:
+            self._check_locked()
+            obj, job = self._submit_offload_locked(buffer_id, offset, length, ptrs, next_use_hint,
+                                                   None, user=True)
+        return obj, job.id
+
+    def reload_buffer(self, object_id, buffer, offset, length, consumer_stream=None,
+                      free_after=False):
+        """tier_reload: copies the object (length must equal its length) into buffer at offset.
+        Returns the job id."""
+        buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        with self._lock:
+            self._check_locked()
+            job = self._submit_reload_locked(object_id, buffer_id, offset, length,
+                                             _stream_ptr(consumer_stream), free_after, user=True)
+        return job.id
+
+    def free(self, object_id):
+        """tier_free: drops the object once jobs using it finish. Returns the job id."""
+        with self._lock:
+            self._check_locked()
+            return self._submit_free_locked(object_id, user=True).id
+
+    def wait(self, job_id, timeout_ms=-1):
+        """Waits for a job submitted with the low-level API and raises its error, if it failed
+        (tier_job_wait). A result can be taken once (here or from poll())."""
+        with self._lock:
+            self._check_locked()
+            job = self._unwaited.pop(job_id, None)
+            if job is None:
+                job = self._inflight.get(job_id)
+                if job is None or not job.user:
+                    raise errors.NotFound(errors.NOT_FOUND,
+                                          "job %d is unknown or was already waited for" % job_id)
+                self._wait_job_locked(job, timeout_ms)
+                self._unwaited.pop(job_id, None)
+        err = job.error()
+        if err is not None:
+            raise err
+
+    def poll(self, max_completions=_POLL_BATCH):
+        """Low-level jobs that finished and were not waited for, without blocking (tier_poll)."""
+        with self._lock:
+            self._check_locked()
+            self._reap_locked()
+            out = []
+            for job_id in list(self._unwaited)[:max_completions]:
+                job = self._unwaited.pop(job_id)
+                out.append(Completion(job.id, job.object, job.length, job.status))
+            return out
+
+    def collect(self):
+        """Reaps finished jobs (releasing their sources and staging buffers) and runs work queued
+        by finalizers (frees of dropped handles). Never blocks on the daemon."""
+        with self._lock:
+            self._check_locked()
+            self._reap_locked()
+
+    def synchronize(self):
+        """Waits for every job this client has in flight (their errors go to their owners)."""
+        with self._lock:
+            self._check_locked()
+            for job in list(self._inflight.values()):
+                self._wait_job_locked(job, -1)
+            self._check_locked()  # run what the callbacks queued (frees of dropped handles)
+            for job in list(self._inflight.values()):
+                self._wait_job_locked(job, -1)
+
+    @property
+    def jobs_in_flight(self):
+        with self._lock:
+            return len(self._inflight)
+
+    @property
+    def staging_bytes(self):
+        """Host memory this client holds as staging buffers (in use or idle)."""
+        with self._lock:
+            return self._staging.total_bytes
+
+    # ---- completions ------------------------------------------------------------------------
+
+    def _finish_locked(self, job, status, message):
+        job.status = int(status)
+        job.message = message
+        callback, job.on_done = job.on_done, None
+        if job.user:
+            self._unwaited[job.id] = job
+        try:
+            if callback is not None:
+                callback(job)
+        finally:
+            job.keep = None  # the source / staging buffer is no longer the job's
+
+    def _reap_locked(self):
+        """Takes every finished job's result from the library (tier_poll); never blocks."""
+        batch = self._poll_batch
+        count = ctypes.c_size_t()
+        while True:
+            _lib.check(self._c.tier_poll(self._session, batch, _POLL_BATCH, ctypes.byref(count)))
+            for i in range(count.value):
+                c = batch[i]
+                job = self._inflight.pop(c.job, None)
+                if job is not None:
+                    self._finish_locked(job, c.status, "%s from tierd for job %d" % (
+                        errors.code_name(c.status), c.job))
+            if count.value < _POLL_BATCH:
+                return
+
+    def _wait_job_locked(self, job, timeout_ms):
+        """Waits for one job and records its result (raises only DeadlineExceeded)."""
+        if job.status is not None:
+            return job.status
+        status = self._c.tier_job_wait(self._session, job.id, int(timeout_ms))
+        if status == errors.DEADLINE_EXCEEDED and timeout_ms >= 0:
+            raise errors.DeadlineExceeded(errors.DEADLINE_EXCEEDED,
+                                          "%s not done within %d ms" % (job.what, timeout_ms))
+        message = _lib.last_error() if status != errors.OK else ""
+        self._inflight.pop(job.id, None)
+        self._finish_locked(job, status, message)
+        return job.status
+
+    # ---- tensors ----------------------------------------------------------------------------
+
+    def offload(self, tensor, streams=None, next_use_hint=0):
+        """Offloads a tensor's data to Tierd and returns a :class:`Handle`.
+
+        ``streams``: the CUDA streams whose work wrote the tensor (default: the current stream);
+        the daemon's copy waits for all of them on the GPU. Ignored for CPU tensors. The tensor
+        must not be modified until ``handle.done()`` (the handle keeps it alive until then).
+        """
+        return self._offload(tensor, streams, next_use_hint, retain_on_failure=False)
+
+    def _offload(self, tensor, streams, hint, retain_on_failure):
+        """offload(); with retain_on_failure, a failed offload keeps its source (the CUDA tensor or
+        the staging buffer) in the handle, and reloads are served from it (tier.torch uses this
+        so that a full pool degrades to "not offloaded" instead of losing activations)."""
+        torch = _torch()
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError("offload() takes a torch.Tensor, got %s" % type(tensor).__name__)
+        if tensor.layout != torch.strided:
+            raise TypeError("offload() takes dense (strided) tensors, got %s" % tensor.layout)
+        t = tensor.detach()
+        nbytes = t.numel() * t.element_size()
+        handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
+        if nbytes == 0:
+            return handle
+        if t.device.type == "cpu":
+            return self._offload_staged(handle, t, hint, retain_on_failure, None)
+        if t.device.type == "cuda":
+            if self._device_direct is None and self.engine == "host":
+                self._no_device_direct("tierd runs the host engine")
+            if self._device_direct is not False:
+                if self._offload_cuda(handle, t, streams, hint, retain_on_failure):
+                    return handle
+            return self._offload_staged(handle, t, hint, retain_on_failure, streams)
+        raise TypeError("offload() supports cpu and cuda tensors, not %s" % t.device.type)
+
+    def _staging_acquire(self, nbytes):
+        with self._lock:
+            self._check_locked()
+            self._reap_locked()  # completed jobs give their staging buffers back first
+            return self._staging.acquire(nbytes)
+
+    def _staging_release(self, staging):
+        with self._lock:
+            self._staging.release(staging)
+
+    def _offload_staged(self, handle, t, hint, retain_on_failure, streams):
+        """Through a staging buffer: CPU tensors, and CUDA tensors when the daemon has no GPU
+        engine (then the copy runs on the current stream after the producer streams, and copy_
+        into pageable memory returns only when the bytes are on the host)."""
+        torch = _torch()
+        nbytes = handle.nbytes
+        if t.device.type == "cuda":
+            cur = torch.cuda.current_stream(t.device)
+            for s in streams or ():
+                _wait_stream(cur, s)
+        staging = self._staging_acquire(nbytes)
+        try:
+            with torch.no_grad():
+                if t.device.type == "cuda":
+                    with torch.cuda.device(t.device):
+                        _staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
+                else:
+                    _staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
+        except BaseException:
+            self._staging_release(staging)
+            raise
+        weak_handle = weakref.ref(handle)
+
+        def done(job):
+            # The staging buffer was the job's until now; it goes back to the pool, or stays with
+            # the handle as the only copy of the data if the offload failed and that was asked.
+            h = weak_handle() if retain_on_failure and job.status != errors.OK else None
+            if h is not None:
+                h._fallback = staging
+            else:
+                self._staging.release(staging)
+        try:
+            with self._lock:
+                self._check_locked()
+                obj, job = self._submit_offload_locked(staging.id, 0, nbytes, None, hint, staging,
+                                                       done)
+                handle._object, handle._job = obj, job
+        except BaseException:
+            self._staging_release(staging)
+            raise
+        return handle
+
+    def _no_device_direct(self, why):
+        if self._device_direct is None:
+            warnings.warn("%s: CUDA tensors are staged through host memory (synchronous copies)"
+                          % why, RuntimeWarning, stacklevel=4)
+        self._device_direct = False
+
+    def _offload_cuda(self, handle, t, streams, hint, retain_on_failure):
+        """The GPU engine path; False if the library has no GPU support (then staging is used)."""
+        torch = _torch()
+        device = t.device
+        cur = torch.cuda.current_stream(device)
+        producers = list(streams) if streams else [cur]
+        src = t
+        if not t.is_contiguous():
+            # Gather on the current stream, after every producer stream: the gather is then the
+            # only producer of the bytes the daemon copies.
+            for s in producers:
+                _wait_stream(cur, s)
+            with torch.no_grad(), torch.cuda.device(device):
+                src = t.contiguous()
+            producers = [cur]
+        try:
+            buffer_id, offset = self.register_device(src.data_ptr())
+        except errors.Unimplemented:
+            self._no_device_direct("libtierclient has no GPU support")
+            return False
+        self._device_direct = True
+        ptrs = [_stream_ptr(s) for s in producers]
+        weak_handle = weakref.ref(handle)
+
+        def done(job):
+            if retain_on_failure and job.status != errors.OK:
+                h = weak_handle()
+                if h is not None:
+                    h._fallback = src  # intact: nothing else writes it (autograd saved it)
+        with self._lock:
+            self._check_locked()
+            self._reap_locked()
+            # The job keeps the source (and the tensor it came from) alive until the daemon's copy
+            # completed: dropping the tensor and the handle meanwhile cannot free memory under it.
+            obj, job = self._submit_offload_locked(buffer_id, offset, handle.nbytes, ptrs, hint,
+                                                   (src, t), done)
+            handle._object, handle._job = obj, job
+            handle._direct = True
+        return True
+
+
+def _wait_stream(cur, stream):
+    """Makes torch stream `cur` wait (on the GPU) for everything enqueued on `stream` so far."""
+    torch = _torch()
+    if stream is None:
+        return
+    if isinstance(stream, int):
+        if stream == cur.cuda_stream:
+            return
+        stream = torch.cuda.ExternalStream(stream)
+    if stream.cuda_stream != cur.cuda_stream:
+        cur.wait_stream(stream)
+
+
+def _consumer_stream(stream, device):
+    """The torch stream a reload's destination is allocated on and used by (default: device's
+    current stream). Raw handles are wrapped; a stream of another device is refused."""
+    torch = _torch()
+    if stream is None:
+        return torch.cuda.current_stream(device)
+    if isinstance(stream, int):
+        return torch.cuda.ExternalStream(stream, device=device)
+    if stream.device != device:
+        raise ValueError("stream of %s for a tensor on %s" % (stream.device, device))
+    return stream
+
+
+def _staging_view(staging, dtype, shape, nbytes):
+    torch = _torch()
+    v = staging._uint8()[:nbytes]
+    if dtype != torch.uint8:
+        v = v.view(dtype)
+    return v.view(shape)
+
+
+class _Ready:
+    """A reload whose tensor is already usable (CUDA: the stream waits on the GPU)."""
+
+    __slots__ = ("_tensor",)
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def result(self):
+        return self._tensor
+
+
+class _StagedReload:
+    """A reload into a staging buffer: result() waits for the job and copies out."""
+
+    def __init__(self, handle, staging, job, stream):
+        self._handle = handle
+        self._staging = staging
+        self._job = job
+        self._stream = stream
+        self._tensor = None
+
+    def result(self):
+        if self._tensor is not None:
+            return self._tensor
+        h = self._handle
+        client = h._client
+        torch = _torch()
+        with client._lock:
+            client._check_locked()
+            client._wait_job_locked(self._job, -1)
+        staging, self._staging = self._staging, None
+        try:
+            err = self._job.error()
+            if err is not None:
+                if self._job.status == errors.ABORTED:
+                    h.wait()  # the reload failed because the offload did: raise the offload's error
+                raise err
+            src = _staging_view(staging, h.dtype, h.shape, h.nbytes)
+            if h.device.type == "cuda":
+                # From pageable memory: copy_ returns once the bytes left the staging buffer.
+                with torch.cuda.device(h.device), torch.cuda.stream(self._stream):
+                    out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+                    out.copy_(src)
+            else:
+                out = src.clone()
+        finally:
+            client._staging_release(staging)
+        self._tensor = out
+        return out
+
+    def __del__(self):
+        staging = getattr(self, "_staging", None)
+        if staging is None:
+            return
+        client = self._handle._client
+        job = self._job
+
+        def release():
+            if job.status is not None:
+                client._staging.release(staging)
+            else:
+                job.on_done = lambda j: client._staging.release(staging)
+        try:
+            client._run_or_defer(release)
+        except Exception:
+            pass
+
+
+class Handle:
+    """Data offloaded from a tensor. ``reload()`` as often as needed; ``free()`` or drop it."""
+
+    def __init__(self, client, object_id, job, shape, dtype, device, nbytes, direct):
+        self._client = client
+        self._object = object_id
+        self._job = job            # the offload's job record (None for an empty tensor)
+        self._direct = direct      # CUDA through the GPU engine (no host staging)
+        self._reloads = []         # GPU reload jobs not yet known to be done
+        self._freed = False
+        self._fallback = None      # the data, kept after a failed offload (retain_on_failure)
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device
+        self.nbytes = nbytes
+
+    def __repr__(self):
+        state = "freed" if self._freed else ("done" if self._job is None or
+                                             self._job.status is not None else "in flight")
+        return "Handle(object=%s, shape=%s, dtype=%s, device=%s, %s)" % (
+            self._object, list(self.shape), self.dtype, self.device, state)
+
+    @property
+    def object_id(self):
+        return self._object
+
+    @property
+    def freed(self):
+        return self._freed
+
+    @property
+    def failed(self):
+        """True once the offload is known to have failed (see wait() for the error)."""
+        return self._job is not None and self._job.status not in (None, errors.OK)
+
+    def done(self):
+        """True once the offload completed (successfully or not). Never blocks."""
+        if self._job is None or self._job.status is not None:
+            return True
+        with self._client._lock:
+            self._client._check_locked()
+            self._client._reap_locked()
+        return self._job.status is not None
+
+    def _wait_offload(self, timeout_ms=-1):
+        """Waits for the offload's result without raising it."""
+        if self._job is None or self._job.status is not None:
+            return
+        c = self._client
+        with c._lock:
+            c._check_locked()
+            c._wait_job_locked(self._job, timeout_ms)
+
+    def wait(self, timeout_ms=-1):
+        """Waits for the offload (and reloads still in flight on the GPU); raises the first error
+        (tier.ResourceExhausted when the quota or the pool is full, ...)."""
+        c = self._client
+        with c._lock:
+            c._check_locked()
+            if self._job is not None:
+                c._wait_job_locked(self._job, timeout_ms)
+            reloads, self._reloads = self._reloads, []
+            for job in reloads:
+                c._wait_job_locked(job, timeout_ms)
+        if self._job is not None and self._job.error() is not None:
+            raise self._job.error()
+        for job in reloads:
+            if job.error() is not None:
+                raise job.error()
+
+    def reload(self, stream=None, free=False):
+        """A new tensor with the offloaded data (same shape, dtype and device; contiguous).
+
+        CUDA: allocated on ``stream`` (default: the current stream), which already waits on the GPU
+        for the copy when this returns: use it on that stream at once, no host wait. CPU: returns
+        when the data is there. ``free=True`` drops the object after this reload.
+        """
+        return self._start_reload(stream, free).result()
+
+    def _empty(self, stream):
+        torch = _torch()
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device), torch.cuda.stream(
+                    _consumer_stream(stream, self.device)):
+                return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+
+    def _from_fallback(self, stream):
+        torch = _torch()
+        data = self._fallback
+        if isinstance(data, HostBuffer):
+            out = self._empty(stream)
+            with torch.no_grad():
+                if self.device.type == "cuda":
+                    with torch.cuda.device(self.device), torch.cuda.stream(
+                            _consumer_stream(stream, self.device)):
+                        out.copy_(_staging_view(data, self.dtype, self.shape, self.nbytes))
+                else:
+                    out.copy_(_staging_view(data, self.dtype, self.shape, self.nbytes))
+            return out
+        # The source tensor itself (a contiguous CUDA tensor): used where it is, like the data
+        # of an offload still in flight (see _pending_source).
+        return data.view(self.shape)
+
+    def _start_reload(self, stream=None, free=False):
+        """reload() in two steps: submit now, result() later (prefetch)."""
+        if self._freed:
+            raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
+                                            "reload of a freed handle")
+        c = self._client
+        if self._object is None:
+            return _Ready(self._empty(stream))
+        if not self._direct:
+            self._wait_offload()  # staged: the offload's own result comes first
+        if self.failed:
+            if self._fallback is not None:
+                return _Ready(self._from_fallback(stream))
+            raise self._job.error()
+        if self._direct:
+            return _Ready(self._reload_cuda(stream, free))
+        if self.device.type == "cuda":
+            stream = _consumer_stream(stream, self.device)
+        staging = c._staging_acquire(self.nbytes)
+        try:
+            with c._lock:
+                c._check_locked()
+                job = c._submit_reload_locked(self._object, staging.id, 0, self.nbytes, None, free)
+        except BaseException:
+            c._staging_release(staging)
+            raise
+        if free:
+            self._freed = True
+        return _StagedReload(self, staging, job, stream)
+
+    def _reload_cuda(self, stream, free):
+        torch = _torch()
+        c = self._client
+        stream = _consumer_stream(stream, self.device)
+        # The destination is allocated on the consumer stream: the caching allocator only hands
+        # out memory whose earlier users are ordered before this point of `stream`, and the
+        # daemon's H2D copy waits for a ticket the library writes on `stream` in tier_reload. So the
+        # copy cannot overwrite memory still in use, and nothing is host-synchronized.
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            dst = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        buffer_id, offset = c.register_device(dst.data_ptr())
+        with c._lock:
+            c._check_locked()
+            c._reap_locked()
+            # When tier_reload returns, `stream` already waits (on the GPU) for the copy's
+            # completion value: work enqueued on it from now on sees the data. If dst is dropped
+            # early its memory can only be reused by work on `stream`, which is ordered after the
+            # copy as well.
+            job = c._submit_reload_locked(self._object, buffer_id, offset, self.nbytes,
+                                          _stream_ptr(stream), free)
+            self._reloads = [j for j in self._reloads if j.status is None]
+            self._reloads.append(job)
+        if free:
+            self._freed = True
+        return dst
+
+    def _pending_source(self):
+        """CUDA: the source tensor while the offload is still in flight (its data is intact and
+        alive), or the one kept after a failed offload; else None. Lets a consumer skip a reload of
+        data that never left the GPU."""
+        if not self._direct or self._job is None:
+            return None
+        if self._job.status is not None:
+            return self._fallback
+        c = self._client
+        with c._lock:
+            c._check_locked()
+            c._reap_locked()
+            keep = self._job.keep
+            if self._job.status is not None or keep is None:
+                return self._fallback
+            return keep[0]
+
+    def free(self):
+        """Drops the object (its memory returns to the pool once jobs using it finish). The source
+        of an offload still in flight stays owned by that job until it completes."""
+        if self._freed:
+            return
+        self._freed = True
+        c = self._client
+        with c._lock:
+            if c._closed:
+                return
+            c._check_locked()
+            self._free_locked()
+
+    def _free_locked(self):
+        c = self._client
+        fallback, self._fallback = self._fallback, None
+        if isinstance(fallback, HostBuffer):
+            c._staging.release(fallback)
+        if self._object is None:
+            return
+        offload = self._job
+        if offload is not None and offload.status is not None and offload.status != errors.OK:
+            return  # a failed offload leaves no object behind
+
+        def report(job):
+            # NOT_FOUND is expected when the offload failed meanwhile; UNAVAILABLE: daemon gone
+            # (it freed everything).
+            if job.status in (errors.OK, errors.UNAVAILABLE):
+                return
+            if job.status == errors.NOT_FOUND and offload is not None and offload.status != 0:
+                return
+            warnings.warn("tier: %s failed: %s" % (job.what, job.message), RuntimeWarning)
+        c._submit_free_locked(self._object, report)
+
+    def __del__(self):
+        try:
+            if self._freed or (self._object is None and self._fallback is None):
+                return
+            self._freed = True
+            self._client._run_or_defer(self._free_locked)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+_default_lock = threading.Lock()
+_default = None
+
+
+def default_client():
+    """The process's shared Client on the default socket, opened on first use (and again after a
+    fork). tier.torch uses it when no client is given."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed or _default._pid != os.getpid():
+            _default = Client(name=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0]
+                              else None)
+        return _default
+
+
+def _close_default():
+    global _default
+    with _default_lock:
+        if _default is not None and _default._pid == os.getpid():
+            try:
+                _default.close()
+            except Exception:
+                pass
+        _default = None
+
+
+import atexit  # noqa: E402
+
+atexit.register(_close_default)

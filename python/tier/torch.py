@@ -1,0 +1,621 @@
+"""PyTorch integration: activation offload and module weight offload through Tierd.
+
+Activation offload::
+
+    with tier.torch.offload_activations(min_bytes=1 << 20, prefetch=2) as off:
+        loss = model(x).sum()               # saved activations >= min_bytes go to Tierd
+        with tier.torch.no_offload():       # opt-out region (e.g. the output head)
+            ...
+    loss.backward()                         # reloaded in reverse order, `prefetch` ahead
+    print(off.stats)
+
+Module weight offload (inference, or frozen weights under no_grad)::
+
+    w = tier.torch.offload_module_weights(model, group=2)   # blocks' weights live in Tierd
+    with torch.no_grad():
+        y = model(x)        # each group is onloaded one group ahead on a side stream
+    w.remove()              # everything resident again, hooks gone
+
+Stream ordering (CUDA), stated once here and at each use:
+
+* Offload: the daemon's copy waits on the GPU for the current stream (the producer of the saved
+  tensor / weight); the job record keeps the source alive until the copy completed.
+* Reload for immediate use: destination allocated on the current (consumer) stream, which waits on
+  the GPU for the copy before tier_reload returns.
+* Prefetch: destination allocated on a side stream, which waits for the copy; an event recorded on
+  the side stream after the reload is waited for by the consumer stream before first use
+  (``wait_event``: this is the ordering). ``record_stream`` then only tells the caching allocator
+  that the memory is also used on the consumer stream, so it is not handed out again before that
+  work finished; it orders nothing.
+"""
+
+import bisect
+import collections
+import contextlib
+import functools
+import threading
+import warnings
+import weakref
+
+import torch
+
+from . import client as _client
+
+try:
+    from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
+except ImportError:  # pragma: no cover - present in every torch this supports
+    _StorageWeakRef = None
+
+DEFAULT_MIN_BYTES = 1 << 20
+DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
+
+__all__ = ["offload_activations", "no_offload", "offload_module_weights", "ActivationOffloader",
+           "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES"]
+
+
+# ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
+
+def _untyped_storage(t):
+    f = getattr(t, "untyped_storage", None)  # torch >= 2.0
+    if f is not None:
+        return f()
+    s = t.storage()  # torch 1.13: a TypedStorage over an UntypedStorage
+    return s.untyped() if hasattr(s, "untyped") else s._storage
+
+
+def _storage_bytes(t):
+    """A flat uint8 tensor over the whole storage of t (every view of it lies inside)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(_untyped_storage(t))
+
+
+def _view_of(flat, dtype, size, stride, offset):
+    """The view (dtype, size, stride, storage offset) rebuilt over a flat byte tensor."""
+    return torch.empty(0, dtype=dtype, device=flat.device).set_(
+        _untyped_storage(flat), offset, size, stride)
+
+
+def _identity(x):
+    return x
+
+
+@contextlib.contextmanager
+def no_offload():
+    """Inside this region saved tensors stay where they are (e.g. around an output head whose
+    activations are needed first in backward). Identity hooks take precedence over any
+    offloading hooks outside the region."""
+    with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
+        yield
+
+
+# ---- activation offload -----------------------------------------------------------------------
+
+class ActivationStats:
+    """Counters of one ActivationOffloader (monotonic; read them any time)."""
+
+    __slots__ = ("saved", "kept", "offloaded_tensors", "offloaded_storages", "offloaded_bytes",
+                 "deduplicated", "reloads", "prefetches", "source_hits", "fallbacks",
+                 "inflight_waits")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return "ActivationStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
+
+
+class _StorageRecord:
+    """One offloaded storage. Lives while any saved view of it does (the graph holds _Saved
+    objects); when the last goes, the handle goes and its Tierd object is freed."""
+
+    __slots__ = ("handle", "index", "device", "nbytes", "weak_storage", "version", "tensor",
+                 "pending", "event", "__weakref__")
+
+    def __init__(self, handle, index, device, nbytes, weak_storage, version):
+        self.handle = handle
+        self.index = index
+        self.device = device
+        self.nbytes = nbytes
+        self.weak_storage = weak_storage  # tells a live storage from a new one at the same address
+        self.version = version
+        self.tensor = None   # the bytes, back (or never gone), as a flat uint8 tensor
+        self.pending = None  # a reload started but not yet taken
+        self.event = None    # CUDA prefetch: recorded on the side stream after the reload
+
+    def same_storage(self, nbytes, version):
+        if self.nbytes != nbytes or self.version != version:
+            return False  # other data, or the same data changed in place since it was offloaded
+        return self.weak_storage is not None and not self.weak_storage.expired()
+
+
+class _Saved:
+    """What autograd holds instead of an offloaded tensor: the storage's record plus the view."""
+
+    __slots__ = ("record", "dtype", "size", "stride", "offset")
+
+    def __init__(self, record, t):
+        self.record = record
+        self.dtype = t.dtype
+        self.size = tuple(t.size())
+        self.stride = tuple(t.stride())
+        self.offset = t.storage_offset()
+
+
+class ActivationOffloader:
+    """Offloads tensors saved for backward to Tierd; see :func:`offload_activations`."""
+
+    def __init__(self, min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
+                 max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES):
+        if prefetch < 0:
+            raise ValueError("prefetch must be >= 0")
+        self.min_bytes = int(min_bytes)
+        self.prefetch = int(prefetch)
+        self.max_inflight_bytes = int(max_inflight_bytes)
+        self._inflight = collections.deque()  # (handle, bytes): CUDA offloads not known complete
+        self._inflight_bytes = 0
+        self._client = client
+        self._module = module
+        self._skip = frozenset()
+        self._lock = threading.RLock()
+        self._by_storage = weakref.WeakValueDictionary()  # (device, data_ptr) -> _StorageRecord
+        self._order_index = []  # record indices in pack order (for bisect)
+        self._order = []        # weakref.ref(_StorageRecord), parallel to _order_index
+        self._next_index = 0
+        self._compact_at = 1024
+        self._side_streams = {}
+        self._hooks = None
+        self.stats = ActivationStats()
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client.default_client()
+        return self._client
+
+    def __enter__(self):
+        if self._hooks is not None:
+            raise RuntimeError("this ActivationOffloader is already active")
+        self.client  # open the session now, not inside the first hook
+        if self._module is not None:
+            # Parameters and buffers stay resident anyway: offloading them would save nothing.
+            self._skip = frozenset(
+                (t.device, _untyped_storage(t).data_ptr())
+                for t in list(self._module.parameters()) + list(self._module.buffers()))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        hooks, self._hooks = self._hooks, None
+        hooks.__exit__(*exc)
+        return False
+
+    # -- pack (forward) --
+
+    def _should_offload(self, t):
+        if type(t) is not torch.Tensor:
+            return False  # nn.Parameter, and tensor subclasses we cannot rebuild
+        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+            return False
+        if t.numel() * t.element_size() < self.min_bytes:
+            return False
+        # Parameters (and leaves that require grad: parameters in all but name) stay resident
+        # anyway; so do their views (weight.t(), saved by linear). A view is judged by its base:
+        # views made in no-grad mode (inside a custom Function's forward) look like leaves.
+        base = t._base if t._base is not None else t
+        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
+            return False
+        if self._skip and (t.device, _untyped_storage(t).data_ptr()) in self._skip:
+            return False  # a registered parameter or buffer of `module`
+        return True
+
+    def _pack(self, tensor):
+        self.stats.saved += 1
+        if not self._should_offload(tensor):
+            self.stats.kept += 1
+            return tensor
+        with torch.no_grad():
+            t = tensor.detach()
+            storage = _untyped_storage(t)
+            nbytes = storage.nbytes()
+            key = (t.device, storage.data_ptr())
+            with self._lock:
+                record = self._by_storage.get(key)
+                if record is not None and not record.same_storage(nbytes, t._version):
+                    record = None
+                if record is None:
+                    record = self._offload_storage(t, storage, nbytes)
+                    self._by_storage[key] = record
+                else:
+                    self.stats.deduplicated += 1
+                self.stats.offloaded_tensors += 1
+        return _Saved(record, t)
+
+    def _offload_storage(self, t, storage, nbytes):
+        # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
+        # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
+        # alive until the copy completed.
+        flat = _storage_bytes(t)
+        # retain_on_failure: if the offload fails (pool or quota full), the handle keeps the data
+        # and backward uses it from there: not offloaded, but not lost either.
+        handle = self.client._offload(flat, None, 0, retain_on_failure=True)
+        weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
+        record = _StorageRecord(handle, self._next_index, t.device, nbytes, weak, t._version)
+        self._next_index += 1
+        self._order_index.append(record.index)
+        self._order.append(weakref.ref(record))
+        if len(self._order) >= self._compact_at:
+            self._compact()
+        self.stats.offloaded_storages += 1
+        self.stats.offloaded_bytes += nbytes
+        if handle._direct:
+            self._bound_inflight(handle, nbytes)
+        return record
+
+    def _bound_inflight(self, handle, nbytes):
+        """CUDA: a source's memory is released only once its copy is known (on the host) to have
+        completed, and the host runs far ahead of the GPU. Bound what waits: past
+        max_inflight_bytes, block the host on the oldest copy. The GPU keeps busy meanwhile with
+        the work already queued; the copy waits only for kernels queued before it."""
+        self._inflight.append((handle, nbytes))
+        self._inflight_bytes += nbytes
+        reaped = False
+        while self._inflight:
+            oldest, size = self._inflight[0]
+            if oldest._job.status is None:
+                if self._inflight_bytes <= self.max_inflight_bytes:
+                    break
+                if not reaped:
+                    self.client.collect()
+                    reaped = True
+                    continue
+                oldest._wait_offload()
+                self.stats.inflight_waits += 1
+            self._inflight.popleft()
+            self._inflight_bytes -= size
+
+    def _compact(self):
+        live = [(i, r) for i, r in zip(self._order_index, self._order) if r() is not None]
+        self._order_index = [i for i, _ in live]
+        self._order = [r for _, r in live]
+        self._compact_at = max(1024, 2 * len(live))
+
+    # -- unpack (backward) --
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            return saved
+        record = saved.record
+        with torch.no_grad(), self._lock:
+            # The one needed now is submitted first, then the next `prefetch` in reverse order of
+            # offload (the order backward needs them), then we take the current one.
+            self._start(record, prefetch=False)
+            self._prefetch_before(record)
+            flat = self._finish(record)
+            return _view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
+
+    def _side_stream(self, device):
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = torch.cuda.Stream(device=device)
+            self._side_streams[device] = stream
+        return stream
+
+    def _start(self, record, prefetch):
+        if record.tensor is not None or record.pending is not None:
+            return
+        if record.handle.failed:
+            self.stats.fallbacks += 1  # the offload failed: the handle kept the data
+        if record.device.type == "cuda":
+            source = record.handle._pending_source()
+            if source is not None:
+                # The offload is still in flight, so the bytes never left the GPU: use them.
+                record.tensor = source
+                self.stats.source_hits += 1
+                return
+            if prefetch:
+                stream = self._side_stream(record.device)
+                # Allocated on the side stream, which waits (GPU) for the copy; the consumer
+                # stream waits for `event` before first use (_finish).
+                record.pending = record.handle._start_reload(stream=stream)
+                record.event = torch.cuda.Event()
+                record.event.record(stream)
+            else:
+                # Allocated on the current stream, which waits (GPU) for the copy.
+                record.pending = record.handle._start_reload()
+        else:
+            record.pending = record.handle._start_reload()  # CPU: submitted now, taken in _finish
+        if prefetch:
+            self.stats.prefetches += 1
+        else:
+            self.stats.reloads += 1
+
+    def _finish(self, record):
+        if record.tensor is None:
+            pending, record.pending = record.pending, None
+            record.tensor = pending.result()
+        if record.event is not None:
+            stream = torch.cuda.current_stream(record.device)
+            stream.wait_event(record.event)      # ordering: the prefetch's copy before any use
+            record.tensor.record_stream(stream)  # allocator lifetime only (see module docstring)
+        return record.tensor
+
+    def _prefetch_before(self, record):
+        if self.prefetch == 0:
+            return
+        pos = bisect.bisect_left(self._order_index, record.index)
+        found = 0
+        j = pos - 1
+        while j >= 0 and found < self.prefetch:
+            other = self._order[j]()
+            j -= 1
+            if other is None:
+                continue  # its backward already ran
+            found += 1
+            self._start(other, prefetch=True)
+
+
+def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
+                        max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES):
+    """A context manager that offloads tensors saved for backward to Tierd.
+
+    Saved tensors of at least ``min_bytes`` are offloaded (parameters and their views are not; with
+    ``module`` given, none of its parameters or buffers either); a storage is offloaded once
+    however many saved views share it, and the views are rebuilt over it. In backward each is
+    reloaded when needed, with the next ``prefetch`` ones (reverse order of offload) started ahead.
+    Use :func:`no_offload` for regions to leave alone. Returns the :class:`ActivationOffloader`
+    (``.stats`` counts what happened). ``client``: a tier.Client (default: tier.default_client()).
+
+    CUDA: the daemon copies each storage after the current stream's work that produced it; its
+    GPU memory is released when the copy is known to be done, and at most ``max_inflight_bytes``
+    may wait so (beyond, the host waits for the oldest copy). An offload that fails (pool or
+    quota full) keeps its tensor where it is (``stats.fallbacks``) instead of failing backward.
+
+    Double backward (create_graph=True) through offloaded tensors is not supported: reloaded
+    tensors carry no autograd history.
+    """
+    return ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch, client=client,
+                               module=module, max_inflight_bytes=max_inflight_bytes)
+
+
+# ---- module weight offload --------------------------------------------------------------------
+
+class WeightStats:
+    __slots__ = ("offloaded_tensors", "offloaded_bytes", "onloads", "prefetches", "releases",
+                 "reoffloads", "kept_resident")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return "WeightStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
+
+
+class _WeightSlot:
+    """One parameter or buffer whose data lives in Tierd between uses."""
+
+    __slots__ = ("tensor", "handle", "version")
+
+    def __init__(self, tensor, handle):
+        self.tensor = tensor    # the nn.Parameter / buffer object itself (identity is kept)
+        self.handle = handle
+        self.version = None     # tensor._version right after onload (detects in-place updates)
+
+
+class _Group:
+    __slots__ = ("blocks", "slots", "onloaded", "pending", "event")
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+        self.slots = []
+        self.onloaded = False
+        self.pending = None   # [(slot, started reload)] of a prefetch
+        self.event = None     # CUDA prefetch: recorded on the side stream after the reloads
+
+
+def _find_blocks(module):
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+        return list(module)
+    best = None
+    for m in module.modules():
+        if m is not module and isinstance(m, torch.nn.ModuleList) and len(m) > 0:
+            if best is None or len(m) > len(best):
+                best = m
+    if best is not None:
+        return list(best)
+    return list(module.children())
+
+
+class WeightOffloader:
+    """Keeps the weights of groups of blocks in Tierd between uses; see
+    :func:`offload_module_weights`. Also a context manager (exit = :meth:`remove`)."""
+
+    def __init__(self, module, group=1, client=None, blocks=None):
+        if group < 1:
+            raise ValueError("group must be >= 1")
+        self._client = client if client is not None else _client.default_client()
+        blocks = list(blocks) if blocks is not None else _find_blocks(module)
+        self._groups = [_Group(blocks[i:i + group]) for i in range(0, len(blocks), group)]
+        self._hooks = []
+        self._side_streams = {}
+        self._warned = False
+        self.stats = WeightStats()
+
+        # Tensors owned by more than one module (tied weights) stay resident: another module
+        # outside the group could use them while they are away.
+        owners = {}
+        for m in module.modules():
+            for t in list(m._parameters.values()) + list(m._buffers.values()):
+                if t is not None:
+                    owners[id(t)] = owners.get(id(t), 0) + 1
+        taken = set()
+        for g in self._groups:
+            for block in g.blocks:
+                for m in block.modules():
+                    for t in list(m._parameters.values()) + list(m._buffers.values()):
+                        if t is None or id(t) in taken or owners.get(id(t), 0) > 1:
+                            continue
+                        if t.numel() == 0 or t.layout != torch.strided:
+                            continue
+                        taken.add(id(t))
+                        g.slots.append(_WeightSlot(t, None))
+        for g in self._groups:
+            for slot in g.slots:
+                self._offload_slot(slot)
+        for gi, g in enumerate(self._groups):
+            for bi, block in enumerate(g.blocks):
+                self._hooks.append(block.register_forward_pre_hook(
+                    functools.partial(self._pre_hook, gi)))
+                if bi == len(g.blocks) - 1:
+                    self._hooks.append(block.register_forward_hook(
+                        functools.partial(self._post_hook, gi)))
+
+    @property
+    def groups(self):
+        return len(self._groups)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    def _offload_slot(self, slot):
+        # CUDA: the daemon's copy waits for the current stream; the job keeps the old data alive
+        # until the copy completed, so the swap to a placeholder below frees nothing early.
+        t = slot.tensor
+        old = slot.handle
+        # retain_on_failure: a failed offload (pool full) keeps the data in the handle, so the
+        # weights come back from there: never lost.
+        slot.handle = self._client._offload(t.data, None, 0, retain_on_failure=True)
+        if old is not None:
+            old.free()
+        self.stats.offloaded_tensors += 1
+        self.stats.offloaded_bytes += t.numel() * t.element_size()
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+
+    def _side_stream(self, device):
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = torch.cuda.Stream(device=device)
+            self._side_streams[device] = stream
+        return stream
+
+    def _prefetch(self, gi):
+        g = self._groups[gi]
+        if g.onloaded or g.pending is not None or not g.slots:
+            return
+        pending = []
+        event = None
+        device = g.slots[0].tensor.device
+        if device.type == "cuda":
+            stream = self._side_stream(device)
+            # Destinations allocated on the side stream, which waits (GPU) for each copy; the
+            # consumer stream waits for `event` before the group runs (_onload).
+            for slot in g.slots:
+                pending.append((slot, slot.handle._start_reload(stream=stream)))
+            event = torch.cuda.Event()
+            event.record(stream)
+        else:
+            for slot in g.slots:
+                pending.append((slot, slot.handle._start_reload()))
+        g.pending = pending
+        g.event = event
+        self.stats.prefetches += 1
+
+    def _onload(self, gi):
+        g = self._groups[gi]
+        if g.onloaded:
+            return
+        if g.pending is None:
+            # Not prefetched: reload on the current stream (it waits on the GPU for each copy).
+            pending = [(slot, slot.handle._start_reload()) for slot in g.slots]
+            event = None
+        else:
+            pending, event = g.pending, g.event
+            g.pending = g.event = None
+        stream = None
+        if event is not None:
+            stream = torch.cuda.current_stream(g.slots[0].tensor.device)
+            stream.wait_event(event)  # ordering: the side stream's copies before this group runs
+        for slot, started in pending:
+            data = started.result()
+            if stream is not None:
+                data.record_stream(stream)  # allocator lifetime only; ordered by wait_event above
+            slot.tensor.data = data
+            slot.version = slot.tensor._version
+        g.onloaded = True
+        self.stats.onloads += 1
+
+    def _release(self, gi):
+        g = self._groups[gi]
+        if not g.onloaded:
+            return
+        if torch.is_grad_enabled():
+            # Autograd may have saved these very tensors for backward: they must stay.
+            self.stats.kept_resident += 1
+            if not self._warned:
+                self._warned = True
+                warnings.warn("tier.torch.offload_module_weights: forward ran with grad enabled, "
+                              "so weights stay resident after use (offload applies under "
+                              "torch.no_grad() / inference)", RuntimeWarning, stacklevel=3)
+            return
+        for slot in g.slots:
+            if slot.tensor._version != slot.version:
+                # Changed in place while resident (optimizer step, running stats): Tierd's copy is
+                # stale, so offload the new data.
+                self.stats.reoffloads += 1
+                self._offload_slot(slot)
+            else:
+                slot.tensor.data = torch.empty(0, dtype=slot.tensor.dtype,
+                                               device=slot.tensor.device)
+        g.onloaded = False
+        self.stats.releases += 1
+
+    def _pre_hook(self, gi, module, args):
+        self._onload(gi)
+        if gi + 1 < len(self._groups):
+            self._prefetch(gi + 1)  # one group ahead, while this group computes
+
+    def _post_hook(self, gi, module, args, output):
+        self._release(gi)
+
+    def remove(self):
+        """Makes every weight resident again, frees the Tierd objects, removes the hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for gi, g in enumerate(self._groups):
+            if not g.onloaded:
+                self._onload(gi)
+            for slot in g.slots:
+                if slot.handle is not None:
+                    slot.handle.free()
+                    slot.handle = None
+        self._groups = []
+
+
+def offload_module_weights(module, group=1, client=None, blocks=None):
+    """Keeps the weights of ``module``'s blocks in Tierd between uses.
+
+    Blocks are ``module``'s largest nn.ModuleList (or its children; or ``blocks``), taken ``group``
+    at a time. A forward pre-hook on a group's blocks onloads the group (if its prefetch has not
+    already) and starts the next group's onload on a side stream (CUDA; synchronously staged on
+    CPU), so copies overlap compute; the compute stream waits for the copies on the GPU. After
+    the group's last block, its weights leave again (they are already in Tierd: nothing is
+    copied, unless they changed in place). Outputs are identical to running without offload.
+
+    For inference or frozen weights under ``torch.no_grad()``: with grad enabled, weights a
+    backward may need stay resident after use (a warning says so once). Tied weights (owned by
+    more than one module) stay resident. Call ``.remove()`` (or use ``with``) before changing
+    weights or moving the module.
+    """
+    return WeightOffloader(module, group=group, client=client, blocks=blocks)
