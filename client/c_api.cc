@@ -137,11 +137,17 @@ tier_status tier_buffer_register_fd(tier_session* session, int fd, uint64_t byte
 
 tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
                                         tier_buffer_id* id, uint64_t* offset) {
-  (void)device_ptr;
-  (void)id;
-  (void)offset;
-  if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
-  return Fail(TIER_UNIMPLEMENTED, "this libtierclient was built without GPU support");
+  return Guard([&] {
+    if (session == nullptr || device_ptr == nullptr || id == nullptr || offset == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    absl::StatusOr<tier::client::DeviceRegistry::Registered> registered =
+        session->impl->RegisterDevice(device_ptr);
+    if (!registered.ok()) return Fail(registered.status());
+    *id = registered->buffer_id;
+    *offset = registered->offset;
+    return TIER_OK;
+  });
 }
 
 tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
@@ -168,7 +174,25 @@ tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t 
     request.offset = offset;
     request.len = len;
     request.hint = options != nullptr ? options->next_use_hint : 0;
-    absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
+    absl::StatusOr<uint64_t> submitted;
+    int device = session->impl->devices().DeviceOf(buffer);
+    if (device < 0) {
+      submitted = session->impl->Submit(request);
+    } else {
+      // The daemon's copy waits, on the GPU, for everything queued so far on the producers.
+      if (options != nullptr && options->num_producer_streams > 0 &&
+          options->producer_streams == nullptr) {
+        return Fail(TIER_INVALID_ARGUMENT, "num_producer_streams > 0 but producer_streams is NULL");
+      }
+      absl::Span<void* const> producers;
+      if (options != nullptr && options->num_producer_streams > 0) {
+        producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
+      }
+      tier::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
+      request.device = device;
+      submitted = session->impl->SubmitTicketed(
+          request, [&] { return sync->TicketOffload(producers); });
+    }
     if (!submitted.ok()) return Fail(submitted.status());
     *object = request.object;
     *job = *submitted;
@@ -193,9 +217,24 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
     if (options != nullptr && (options->flags & TIER_RELOAD_FREE_AFTER)) {
       request.flags |= tier::ring::kFlagFreeAfterReload;
     }
-    absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
+    int device = session->impl->devices().DeviceOf(buffer);
+    if (device < 0) {
+      absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
+      if (!submitted.ok()) return Fail(submitted.status());
+      *job = *submitted;
+      return TIER_OK;
+    }
+    // The copy waits for the consumer's work so far (the destination's allocation point), and
+    // the consumer waits for the copy: it may use the data as soon as this returns.
+    void* consumer = options != nullptr ? options->consumer_stream : nullptr;
+    tier::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
+    absl::StatusOr<uint64_t> submitted =
+        session->impl->SubmitTicketed(request, [&] { return sync->TicketReload(consumer); });
     if (!submitted.ok()) return Fail(submitted.status());
     *job = *submitted;
+    if (absl::Status waited = sync->WaitReloadDone(consumer, request.sync); !waited.ok()) {
+      return Fail(waited);
+    }
     return TIER_OK;
   });
 }
@@ -210,6 +249,13 @@ tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id*
     if (!submitted.ok()) return Fail(submitted.status());
     *job = *submitted;
     return TIER_OK;
+  });
+}
+
+tier_status tier_stream_wait_offload(tier_session* session, tier_job_id job, void* stream) {
+  return Guard([&] {
+    if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
+    return Report(session->impl->StreamWaitOffload(job, stream));
   });
 }
 

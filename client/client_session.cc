@@ -1,6 +1,8 @@
 #include "client/client_session.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -59,13 +61,23 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const Session
 ClientSession::ClientSession(const SessionOptions& options, std::unique_ptr<ControlClient> control,
                              SessionChannel channel, JobRing ring)
     : options_(options), control_(std::move(control)), channel_(std::move(channel)),
-      ring_(std::move(ring)) {}
+      ring_(std::move(ring)),
+      devices_(std::make_unique<DeviceRegistry>(
+          [this](const wire::RegisterBuffer& request, int fd) { return RegisterRaw(request, fd); })) {}
 
 ClientSession::~ClientSession() {
   // Let the daemon finish what it is doing with our memory before we unmap it, then close: the
   // daemon frees everything the session held.
   (void)WaitAll(-1);
   if (!daemon_gone()) (void)control_->CloseSession(session_id_, token_);
+  if (death_watch_.joinable()) {
+    uint64_t one = 1;
+    (void)!::write(death_watch_stop_.get(), &one, sizeof(one));
+    death_watch_.join();
+  }
+  // The semaphore pages go only now: the daemon has closed the session (or is gone, and
+  // ReleaseWaiters ran), so no stream of either side still waits on them.
+  devices_.reset();
   std::lock_guard lock(channel_mu_);
   for (auto& [id, buffer] : host_buffers_) ::munmap(buffer.ptr, buffer.bytes);
 }
@@ -110,9 +122,38 @@ absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** p
   return id;
 }
 
+absl::StatusOr<DeviceRegistry::Registered> ClientSession::RegisterDevice(const void* device_ptr) {
+  if (daemon_gone()) return absl::UnavailableError("tierd went away");
+  if (engine_ == "host") {
+    return absl::FailedPreconditionError(
+        "tierd runs the host engine (no GPU in the daemon): register host memory instead");
+  }
+  absl::StatusOr<DeviceRegistry::Registered> registered = devices_->Register(device_ptr);
+  if (registered.ok()) std::call_once(death_watch_once_, [this] { StartDeathWatch(); });
+  return registered;
+}
+
+void ClientSession::StartDeathWatch() {
+  death_watch_stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  if (!death_watch_stop_.valid()) return;  // waiters still notice the death when they wait
+  death_watch_ = std::thread([this] {
+    // The session socket hangs up when the daemon dies; nothing is read from it here.
+    pollfd fds[2] = {{death_watch_stop_.get(), POLLIN, 0}, {channel_.fd(), POLLRDHUP, 0}};
+    for (;;) {
+      if (::poll(fds, 2, -1) < 0) continue;
+      if (fds[0].revents != 0) return;
+      if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) break;
+    }
+    std::lock_guard lock(mu_);
+    ReapLocked();
+    MarkDaemonGoneLocked();
+  });
+}
+
 absl::Status ClientSession::UnregisterBuffer(uint64_t buffer_id) {
   // Jobs naming the buffer must be done before it goes; waiting for all is simple and safe.
   if (absl::Status s = WaitAll(-1); !s.ok()) return s;
+  devices_->Forget(buffer_id);
   std::lock_guard lock(channel_mu_);
   absl::Status status = channel_.Unregister(buffer_id);
   if (auto it = host_buffers_.find(buffer_id); it != host_buffers_.end()) {
@@ -137,6 +178,7 @@ size_t ClientSession::ReapLocked() {
   ring::CompletionEntry entry;
   while (ring_.Pop(&entry)) {
     if (pending_.erase(entry.job_id) == 0) continue;  // not ours: ignore rather than trust
+    offload_tickets_.erase(entry.job_id);
     Completion c{entry.job_id, entry.object_id, entry.len, absl::OkStatus()};
     if (entry.status != 0) {
       c.status = absl::Status(StatusCodeFromInt(entry.status),
@@ -153,10 +195,13 @@ size_t ClientSession::ReapLocked() {
 void ClientSession::MarkDaemonGoneLocked() {
   if (daemon_gone_) return;
   daemon_gone_ = true;
+  // No daemon will write the done counters any more: release every stream waiting on them.
+  if (devices_) devices_->ReleaseWaiters();
   for (uint64_t job : pending_) {
     done_.emplace(job, Completion{job, 0, 0, absl::UnavailableError("tierd went away")});
   }
   pending_.clear();
+  offload_tickets_.clear();
   cv_.notify_all();
 }
 
@@ -207,6 +252,12 @@ bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeo
 }
 
 absl::StatusOr<uint64_t> ClientSession::Submit(const JobRequest& request) {
+  JobRequest copy = request;
+  return SubmitTicketed(copy, [&]() -> absl::StatusOr<uint64_t> { return request.sync; });
+}
+
+absl::StatusOr<uint64_t> ClientSession::SubmitTicketed(
+    JobRequest& request, absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket) {
   std::unique_lock lock(mu_);
   if (daemon_gone_) return absl::UnavailableError("tierd went away");
   // At most ring-capacity jobs in flight: then neither queue can overflow.
@@ -214,6 +265,9 @@ absl::StatusOr<uint64_t> ClientSession::Submit(const JobRequest& request) {
     WaitLocked(lock, -1, [&] { return pending_.size() < ring_.capacity(); });
     if (daemon_gone_) return absl::UnavailableError("tierd went away");
   }
+  absl::StatusOr<uint64_t> ticket = take_ticket();
+  if (!ticket.ok()) return ticket.status();
+  request.sync = *ticket;
   ring::SubmissionEntry entry{};
   entry.job_id = next_job_++;
   entry.opcode = request.opcode;
@@ -224,9 +278,33 @@ absl::StatusOr<uint64_t> ClientSession::Submit(const JobRequest& request) {
   entry.len = request.len;
   entry.hint = request.hint;
   entry.sync = request.sync;
-  if (!ring_.Push(entry)) return absl::InternalError("submission queue full despite admission");
+  if (!ring_.Push(entry)) {
+    // Cannot happen (admission keeps the queue from overflowing); if it did, a taken ticket
+    // would never reach the daemon, so this session's GPU lanes are released for good.
+    if (entry.sync != 0) MarkDaemonGoneLocked();
+    return absl::InternalError("submission queue full despite admission");
+  }
   pending_.insert(entry.job_id);
+  if (entry.sync != 0 && request.opcode == static_cast<uint32_t>(ring::Opcode::kOffload)) {
+    offload_tickets_[entry.job_id] = Ticket{request.device, entry.sync};
+  }
   return entry.job_id;
+}
+
+absl::Status ClientSession::StreamWaitOffload(uint64_t job, void* stream) {
+  Ticket ticket;
+  {
+    std::lock_guard lock(mu_);
+    auto it = offload_tickets_.find(job);
+    if (it == offload_tickets_.end()) {
+      if (job == 0 || job >= next_job_) return absl::NotFoundError(absl::StrCat("no job ", job));
+      return absl::OkStatus();  // done, or not a GPU offload: nothing for a stream to wait for
+    }
+    ticket = it->second;
+  }
+  gpu::DeviceSync* sync = devices_->Sync(ticket.device);
+  if (sync == nullptr) return absl::InternalError("GPU offload without a semaphore page");
+  return sync->WaitOffloadDone(stream, ticket.ticket);
 }
 
 absl::Status ClientSession::Wait(uint64_t job, int64_t timeout_ms) {

@@ -12,13 +12,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/functional/function_ref.h"
 #include "client/control_client.h"
+#include "client/device_registry.h"
 #include "client/job_ring.h"
 #include "client/session_channel.h"
 
@@ -49,6 +52,7 @@ struct JobRequest {
   uint64_t len = 0;
   uint64_t hint = 0;
   uint64_t sync = 0;
+  int device = -1;  // GPU buffers: this process's ordinal (not sent; kept for stream waits)
 };
 
 class ClientSession {
@@ -67,10 +71,22 @@ class ClientSession {
   absl::StatusOr<uint64_t> RegisterRaw(const wire::RegisterBuffer& request, int fd);
   absl::Status UnregisterBuffer(uint64_t buffer_id);
 
+  // Registers the GPU allocation holding `device_ptr` (once per allocation; see DeviceRegistry).
+  absl::StatusOr<DeviceRegistry::Registered> RegisterDevice(const void* device_ptr);
+  DeviceRegistry& devices() { return *devices_; }
+
   // A fresh object id for an offload (unique in this session).
   uint64_t NewObjectId();
   // Pushes a job; returns its id. Blocks only while the ring is full.
   absl::StatusOr<uint64_t> Submit(const JobRequest& request);
+  // Submit for a job on a GPU buffer: `take_ticket` runs just before the push, under the lock that
+  // orders pushes, so tickets of a lane reach the ring in ticket order (see gpu/client_gpu.h). If
+  // it fails nothing is pushed. The ticket taken is stored in request.sync.
+  absl::StatusOr<uint64_t> SubmitTicketed(JobRequest& request,
+                                          absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket);
+  // Makes `stream` wait on the GPU until offload `job` has copied its source out (no-op for a
+  // finished job or one on host memory): after this the stream may free or overwrite the source.
+  absl::Status StreamWaitOffload(uint64_t job, void* stream);
   // Waits for one job (timeout_ms < 0: no limit). The result can be taken once.
   absl::Status Wait(uint64_t job, int64_t timeout_ms);
   // Takes up to `max` finished results without blocking.
@@ -89,6 +105,9 @@ class ClientSession {
   template <typename Pred>
   bool WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready);
   void MarkDaemonGoneLocked();
+  // GPU sessions: a thread that notices the daemon's death even while no thread of the
+  // application waits for a job (its streams may be waiting on the GPU) and releases them.
+  void StartDeathWatch();
 
   const SessionOptions options_;
   std::unique_ptr<ControlClient> control_;
@@ -109,12 +128,21 @@ class ClientSession {
   uint64_t next_object_ = 1;
   std::unordered_set<uint64_t> pending_;
   std::unordered_map<uint64_t, Completion> done_;
+  struct Ticket {
+    int device;
+    uint64_t ticket;
+  };
+  std::unordered_map<uint64_t, Ticket> offload_tickets_;  // GPU offloads not yet reaped
 
   struct HostBuffer {
     void* ptr;
     uint64_t bytes;
   };
   std::unordered_map<uint64_t, HostBuffer> host_buffers_;  // guarded by channel_mu_
+  std::unique_ptr<DeviceRegistry> devices_;
+  std::once_flag death_watch_once_;
+  UniqueFd death_watch_stop_;  // eventfd
+  std::thread death_watch_;
 };
 
 }  // namespace tier::client

@@ -34,14 +34,38 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
   }
   // Offload and reload complete from the copy's callback when they start; a failure to start
   // completes here.
-  if (!status.ok()) Complete(*session, entry, status);
+  if (!status.ok()) Fail(session, entry, std::move(status));
 }
 
 void JobExecutor::Reject(const std::shared_ptr<Session>& session,
                          const ring::SubmissionEntry& entry, absl::Status status) {
   if (!session->BeginJob()) return;
   metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
-  Complete(*session, entry, status);
+  Fail(session, entry, std::move(status));
+}
+
+void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
+                       absl::Status status) {
+  auto opcode = static_cast<Opcode>(entry.opcode);
+  if (entry.sync == 0 || (opcode != Opcode::kOffload && opcode != Opcode::kReload)) {
+    Complete(*session, entry, status);
+    return;
+  }
+  // The client took this ticket and its streams wait for it; the engine issues a lane's tickets
+  // in order, so a ticket that never reached it would stall every later job of the lane. It
+  // goes in as a ticket-only job (no copy) and the entry then fails with the original error.
+  gpu::CopyJob job;
+  job.direction = opcode == Opcode::kOffload ? gpu::Direction::kToPool : gpu::Direction::kFromPool;
+  job.len = 0;
+  job.session = session->engine_session();
+  job.sync = entry.sync;
+  if (std::shared_ptr<gpu::ImportedBuffer> buffer = session->FindBuffer(entry.buffer_id)) {
+    job.device = buffer->device();
+  }
+  job.done = [this, session, entry, status = std::move(status)](absl::Status) {
+    Complete(*session, entry, status);
+  };
+  engine_.Submit(std::move(job));
 }
 
 absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
@@ -106,10 +130,12 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
       std::lock_guard lock(session->mu());
       if (status.ok()) {
         object->state = Object::State::kReady;
-      } else if (!object->dropped) {
-        // A failed offload leaves no object behind.
-        session->objects().erase(e.object_id);
-        object->dropped = true;
+      } else {
+        object->state = Object::State::kFailed;
+        if (!object->dropped) {  // a failed offload leaves no object behind
+          session->objects().erase(e.object_id);
+          object->dropped = true;
+        }
       }
       waiters.swap(object->on_filled);
       UnpinLocked(*session, *object);
@@ -142,8 +168,10 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
       session->objects().erase(it);
       object->dropped = true;
     }
-    if (object->state == Object::State::kFilling) {
-      // Started by the offload's completion, in the order the reloads arrived.
+    if (object->state == Object::State::kFilling && !engine_.orders_pool_reads()) {
+      // Started by the offload's completion, in the order the reloads arrived. (GPU engines
+      // order the copies on the GPU instead: the reload is submitted at once, so a ticketed job
+      // is never held on the host behind another job's completion; see gpu/client_gpu.h.)
       object->on_filled.push_back(
           [this, session, e, object, range = *range](absl::Status fill) mutable {
             if (fill.ok()) {
@@ -176,11 +204,31 @@ void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
   job.session = session->engine_session();
   job.sync = e.sync;
   job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
+    // The copy may have been submitted while the object was still filling (GPU engines): its
+    // result stands only once the fill is known to have succeeded.
+    auto finish = [this, session, e, object](absl::Status copy, const absl::Status& fill) {
+      {
+        std::lock_guard lock(session->mu());
+        UnpinLocked(*session, *object);
+      }
+      if (!fill.ok()) {
+        copy = absl::AbortedError(
+            absl::StrCat("offload of object ", e.object_id, " failed: ", fill.message()));
+      }
+      Complete(*session, e, copy);
+    };
+    bool fill_failed;
     {
       std::lock_guard lock(session->mu());
-      UnpinLocked(*session, *object);
+      if (object->state == Object::State::kFilling) {
+        object->on_filled.push_back(
+            [finish, status](absl::Status fill) mutable { finish(std::move(status), fill); });
+        return;
+      }
+      fill_failed = object->state == Object::State::kFailed;
     }
-    Complete(*session, e, status);
+    finish(std::move(status),
+           fill_failed ? absl::InternalError("the fill failed") : absl::OkStatus());
   };
   engine_.Submit(std::move(job));
 }

@@ -2,9 +2,10 @@
 // -> client buffer), free. Every entry ends in exactly one completion on the session's ring, with
 // a canonical status code; a bad entry fails alone and touches nothing else.
 //
-// Ordering between jobs on the same object is kept here, not by the engine: a reload of an object
-// whose offload is still copying waits for that offload (it is started from the offload's
-// completion), and an object's extent returns to the pool only once it has been freed and no
+// Ordering between jobs on the same object: a reload of an object whose offload is still copying
+// is started from the offload's completion on the host engine, and submitted at once on GPU
+// engines, which order it after the fill on the GPU (CopyEngine::orders_pool_reads); either way
+// its completion reports the fill's failure. And an object's extent returns to the pool only once it has been freed and no
 // accepted job still uses it.
 #ifndef TIER_DAEMON_JOB_EXECUTOR_H_
 #define TIER_DAEMON_JOB_EXECUTOR_H_
@@ -50,6 +51,10 @@ class JobExecutor {
   // Drops one pin; returns the extent to the pool when the object is freed and unpinned.
   // Caller holds session.mu().
   void UnpinLocked(Session& session, Object& object);
+  // Completes a job that will not run with `status`; a ticketed one first passes its ticket to the
+  // engine as a ticket-only job, so the client's streams waiting on it are released.
+  void Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
+            absl::Status status);
   void Complete(Session& session, const ring::SubmissionEntry& entry, const absl::Status& status);
 
   storage::HostPool& pool_;

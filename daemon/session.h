@@ -32,7 +32,9 @@ using AttachToken = std::array<uint8_t, 16>;
 // Data held for the client. Lives in the session's table until freed; its memory returns to the
 // pool when it has been freed and no job pins it any more.
 struct Object {
-  enum class State { kFilling, kReady };
+  // kFailed: the fill failed (the object is already gone from the table; only jobs that were
+  // accepted before that still hold it).
+  enum class State { kFilling, kReady, kFailed };
   storage::Extent extent;
   uint64_t len = 0;
   State state = State::kFilling;

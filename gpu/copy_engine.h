@@ -87,6 +87,11 @@ class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
   virtual absl::string_view name() const = 0;
+  // true: a kFromPool job submitted after a kToPool job into the same pool bytes reads what that
+  // job wrote (the GPU engines order them on the GPU), so the daemon may submit a reload of an
+  // object still being filled at once. false (host engine: independent lanes): the daemon holds
+  // such a reload back until the fill completed.
+  virtual bool orders_pool_reads() const { return false; }
   // Pins the host pool for this engine (cudaHostRegister on GPUs; nothing for the host engine).
   virtual absl::Status RegisterPool(char* base, uint64_t bytes) = 0;
   virtual absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t session_id) = 0;

@@ -337,6 +337,8 @@ class StreamEngine final : public CopyEngine {
     return std::make_unique<GpuBuffer>(std::move(*mapping), session->shared());
   }
 
+  bool orders_pool_reads() const override { return true; }
+
   void Submit(CopyJob job) override {
     auto* session = static_cast<GpuSession*>(job.session);
     SessionState& state = session->state();

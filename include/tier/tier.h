@@ -150,6 +150,12 @@ TIER_API tier_status tier_reload(tier_session* session, tier_object_id object,
 /* Drops the object; its memory returns to the pool once jobs using it have finished. */
 TIER_API tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id* job);
 
+/* GPU offloads: makes `stream` (cudaStream_t / hipStream_t; NULL: the legacy default stream) wait,
+ * on the GPU, until the offload's copy has read its source. Work queued on the stream afterwards
+ * may free or overwrite the source at once, with no host round trip. For a finished job or an
+ * offload from host memory there is nothing to wait for (TIER_OK). */
+TIER_API tier_status tier_stream_wait_offload(tier_session* session, tier_job_id job, void* stream);
+
 /* Waits until the job completes and returns its status (TIER_DEADLINE_EXCEEDED if timeout_ms
  * passes first; timeout_ms < 0 waits for ever). A job's result can be waited for once. If the
  * daemon dies, pending jobs complete with TIER_UNAVAILABLE. */

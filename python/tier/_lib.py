@@ -114,6 +114,7 @@ _SIGNATURES = {
     "tier_reload": (c_status, [ctypes.c_void_p, c_object_id, c_buffer_id, ctypes.c_uint64,
                                ctypes.c_uint64, _P(ReloadOptions), _P(c_job_id)]),
     "tier_free": (c_status, [ctypes.c_void_p, c_object_id, _P(c_job_id)]),
+    "tier_stream_wait_offload": (c_status, [ctypes.c_void_p, c_job_id, ctypes.c_void_p]),
     "tier_job_wait": (c_status, [ctypes.c_void_p, c_job_id, ctypes.c_int64]),
     "tier_poll": (c_status, [ctypes.c_void_p, _P(Completion), ctypes.c_size_t,
                              _P(ctypes.c_size_t)]),
@@ -169,6 +170,8 @@ def candidate_paths():
     build_dir = os.environ.get("TIER_BUILD_DIR")
     if build_dir:
         paths.append(os.path.join(build_dir, "client", LIBRARY_NAME))
+        # A bundle copied without symlinks holds only the versioned file (libtierclient.so.0...).
+        paths.extend(sorted(glob.glob(os.path.join(build_dir, "client", LIBRARY_NAME + ".*"))))
     paths.extend(_in_build_trees())
     system = ctypes.util.find_library("tierclient")
     if system:

@@ -10,3 +10,10 @@ endif()
 tier_add_test(stream_engine_test LABEL unit
   SOURCES gpu/stream_engine_test.cc
   LIBS tier_gpu tier_common)
+
+# The GPU data path end to end: real tierd (CUDA engine) and the client library.
+if(TIER_GPU_RUNTIME STREQUAL "cuda")
+  tier_add_test(daemon_gpu_test LABEL gpu TIMEOUT 900
+    SOURCES gpu/daemon_gpu_test.cc
+    LIBS tier_test_daemon tier_client_static tier_client_gpu tier_cuda_driver CUDA::cudart)
+endif()

@@ -498,7 +498,8 @@ class CudaEngineTest : public ::testing::TestWithParam<uint64_t> {
         engine_->Import(session_.get(), ImportOf(r));
     ASSERT_TRUE(page.ok()) << page.status();
     EXPECT_EQ((*page)->bytes(), 0u);  // no job can name the page
-    buffers_.push_back(*std::move(page));
+    // Kept apart from buffers_, whose indexes match the child's buffer list.
+    page_ = *std::move(page);
   }
 
   CopyJob Job(Direction direction, int buffer, uint64_t pool_offset, uint64_t sync,
@@ -549,6 +550,7 @@ class CudaEngineTest : public ::testing::TestWithParam<uint64_t> {
   std::unique_ptr<CopyEngine> engine_;
   std::unique_ptr<EngineSession> session_;
   std::vector<std::unique_ptr<ImportedBuffer>> buffers_;
+  std::unique_ptr<ImportedBuffer> page_;
 };
 
 TEST_P(CudaEngineTest, IpcRoundTrip) { RoundTrip(Op::kAllocIpc); }

@@ -33,7 +33,9 @@ TierdProcess::TierdProcess(std::vector<std::string> flags) {
   if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = pattern;
   socket_ = dir_ + "/tierd.sock";
-  std::vector<std::string> args = {TIERD_BIN,
+  // $TIERD_BIN overrides the binary built beside the tests (a bundle copied to another machine).
+  const char* bin = std::getenv("TIERD_BIN");
+  std::vector<std::string> args = {bin != nullptr && *bin != '\0' ? bin : TIERD_BIN,
                                    "--socket=" + socket_,
                                    "--session_socket=" + dir_ + "/tierd.session.sock",
                                    "--state_dir=" + dir_ + "/state",

@@ -1,0 +1,78 @@
+// The client's GPU side of a session: which registered buffers are device allocations, and the
+// per-GPU semaphore page (gpu::DeviceSync) whose tickets order the client's streams against the
+// daemon's copies. Created empty; the first device buffer of a GPU creates that GPU's page and
+// registers it with the daemon (kind kCudaSemaphores) before the buffer itself.
+//
+// Registration is once per allocation: a pointer inside an allocation already registered returns
+// the same buffer id (the cache key includes the IPC handle, so a new allocation that happens to
+// reuse an address is registered anew). An allocation freed to the driver must be unregistered
+// first (tier_buffer_unregister): the daemon's mapping would otherwise keep the old memory.
+//
+// Thread-safe. Lock order: the registry never holds its own lock while it calls `register_fn`
+// (which takes the session's locks), so the session may call ReleaseWaiters() under its lock.
+#ifndef TIER_CLIENT_DEVICE_REGISTRY_H_
+#define TIER_CLIENT_DEVICE_REGISTRY_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "gpu/client_gpu.h"
+#include "tier/session_wire.h"
+
+namespace tier::client {
+
+class DeviceRegistry {
+ public:
+  // Registers a buffer with the daemon (the session's RegisterRaw); fd -1 when none.
+  using RegisterFn =
+      absl::AnyInvocable<absl::StatusOr<uint64_t>(const wire::RegisterBuffer&, int fd)>;
+  explicit DeviceRegistry(RegisterFn register_fn) : register_fn_(std::move(register_fn)) {}
+  DeviceRegistry(const DeviceRegistry&) = delete;
+  DeviceRegistry& operator=(const DeviceRegistry&) = delete;
+
+  struct Registered {
+    uint64_t buffer_id = 0;
+    uint64_t offset = 0;  // the pointer's offset in the allocation
+    int device = -1;
+  };
+  absl::StatusOr<Registered> Register(const void* device_ptr);
+
+  // The GPU (this process's ordinal) of a registered device buffer; -1 for any other buffer.
+  int DeviceOf(uint64_t buffer_id) const;
+  // The semaphore page of `device`; null until a buffer of that GPU was registered.
+  gpu::DeviceSync* Sync(int device) const;
+  // The buffer was unregistered: drop it from the cache.
+  void Forget(uint64_t buffer_id);
+  // The daemon is gone: release every stream waiting on it (see gpu::DeviceSync::ReleaseWaiters).
+  void ReleaseWaiters();
+  bool empty() const;
+
+ private:
+  absl::StatusOr<gpu::DeviceSync*> SyncFor(int device);
+
+  RegisterFn register_fn_;
+  std::mutex create_mu_;  // serializes creating pages (held across register_fn_)
+  mutable std::mutex mu_;
+  std::map<int, std::unique_ptr<gpu::DeviceSync>> syncs_;
+  struct Allocation {
+    int device;
+    uint64_t base;
+    uint64_t bytes;
+    std::array<uint8_t, 64> handle;
+    auto key() const { return std::tie(device, base, bytes, handle); }
+    bool operator<(const Allocation& other) const { return key() < other.key(); }
+  };
+  std::map<Allocation, uint64_t> by_allocation_;  // -> buffer id
+  std::unordered_map<uint64_t, Allocation> by_buffer_;
+};
+
+}  // namespace tier::client
+
+#endif  // TIER_CLIENT_DEVICE_REGISTRY_H_

@@ -1,0 +1,479 @@
+// The GPU data path end to end: a real tierd running the CUDA engine, this process a client
+// through the C ABI (libtierclient's code), device buffers from cudaMalloc and from VMM with POSIX
+// fd handles (PyTorch's expandable segments). One test per rule of the ordering contract
+// (docs/architecture.md, gpu/client_gpu.h), each run with delay injection so that a broken rule
+// shows up as wrong bytes every time, not once in a while:
+//   copy-before-produced   OffloadWaitsForAllProducerStreams (one and several producers)
+//   use-before-reloaded    ConsumerSeesReloadedBytesWithoutHostWait
+//   free-before-copied     StreamWaitOffloadProtectsTheSource
+// plus a randomized graph over several streams, bad input, and the daemon's death.
+// Exits 77 ("no GPU: skipped") where no device exists.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gpu/client_gpu.h"
+#include "gpu/cuda_driver.h"
+#include "gtest/gtest.h"
+#include "tier/tier.h"
+#include "tierd_process.h"
+
+namespace tier {
+namespace {
+
+using testing::TierdProcess;
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
+
+enum class Alloc { kCudaMalloc, kVmm };
+
+// A device allocation of either kind, freed at scope end.
+class DeviceMemory {
+ public:
+  DeviceMemory(Alloc kind, uint64_t bytes) : kind_(kind) {
+    if (kind == Alloc::kCudaMalloc) {
+      if (cudaMalloc(&ptr_, bytes) == cudaSuccess) bytes_ = bytes;
+      return;
+    }
+    absl::StatusOr<const gpu::cuda::Driver*> d = gpu::cuda::GetDriver();
+    if (!d.ok()) return;
+    driver_ = *d;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    if (driver_->MemGetAllocationGranularity(&granularity, &prop,
+                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) {
+      return;
+    }
+    uint64_t rounded = (bytes + granularity - 1) / granularity * granularity;
+    CUmemGenericAllocationHandle handle = 0;
+    if (driver_->MemCreate(&handle, rounded, &prop, 0) != CUDA_SUCCESS) return;
+    CUdeviceptr va = 0;
+    if (driver_->MemAddressReserve(&va, rounded, granularity, 0, 0) != CUDA_SUCCESS ||
+        driver_->MemMap(va, rounded, 0, handle, 0) != CUDA_SUCCESS) {
+      driver_->MemRelease(handle);
+      return;
+    }
+    driver_->MemRelease(handle);  // the mapping keeps it
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (driver_->MemSetAccess(va, rounded, &access, 1) != CUDA_SUCCESS) return;
+    ptr_ = reinterpret_cast<void*>(va);
+    bytes_ = rounded;
+  }
+  ~DeviceMemory() {
+    if (ptr_ == nullptr) return;
+    cudaDeviceSynchronize();
+    if (kind_ == Alloc::kCudaMalloc) {
+      cudaFree(ptr_);
+    } else {
+      driver_->MemUnmap(reinterpret_cast<CUdeviceptr>(ptr_), bytes_);
+      driver_->MemAddressFree(reinterpret_cast<CUdeviceptr>(ptr_), bytes_);
+    }
+  }
+  char* get() const { return static_cast<char*>(ptr_); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Alloc kind_;
+  void* ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+  const gpu::cuda::Driver* driver_ = nullptr;
+};
+
+// A stream held at a host-controlled gate: work queued after Hold() runs only after Open().
+class Gate {
+ public:
+  Gate() {
+    cudaHostAlloc(reinterpret_cast<void**>(&word_), 64, cudaHostAllocMapped | cudaHostAllocPortable);
+    *word_ = 0;
+    cudaHostGetDevicePointer(&device_word_, word_, 0);
+  }
+  ~Gate() {
+    Open();
+    cudaDeviceSynchronize();
+    cudaFreeHost(word_);
+  }
+  void Hold(cudaStream_t stream) {
+    const gpu::cuda::Driver* d = *gpu::cuda::GetDriver();
+    ASSERT_EQ(d->StreamWaitValue64(stream, reinterpret_cast<CUdeviceptr>(device_word_), 1,
+                                   CU_STREAM_WAIT_VALUE_GEQ),
+              CUDA_SUCCESS);
+  }
+  void Open() { std::atomic_ref<uint64_t>(*word_).store(1); }
+
+ private:
+  uint64_t* word_ = nullptr;
+  void* device_word_ = nullptr;
+};
+
+class Session {
+ public:
+  explicit Session(const TierdProcess& tierd) {
+    tier_session_options options;
+    tier_session_options_init(&options);
+    socket_ = tierd.socket();
+    options.socket_path = socket_.c_str();
+    options.name = "gpu-test";
+    status_ = tier_session_open(&options, &session_);
+  }
+  ~Session() {
+    if (session_ != nullptr) tier_session_close(session_);
+  }
+  tier_session* get() const { return session_; }
+  tier_status status() const { return status_; }
+  // Registers the allocation holding ptr; returns {buffer, offset}.
+  std::pair<tier_buffer_id, uint64_t> Register(const void* ptr) {
+    tier_buffer_id id = 0;
+    uint64_t offset = 0;
+    tier_status s = tier_buffer_register_device(session_, ptr, &id, &offset);
+    EXPECT_EQ(s, TIER_OK) << tier_last_error();
+    return {id, offset};
+  }
+  std::pair<tier_object_id, tier_job_id> Offload(tier_buffer_id buffer, uint64_t offset,
+                                                 uint64_t len, std::vector<void*> producers) {
+    tier_offload_options options;
+    tier_offload_options_init(&options);
+    options.num_producer_streams = static_cast<uint32_t>(producers.size());
+    options.producer_streams = producers.data();
+    tier_object_id object = 0;
+    tier_job_id job = 0;
+    tier_status s = tier_offload(session_, buffer, offset, len, &options, &object, &job);
+    EXPECT_EQ(s, TIER_OK) << tier_last_error();
+    return {object, job};
+  }
+  tier_job_id Reload(tier_object_id object, tier_buffer_id buffer, uint64_t offset, uint64_t len,
+                     cudaStream_t consumer, bool free_after = false) {
+    tier_reload_options options;
+    tier_reload_options_init(&options);
+    options.consumer_stream = consumer;
+    if (free_after) options.flags = TIER_RELOAD_FREE_AFTER;
+    tier_job_id job = 0;
+    tier_status s = tier_reload(session_, object, buffer, offset, len, &options, &job);
+    EXPECT_EQ(s, TIER_OK) << tier_last_error();
+    return job;
+  }
+  tier_status Wait(tier_job_id job, int64_t timeout_ms = 30000) {
+    return tier_job_wait(session_, job, timeout_ms);
+  }
+
+ private:
+  std::string socket_;
+  tier_session* session_ = nullptr;
+  tier_status status_ = TIER_OK;
+};
+
+// Checks `bytes` of device memory hold `value` everywhere, reading on `stream`.
+::testing::AssertionResult DeviceHolds(const char* data, uint64_t bytes, uint8_t value,
+                                       cudaStream_t stream = nullptr) {
+  std::vector<uint8_t> host(bytes);
+  if (cudaMemcpyAsync(host.data(), data, bytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    return ::testing::AssertionFailure() << "read back failed";
+  }
+  for (uint64_t i = 0; i < bytes; ++i) {
+    if (host[i] != value) {
+      return ::testing::AssertionFailure() << "byte " << i << " is 0x" << std::hex << int(host[i])
+                                           << ", expected 0x" << int(value);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class DaemonGpuTest : public ::testing::TestWithParam<Alloc> {
+ protected:
+  // By default every copy starts 20 ms after its ticket wait passed: a missing wait is a wrong
+  // byte. Tests with thousands of jobs use less.
+  void SetUp() override { Start(20000); }
+  void Start(uint64_t delay_us) {
+    tierd_.reset();
+    tierd_.emplace(std::vector<std::string>{"--engine=cuda", "--pool_bytes=512M",
+                                            "--copy_delay_us=" + std::to_string(delay_us)});
+  }
+  std::optional<TierdProcess> tierd_;
+};
+
+TEST_P(DaemonGpuTest, RoundTripThroughTheDaemon) {
+  Session session(*tierd_);
+  ASSERT_EQ(session.status(), TIER_OK) << tier_last_error();
+  DeviceMemory memory(GetParam(), 8 * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  // A pointer inside the same allocation: same buffer, its offset.
+  auto [again, inner] = session.Register(memory.get() + kMiB);
+  EXPECT_EQ(again, buffer);
+  EXPECT_EQ(inner, base + kMiB);
+  CUDA_OK(cudaMemset(memory.get(), 0x5A, 4 * kMiB));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto [object, offload] = session.Offload(buffer, base, 4 * kMiB, {});
+  ASSERT_EQ(session.Wait(offload), TIER_OK) << tier_last_error();
+  tier_job_id reload = session.Reload(object, buffer, base + 4 * kMiB, 4 * kMiB, nullptr, true);
+  EXPECT_TRUE(DeviceHolds(memory.get() + 4 * kMiB, 4 * kMiB, 0x5A));
+  EXPECT_EQ(session.Wait(reload), TIER_OK);
+  // The object went with the reload: the daemon holds nothing for us.
+  EXPECT_TRUE(tierd_->WaitForStatus(
+      [](const v1::GetStatusResponse& s) { return TierdProcess::HostTier(s).used_bytes() == 0; }));
+}
+
+// Copy before produced: the producers' writes are held on the GPU when the offload is submitted;
+// the daemon's copy must wait for every producer stream (the DeepSpeed IPG case has several).
+TEST_P(DaemonGpuTest, OffloadWaitsForAllProducerStreams) {
+  Session session(*tierd_);
+  DeviceMemory memory(GetParam(), 4 * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  CUDA_OK(cudaMemset(memory.get(), 0x11, 4 * kMiB));
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaStream_t first, second;
+  CUDA_OK(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking));
+  Gate gate_first, gate_second;
+  gate_first.Hold(first);
+  gate_second.Hold(second);
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0x77, 2 * kMiB, first));
+  CUDA_OK(cudaMemsetAsync(memory.get() + 2 * kMiB, 0x77, 2 * kMiB, second));
+  auto [object, offload] = session.Offload(buffer, base, 4 * kMiB, {first, second});
+  EXPECT_EQ(session.Wait(offload, 300), TIER_DEADLINE_EXCEEDED) << "copied before produced";
+  gate_first.Open();
+  EXPECT_EQ(session.Wait(offload, 300), TIER_DEADLINE_EXCEEDED)
+      << "the copy waited for one producer stream of two";
+  gate_second.Open();
+  ASSERT_EQ(session.Wait(offload), TIER_OK) << tier_last_error();
+  // Read back what the daemon holds into other memory.
+  DeviceMemory check(Alloc::kCudaMalloc, 4 * kMiB);
+  auto [check_buffer, check_base] = session.Register(check.get());
+  cudaStream_t consumer;
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  tier_job_id reload = session.Reload(object, check_buffer, check_base, 4 * kMiB, consumer);
+  EXPECT_TRUE(DeviceHolds(check.get(), 4 * kMiB, 0x77, consumer));
+  EXPECT_EQ(session.Wait(reload), TIER_OK);
+  for (cudaStream_t s : {first, second, consumer}) cudaStreamDestroy(s);
+}
+
+// Use before reloaded: the consumer stream reads right after tier_reload returns, with no host
+// wait; it must see the reloaded bytes (the copy starts 20 ms late).
+TEST_P(DaemonGpuTest, ConsumerSeesReloadedBytesWithoutHostWait) {
+  Session session(*tierd_);
+  DeviceMemory memory(GetParam(), 2 * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t consumer;
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  for (int round = 0; round < 5; ++round) {
+    uint8_t value = static_cast<uint8_t>(0x30 + round);
+    CUDA_OK(cudaMemsetAsync(memory.get(), value, kMiB, consumer));
+    auto [object, offload] = session.Offload(buffer, base, kMiB, {consumer});
+    CUDA_OK(cudaMemsetAsync(memory.get() + kMiB, 0, kMiB, consumer));
+    tier_job_id reload = session.Reload(object, buffer, base + kMiB, kMiB, consumer, true);
+    EXPECT_TRUE(DeviceHolds(memory.get() + kMiB, kMiB, value, consumer)) << "round " << round;
+    EXPECT_EQ(session.Wait(offload), TIER_OK);
+    EXPECT_EQ(session.Wait(reload), TIER_OK);
+  }
+  cudaStreamDestroy(consumer);
+}
+
+// Free before copied: the stream that overwrites the source first waits for the offload's copy
+// (tier_stream_wait_offload), on the GPU; the object must hold the bytes from before.
+TEST_P(DaemonGpuTest, StreamWaitOffloadProtectsTheSource) {
+  Session session(*tierd_);
+  DeviceMemory memory(GetParam(), 2 * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0x42, kMiB, stream));
+  auto [object, offload] = session.Offload(buffer, base, kMiB, {stream});
+  ASSERT_EQ(tier_stream_wait_offload(session.get(), offload, stream), TIER_OK) << tier_last_error();
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0xEE, kMiB, stream));  // reuse of the "freed" source
+  tier_job_id reload = session.Reload(object, buffer, base + kMiB, kMiB, stream);
+  EXPECT_TRUE(DeviceHolds(memory.get() + kMiB, kMiB, 0x42, stream));
+  EXPECT_EQ(session.Wait(offload), TIER_OK);
+  EXPECT_EQ(session.Wait(reload), TIER_OK);
+  cudaStreamDestroy(stream);
+}
+
+// Thousands of offloads and reloads over several streams in a random order, every reload checked
+// byte for byte on its consumer stream; finishes (no deadlock) and leaks nothing.
+TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) {
+  Start(500);
+  Session session(*tierd_);
+  constexpr int kStreams = 4;
+  constexpr uint64_t kChunk = 64 << 10;
+  constexpr int kSlots = 64;
+  constexpr int kOps = 3000;
+  DeviceMemory src(GetParam(), kSlots * kChunk);
+  DeviceMemory dst(GetParam(), kSlots * kChunk);
+  ASSERT_NE(src.get(), nullptr);
+  ASSERT_NE(dst.get(), nullptr);
+  auto [src_buffer, src_base] = session.Register(src.get());
+  auto [dst_buffer, dst_base] = session.Register(dst.get());
+  std::vector<cudaStream_t> streams(kStreams);
+  for (auto& s : streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // Results read back into pinned memory on the consumer stream, checked at the end.
+  uint8_t* readback = nullptr;
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&readback), kOps * 16, cudaHostAllocDefault));
+  std::mt19937 rng(1234);
+  struct Live {
+    tier_object_id object;
+    uint8_t value;
+  };
+  std::vector<Live> live;
+  std::vector<tier_job_id> jobs;
+  std::vector<std::pair<int, uint8_t>> expected;  // readback slot -> value
+  // Each slot of src/dst is used by one stream at a time: the last stream that touched it.
+  std::vector<int> src_owner(kSlots, 0), dst_owner(kSlots, 0);
+  for (int op = 0; op < kOps; ++op) {
+    bool offload = live.empty() || (live.size() < 200 && rng() % 2 == 0);
+    int stream = static_cast<int>(rng() % kStreams);
+    if (offload) {
+      int slot = static_cast<int>(rng() % kSlots);
+      auto value = static_cast<uint8_t>(rng());
+      // The slot's previous user must be done with it: order after its stream (an event).
+      cudaEvent_t e;
+      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CUDA_OK(cudaEventRecord(e, streams[src_owner[slot]]));
+      CUDA_OK(cudaStreamWaitEvent(streams[stream], e, 0));
+      cudaEventDestroy(e);
+      CUDA_OK(cudaMemsetAsync(src.get() + slot * kChunk, value, kChunk, streams[stream]));
+      auto [object, job] = session.Offload(src_buffer, src_base + slot * kChunk, kChunk,
+                                           {streams[stream]});
+      ASSERT_EQ(tier_stream_wait_offload(session.get(), job, streams[stream]), TIER_OK);
+      src_owner[slot] = stream;
+      jobs.push_back(job);
+      live.push_back({object, value});
+    } else {
+      size_t pick = rng() % live.size();
+      Live item = live[pick];
+      live.erase(live.begin() + static_cast<long>(pick));
+      int slot = static_cast<int>(rng() % kSlots);
+      cudaEvent_t e;
+      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CUDA_OK(cudaEventRecord(e, streams[dst_owner[slot]]));
+      CUDA_OK(cudaStreamWaitEvent(streams[stream], e, 0));
+      cudaEventDestroy(e);
+      jobs.push_back(session.Reload(item.object, dst_buffer, dst_base + slot * kChunk, kChunk,
+                                    streams[stream], true));
+      // Sample 16 bytes spread over the chunk (first, last and between).
+      int index = static_cast<int>(expected.size());
+      CUDA_OK(cudaMemcpy2DAsync(readback + index * 16, 1, dst.get() + slot * kChunk, kChunk / 16,
+                                1, 16, cudaMemcpyDeviceToHost, streams[stream]));
+      expected.push_back({index, item.value});
+      dst_owner[slot] = stream;
+    }
+    // Reap as we go so the ring never fills with unreaped results.
+    if (jobs.size() >= 256) {
+      for (tier_job_id job : jobs) ASSERT_EQ(session.Wait(job), TIER_OK) << tier_last_error();
+      jobs.clear();
+    }
+  }
+  for (tier_job_id job : jobs) ASSERT_EQ(session.Wait(job), TIER_OK) << tier_last_error();
+  for (auto& s : streams) CUDA_OK(cudaStreamSynchronize(s));
+  int wrong = 0;
+  for (auto [index, value] : expected) {
+    for (int i = 0; i < 16; ++i) wrong += readback[index * 16 + i] != value;
+  }
+  EXPECT_EQ(wrong, 0) << "of " << expected.size() * 16 << " bytes sampled";
+  // The full contents of every destination slot match the value last reloaded into it as well.
+  for (auto& s : streams) cudaStreamDestroy(s);
+  cudaFreeHost(readback);
+  for (const Live& item : live) {
+    tier_job_id job;
+    ASSERT_EQ(tier_free(session.get(), item.object, &job), TIER_OK);
+    ASSERT_EQ(session.Wait(job), TIER_OK);
+  }
+  EXPECT_TRUE(tierd_->WaitForStatus(
+      [](const v1::GetStatusResponse& s) { return TierdProcess::HostTier(s).used_bytes() == 0; }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Allocators, DaemonGpuTest,
+                         ::testing::Values(Alloc::kCudaMalloc, Alloc::kVmm),
+                         [](const auto& info) {
+                           return info.param == Alloc::kCudaMalloc ? "cudaMalloc" : "VMM";
+                         });
+
+// Bad input: host and unknown pointers, ranges past the allocation. Each gets a clear error;
+// ticketed jobs that fail still release the streams that wait on them, and the session and the
+// daemon keep working.
+TEST(DaemonGpuBadInput, ClearErrorsAndTheSessionKeepsWorking) {
+  TierdProcess tierd({"--engine=cuda"});
+  Session session(tierd);
+  std::vector<char> host(4096);
+  tier_buffer_id id;
+  uint64_t offset;
+  EXPECT_EQ(tier_buffer_register_device(session.get(), host.data(), &id, &offset),
+            TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tier_buffer_register_device(session.get(), reinterpret_cast<void*>(0x10), &id, &offset),
+            TIER_INVALID_ARGUMENT);
+  DeviceMemory memory(Alloc::kCudaMalloc, 2 * kMiB);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Past the end of the allocation: the job fails, its ticket still goes through.
+  auto [bad_object, bad] = session.Offload(buffer, base + 2 * kMiB - 4096, 8192, {stream});
+  EXPECT_EQ(session.Wait(bad), TIER_OUT_OF_RANGE);
+  // A reload of an unknown object, on the consumer stream: fails, and the stream is not stuck.
+  tier_job_id bad_reload = session.Reload(999999, buffer, base, 4096, stream);
+  EXPECT_EQ(session.Wait(bad_reload), TIER_NOT_FOUND);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  // The lane still works: the next tickets are served.
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0x3C, kMiB, stream));
+  auto [object, good] = session.Offload(buffer, base, kMiB, {stream});
+  EXPECT_EQ(session.Wait(good), TIER_OK) << tier_last_error();
+  tier_job_id reload = session.Reload(object, buffer, base + kMiB, kMiB, stream);
+  EXPECT_TRUE(DeviceHolds(memory.get() + kMiB, kMiB, 0x3C, stream));
+  EXPECT_EQ(session.Wait(reload), TIER_OK);
+  cudaStreamDestroy(stream);
+}
+
+// The daemon dies while a consumer stream waits for a reload: the stream is released (nothing
+// hangs) and the job fails with UNAVAILABLE.
+TEST(DaemonGpuDeath, ConsumerStreamIsReleasedWhenTheDaemonDies) {
+  auto tierd = std::make_unique<TierdProcess>(
+      std::vector<std::string>{"--engine=cuda", "--copy_delay_us=2000000"});
+  Session session(*tierd);
+  DeviceMemory memory(Alloc::kCudaMalloc, 2 * kMiB);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto [object, offload] = session.Offload(buffer, base, kMiB, {stream});
+  tier_job_id reload = session.Reload(object, buffer, base + kMiB, kMiB, stream);
+  EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);  // waiting for the daemon
+  tierd->Kill();
+  // No thread of ours waits on the ring: the client's death watch must release the stream.
+  auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(stream) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess) << "the consumer stream still waits";
+  EXPECT_EQ(session.Wait(offload, 5000), TIER_UNAVAILABLE);
+  EXPECT_EQ(session.Wait(reload, 5000), TIER_UNAVAILABLE);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace tier
+
+int main(int argc, char** argv) {
+  if (tier::gpu::GpuDeviceCount() == 0) {
+    std::printf("no GPU: skipped\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
