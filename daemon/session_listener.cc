@@ -32,7 +32,7 @@ void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
   reply->status = StatusCodeToInt(status);
   absl::string_view message = status.message();
   size_t n = std::min(message.size(), sizeof(reply->message) - 1);
-  std::memcpy(reply->message, message.data(), n);
+  if (n > 0) std::memcpy(reply->message, message.data(), n);  // data() may be null when empty
   reply->message[n] = '\0';
 }
 
