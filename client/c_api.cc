@@ -150,6 +150,26 @@ tier_status tier_buffer_register_device(tier_session* session, const void* devic
   });
 }
 
+tier_status tier_buffer_register_device_range(tier_session* session, const void* device_ptr,
+                                              uint64_t len, tier_buffer_id* id, uint64_t* offset) {
+  return Guard([&] {
+    if (session == nullptr || device_ptr == nullptr || id == nullptr || offset == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    absl::StatusOr<tier::client::DeviceRegistry::Registered> registered =
+        session->impl->RegisterDevice(device_ptr);
+    if (!registered.ok()) return Fail(registered.status());
+    if (registered->offset > registered->bytes || len > registered->bytes - registered->offset) {
+      return Fail(TIER_OUT_OF_RANGE,
+                  "the range crosses the end of the GPU allocation that holds its start (e.g. "
+                  "two physical pages of a PyTorch expandable segment); it cannot be one job");
+    }
+    *id = registered->buffer_id;
+    *offset = registered->offset;
+    return TIER_OK;
+  });
+}
+
 tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
   return Guard([&] {
     if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");

@@ -47,7 +47,7 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   {
     std::lock_guard lock(mu_);
     if (auto it = by_allocation_.find(key); it != by_allocation_.end()) {
-      return Registered{it->second, allocation->offset, allocation->device};
+      return Registered{it->second, allocation->offset, allocation->bytes, allocation->device};
     }
   }
   absl::StatusOr<gpu::DeviceSync*> sync = SyncFor(allocation->device);
@@ -59,7 +59,7 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   // Two threads may register one allocation at once; both ids stay valid, the later one is cached.
   by_allocation_[key] = *id;
   by_buffer_[*id] = key;
-  return Registered{*id, allocation->offset, allocation->device};
+  return Registered{*id, allocation->offset, allocation->bytes, allocation->device};
 }
 
 int DeviceRegistry::DeviceOf(uint64_t buffer_id) const {

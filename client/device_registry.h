@@ -40,6 +40,7 @@ class DeviceRegistry {
   struct Registered {
     uint64_t buffer_id = 0;
     uint64_t offset = 0;  // the pointer's offset in the allocation
+    uint64_t bytes = 0;   // the allocation's size
     int device = -1;
   };
   absl::StatusOr<Registered> Register(const void* device_ptr);

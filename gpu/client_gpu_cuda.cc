@@ -286,8 +286,12 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
   out.bytes = size;
   out.offset = ptr - base;
 
-  // VMM memory (cuMemCreate + cuMemMap): the range above is the one physical allocation mapped
-  // at the pointer; export it as a POSIX fd. cudaMalloc memory has no such handle.
+  // VMM memory (cuMemCreate + cuMemMap). cuMemGetAddressRange gave the whole VA reservation,
+  // which may hold many physical allocations side by side (PyTorch's expandable segments map one
+  // per segment page), so the buffer is the one physical allocation mapped at the pointer: found
+  // by walking the reservation in steps of the mapping granularity while the same allocation is
+  // mapped (cuMemRetainAllocationHandle returns the allocation's own handle, with a reference
+  // that cuMemRelease drops). The daemon maps exactly that allocation, at offset 0.
   CUmemGenericAllocationHandle handle = 0;
   if (d.MemRetainAllocationHandle(&handle, reinterpret_cast<void*>(ptr)) == CUDA_SUCCESS) {
     CUmemAllocationProp prop{};
@@ -297,6 +301,30 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
       s = absl::InvalidArgumentError(
           "the VMM allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its "
           "requested handle types, so it cannot be shared with tierd");
+    }
+    size_t granularity = 0;
+    if (s.ok()) {
+      s = CheckDriver(d.MemGetAllocationGranularity(&granularity, &prop,
+                                                    CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                      "cuMemGetAllocationGranularity");
+    }
+    if (s.ok()) {
+      auto same = [&](CUdeviceptr at) {
+        CUmemGenericAllocationHandle other = 0;
+        if (d.MemRetainAllocationHandle(&other, reinterpret_cast<void*>(at)) != CUDA_SUCCESS) {
+          return false;
+        }
+        (void)d.MemRelease(other);
+        return other == handle;
+      };
+      const CUdeviceptr range_end = base + size;
+      CUdeviceptr lo = ptr - (ptr - base) % granularity;
+      while (lo >= base + granularity && same(lo - granularity)) lo -= granularity;
+      CUdeviceptr hi = lo + granularity;
+      while (hi < range_end && same(hi)) hi += granularity;
+      out.base = lo;
+      out.bytes = hi - lo;
+      out.offset = ptr - lo;
     }
     int fd = -1;
     if (s.ok()) {

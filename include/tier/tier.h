@@ -108,6 +108,12 @@ TIER_API tier_status tier_buffer_register_fd(tier_session* session, int fd, uint
  * device_ptr's offset within the allocation, to use in jobs. UNIMPLEMENTED without a GPU engine. */
 TIER_API tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
                                                  tier_buffer_id* id, uint64_t* offset);
+/* tier_buffer_register_device, and checks that [device_ptr, device_ptr + len) lies in that one
+ * allocation: TIER_OUT_OF_RANGE if it crosses its end (VMM ranges made of several physical
+ * allocations, e.g. PyTorch expandable segments, cannot hold a job across two of them). */
+TIER_API tier_status tier_buffer_register_device_range(tier_session* session,
+                                                       const void* device_ptr, uint64_t len,
+                                                       tier_buffer_id* id, uint64_t* offset);
 /* Waits for jobs that use the buffer, then drops it (the daemon closes its mapping). */
 TIER_API tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id);
 

@@ -292,6 +292,7 @@ class Client:
         self._staging = _StagingPool(self, staging_cache_bytes)
         self._device_buffers = {}  # buffer id -> registrations that returned it
         self._device_direct = None  # None: not tried; False: no GPU engine, CUDA via staging
+        self._warned_kept = False
         self._poll_batch = (_lib.Completion * _POLL_BATCH)()
         info = self.info()
         self.session_id = info.session_id
@@ -406,17 +407,25 @@ class Client:
                        "registering fd %d" % fd)
         return buffer_id.value
 
-    def register_device(self, device_ptr):
+    def register_device(self, device_ptr, nbytes=None):
         """Registers the GPU allocation holding device_ptr (once per allocation: the library returns
         the id it already gave for pointers inside it). Returns (buffer id, offset of device_ptr in
-        the allocation). Raises tier.Unimplemented without a GPU engine."""
+        the allocation). With nbytes, raises tier.OutOfRange when [device_ptr, +nbytes) crosses
+        the allocation's end (a tensor over two physical pages of an expandable segment). Raises
+        tier.Unimplemented without a GPU engine."""
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
         with self._lock:
             self._check_locked()
-            _lib.check(self._c.tier_buffer_register_device(
-                self._session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
-                ctypes.byref(offset)), "registering device memory at 0x%x" % int(device_ptr))
+            if nbytes is None:
+                status = self._c.tier_buffer_register_device(
+                    self._session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
+                    ctypes.byref(offset))
+            else:
+                status = self._c.tier_buffer_register_device_range(
+                    self._session, ctypes.c_void_p(int(device_ptr)), ctypes.c_uint64(int(nbytes)),
+                    ctypes.byref(buffer_id), ctypes.byref(offset))
+            _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
             # The library owns the registrations (it unregisters them at close); we only count.
             self._device_buffers[buffer_id.value] = self._device_buffers.get(buffer_id.value, 0) + 1
         return buffer_id.value, offset.value
@@ -716,10 +725,21 @@ class Client:
                 src = t.contiguous()
             producers = [cur]
         try:
-            buffer_id, offset = self.register_device(src.data_ptr())
+            buffer_id, offset = self.register_device(src.data_ptr(), handle.nbytes)
         except errors.Unimplemented:
             self._no_device_direct("libtierclient has no GPU support")
             return False
+        except errors.OutOfRange:
+            # Spans two physical allocations (expandable segments): it cannot be one job. It
+            # stays on the GPU, correct but not offloaded; reload() hands it back.
+            if not self._warned_kept:
+                self._warned_kept = True
+                warnings.warn("tier: a tensor spanning two physical pages of an expandable "
+                              "segment stays on the GPU (not offloaded)", RuntimeWarning,
+                              stacklevel=4)
+            handle._kept = (src, producers)
+            handle._direct = True
+            return True
         self._device_direct = True
         ptrs = [_stream_ptr(s) for s in producers]
         weak_handle = weakref.ref(handle)
@@ -855,6 +875,7 @@ class Handle:
         self._reloads = []         # GPU reload jobs not yet known to be done
         self._freed = False
         self._fallback = None      # the data, kept after a failed offload (retain_on_failure)
+        self._kept = None          # (tensor, producer streams): not offloadable, kept on the GPU
         self.shape = tuple(shape)
         self.dtype = dtype
         self.device = device
@@ -954,6 +975,8 @@ class Handle:
             raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
                                             "reload of a freed handle")
         c = self._client
+        if self._kept is not None:
+            return _Ready(self._from_kept(stream, free))
         if self._object is None:
             return _Ready(self._empty(stream))
         if not self._direct:
@@ -978,6 +1001,16 @@ class Handle:
             self._freed = True
         return _StagedReload(self, staging, job, stream)
 
+    def _from_kept(self, stream, free):
+        src, producers = self._kept
+        stream = _consumer_stream(stream, self.device)
+        for p in producers:
+            _wait_stream(stream, p)
+        if free:
+            self._kept = None
+            self._freed = True
+        return src.view(self.shape)
+
     def _reload_cuda(self, stream, free):
         torch = _torch()
         c = self._client
@@ -988,7 +1021,7 @@ class Handle:
         # copy cannot overwrite memory still in use, and nothing is host-synchronized.
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             dst = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        buffer_id, offset = c.register_device(dst.data_ptr())
+        buffer_id, offset = c.register_device(dst.data_ptr(), self.nbytes)
         with c._lock:
             c._check_locked()
             c._reap_locked()
@@ -1036,6 +1069,7 @@ class Handle:
 
     def _free_locked(self):
         c = self._client
+        self._kept = None
         fallback, self._fallback = self._fallback, None
         if isinstance(fallback, HostBuffer):
             c._staging.release(fallback)
@@ -1057,7 +1091,8 @@ class Handle:
 
     def __del__(self):
         try:
-            if self._freed or (self._object is None and self._fallback is None):
+            if self._freed or (self._object is None and self._fallback is None
+                               and self._kept is None):
                 return
             self._freed = True
             self._client._run_or_defer(self._free_locked)

@@ -260,6 +260,8 @@ class ActivationOffloader:
         completed, and the host runs far ahead of the GPU. Bound what waits: past
         max_inflight_bytes, block the host on the oldest copy. The GPU keeps busy meanwhile with
         the work already queued; the copy waits only for kernels queued before it."""
+        if handle._job is None:
+            return  # nothing in flight (kept on the GPU, or empty)
         self._inflight.append((handle, nbytes))
         self._inflight_bytes += nbytes
         reaped = False
