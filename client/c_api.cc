@@ -157,7 +157,7 @@ tier_status tier_buffer_register_device_range(tier_session* session, const void*
       return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
     }
     absl::StatusOr<tier::client::DeviceRegistry::Registered> registered =
-        session->impl->RegisterDevice(device_ptr);
+        session->impl->RegisterDevice(device_ptr, len);
     if (!registered.ok()) return Fail(registered.status());
     if (registered->offset > registered->bytes || len > registered->bytes - registered->offset) {
       return Fail(TIER_OUT_OF_RANGE,

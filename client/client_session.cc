@@ -63,7 +63,9 @@ ClientSession::ClientSession(const SessionOptions& options, std::unique_ptr<Cont
     : options_(options), control_(std::move(control)), channel_(std::move(channel)),
       ring_(std::move(ring)),
       devices_(std::make_unique<DeviceRegistry>(
-          [this](const wire::RegisterBuffer& request, int fd) { return RegisterRaw(request, fd); })) {}
+          [this](const wire::RegisterBuffer& request, absl::Span<const int> fds) {
+            return RegisterRaw(request, fds);
+          })) {}
 
 ClientSession::~ClientSession() {
   // Let the daemon finish what it is doing with our memory before we unmap it, then close: the
@@ -82,9 +84,10 @@ ClientSession::~ClientSession() {
   for (auto& [id, buffer] : host_buffers_) ::munmap(buffer.ptr, buffer.bytes);
 }
 
-absl::StatusOr<uint64_t> ClientSession::RegisterRaw(const wire::RegisterBuffer& request, int fd) {
+absl::StatusOr<uint64_t> ClientSession::RegisterRaw(const wire::RegisterBuffer& request,
+                                                    absl::Span<const int> fds) {
   std::lock_guard lock(channel_mu_);
-  absl::StatusOr<uint64_t> id = channel_.Register(request, fd);
+  absl::StatusOr<uint64_t> id = channel_.Register(request, fds);
   if (!id.ok() && absl::IsUnavailable(id.status())) {
     std::lock_guard state(mu_);
     MarkDaemonGoneLocked();
@@ -97,7 +100,7 @@ absl::StatusOr<uint64_t> ClientSession::RegisterFd(int fd, uint64_t bytes) {
   request.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);
   request.device = -1;
   request.bytes = bytes;
-  return RegisterRaw(request, fd);
+  return RegisterRaw(request, {&fd, 1});
 }
 
 absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** ptr) {
@@ -122,13 +125,14 @@ absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** p
   return id;
 }
 
-absl::StatusOr<DeviceRegistry::Registered> ClientSession::RegisterDevice(const void* device_ptr) {
+absl::StatusOr<DeviceRegistry::Registered> ClientSession::RegisterDevice(const void* device_ptr,
+                                                                         uint64_t len) {
   if (daemon_gone()) return absl::UnavailableError("tierd went away");
   if (engine_ == "host") {
     return absl::FailedPreconditionError(
         "tierd runs the host engine (no GPU in the daemon): register host memory instead");
   }
-  absl::StatusOr<DeviceRegistry::Registered> registered = devices_->Register(device_ptr);
+  absl::StatusOr<DeviceRegistry::Registered> registered = devices_->Register(device_ptr, len);
   if (registered.ok()) std::call_once(death_watch_once_, [this] { StartDeathWatch(); });
   return registered;
 }

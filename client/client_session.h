@@ -68,11 +68,15 @@ class ClientSession {
   // Host memory shared with the daemon (a sealed memfd), registered.
   absl::StatusOr<uint64_t> AllocHostBuffer(uint64_t bytes, void** ptr);
   absl::StatusOr<uint64_t> RegisterFd(int fd, uint64_t bytes);
-  absl::StatusOr<uint64_t> RegisterRaw(const wire::RegisterBuffer& request, int fd);
+  absl::StatusOr<uint64_t> RegisterRaw(const wire::RegisterBuffer& request,
+                                       absl::Span<const int> fds);
   absl::Status UnregisterBuffer(uint64_t buffer_id);
 
   // Registers the GPU allocation holding `device_ptr` (once per allocation; see DeviceRegistry).
-  absl::StatusOr<DeviceRegistry::Registered> RegisterDevice(const void* device_ptr);
+  // With len > 0 the range [device_ptr, +len) must lie in the registered buffer (VMM pages mapped
+  // side by side are registered together; OUT_OF_RANGE where that is not possible).
+  absl::StatusOr<DeviceRegistry::Registered> RegisterDevice(const void* device_ptr,
+                                                            uint64_t len = 0);
   DeviceRegistry& devices() { return *devices_; }
 
   // A fresh object id for an offload (unique in this session).

@@ -1,5 +1,6 @@
 #include "client/device_registry.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +30,7 @@ absl::StatusOr<gpu::DeviceSync*> DeviceRegistry::SyncFor(int device) {
   if (!sync.ok()) return sync.status();
   absl::StatusOr<gpu::DeviceAllocation> page = (*sync)->Export();
   if (!page.ok()) return page.status();
-  absl::StatusOr<uint64_t> id = register_fn_(Describe(*page), -1);
+  absl::StatusOr<uint64_t> id = register_fn_(Describe(*page), {});
   if (!id.ok()) {
     return absl::Status(id.status().code(), absl::StrCat("registering the semaphore page of GPU ",
                                                          device, ": ", id.status().message()));
@@ -38,12 +39,37 @@ absl::StatusOr<gpu::DeviceSync*> DeviceRegistry::SyncFor(int device) {
   return (syncs_[device] = *std::move(sync)).get();
 }
 
-absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* device_ptr) {
-  absl::StatusOr<gpu::DeviceAllocation> allocation = gpu::ExportDeviceAllocation(device_ptr);
+std::optional<DeviceRegistry::Registered> DeviceRegistry::FindCachedLocked(uint64_t ptr,
+                                                                          uint64_t len) const {
+  auto it = ranges_.upper_bound(ptr);
+  if (it == ranges_.begin()) return std::nullopt;
+  --it;
+  const Range& range = it->second;
+  if (ptr >= range.end || std::max<uint64_t>(len, 1) > range.end - ptr) return std::nullopt;
+  const uint64_t last = ptr + std::max<uint64_t>(len, 1) - 1;
+  for (size_t i = 0; i < range.pages.size(); ++i) {
+    uint64_t page_end = i + 1 < range.pages.size() ? range.pages[i + 1].first : range.end;
+    if (page_end <= ptr || range.pages[i].first > last) continue;  // not touched by the range
+    uint64_t id = gpu::AllocationId(reinterpret_cast<const void*>(range.pages[i].first));
+    if (id == 0 || id != range.pages[i].second) return std::nullopt;  // freed or remapped
+  }
+  return Registered{range.buffer_id, ptr - it->first, range.end - it->first, range.device};
+}
+
+absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* device_ptr,
+                                                                     uint64_t len) {
+  const auto ptr = reinterpret_cast<uint64_t>(device_ptr);
+  {
+    std::lock_guard lock(mu_);
+    if (std::optional<Registered> cached = FindCachedLocked(ptr, len)) return *cached;
+  }
+  absl::StatusOr<gpu::DeviceAllocation> allocation = gpu::ExportDeviceRange(device_ptr, len);
   if (!allocation.ok()) return allocation.status();
+  // IPC handles and page tables tell allocations at the same address apart; a single VMM page
+  // is known by its address and size.
   Allocation key{allocation->device, allocation->base, allocation->bytes,
-                 allocation->kind == wire::BufferKind::kCudaIpc ? allocation->ipc_handle
-                                                               : std::array<uint8_t, 64>{}};
+                 allocation->kind == wire::BufferKind::kCudaVmmFd ? std::array<uint8_t, 64>{}
+                                                                 : allocation->ipc_handle};
   {
     std::lock_guard lock(mu_);
     if (auto it = by_allocation_.find(key); it != by_allocation_.end()) {
@@ -52,13 +78,29 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   }
   absl::StatusOr<gpu::DeviceSync*> sync = SyncFor(allocation->device);
   if (!sync.ok()) return sync.status();
-  absl::StatusOr<uint64_t> id =
-      register_fn_(Describe(*allocation), allocation->fd.valid() ? allocation->fd.get() : -1);
+  std::vector<int> fds;
+  if (allocation->fd.valid()) fds.push_back(allocation->fd.get());
+  for (const UniqueFd& fd : allocation->page_fds) fds.push_back(fd.get());
+  absl::StatusOr<uint64_t> id = register_fn_(Describe(*allocation), fds);
   if (!id.ok()) return id.status();
+  // Page identities for the fast path (the pages in address order; one page unless kCudaVmmPages).
+  Range range{allocation->base + allocation->bytes, *id, allocation->device, {}};
+  if (allocation->page_bytes.empty()) {
+    range.pages.push_back({allocation->base, gpu::AllocationId(device_ptr)});
+  } else {
+    uint64_t at = allocation->base;
+    for (uint64_t bytes : allocation->page_bytes) {
+      range.pages.push_back({at, gpu::AllocationId(reinterpret_cast<const void*>(at))});
+      at += bytes;
+    }
+  }
   std::lock_guard lock(mu_);
   // Two threads may register one allocation at once; both ids stay valid, the later one is cached.
   by_allocation_[key] = *id;
   by_buffer_[*id] = key;
+  bool identified = true;
+  for (const auto& page : range.pages) identified = identified && page.second != 0;
+  if (identified) ranges_[allocation->base] = std::move(range);
   return Registered{*id, allocation->offset, allocation->bytes, allocation->device};
 }
 
@@ -81,6 +123,10 @@ void DeviceRegistry::Forget(uint64_t buffer_id) {
   if (auto cached = by_allocation_.find(it->second);
       cached != by_allocation_.end() && cached->second == buffer_id) {
     by_allocation_.erase(cached);
+  }
+  if (auto range = ranges_.find(it->second.base);
+      range != ranges_.end() && range->second.buffer_id == buffer_id) {
+    ranges_.erase(range);
   }
   by_buffer_.erase(it);
 }

@@ -18,11 +18,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <vector>
 #include <tuple>
 #include <unordered_map>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "gpu/client_gpu.h"
 #include "tier/session_wire.h"
 
@@ -31,8 +34,8 @@ namespace tier::client {
 class DeviceRegistry {
  public:
   // Registers a buffer with the daemon (the session's RegisterRaw); fd -1 when none.
-  using RegisterFn =
-      absl::AnyInvocable<absl::StatusOr<uint64_t>(const wire::RegisterBuffer&, int fd)>;
+  using RegisterFn = absl::AnyInvocable<absl::StatusOr<uint64_t>(const wire::RegisterBuffer&,
+                                                                  absl::Span<const int> fds)>;
   explicit DeviceRegistry(RegisterFn register_fn) : register_fn_(std::move(register_fn)) {}
   DeviceRegistry(const DeviceRegistry&) = delete;
   DeviceRegistry& operator=(const DeviceRegistry&) = delete;
@@ -43,7 +46,8 @@ class DeviceRegistry {
     uint64_t bytes = 0;   // the allocation's size
     int device = -1;
   };
-  absl::StatusOr<Registered> Register(const void* device_ptr);
+  // len > 0: the range must lie in the buffer (see gpu::ExportDeviceRange).
+  absl::StatusOr<Registered> Register(const void* device_ptr, uint64_t len = 0);
 
   // The GPU (this process's ordinal) of a registered device buffer; -1 for any other buffer.
   int DeviceOf(uint64_t buffer_id) const;
@@ -72,6 +76,18 @@ class DeviceRegistry {
   };
   std::map<Allocation, uint64_t> by_allocation_;  // -> buffer id
   std::unordered_map<uint64_t, Allocation> by_buffer_;
+
+  // Fast path: registered address ranges by start address, each with the identity
+  // (gpu::AllocationId) of every page it covers. A pointer range inside one whose pages still
+  // have those identities is the same memory: no export, no message.
+  struct Range {
+    uint64_t end = 0;
+    uint64_t buffer_id = 0;
+    int device = -1;
+    std::vector<std::pair<uint64_t, uint64_t>> pages;  // (start address, allocation id)
+  };
+  std::optional<Registered> FindCachedLocked(uint64_t ptr, uint64_t len) const;
+  std::map<uint64_t, Range> ranges_;
 };
 
 }  // namespace tier::client

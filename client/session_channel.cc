@@ -72,12 +72,12 @@ absl::StatusOr<AttachResult> SessionChannel::Attach(uint64_t session_id, const s
   return result;
 }
 
-absl::StatusOr<uint64_t> SessionChannel::Register(const wire::RegisterBuffer& request, int fd) {
+absl::StatusOr<uint64_t> SessionChannel::Register(const wire::RegisterBuffer& request,
+                                                  absl::Span<const int> fds) {
   wire::RegisterBuffer message = request;
   uint64_t id = next_request_++;
   message.header = Header(wire::MessageType::kRegisterBuffer, id);
-  absl::Status sent = fd >= 0 ? SendMessage(fd_.get(), &message, sizeof(message), {&fd, 1})
-                              : SendMessage(fd_.get(), &message, sizeof(message));
+  absl::Status sent = SendMessage(fd_.get(), &message, sizeof(message), fds);
   if (!sent.ok()) return sent;
   absl::StatusOr<wire::RegisterBufferReply> reply = ReceiveReply<wire::RegisterBufferReply>(
       fd_.get(), wire::MessageType::kRegisterBufferReply, id, nullptr);

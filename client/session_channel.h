@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "tier/session_wire.h"
 
@@ -29,8 +30,8 @@ class SessionChannel {
   SessionChannel(SessionChannel&&) = default;
 
   absl::StatusOr<AttachResult> Attach(uint64_t session_id, const std::string& token);
-  // `fd` may be -1 (kinds without a descriptor).
-  absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, int fd);
+  // `fds`: none, one, or one per page (kCudaVmmPages).
+  absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, absl::Span<const int> fds);
   absl::Status Unregister(uint64_t buffer_id);
   int fd() const { return fd_.get(); }
 

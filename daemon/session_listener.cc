@@ -213,16 +213,44 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     status = absl::FailedPreconditionError("session is ending");
   } else if (!parsed) {
     status = absl::InvalidArgumentError("malformed register request");
-  } else if (fds.size() > 1) {
+  } else if (request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages) &&
+             fds.size() > 1) {
     status = absl::InvalidArgumentError("register carries more than one descriptor");
-  } else {
-    gpu::BufferImport import;
+  }
+  gpu::BufferImport import;
+  if (status.ok()) {
     import.kind = static_cast<wire::BufferKind>(request.kind);
     import.device = request.device;
     import.bytes = request.bytes;
     std::memcpy(import.ipc_handle.data(), request.handle, import.ipc_handle.size());
     std::memcpy(import.device_uuid.data(), request.device_uuid, import.device_uuid.size());
-    if (!fds.empty()) import.fd = std::move(fds[0]);
+    if (import.kind == wire::BufferKind::kCudaVmmPages) {
+      // Page sizes from the handle bytes; exactly one fd per non-zero size, sizes summing to
+      // `bytes` (checked without overflow).
+      uint64_t sum = 0;
+      for (size_t i = 0; i < wire::kMaxVmmPages; ++i) {
+        uint64_t page;
+        std::memcpy(&page, request.handle + 8 * i, sizeof(page));
+        if (page == 0) break;
+        if (page > request.bytes - sum) {
+          status = absl::InvalidArgumentError("VMM page sizes exceed the registered size");
+          break;
+        }
+        sum += page;
+        import.page_bytes.push_back(page);
+      }
+      if (status.ok() && (sum != request.bytes || import.page_bytes.size() != fds.size() ||
+                          fds.empty())) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "VMM pages: ", import.page_bytes.size(), " sizes summing to ", sum, " for ",
+            fds.size(), " descriptors and ", request.bytes, " bytes"));
+      }
+      import.page_fds = std::move(fds);
+    } else if (!fds.empty()) {
+      import.fd = std::move(fds[0]);
+    }
+  }
+  if (status.ok()) {
     absl::StatusOr<std::unique_ptr<gpu::ImportedBuffer>> buffer =
         engine_.Import(c.session->engine_session(), std::move(import));
     if (buffer.ok()) {

@@ -52,6 +52,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -89,6 +90,10 @@ struct DeviceAllocation {
   uint64_t offset = 0;                                  // the queried pointer's offset in it
   std::array<uint8_t, 64> ipc_handle{};                 // kCudaIpc, kCudaSemaphores
   UniqueFd fd;                                          // kCudaVmmFd: POSIX fd shareable handle
+  // kCudaVmmPages: one fd per page, in address order; their sizes are also packed into
+  // ipc_handle as little-endian uint64 (the wire format).
+  std::vector<UniqueFd> page_fds;
+  std::vector<uint64_t> page_bytes;
 };
 
 // Finds the allocation holding `device_ptr` (any pointer inside it) and exports it:
@@ -101,6 +106,18 @@ struct DeviceAllocation {
 // Errors: INVALID_ARGUMENT for host, managed or unknown pointers and for memory that cannot be
 // exported (e.g. from a stream-ordered pool); UNIMPLEMENTED without a GPU runtime.
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr);
+
+// A cheap identity of the allocation mapped at `device_ptr` (CUDA's buffer id: unique for the
+// life of the process, so a freed and reallocated range gets a new one); 0 where there is none or
+// the runtime cannot tell. Lets the client reuse a registration without exporting again.
+uint64_t AllocationId(const void* device_ptr);
+
+// ExportDeviceAllocation for a range: the allocation holding `device_ptr`, which must also hold
+// `len` bytes from it. A range over VMM pages mapped side by side (PyTorch expandable segments)
+// becomes one kCudaVmmPages allocation of up to wire::kMaxVmmPages pages. OUT_OF_RANGE when the
+// range crosses the end of a cudaMalloc allocation, runs into unmapped or non-exportable memory,
+// or needs more pages. len == 0 is ExportDeviceAllocation.
+absl::StatusOr<DeviceAllocation> ExportDeviceRange(const void* device_ptr, uint64_t len);
 
 // The semaphore page of one session on one GPU, with the ticket stream. Thread-safe.
 class DeviceSync {

@@ -247,6 +247,17 @@ class CudaDeviceSync final : public DeviceSync {
 
 int GpuDeviceCount() { return cuda::DeviceCount(); }
 
+uint64_t AllocationId(const void* device_ptr) {
+  absl::StatusOr<const Driver*> driver = cuda::GetDriver();
+  if (!driver.ok() || (*driver)->PointerGetAttribute == nullptr) return 0;
+  unsigned long long id = 0;
+  if ((*driver)->PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                     reinterpret_cast<CUdeviceptr>(device_ptr)) != CUDA_SUCCESS) {
+    return 0;
+  }
+  return id;
+}
+
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) {
   if (device_ptr == nullptr) return absl::InvalidArgumentError("null device pointer");
   absl::StatusOr<const Driver*> driver = cuda::GetDriver();

@@ -223,6 +223,8 @@ class HipDeviceSync final : public DeviceSync {
 
 int GpuDeviceCount() { return hip::DeviceCount(); }
 
+uint64_t AllocationId(const void*) { return 0; }  // no cheap identity: always export
+
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) {
   if (device_ptr == nullptr) return absl::InvalidArgumentError("null device pointer");
   hipPointerAttribute_t attributes{};

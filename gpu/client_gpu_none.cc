@@ -6,6 +6,8 @@ namespace tier::gpu {
 
 int GpuDeviceCount() { return 0; }
 
+uint64_t AllocationId(const void*) { return 0; }  // no cheap identity: always export
+
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void*) {
   return absl::UnimplementedError("this client library was built without GPU support");
 }

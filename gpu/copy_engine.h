@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 
 #include "absl/functional/any_invocable.h"
@@ -40,6 +41,9 @@ struct BufferImport {
   std::array<uint8_t, 64> ipc_handle{};
   std::array<uint8_t, 16> device_uuid{};
   UniqueFd fd;  // kHostMemfd, kCudaVmmFd
+  // kCudaVmmPages: one fd and size per page, in address order (validated by the listener).
+  std::vector<UniqueFd> page_fds;
+  std::vector<uint64_t> page_bytes;
 };
 
 // Per-session engine state. GPU engines keep here the session's own D2H/H2D streams (so a client

@@ -93,6 +93,7 @@ absl::StatusOr<Driver> Load() {
   get("cuMemSetAccess", &d.MemSetAccess);
   get("cuMemRelease", &d.MemRelease);
   get("cuMemCreate", &d.MemCreate);
+  get("cuPointerGetAttribute", &d.PointerGetAttribute);
   if (!s.ok()) return s;
   return d;
 }

@@ -39,6 +39,7 @@ struct Driver {
   PFN_cuMemSetAccess_v10020 MemSetAccess = nullptr;
   PFN_cuMemRelease_v10020 MemRelease = nullptr;
   PFN_cuMemCreate_v10020 MemCreate = nullptr;  // tests allocate VMM memory with it
+  PFN_cuPointerGetAttribute_v4000 PointerGetAttribute = nullptr;
 };
 
 // Loads the table once (thread-safe); UNAVAILABLE with the reason if the runtime or driver is

@@ -50,11 +50,17 @@ class VmmMapping final : public DeviceMapping {
       : driver_(driver), base_(base), bytes_(bytes), device_(device) {}
   ~VmmMapping() override {
     cuda::DeviceGuard guard(device_);
-    if (CUresult r = driver_.MemUnmap(base_, bytes_); r != CUDA_SUCCESS) {
-      LogWarning(cuda::DriverError(r, "cuMemUnmap").message());
+    uint64_t unmapped = 0;
+    for (uint64_t page : mapped_pages_) {  // each cuMemMap is unmapped whole
+      if (CUresult r = driver_.MemUnmap(base_ + unmapped, page); r != CUDA_SUCCESS) {
+        LogWarning(cuda::DriverError(r, "cuMemUnmap").message());
+      }
+      unmapped += page;
     }
     (void)driver_.MemAddressFree(base_, bytes_);
   }
+  // Records a page mapped at base + (sum of earlier pages); the destructor unmaps it.
+  void AddMappedPage(uint64_t bytes) { mapped_pages_.push_back(bytes); }
   char* base() const override { return reinterpret_cast<char*>(base_); }
   uint64_t bytes() const override { return bytes_; }
   int device() const override { return device_; }
@@ -64,6 +70,7 @@ class VmmMapping final : public DeviceMapping {
   CUdeviceptr base_;
   uint64_t bytes_;
   int device_;
+  std::vector<uint64_t> mapped_pages_;
 };
 
 class CudaRuntime final : public GpuRuntime {
@@ -179,7 +186,13 @@ class CudaRuntime final : public GpuRuntime {
     if (import.bytes == 0) return absl::InvalidArgumentError("GPU buffer of 0 bytes");
     cuda::DeviceGuard guard(*device);
     if (!guard.status().ok()) return guard.status();
-    if (import.kind == wire::BufferKind::kCudaVmmFd) return OpenVmm(import, *device);
+    if (import.kind == wire::BufferKind::kCudaVmmFd) {
+      import.page_fds.clear();
+      import.page_fds.push_back(std::move(import.fd));
+      import.page_bytes = {import.bytes};
+      return OpenVmm(import, *device);
+    }
+    if (import.kind == wire::BufferKind::kCudaVmmPages) return OpenVmm(import, *device);
     return OpenIpc(import, *device);
   }
 
@@ -227,68 +240,93 @@ class CudaRuntime final : public GpuRuntime {
     return mapping;
   }
 
+  // VMM memory: one page (kCudaVmmFd) or several mapped side by side (kCudaVmmPages, PyTorch's
+  // expandable segments). One VA reservation for them all, each page imported from its fd and
+  // mapped at its offset, so a job may cross page boundaries as it does in the client.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenVmm(BufferImport& import, int device) {
-    if (!import.fd.valid()) {
-      return absl::InvalidArgumentError("VMM buffer registered without its file descriptor");
+    if (import.page_fds.empty() || import.page_fds.size() != import.page_bytes.size()) {
+      return absl::InvalidArgumentError("VMM buffer registered without its file descriptors");
     }
-    CUmemGenericAllocationHandle handle = 0;
-    CUresult r = driver_.MemImportFromShareableHandle(
-        &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(import.fd.get())),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    if (r != CUDA_SUCCESS) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          cuda::DriverError(r, "cannot import the VMM allocation fd").message(),
-          "; the fd is not a CUDA shareable handle of a device allocation"));
-    }
-    // From here on `handle` holds a reference; every exit releases it (a mapping holds its own).
-    auto release = [&] { (void)driver_.MemRelease(handle); };
-    CUmemAllocationProp prop{};
-    if (absl::Status s = CheckDriver(driver_.MemGetAllocationPropertiesFromHandle(&prop, handle),
-                                     "cuMemGetAllocationPropertiesFromHandle");
-        !s.ok()) {
-      release();
-      return s;
-    }
-    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device) {
-      release();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the VMM allocation lives on ",
-          prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
-              ? absl::StrCat("GPU ", prop.location.id, " of tierd")
-              : std::string("a non-device location"),
-          ", but the client registered it for GPU ", device, " (", UuidText(import.device_uuid),
-          ")"));
-    }
+    struct Page {
+      CUmemGenericAllocationHandle handle = 0;
+      uint64_t bytes = 0;
+    };
+    std::vector<Page> pages;
+    auto release_all = [&] {
+      for (Page& page : pages) (void)driver_.MemRelease(page.handle);
+    };
     size_t granularity = 0;
-    if (absl::Status s = CheckDriver(driver_.MemGetAllocationGranularity(
-                                         &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                                     "cuMemGetAllocationGranularity");
-        !s.ok()) {
-      release();
-      return s;
-    }
-    if (granularity == 0 || import.bytes % granularity != 0) {
-      release();
-      return absl::InvalidArgumentError(absl::StrCat("VMM buffer of ", import.bytes,
-                                                     " bytes is not a multiple of the ",
-                                                     granularity, "-byte allocation granularity"));
+    for (size_t i = 0; i < import.page_fds.size(); ++i) {
+      if (!import.page_fds[i].valid()) {
+        release_all();
+        return absl::InvalidArgumentError("VMM page without a valid descriptor");
+      }
+      CUmemGenericAllocationHandle handle = 0;
+      CUresult r = driver_.MemImportFromShareableHandle(
+          &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(import.page_fds[i].get())),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      if (r != CUDA_SUCCESS) {
+        release_all();
+        return absl::InvalidArgumentError(absl::StrCat(
+            cuda::DriverError(r, "cannot import the VMM allocation fd").message(),
+            "; the fd is not a CUDA shareable handle of a device allocation"));
+      }
+      pages.push_back({handle, import.page_bytes[i]});
+      CUmemAllocationProp prop{};
+      if (absl::Status s = CheckDriver(driver_.MemGetAllocationPropertiesFromHandle(&prop, handle),
+                                       "cuMemGetAllocationPropertiesFromHandle");
+          !s.ok()) {
+        release_all();
+        return s;
+      }
+      if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device) {
+        release_all();
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the VMM allocation lives on ",
+            prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                ? absl::StrCat("GPU ", prop.location.id, " of tierd")
+                : std::string("a non-device location"),
+            ", but the client registered it for GPU ", device, " (", UuidText(import.device_uuid),
+            ")"));
+      }
+      if (granularity == 0) {
+        if (absl::Status s = CheckDriver(driver_.MemGetAllocationGranularity(
+                                             &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                                         "cuMemGetAllocationGranularity");
+            !s.ok()) {
+          release_all();
+          return s;
+        }
+      }
+      if (granularity == 0 || import.page_bytes[i] == 0 || import.page_bytes[i] % granularity != 0) {
+        release_all();
+        return absl::InvalidArgumentError(absl::StrCat(
+            "VMM page of ", import.page_bytes[i], " bytes is not a positive multiple of the ",
+            granularity, "-byte allocation granularity"));
+      }
     }
     CUdeviceptr va = 0;
     if (absl::Status s = CheckDriver(driver_.MemAddressReserve(&va, import.bytes, granularity, 0, 0),
                                      "cuMemAddressReserve");
         !s.ok()) {
-      release();
+      release_all();
       return s;
     }
-    r = driver_.MemMap(va, import.bytes, 0, handle, 0);
-    release();  // the mapping (if any) keeps the allocation alive
-    if (r != CUDA_SUCCESS) {
-      (void)driver_.MemAddressFree(va, import.bytes);
-      return absl::InvalidArgumentError(absl::StrCat(
-          cuda::DriverError(r, "cuMemMap of the imported VMM allocation").message(),
-          "; the registered size (", import.bytes, " bytes) probably exceeds the allocation"));
-    }
     auto mapping = std::make_unique<VmmMapping>(driver_, va, import.bytes, device);
+    uint64_t offset = 0;
+    for (size_t i = 0; i < pages.size(); ++i) {
+      CUresult r = driver_.MemMap(va + offset, pages[i].bytes, 0, pages[i].handle, 0);
+      if (r != CUDA_SUCCESS) {
+        release_all();  // the mapping object unmaps the pages mapped so far and frees the VA
+        return absl::InvalidArgumentError(absl::StrCat(
+            cuda::DriverError(r, "cuMemMap of the imported VMM allocation").message(),
+            "; the registered size of page ", i, " (", pages[i].bytes,
+            " bytes) probably exceeds the allocation"));
+      }
+      mapping->AddMappedPage(pages[i].bytes);
+      offset += pages[i].bytes;
+    }
+    release_all();  // the mappings keep the allocations alive
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device;

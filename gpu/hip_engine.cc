@@ -125,7 +125,8 @@ class HipRuntime final : public GpuRuntime {
   void UnregisterHost(char* base) override { (void)hipHostUnregister(base); }
 
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
-    if (import.kind == wire::BufferKind::kCudaVmmFd) {
+    if (import.kind == wire::BufferKind::kCudaVmmFd ||
+        import.kind == wire::BufferKind::kCudaVmmPages) {
       return absl::UnimplementedError(
           "the HIP engine cannot import VMM (fd) allocations: this HIP has no "
           "hipMemImportFromShareableHandle; register hipMalloc memory");

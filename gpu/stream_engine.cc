@@ -300,6 +300,7 @@ class StreamEngine final : public CopyEngine {
     switch (import.kind) {
       case wire::BufferKind::kCudaIpc:
       case wire::BufferKind::kCudaVmmFd:
+      case wire::BufferKind::kCudaVmmPages:
       case wire::BufferKind::kCudaSemaphores:
         break;
       case wire::BufferKind::kHostMemfd:

@@ -18,7 +18,7 @@ namespace tier::wire {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxMessageBytes = 512;
-inline constexpr size_t kMaxFds = 4;
+inline constexpr size_t kMaxFds = 8;  // kCudaVmmPages carries up to 8
 
 enum class MessageType : uint32_t {
   kAttachRequest = 1,
@@ -63,7 +63,13 @@ enum class BufferKind : uint32_t {
   kCudaIpc = 2,       // handle: cudaIpcMemHandle_t of an allocation base, `bytes` its size
   kCudaVmmFd = 3,     // fd: POSIX fd shareable handle of a VMM allocation of `bytes`
   kCudaSemaphores = 4,  // handle: cudaIpcMemHandle_t of a semaphore page (gpu/client_gpu.h)
+  // fds: POSIX fd shareable handles of 1..kMaxVmmPages VMM allocations mapped side by side in the
+  // client (PyTorch expandable segments), in address order; handle: their sizes as little-endian
+  // uint64 (unused slots 0); `bytes` their sum. The daemon maps them side by side too.
+  kCudaVmmPages = 5,
 };
+
+inline constexpr size_t kMaxVmmPages = 8;
 
 struct RegisterBuffer {
   MessageHeader header;

@@ -406,6 +406,86 @@ INSTANTIATE_TEST_SUITE_P(Allocators, DaemonGpuTest,
                            return info.param == Alloc::kCudaMalloc ? "cudaMalloc" : "VMM";
                          });
 
+// PyTorch's expandable segments: several physical allocations mapped side by side in one VA
+// reservation. A range crossing pages is registered as one buffer of those pages; jobs over the
+// page boundaries move the right bytes both ways.
+TEST(DaemonGpuVmmPages, JobsCrossPagesOfOneReservation) {
+  CUDA_OK(cudaFree(nullptr));  // the runtime's context first, as a framework would have it
+  const gpu::cuda::Driver* d = *gpu::cuda::GetDriver();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t granularity = 0;
+  ASSERT_EQ(d->MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            CUDA_SUCCESS);
+  const uint64_t page = 2 * granularity;  // pages of different sizes: 2, 1 and 3 granules
+  const uint64_t sizes[] = {page, granularity, 3 * granularity};
+  const uint64_t total = sizes[0] + sizes[1] + sizes[2];
+  CUdeviceptr va = 0;
+  ASSERT_EQ(d->MemAddressReserve(&va, total, granularity, 0, 0), CUDA_SUCCESS);
+  uint64_t offset = 0;
+  for (uint64_t size : sizes) {
+    CUmemGenericAllocationHandle handle = 0;
+    ASSERT_EQ(d->MemCreate(&handle, size, &prop, 0), CUDA_SUCCESS);
+    ASSERT_EQ(d->MemMap(va + offset, size, 0, handle, 0), CUDA_SUCCESS);
+    d->MemRelease(handle);
+    offset += size;
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_EQ(d->MemSetAccess(va, total, &access, 1), CUDA_SUCCESS);
+  char* base = reinterpret_cast<char*>(va);
+
+  TierdProcess tierd({"--engine=cuda", "--copy_delay_us=5000"});
+  {  // the session closes (the daemon unmaps the pages) before the pages go
+  Session session(tierd);
+  // One page alone is still one page (plain registration and a range inside it).
+  tier_buffer_id first_page;
+  uint64_t first_offset;
+  ASSERT_EQ(tier_buffer_register_device(session.get(), base + 4096, &first_page, &first_offset),
+            TIER_OK) << tier_last_error();
+  EXPECT_EQ(first_offset, 4096u);
+  // A range from inside page 0 to inside page 2: three pages, one buffer.
+  const uint64_t start = sizes[0] / 2, len = total - sizes[2] / 2 - start;
+  tier_buffer_id buffer;
+  uint64_t at;
+  ASSERT_EQ(tier_buffer_register_device_range(session.get(), base + start, len, &buffer, &at),
+            TIER_OK) << tier_last_error();
+  EXPECT_EQ(at, start);
+  std::vector<uint8_t> pattern(len);
+  for (uint64_t i = 0; i < len; ++i) pattern[i] = static_cast<uint8_t>(i * 131 + i / 4096);
+  CUDA_OK(cudaMemcpy(base + start, pattern.data(), len, cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto [object, offload] = session.Offload(buffer, at, len, {stream});
+  ASSERT_EQ(session.Wait(offload), TIER_OK) << tier_last_error();
+  CUDA_OK(cudaMemsetAsync(base, 0, total, stream));
+  tier_job_id reload = session.Reload(object, buffer, at, len, stream, true);
+  std::vector<uint8_t> back(len);
+  CUDA_OK(cudaMemcpyAsync(back.data(), base + start, len, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(session.Wait(reload), TIER_OK);
+  EXPECT_TRUE(back == pattern) << "bytes differ after a round trip across VMM pages";
+  // Past the reservation's mapped pages: OUT_OF_RANGE, clearly.
+  EXPECT_EQ(tier_buffer_register_device_range(session.get(), base + start, total, &buffer, &at),
+            TIER_OUT_OF_RANGE);
+  // A cudaMalloc range past its allocation: OUT_OF_RANGE too.
+  DeviceMemory plain(Alloc::kCudaMalloc, kMiB);
+  EXPECT_EQ(tier_buffer_register_device_range(session.get(), plain.get(), 2 * kMiB, &buffer, &at),
+            TIER_OUT_OF_RANGE);
+  cudaStreamDestroy(stream);
+  }
+  offset = 0;
+  for (uint64_t size : sizes) {
+    d->MemUnmap(va + offset, size);
+    offset += size;
+  }
+  d->MemAddressFree(va, total);
+}
+
 // Bad input: host and unknown pointers, ranges past the allocation. Each gets a clear error;
 // ticketed jobs that fail still release the streams that wait on them, and the session and the
 // daemon keep working.

@@ -137,7 +137,7 @@ TEST(Protocol, MalformedRingEntriesGetClearCodes) {
   wire::RegisterBuffer reg{};
   reg.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);
   reg.bytes = 1 << 20;
-  absl::StatusOr<uint64_t> buffer = raw.channel->Register(reg, fd);
+  absl::StatusOr<uint64_t> buffer = raw.channel->Register(reg, {&fd, 1});
   ASSERT_TRUE(buffer.ok());
   auto offload = [&](uint64_t job, uint64_t object, uint64_t offset, uint64_t len) {
     return ring::SubmissionEntry{.job_id = job, .opcode = 1, .object_id = object,
