@@ -178,6 +178,17 @@ int Daemon::Run() {
   }
   LogInfo("signal ", signal_number, ": draining");
   notifier_.Stopping();
+  // Jobs clients pushed before the signal are in-flight work too: let the poller take what the
+  // rings hold now (briefly: a client that keeps pushing does not hold the stop), then refuse.
+  const uint64_t take_until = MonotonicMs() + 1000;
+  while (MonotonicMs() < take_until) {
+    bool empty = true;
+    for (const auto& session : registry_->ActiveSessions()) {
+      empty = empty && session->submissions().ObservedEmpty();
+    }
+    if (empty) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   uint64_t left = Drain(config_.drain_timeout_ms);
   if (left > 0) LogWarning(left, " jobs still in flight after ", config_.drain_timeout_ms, " ms");
   Shutdown();

@@ -149,12 +149,14 @@ void SessionRegistry::Reap() {
 
 void SessionRegistry::ExpirePending() {
   std::vector<std::shared_ptr<Session>> expired;
-  uint64_t now = MonotonicMs();
   {
     std::lock_guard lock(mu_);
+    // Read under the lock: a session opened after `now` was read would make now - created_ms
+    // wrap around and expire it at birth (seen under load).
+    const uint64_t now = MonotonicMs();
     for (auto& [id, session] : sessions_) {
       if (!session->attached() && !session->closing() &&
-          now - session->created_ms() > limits_.attach_timeout_ms) {
+          now > session->created_ms() + limits_.attach_timeout_ms) {
         expired.push_back(session);
       }
     }

@@ -177,6 +177,11 @@ class Consumer {
   bool Empty() const {
     return indices_->tail.value.load(std::memory_order_acquire) == head_;
   }
+  // Empty() for a thread other than the consumer's: compares the published indices only.
+  bool ObservedEmpty() const {
+    return indices_->tail.value.load(std::memory_order_acquire) ==
+           indices_->head.value.load(std::memory_order_acquire);
+  }
 
   // Before sleeping: set need_wakeup, fence, and look again. Returns true if an entry arrived in
   // between (then do not sleep; call CancelSleep()).

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "tier/tier.h"
@@ -18,6 +20,7 @@ static void die(tier_status status, const char* what) {
 }
 
 int main(int argc, char** argv) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test that started us */
   const char* socket_path = NULL;
   uint64_t mib = 8;
   for (int i = 1; i < argc; ++i) {

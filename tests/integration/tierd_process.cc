@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -45,6 +46,9 @@ TierdProcess::TierdProcess(std::vector<std::string> flags) {
   args.insert(args.end(), flags.begin(), flags.end());
   pid_ = ::fork();
   if (pid_ == 0) {
+    // A test that crashes must not leave its daemon behind (it would hold CTest's output pipe
+    // open until the timeout).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
