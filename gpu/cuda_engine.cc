@@ -139,9 +139,9 @@ class CudaRuntime final : public GpuRuntime {
   absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
                          uint64_t len) override {
     cudaError_t e = direction == Direction::kToPool
-                        ? cudaMemcpyAsync(pool, client, len, cudaMemcpyDeviceToHost,
+                        ? cudaMemcpyAsync(pool, client, len, cudaMemcpyDefault,
                                           static_cast<cudaStream_t>(stream))
-                        : cudaMemcpyAsync(client, pool, len, cudaMemcpyHostToDevice,
+                        : cudaMemcpyAsync(client, pool, len, cudaMemcpyDefault,
                                           static_cast<cudaStream_t>(stream));
     return CheckRuntime(e, direction == Direction::kToPool ? "cudaMemcpyAsync D2H"
                                                            : "cudaMemcpyAsync H2D");

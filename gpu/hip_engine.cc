@@ -89,9 +89,9 @@ class HipRuntime final : public GpuRuntime {
   absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
                          uint64_t len) override {
     hipError_t e = direction == Direction::kToPool
-                       ? hipMemcpyAsync(pool, client, len, hipMemcpyDeviceToHost,
+                       ? hipMemcpyAsync(pool, client, len, hipMemcpyDefault,
                                         static_cast<hipStream_t>(stream))
-                       : hipMemcpyAsync(client, pool, len, hipMemcpyHostToDevice,
+                       : hipMemcpyAsync(client, pool, len, hipMemcpyDefault,
                                         static_cast<hipStream_t>(stream));
     return CheckHip(e, "hipMemcpyAsync");
   }

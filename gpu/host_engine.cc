@@ -16,20 +16,19 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gpu/copy_engine.h"
+#include "gpu/memfd_mapping.h"
 
 namespace tier::gpu {
 namespace {
 
 class MappedMemfd final : public ImportedBuffer {
  public:
-  MappedMemfd(char* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
-  ~MappedMemfd() override { ::munmap(base_, bytes_); }
-  char* base() const override { return base_; }
-  uint64_t bytes() const override { return bytes_; }
+  explicit MappedMemfd(std::unique_ptr<MemfdMapping> mapping) : mapping_(std::move(mapping)) {}
+  char* base() const override { return mapping_->base(); }
+  uint64_t bytes() const override { return mapping_->bytes(); }
 
  private:
-  char* base_;
-  uint64_t bytes_;
+  std::unique_ptr<MemfdMapping> mapping_;
 };
 
 class HostSession final : public EngineSession {};
@@ -133,25 +132,10 @@ class HostEngine final : public CopyEngine {
       return absl::UnimplementedError(
           "the host engine copies only host memory (memfd buffers); this daemon has no GPU engine");
     }
-    if (!import.fd.valid()) return absl::InvalidArgumentError("host buffer without a memfd");
-    if (import.bytes == 0) return absl::InvalidArgumentError("host buffer of 0 bytes");
-    // A client could shrink its memfd under our mapping and crash the daemon with SIGBUS on the
-    // next copy; only memfds sealed against shrinking are accepted.
-    int seals = ::fcntl(import.fd.get(), F_GET_SEALS);
-    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-      return absl::InvalidArgumentError("host buffer fd must be a memfd sealed with F_SEAL_SHRINK");
-    }
-    struct stat st {};
-    if (::fstat(import.fd.get(), &st) != 0) return ErrnoStatus("fstat of host buffer");
-    if (static_cast<uint64_t>(st.st_size) < import.bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("host buffer memfd holds ", st.st_size,
-                                                     " bytes, fewer than the ", import.bytes,
-                                                     " registered"));
-    }
-    void* base = ::mmap(nullptr, import.bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                        import.fd.get(), 0);
-    if (base == MAP_FAILED) return ErrnoStatus("mmap of host buffer");
-    return std::make_unique<MappedMemfd>(static_cast<char*>(base), import.bytes);
+    absl::StatusOr<std::unique_ptr<MemfdMapping>> mapping =
+        MemfdMapping::Map(import.fd, import.bytes);
+    if (!mapping.ok()) return mapping.status();
+    return std::make_unique<MappedMemfd>(*std::move(mapping));
   }
 
   void Submit(CopyJob job) override {

@@ -1,5 +1,7 @@
 #include "gpu/stream_engine.h"
 
+#include "gpu/memfd_mapping.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -248,6 +250,22 @@ struct Release {
 constexpr int kMaxReleaseTries = 8;
 constexpr uint64_t kReleaseRetryNs = 200 * 1000 * 1000;
 
+// A registered (pinned) client memfd, unpinned and unmapped on destruction.
+class HostMapping final : public DeviceMapping {
+ public:
+  HostMapping(GpuRuntime& runtime, std::unique_ptr<MemfdMapping> mapping, int device)
+      : runtime_(runtime), mapping_(std::move(mapping)), device_(device) {}
+  ~HostMapping() override { runtime_.UnregisterHost(mapping_->base()); }
+  char* base() const override { return mapping_->base(); }
+  uint64_t bytes() const override { return mapping_->bytes(); }
+  int device() const override { return device_; }
+
+ private:
+  GpuRuntime& runtime_;
+  std::unique_ptr<MemfdMapping> mapping_;
+  int device_;
+};
+
 class StreamEngine final : public CopyEngine {
  public:
   StreamEngine(std::unique_ptr<GpuRuntime> runtime, const GpuEngineOptions& options)
@@ -304,9 +322,7 @@ class StreamEngine final : public CopyEngine {
       case wire::BufferKind::kCudaSemaphores:
         break;
       case wire::BufferKind::kHostMemfd:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the ", runtime_->name(),
-            " engine copies between GPU memory and the pool; register device memory, not a memfd"));
+        return ImportHost(state, session, import);
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("unknown buffer kind ", static_cast<uint32_t>(import.kind)));
@@ -339,6 +355,37 @@ class StreamEngine final : public CopyEngine {
   }
 
   bool orders_pool_reads() const override { return true; }
+
+  // A client's host memory (CPU tensors, the demo): mapped, pinned for the GPUs (portable), and
+  // copied by GPU 0's lanes like device memory. Jobs on it carry no tickets.
+  absl::StatusOr<std::unique_ptr<ImportedBuffer>> ImportHost(SessionState& state,
+                                                             GpuSession* session,
+                                                             BufferImport& import) {
+    absl::StatusOr<std::unique_ptr<MemfdMapping>> mapped =
+        MemfdMapping::Map(import.fd, import.bytes);
+    if (!mapped.ok()) return mapped.status();
+    if (absl::Status s = runtime_->RegisterHost((*mapped)->base(), (*mapped)->bytes()); !s.ok()) {
+      return s;
+    }
+    constexpr int kDevice = 0;
+    for (Direction direction : {Direction::kToPool, Direction::kFromPool}) {
+      absl::StatusOr<std::shared_ptr<Lane>> lane = GetLane(state, kDevice, direction);
+      if (!lane.ok()) {
+        runtime_->UnregisterHost((*mapped)->base());
+        return lane.status();
+      }
+    }
+    auto mapping = std::make_unique<HostMapping>(*runtime_, *std::move(mapped), kDevice);
+    char* base = mapping->base();
+    {
+      std::lock_guard lock(state.mu);
+      SessionState::Range& range = state.ranges[reinterpret_cast<uintptr_t>(base)];
+      range.end = reinterpret_cast<uintptr_t>(base) + mapping->bytes();
+      range.device = kDevice;
+      ++range.refs;
+    }
+    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared());
+  }
 
   void Submit(CopyJob job) override {
     auto* session = static_cast<GpuSession*>(job.session);
