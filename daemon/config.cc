@@ -328,12 +328,29 @@ std::vector<Key> BuildKeys() {
                            "mlock the pool: off, best-effort (warn on failure) or required",
                            &Config::pool_lock, {"off", "best-effort", "required"}));
 
+  constexpr absl::string_view kSpill = "NVMe tier";
+  keys.push_back(SizeKey("spill_bytes", kSpill, "size of the spill file in spill_dir; 0: no NVMe tier",
+                         &Config::spill_bytes, true, 0));
+  keys.push_back(IntegerKey("spill_high_pct", kSpill,
+                            "spill objects to NVMe while the host pool is fuller than this (%)",
+                            &Config::spill_high_pct, 1, 100));
+  keys.push_back(IntegerKey("spill_low_pct", kSpill, "... until it is no fuller than this (%)",
+                            &Config::spill_low_pct, 0, 100));
+  keys.push_back(ChoiceKey("spill_io", kSpill,
+                           "spill I/O: auto (io_uring, else a pread/pwrite thread pool), io_uring "
+                           "or thread_pool",
+                           &Config::spill_io, {"auto", "io_uring", "thread_pool"}));
+  keys.push_back(IntegerKey("spill_queue_depth", kSpill, "spill I/O requests in flight",
+                            &Config::spill_queue_depth, 1, 1024));
+  keys.push_back(SizeKey("spill_io_bytes", kSpill, "largest single spill I/O (multiple of 4 KiB)",
+                         &Config::spill_io_bytes, false, 4096));
+
   keys.push_back(
       SizeKey("default_quota_bytes", kSessions,
-              "pool bytes a session may hold unless it asks otherwise; 0: the whole pool",
+              "bytes (all tiers) a session may hold unless it asks otherwise; 0: all the daemon holds",
               &Config::default_quota_bytes, true, 0));
   keys.push_back(SizeKey("max_quota_bytes", kSessions,
-                         "most pool bytes any one session may hold; 0: the whole pool",
+                         "most bytes (all tiers) any one session may hold; 0: all the daemon holds",
                          &Config::max_quota_bytes, true, 0));
   keys.push_back(IntegerKey("ring_entries", kSessions,
                             "job ring entries per session (power of two, 8..65536)",
@@ -642,6 +659,14 @@ absl::Status Finalize(Config* config) {
   if (config->socket_path == config->session_socket_path) {
     return absl::InvalidArgumentError(
         absl::StrCat("socket and session_socket are both ", config->socket_path));
+  }
+  if (config->spill_low_pct > config->spill_high_pct) {
+    return absl::InvalidArgumentError(absl::StrCat("spill_low_pct (", config->spill_low_pct,
+                                                   ") exceeds spill_high_pct (",
+                                                   config->spill_high_pct, ")"));
+  }
+  if (config->spill_io_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError("spill_io_bytes must be a multiple of 4096");
   }
   if (config->default_quota_bytes != 0 && config->max_quota_bytes != 0 &&
       config->default_quota_bytes > config->max_quota_bytes) {

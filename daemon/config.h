@@ -37,6 +37,13 @@ struct Config {
   // Sessions.
   // Quotas stay 0 after Finalize() when unset: 0 means "the whole pool" and the daemon resolves it
   // against the pool it actually built (Finalize checks default <= max when both are set).
+  // NVMe tier (spill). spill_bytes 0: no spill tier.
+  uint64_t spill_bytes = 0;          // spill_bytes: size of the spill file in spill_dir
+  uint32_t spill_high_pct = 90;      // spill_high_pct: spill while the host pool is fuller than this
+  uint32_t spill_low_pct = 75;       // spill_low_pct: ... until it is this full
+  std::string spill_io = "auto";     // spill_io: auto | io_uring | thread_pool
+  uint32_t spill_queue_depth = 16;   // spill_queue_depth
+  uint64_t spill_io_bytes = 1 << 20; // spill_io_bytes: largest single I/O
   uint64_t default_quota_bytes = 0;  // default_quota_bytes (0: the whole pool)
   uint64_t max_quota_bytes = 0;      // max_quota_bytes (0: the whole pool)
   uint32_t ring_entries = 1024;      // ring_entries

@@ -10,10 +10,10 @@ grpc::Status ToGrpc(const absl::Status& status) {
 }
 
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
-                               storage::HostPool& pool, DaemonMetrics& metrics,
-                               std::function<uint64_t(uint32_t)> drain)
-    : context_(std::move(context)), registry_(registry), pool_(pool), metrics_(metrics),
-      drain_(std::move(drain)) {}
+                               storage::HostPool& pool, Spiller* spiller,
+                               DaemonMetrics& metrics, std::function<uint64_t(uint32_t)> drain)
+    : context_(std::move(context)), registry_(registry), pool_(pool), spiller_(spiller),
+      metrics_(metrics), drain_(std::move(drain)) {}
 
 v1::HealthResponse::State ControlService::State() const {
   return registry_.draining() ? v1::HealthResponse::DRAINING : v1::HealthResponse::SERVING;
@@ -74,6 +74,23 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   host->set_used_bytes(usage.used_bytes);
   host->set_free_bytes(usage.free_bytes);
   host->set_objects(usage.allocations);
+  if (spiller_ != nullptr) {
+    v1::TierStatus* nvme = response->add_tiers();
+    nvme->set_name("nvme");
+    for (const storage::SpillFileUsage& file : spiller_->store().Usage()) {
+      nvme->set_capacity_bytes(nvme->capacity_bytes() + file.capacity_bytes);
+      nvme->set_used_bytes(nvme->used_bytes() + file.used_bytes);
+      nvme->set_objects(nvme->objects() + file.records);
+    }
+    nvme->set_free_bytes(nvme->capacity_bytes() - nvme->used_bytes());
+    const SpillCounters& c = spiller_->counters();
+    response->set_spill_io(std::string(spiller_->store().io_queue_name()));
+    response->set_bytes_spilled(c.bytes_spilled.load(std::memory_order_relaxed));
+    response->set_bytes_fetched(c.bytes_fetched.load(std::memory_order_relaxed));
+    response->set_spill_write_errors(c.write_errors.load(std::memory_order_relaxed));
+    response->set_spill_read_errors(c.read_errors.load(std::memory_order_relaxed));
+    response->set_checksum_failures(c.checksum_failures.load(std::memory_order_relaxed));
+  }
   response->set_sessions(static_cast<uint32_t>(registry_.size()));
   response->set_jobs_in_flight(metrics_.jobs_in_flight.load(std::memory_order_relaxed));
   response->set_jobs_completed(metrics_.totals.jobs_completed.load(std::memory_order_relaxed));

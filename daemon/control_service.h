@@ -8,6 +8,7 @@
 
 #include "daemon/metrics.h"
 #include "daemon/session_registry.h"
+#include "daemon/spiller.h"
 #include "storage/host_pool.h"
 #include "tier.grpc.pb.h"
 
@@ -24,7 +25,9 @@ struct ControlContext {
 class ControlService final : public tier::v1::Control::Service {
  public:
   // `drain(timeout_ms)` stops admission and waits for in-flight jobs; returns jobs left.
+  // `spiller`: the NVMe tier, or null.
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
+                 Spiller* spiller,
                  DaemonMetrics& metrics, std::function<uint64_t(uint32_t)> drain);
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
@@ -48,6 +51,7 @@ class ControlService final : public tier::v1::Control::Service {
   const ControlContext context_;
   SessionRegistry& registry_;
   storage::HostPool& pool_;
+  Spiller* spiller_;
   DaemonMetrics& metrics_;
   std::function<uint64_t(uint32_t)> drain_;
 };

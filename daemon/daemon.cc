@@ -31,6 +31,15 @@ absl::Status MakeParentDir(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status MakeDir(const std::string& path) {
+  std::error_code error;
+  std::filesystem::create_directories(path, error);
+  if (error) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", path, ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
 // A second daemon on the same socket would steal it from the first: refuse to start instead.
 absl::Status CheckNotRunning(const std::string& socket_path) {
   if (::access(socket_path.c_str(), F_OK) != 0) return absl::OkStatus();
@@ -105,16 +114,41 @@ absl::Status Daemon::Init() {
           pool_->registered() ? "registered with the GPU" : (pool_->locked() ? "mlocked" : "pageable"),
           " in ", (MonotonicNs() - start_ns) / 1000000, " ms; engine: ", engine_->name());
 
-  uint64_t quota_cap = config_.max_quota_bytes ? config_.max_quota_bytes : pool_->bytes();
+  // Quotas count a session's bytes in every tier: by default, all the daemon can hold.
+  const uint64_t capacity = pool_->bytes() + config_.spill_bytes;
+  uint64_t quota_cap = config_.max_quota_bytes ? config_.max_quota_bytes : capacity;
   SessionLimits limits;
   limits.default_quota_bytes =
-      std::min(config_.default_quota_bytes ? config_.default_quota_bytes : pool_->bytes(), quota_cap);
+      std::min(config_.default_quota_bytes ? config_.default_quota_bytes : capacity, quota_cap);
   limits.max_quota_bytes = quota_cap;
   limits.default_ring_entries = config_.ring_entries;
   limits.max_sessions = config_.max_sessions;
   limits.attach_timeout_ms = config_.attach_timeout_ms;
 
   executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
+  if (config_.spill_bytes > 0) {
+    if (absl::Status s = MakeDir(config_.spill_dir); !s.ok()) return s;
+    storage::SpillStoreOptions spill;
+    spill.directories = {config_.spill_dir};
+    spill.file_bytes = config_.spill_bytes;
+    spill.io_bytes = config_.spill_io_bytes;
+    spill.queue_depth = config_.spill_queue_depth;
+    if (!storage::ParseIoQueueKind(config_.spill_io, &spill.io_queue)) {
+      return absl::InvalidArgumentError(absl::StrCat("spill_io: unknown '", config_.spill_io, "'"));
+    }
+    spill.registered_buffers = {storage::IoBuffer{pool_->base(), pool_->bytes()}};
+    absl::StatusOr<std::unique_ptr<storage::SpillStore>> store =
+        storage::SpillStore::Create(std::move(spill));
+    if (!store.ok()) return store.status();
+    spill_store_ = *std::move(store);
+    spiller_ = std::make_unique<Spiller>(
+        *pool_, *spill_store_, SpillerOptions{config_.spill_high_pct, config_.spill_low_pct});
+    spiller_->Start();
+    executor_->set_spiller(spiller_.get());
+    LogInfo("NVMe tier: ", config_.spill_bytes >> 20, " MiB in ", spill_store_->file_path(0),
+            ", I/O through ", std::string(spill_store_->io_queue_name()), "; spill above ",
+            config_.spill_high_pct, "% of the host pool, down to ", config_.spill_low_pct, "%");
+  }
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
   poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
   if (absl::Status s = poller_->Start(); !s.ok()) return s;
@@ -131,7 +165,7 @@ absl::Status Daemon::Init() {
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
                          config_.attach_timeout_ms, started_ms_};
-  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, metrics_,
+  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, spiller_.get(), metrics_,
                                               [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;
@@ -206,6 +240,7 @@ void Daemon::Shutdown() {
   if (listener_) listener_->Stop();
   if (poller_) poller_->Stop();
   if (registry_) registry_->EndAllAndWait();
+  if (spiller_) spiller_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());
 }

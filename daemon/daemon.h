@@ -12,6 +12,7 @@
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/job_executor.h"
+#include "daemon/spiller.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_poller.h"
 #include "daemon/session_listener.h"
@@ -46,6 +47,8 @@ class Daemon {
   const uint64_t started_ms_;
   DaemonMetrics metrics_;
   std::unique_ptr<storage::HostPool> pool_;
+  std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
+  std::unique_ptr<Spiller> spiller_;
   std::unique_ptr<gpu::CopyEngine> engine_;
   std::unique_ptr<JobExecutor> executor_;
   std::unique_ptr<SessionRegistry> registry_;

@@ -106,11 +106,20 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
     }
     std::optional<storage::Extent> extent = pool_.Allocate(e.len);
     if (!extent) {
+      if (spiller_ != nullptr) {
+        spiller_->Kick();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "host pool full: no free extent of ", e.len,
+            " bytes (objects are being spilled to NVMe; retry, or the NVMe tier is full too)"));
+      }
       return absl::ResourceExhaustedError(
           absl::StrCat("host pool full: no free extent of ", e.len, " bytes"));
     }
     object->extent = *extent;
     object->len = e.len;
+    object->charged = extent->bytes;
+    object->hint = e.hint;
+    object->seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
     object->pins = 1;  // the fill
     session->objects().emplace(e.object_id, object);
     session->used_bytes() += extent->bytes;
@@ -141,6 +150,7 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
       UnpinLocked(*session, *object);
     }
     for (auto& start : waiters) start(status);
+    if (status.ok() && spiller_ != nullptr) spiller_->Track(session, object);
     Complete(*session, e, status);
   };
   engine_.Submit(std::move(job));
@@ -152,6 +162,7 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
   absl::StatusOr<Range> range = CheckRange(*session, e);
   if (!range.ok()) return range.status();
   std::shared_ptr<Object> object;
+  bool spilled = false;
   {
     std::lock_guard lock(session->mu());
     auto it = session->objects().find(e.object_id);
@@ -188,6 +199,23 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
           });
       return absl::OkStatus();
     }
+    spilled = object->where == Object::Where::kNvme || object->where == Object::Where::kFetching;
+  }
+  if (spilled) {
+    // NVMe -> host first (the spiller shares one read among concurrent reloads), then the copy.
+    spiller_->Fetch(session, object,
+                    [this, session, e, object, range = *range](absl::Status fetched) mutable {
+                      if (fetched.ok()) {
+                        StartReloadCopy(session, e, std::move(object), std::move(range));
+                        return;
+                      }
+                      {
+                        std::lock_guard lock(session->mu());
+                        UnpinLocked(*session, *object);
+                      }
+                      Complete(*session, e, fetched);
+                    });
+    return absl::OkStatus();
   }
   StartReloadCopy(session, e, std::move(object), std::move(*range));
   return absl::OkStatus();
@@ -250,9 +278,15 @@ absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e)
 
 void JobExecutor::UnpinLocked(Session& session, Object& object) {
   if (--object.pins > 0 || !object.dropped) return;
-  pool_.Free(object.extent);
-  session.used_bytes() -= object.extent.bytes;
-  object.extent = {};
+  if (object.where == Object::Where::kNvme) {
+    if (spiller_ != nullptr) spiller_->Release(object.spill);
+    object.spill = {};
+  } else if (object.extent.bytes != 0) {
+    pool_.Free(object.extent);
+    object.extent = {};
+  }
+  session.used_bytes() -= object.charged;
+  object.charged = 0;
 }
 
 void JobExecutor::ReleaseAll(Session& session) {

@@ -10,11 +10,13 @@
 #ifndef TIER_DAEMON_JOB_EXECUTOR_H_
 #define TIER_DAEMON_JOB_EXECUTOR_H_
 
+#include <atomic>
 #include <memory>
 
 #include "absl/status/status.h"
 #include "daemon/metrics.h"
 #include "daemon/session.h"
+#include "daemon/spiller.h"
 #include "gpu/copy_engine.h"
 #include "storage/host_pool.h"
 #include "tier/ring.h"
@@ -25,6 +27,8 @@ class JobExecutor {
  public:
   JobExecutor(storage::HostPool& pool, gpu::CopyEngine& engine, DaemonMetrics& metrics)
       : pool_(pool), engine_(engine), metrics_(metrics) {}
+  // The NVMe tier, when there is one (set before any job runs).
+  void set_spiller(Spiller* spiller) { spiller_ = spiller; }
 
   // Starts one entry taken from the session's submission queue. Never waits for a copy.
   void Start(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry);
@@ -60,6 +64,8 @@ class JobExecutor {
   storage::HostPool& pool_;
   gpu::CopyEngine& engine_;
   DaemonMetrics& metrics_;
+  Spiller* spiller_ = nullptr;
+  std::atomic<uint64_t> next_seq_{1};
 };
 
 }  // namespace tier::daemon

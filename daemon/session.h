@@ -23,6 +23,7 @@
 #include "daemon/metrics.h"
 #include "gpu/copy_engine.h"
 #include "storage/extent_allocator.h"
+#include "storage/spill_store.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
@@ -35,11 +36,21 @@ struct Object {
   // kFailed: the fill failed (the object is already gone from the table; only jobs that were
   // accepted before that still hold it).
   enum class State { kFilling, kReady, kFailed };
-  storage::Extent extent;
+  // Which tier holds the bytes of a kReady object. kSpilling: host, a copy being written to NVMe;
+  // kFetching: NVMe, being read back into `extent`.
+  enum class Where { kHost, kSpilling, kNvme, kFetching };
+  storage::Extent extent;  // host pool bytes (Where kHost, kSpilling, kFetching)
   uint64_t len = 0;
+  uint64_t charged = 0;   // quota bytes charged to the session (returned at the final unpin)
   State state = State::kFilling;
+  Where where = Where::kHost;
+  storage::SpillRecord spill;  // Where kNvme, kFetching
+  uint64_t hint = 0;      // the offload's next-use hint (0: none)
+  uint64_t seq = 0;       // offload order within the daemon
   uint32_t pins = 0;      // jobs accepted that still use the extent (the fill counts as one)
   bool dropped = false;   // freed by the client (gone from the table)
+  // Jobs waiting for the bytes to be back in host memory (Where kFetching).
+  std::vector<std::function<void(absl::Status)>> on_host;
   // Reloads accepted while the object was still filling; started when the fill completes.
   std::vector<std::function<void(absl::Status)>> on_filled;
 };

@@ -175,7 +175,8 @@ int ReportNotRunning(std::string_view detail, std::ostream& err) {
 
 void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
   if (json) return PrintJson(status, out);
-  RenderFields({{"Version", absl::StrCat(status.version(), " (engine ", status.engine(), ")")},
+  std::vector<std::pair<std::string, std::string>> fields = {
+                {"Version", absl::StrCat(status.version(), " (engine ", status.engine(), ")")},
                 {"State", StateName(status.state())},
                 {"Uptime", FormatDuration(status.uptime_ms())},
                 {"Host pool pinned", YesNo(status.pool_locked())},
@@ -185,8 +186,16 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                                       status.jobs_failed(), " failed")},
                 {"Offloaded", FormatBytes(status.bytes_offloaded())},
                 {"Reloaded", FormatBytes(status.bytes_reloaded())},
-                {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())}},
-               out);
+                {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())}};
+  if (!status.spill_io().empty()) {  // an NVMe tier exists
+    fields.push_back({"NVMe I/O", status.spill_io()});
+    fields.push_back({"Spilled", FormatBytes(status.bytes_spilled())});
+    fields.push_back({"Fetched", FormatBytes(status.bytes_fetched())});
+    fields.push_back({"NVMe errors", absl::StrCat(status.spill_write_errors(), " write, ",
+                                                  status.spill_read_errors(), " read, ",
+                                                  status.checksum_failures(), " checksum")});
+  }
+  RenderFields(fields, out);
   out << '\n';
   RenderTiersTable(status, out);
 }

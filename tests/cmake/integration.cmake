@@ -17,3 +17,7 @@ add_dependencies(end_to_end_test doomed_client)
 tier_add_test(protocol_test LABEL integration TIMEOUT 600
   SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/protocol_test.cc
   LIBS tier_test_daemon tier_client_static)
+
+tier_add_test(spill_integration_test LABEL integration TIMEOUT 600
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/spill_test.cc
+  LIBS tier_test_daemon tier_client_static)

@@ -329,7 +329,9 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
             (std::set<std::string>{"version", "engine", "state", "uptime_ms", "tiers", "sessions",
                                    "jobs_in_flight", "jobs_completed", "jobs_failed",
                                    "bytes_offloaded", "bytes_reloaded",
-                                   "recent_bandwidth_bytes_per_s", "pool_locked"}));
+                                   "recent_bandwidth_bytes_per_s", "pool_locked", "spill_io",
+                                   "bytes_spilled", "bytes_fetched", "spill_write_errors",
+                                   "spill_read_errors", "checksum_failures"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);

@@ -1,0 +1,153 @@
+// The NVMe tier with a real tierd and real files: more data than the host pool holds goes to the
+// spill file and comes back byte for byte, through io_uring and through the pread/pwrite thread
+// pool; a spilled record corrupted on disk fails its reload with DATA_LOSS and nothing else.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tier/client.hpp"
+#include "tierd_process.h"
+
+namespace tier {
+namespace {
+
+using testing::TierdProcess;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr int kObjects = 48;  // 48 MiB through a 16 MiB host pool
+
+void Fill(void* data, uint64_t len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto* words = static_cast<uint32_t*>(data);
+  for (uint64_t i = 0; i < len / 4; ++i) words[i] = rng();
+}
+
+bool Matches(const void* data, uint64_t len, uint32_t seed) {
+  std::vector<uint32_t> expected(len / 4);
+  Fill(expected.data(), len, seed);
+  return std::memcmp(data, expected.data(), len) == 0;
+}
+
+std::vector<std::string> SpillFlags(const std::string& io) {
+  return {"--pool_bytes=16M", "--spill_bytes=256M", "--spill_high_pct=50", "--spill_low_pct=25",
+          "--spill_io=" + io};
+}
+
+Session::Options OptionsFor(const TierdProcess& tierd) {
+  Session::Options options;
+  options.socket_path = tierd.socket();
+  options.name = "spill-test";
+  return options;
+}
+
+// The host pool may be momentarily full while the spiller writes: an offload or a reload then
+// fails at once with RESOURCE_EXHAUSTED (the client keeps its data) and is retried here.
+template <typename Submit>
+tier_status RetryWhileFull(Session& session, Submit submit) {
+  for (int attempt = 0;; ++attempt) {
+    tier_job_id job = submit();
+    tier_status status = session.TryWait(job, 30000);
+    if (status != TIER_RESOURCE_EXHAUSTED || attempt == 5000) return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void RoundTripThroughNvme(const std::string& io) {
+  TierdProcess tierd(SpillFlags(io));
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<tier_object_id> objects(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    Fill(buffer.data, kMiB, 1000 + i);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] {
+                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+                               objects[i] = object;
+                               return job;
+                             }),
+              TIER_OK)
+        << "offload " << i;
+  }
+  v1::GetStatusResponse status = tierd.Status();
+  ASSERT_EQ(status.tiers_size(), 2);
+  EXPECT_EQ(status.tiers(1).name(), "nvme");
+  EXPECT_GT(status.tiers(1).used_bytes(), 0u);
+  EXPECT_GT(status.bytes_spilled(), 0u);
+  EXPECT_LE(status.tiers(0).used_bytes(), 16 * kMiB);
+  EXPECT_EQ(status.spill_io(), io == "thread_pool" ? "thread_pool" : status.spill_io());
+  // Reverse order, as activations come back in backward; each reload drops its object.
+  for (int i = kObjects - 1; i >= 0; --i) {
+    std::memset(buffer.data, 0, kMiB);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
+              TIER_OK)
+        << "reload " << i;
+    EXPECT_TRUE(Matches(buffer.data, kMiB, 1000 + i)) << "object " << i << " came back different";
+  }
+  EXPECT_GT(tierd.Status().bytes_fetched(), 0u);
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.tiers(0).used_bytes() == 0 && s.tiers(1).used_bytes() == 0;
+  })) << "extents or records leaked";
+}
+
+TEST(Spill, MoreThanTheHostPoolComesBackInReverseOrder) { RoundTripThroughNvme("auto"); }
+
+TEST(Spill, ThreadPoolFallbackPassesTheSameRoundTrip) { RoundTripThroughNvme("thread_pool"); }
+
+TEST(Spill, CorruptRecordFailsWithDataLossAndNothingElse) {
+  TierdProcess tierd(SpillFlags("auto"));
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<tier_object_id> objects(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    Fill(buffer.data, kMiB, 7000 + i);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] {
+                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+                               objects[i] = object;
+                               return job;
+                             }),
+              TIER_OK);
+  }
+  // Damage the start of the spill file, where the first records went.
+  std::string path = tierd.dir() + "/state/spill/tierd.spill";
+  int fd = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0) << path;
+  std::vector<char> junk(4 * kMiB, static_cast<char>(0xA5));
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+  ::fsync(fd);
+  ::close(fd);
+  int lost = 0;
+  for (int i = kObjects - 1; i >= 0; --i) {
+    std::memset(buffer.data, 0, kMiB);
+    tier_status status = RetryWhileFull(
+        session, [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, false); });
+    if (status == TIER_DATA_LOSS) {
+      ++lost;
+      continue;
+    }
+    ASSERT_EQ(status, TIER_OK) << "reload " << i;
+    EXPECT_TRUE(Matches(buffer.data, kMiB, 7000 + i)) << "object " << i;
+  }
+  EXPECT_GT(lost, 0) << "no reload noticed the damage";
+  EXPECT_GE(tierd.Status().checksum_failures(), static_cast<uint64_t>(lost));
+  // The daemon keeps serving.
+  Fill(buffer.data, kMiB, 99);
+  ASSERT_EQ(RetryWhileFull(session,
+                           [&] {
+                             auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+                             objects[0] = object;
+                             return job;
+                           }),
+            TIER_OK);
+}
+
+}  // namespace
+}  // namespace tier
