@@ -105,35 +105,83 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
                        " bytes > quota of ", session->quota_bytes()));
     }
     std::optional<storage::Extent> extent = pool_.Allocate(e.len);
-    if (!extent) {
-      if (spiller_ != nullptr) {
-        spiller_->Kick();
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "host pool full: no free extent of ", e.len,
-            " bytes (objects are being spilled to NVMe; retry, or the NVMe tier is full too)"));
-      }
+    if (!extent && spiller_ == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("host pool full: no free extent of ", e.len, " bytes"));
     }
-    object->extent = *extent;
     object->len = e.len;
-    object->charged = extent->bytes;
     object->hint = e.hint;
     object->seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
     object->pins = 1;  // the fill
+    object->charged = extent ? extent->bytes : charge;
+    if (extent) object->extent = *extent;
     session->objects().emplace(e.object_id, object);
-    session->used_bytes() += extent->bytes;
+    session->used_bytes() += object->charged;
   }
+  if (object->extent.bytes == 0) {
+    // Host pool full: the object exists at once (jobs naming it queue behind its fill), and the
+    // copy starts once the spiller has made room, or fails if none can come.
+    ParkOffload(session, e, object, *std::move(range));
+    return absl::OkStatus();
+  }
+  StartOffloadCopy(session, e, std::move(object), *std::move(range));
+  return absl::OkStatus();
+}
 
+void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
+                              const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
+                              Range range) {
+  auto retry = std::make_shared<std::function<void(bool)>>();
+  *retry = [this, session, e, object, range, retry](bool room) {
+    if (room) {
+      {
+        std::lock_guard lock(session->mu());
+        if (std::optional<storage::Extent> extent = pool_.Allocate(e.len)) {
+          object->extent = *extent;
+          session->used_bytes() += extent->bytes - object->charged;
+          object->charged = extent->bytes;
+        }
+      }
+      if (object->extent.bytes != 0) {
+        StartOffloadCopy(session, e, object, range);
+        *retry = nullptr;  // break the self-reference
+        return;
+      }
+      spiller_->WaitForRoom(*retry);
+      return;
+    }
+    std::vector<std::function<void(absl::Status)>> waiters;
+    absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
+        "host pool and NVMe tier full: no room for ", e.len, " bytes (nothing more to spill)"));
+    {
+      std::lock_guard lock(session->mu());
+      object->state = Object::State::kFailed;
+      if (!object->dropped) {
+        session->objects().erase(e.object_id);
+        object->dropped = true;
+      }
+      waiters.swap(object->on_filled);
+      UnpinLocked(*session, *object);
+    }
+    for (auto& start : waiters) start(full);
+    *retry = nullptr;
+    Fail(session, e, full);
+  };
+  spiller_->WaitForRoom(*retry);
+}
+
+void JobExecutor::StartOffloadCopy(const std::shared_ptr<Session>& session,
+                                   const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
+                                   Range range) {
   gpu::CopyJob job;
   job.direction = gpu::Direction::kToPool;
-  job.client = range->data;
+  job.client = range.data;
   job.pool = pool_.At(object->extent);
   job.len = e.len;
   job.session = session->engine_session();
   job.sync = e.sync;
   // The callback holds the buffer (so an unregister cannot unmap it mid-copy) and the session.
-  job.done = [this, session, e, object, buffer = std::move(range->buffer)](absl::Status status) {
+  job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
     std::vector<std::function<void(absl::Status)>> waiters;
     {
       std::lock_guard lock(session->mu());
@@ -154,7 +202,6 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
     Complete(*session, e, status);
   };
   engine_.Submit(std::move(job));
-  return absl::OkStatus();
 }
 
 absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
@@ -175,11 +222,11 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
                                                      e.object_id, " of ", object->len, " bytes"));
     }
     ++object->pins;
-    if (e.flags & ring::kFlagFreeAfterReload) {
-      session->objects().erase(it);
-      object->dropped = true;
-    }
-    if (object->state == Object::State::kFilling && !engine_.orders_pool_reads()) {
+    // TIER_RELOAD_FREE_AFTER drops the object when the copy succeeded (DropAfterReloadLocked), so
+    // a reload that fails (a spilled object with no host room yet, say) loses nothing.
+    // (An offload waiting for room has no extent yet: nothing to order on the GPU either.)
+    if (object->state == Object::State::kFilling &&
+        (!engine_.orders_pool_reads() || object->extent.bytes == 0)) {
       // Started by the offload's completion, in the order the reloads arrived. (GPU engines
       // order the copies on the GPU instead: the reload is submitted at once, so a ticketed job
       // is never held on the host behind another job's completion; see gpu/client_gpu.h.)
@@ -235,13 +282,14 @@ void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
     // The copy may have been submitted while the object was still filling (GPU engines): its
     // result stands only once the fill is known to have succeeded.
     auto finish = [this, session, e, object](absl::Status copy, const absl::Status& fill) {
-      {
-        std::lock_guard lock(session->mu());
-        UnpinLocked(*session, *object);
-      }
       if (!fill.ok()) {
         copy = absl::AbortedError(
             absl::StrCat("offload of object ", e.object_id, " failed: ", fill.message()));
+      }
+      {
+        std::lock_guard lock(session->mu());
+        if (copy.ok()) DropAfterReloadLocked(*session, e, *object);
+        UnpinLocked(*session, *object);
       }
       Complete(*session, e, copy);
     };
@@ -276,6 +324,14 @@ absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e)
   return absl::OkStatus();
 }
 
+void JobExecutor::DropAfterReloadLocked(Session& session, const ring::SubmissionEntry& e,
+                                        Object& object) {
+  if (!(e.flags & ring::kFlagFreeAfterReload) || object.dropped) return;
+  auto it = session.objects().find(e.object_id);
+  if (it != session.objects().end() && it->second.get() == &object) session.objects().erase(it);
+  object.dropped = true;
+}
+
 void JobExecutor::UnpinLocked(Session& session, Object& object) {
   if (--object.pins > 0 || !object.dropped) return;
   if (object.where == Object::Where::kNvme) {
@@ -284,6 +340,7 @@ void JobExecutor::UnpinLocked(Session& session, Object& object) {
   } else if (object.extent.bytes != 0) {
     pool_.Free(object.extent);
     object.extent = {};
+    if (spiller_ != nullptr) spiller_->NotifyFreed();  // parked offloads may fit now
   }
   session.used_bytes() -= object.charged;
   object.charged = 0;

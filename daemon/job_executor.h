@@ -49,12 +49,19 @@ class JobExecutor {
   absl::Status Offload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
   absl::Status Reload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
   absl::Status Free(Session& session, const ring::SubmissionEntry& e);
+  // Host pool full with an NVMe tier: waits (off the poller) for the spiller to make room.
+  void ParkOffload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                   std::shared_ptr<Object> object, Range range);
+  void StartOffloadCopy(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                        std::shared_ptr<Object> object, Range range);
   void StartReloadCopy(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
                        std::shared_ptr<Object> object, Range range);
 
   // Drops one pin; returns the extent to the pool when the object is freed and unpinned.
   // Caller holds session.mu().
   void UnpinLocked(Session& session, Object& object);
+  // A successful reload with TIER_RELOAD_FREE_AFTER drops its object. Caller holds session.mu().
+  void DropAfterReloadLocked(Session& session, const ring::SubmissionEntry& e, Object& object);
   // Completes a job that will not run with `status`; a ticketed one first passes its ticket to the
   // engine as a ticket-only job, so the client's streams waiting on it are released.
   void Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,

@@ -56,28 +56,49 @@ bool Spiller::AboveLow() const {
 void Spiller::Run() {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || kicked_; });
-    if (stopping_) return;
+    // With offloads parked, look again every few ms even without a kick.
+    cv_.wait_for(lock, std::chrono::milliseconds(waiting_.empty() ? 1000 : 5),
+                 [&] { return stopping_ || kicked_; });
+    if (stopping_) {
+      lock.unlock();
+      ServeWaiters(/*stuck=*/true);
+      return;
+    }
     kicked_ = false;
+    bool parked = !waiting_.empty();
     lock.unlock();
     // Down to the low watermark, counting writes in flight as done (their extents go soon).
-    while (AboveLow()) {
+    bool spilled_any = false, exhausted = false;
+    while (AboveLow() || (parked && !spilled_any)) {
       if (writes_in_flight_.load() >= 64) {  // enough queued; the store works through them
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
-      if (!SpillOne()) break;
+      if (!SpillOne()) {
+        exhausted = true;
+        break;
+      }
+      spilled_any = true;
+    }
+    if (parked) {
+      // Stuck: nothing could be spilled and no write will free anything.
+      ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0);
     }
     lock.lock();
   }
 }
 
 bool Spiller::SpillOne() {
-  for (;;) {
+  size_t budget;  // each candidate looked at once per call (pinned ones go back in the set)
+  {
+    std::lock_guard lock(mu_);
+    budget = candidates_.size();
+  }
+  for (;; --budget) {
     Candidate candidate;
     {
       std::lock_guard lock(mu_);
-      if (candidates_.empty() || stopping_) return false;
+      if (budget == 0 || candidates_.empty() || stopping_) return false;
       candidate = candidates_.begin()->second;
       candidates_.erase(candidates_.begin());
     }
@@ -95,7 +116,6 @@ bool Spiller::SpillOne() {
         // In use right now (a reload): try it again later, after the others.
         std::lock_guard own(mu_);
         candidates_.emplace(Key{2, object->seq}, candidate);
-        if (candidates_.size() == 1) return false;
         continue;
       }
       object->where = Object::Where::kSpilling;
@@ -141,6 +161,7 @@ bool Spiller::SpillOne() {
           }
           counters_.spills.fetch_add(1);
           counters_.bytes_spilled.fetch_add(object->len);
+          NotifyFreed();
         });
     if (!started.ok()) {
       writes_in_flight_.fetch_sub(1);
@@ -192,9 +213,17 @@ void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_p
     return;
   }
   if (no_room) {
-    Kick();
-    then(absl::ResourceExhaustedError(absl::StrCat(
-        "host pool full: no room to bring back ", object->len, " spilled bytes; retry")));
+    // Like an offload: wait for the spiller to make room, fail only when none can come.
+    const uint64_t len = object->len;
+    WaitForRoom([this, session, object, then = std::move(then), len](bool room) mutable {
+      if (room) {
+        Fetch(session, object, std::move(then));
+      } else {
+        then(absl::ResourceExhaustedError(absl::StrCat(
+            "host pool full and nothing can be spilled: no room to bring back ", len,
+            " spilled bytes")));
+      }
+    });
     return;
   }
   auto finish = [this, session, object, record](absl::Status read) {
@@ -228,6 +257,42 @@ void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_p
   if (absl::Status started = store_.Read(record, dst, finish); !started.ok()) finish(started);
 }
 
-void Spiller::Release(const storage::SpillRecord& record) { (void)store_.Free(record); }
+void Spiller::Release(const storage::SpillRecord& record) {
+  (void)store_.Free(record);
+  {
+    std::lock_guard lock(mu_);
+    nvme_full_ = false;
+  }
+}
+
+void Spiller::WaitForRoom(std::function<void(bool room)> retry) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      waiting_.push_back(std::move(retry));
+      kicked_ = true;
+      cv_.notify_one();
+      return;
+    }
+  }
+  retry(false);
+}
+
+void Spiller::NotifyFreed() {
+  std::lock_guard lock(mu_);
+  if (waiting_.empty()) return;
+  kicked_ = true;
+  cv_.notify_one();
+}
+
+void Spiller::ServeWaiters(bool stuck) {
+  std::vector<std::function<void(bool)>> waiters;
+  {
+    std::lock_guard lock(mu_);
+    waiters.swap(waiting_);
+  }
+  // Each either succeeds, parks again (a new entry for the next round) or, stuck, fails.
+  for (auto& retry : waiters) retry(!stuck);
+}
 
 }  // namespace tier::daemon

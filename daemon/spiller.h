@@ -26,6 +26,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "daemon/session.h"
@@ -75,6 +76,14 @@ class Spiller {
   // The object is gone (freed and unpinned) while its bytes are on NVMe: release the record.
   void Release(const storage::SpillRecord& record);
 
+  // Backpressure: an offload found the host pool full. `retry(true)` runs (without locks held)
+  // each time host memory was freed; it tries again and, if it still finds no room, calls
+  // WaitForRoom again. `retry(false)` when no room can come: nothing left to spill (everything is
+  // pinned or the NVMe tier is full) and no write in flight. Either way it runs exactly once.
+  void WaitForRoom(std::function<void(bool room)> retry);
+  // Host memory was freed (a job's extent went back): parked offloads try again.
+  void NotifyFreed();
+
   const SpillCounters& counters() const { return counters_; }
   storage::SpillStore& store() { return store_; }
 
@@ -84,6 +93,8 @@ class Spiller {
   bool AboveLow() const;
   // Takes the next candidate that may be spilled now and pins it; false if none.
   bool SpillOne();
+  // Runs the parked offloads' retries (stuck: they fail).
+  void ServeWaiters(bool stuck);
 
   storage::HostPool& pool_;
   storage::SpillStore& store_;
@@ -100,6 +111,8 @@ class Spiller {
   std::condition_variable cv_;
   std::multimap<Key, Candidate> candidates_;
   bool kicked_ = false;
+  std::vector<std::function<void(bool)>> waiting_;  // parked offloads
+  bool nvme_full_ = false;                         // the last write found no room on NVMe
   bool stopping_ = false;
   std::atomic<uint64_t> writes_in_flight_{0};
   std::thread thread_;

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -62,19 +63,18 @@ tier_status RetryWhileFull(Session& session, Submit submit) {
 void RoundTripThroughNvme(const std::string& io) {
   TierdProcess tierd(SpillFlags(io));
   Session session(OptionsFor(tierd));
+  // All offloads submitted at once: three times what the host pool holds. Those that find it full
+  // wait in tierd for the spiller to make room (backpressure), none fails.
+  HostBuffer source = session.AllocHost(kObjects * kMiB);
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects(kObjects);
+  std::vector<tier_job_id> jobs(kObjects);
   for (int i = 0; i < kObjects; ++i) {
-    Fill(buffer.data, kMiB, 1000 + i);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] {
-                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
-                               objects[i] = object;
-                               return job;
-                             }),
-              TIER_OK)
-        << "offload " << i;
+    char* chunk = static_cast<char*>(source.data) + i * kMiB;
+    Fill(chunk, kMiB, 1000 + i);
+    std::tie(objects[i], jobs[i]) = session.Offload(source.id, i * kMiB, kMiB);
   }
+  for (int i = 0; i < kObjects; ++i) ASSERT_EQ(session.TryWait(jobs[i], 60000), TIER_OK) << i;
   v1::GetStatusResponse status = tierd.Status();
   ASSERT_EQ(status.tiers_size(), 2);
   EXPECT_EQ(status.tiers(1).name(), "nvme");
@@ -100,6 +100,38 @@ void RoundTripThroughNvme(const std::string& io) {
 TEST(Spill, MoreThanTheHostPoolComesBackInReverseOrder) { RoundTripThroughNvme("auto"); }
 
 TEST(Spill, ThreadPoolFallbackPassesTheSameRoundTrip) { RoundTripThroughNvme("thread_pool"); }
+
+// Both tiers full: an offload fails at once with RESOURCE_EXHAUSTED, nothing hangs, and what was
+// stored comes back.
+TEST(Spill, BothTiersFullFailsAtOnce) {
+  TierdProcess tierd({"--pool_bytes=16M", "--spill_bytes=8M", "--spill_high_pct=50",
+                      "--spill_low_pct=25"});
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<std::pair<tier_object_id, uint32_t>> stored;
+  int refused = 0;
+  for (int i = 0; i < 40; ++i) {
+    Fill(buffer.data, kMiB, 500 + i);
+    auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+    tier_status status = session.TryWait(job, 30000);
+    ASSERT_NE(status, TIER_DEADLINE_EXCEEDED) << "offload " << i << " hangs";
+    if (status == TIER_OK) {
+      stored.push_back({object, 500u + i});
+    } else {
+      EXPECT_EQ(status, TIER_RESOURCE_EXHAUSTED);
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GE(stored.size(), 20u);  // 16 MiB host + 8 MiB NVMe, less what is in flight
+  for (auto it = stored.rbegin(); it != stored.rend(); ++it) {  // newest (in host memory) first
+    auto [object, seed] = *it;
+    std::memset(buffer.data, 0, kMiB);
+    ASSERT_EQ(RetryWhileFull(session, [&] { return session.Reload(object, buffer.id, 0, kMiB, true); }),
+              TIER_OK);
+    EXPECT_TRUE(Matches(buffer.data, kMiB, seed));
+  }
+}
 
 TEST(Spill, CorruptRecordFailsWithDataLossAndNothingElse) {
   TierdProcess tierd(SpillFlags("auto"));
