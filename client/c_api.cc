@@ -135,21 +135,6 @@ tier_status tier_buffer_register_fd(tier_session* session, int fd, uint64_t byte
   });
 }
 
-tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
-                                        tier_buffer_id* id, uint64_t* offset) {
-  return Guard([&] {
-    if (session == nullptr || device_ptr == nullptr || id == nullptr || offset == nullptr) {
-      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
-    }
-    absl::StatusOr<tier::client::DeviceRegistry::Registered> registered =
-        session->impl->RegisterDevice(device_ptr);
-    if (!registered.ok()) return Fail(registered.status());
-    *id = registered->buffer_id;
-    *offset = registered->offset;
-    return TIER_OK;
-  });
-}
-
 tier_status tier_buffer_register_device_range(tier_session* session, const void* device_ptr,
                                               uint64_t len, tier_buffer_id* id, uint64_t* offset) {
   return Guard([&] {
@@ -168,6 +153,11 @@ tier_status tier_buffer_register_device_range(tier_session* session, const void*
     *offset = registered->offset;
     return TIER_OK;
   });
+}
+
+tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
+                                        tier_buffer_id* id, uint64_t* offset) {
+  return tier_buffer_register_device_range(session, device_ptr, 0, id, offset);
 }
 
 tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {

@@ -150,20 +150,9 @@ void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
       spiller_->WaitForRoom(*retry);
       return;
     }
-    std::vector<std::function<void(absl::Status)>> waiters;
     absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
         "host pool and NVMe tier full: no room for ", e.len, " bytes (nothing more to spill)"));
-    {
-      std::lock_guard lock(session->mu());
-      object->state = Object::State::kFailed;
-      if (!object->dropped) {
-        session->objects().erase(e.object_id);
-        object->dropped = true;
-      }
-      waiters.swap(object->on_filled);
-      UnpinLocked(*session, *object);
-    }
-    for (auto& start : waiters) start(full);
+    EndFill(*session, e, *object, full);
     *retry = nullptr;
     Fail(session, e, full);
   };
@@ -173,31 +162,10 @@ void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
 void JobExecutor::StartOffloadCopy(const std::shared_ptr<Session>& session,
                                    const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
                                    Range range) {
-  gpu::CopyJob job;
-  job.direction = gpu::Direction::kToPool;
-  job.client = range.data;
-  job.pool = pool_.At(object->extent);
-  job.len = e.len;
-  job.session = session->engine_session();
-  job.sync = e.sync;
+  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kToPool, *session, e, *object, range);
   // The callback holds the buffer (so an unregister cannot unmap it mid-copy) and the session.
   job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
-    std::vector<std::function<void(absl::Status)>> waiters;
-    {
-      std::lock_guard lock(session->mu());
-      if (status.ok()) {
-        object->state = Object::State::kReady;
-      } else {
-        object->state = Object::State::kFailed;
-        if (!object->dropped) {  // a failed offload leaves no object behind
-          session->objects().erase(e.object_id);
-          object->dropped = true;
-        }
-      }
-      waiters.swap(object->on_filled);
-      UnpinLocked(*session, *object);
-    }
-    for (auto& start : waiters) start(status);
+    EndFill(*session, e, *object, status);
     if (status.ok() && spiller_ != nullptr) spiller_->Track(session, object);
     Complete(*session, e, status);
   };
@@ -271,13 +239,7 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
 void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
                                   const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
                                   Range range) {
-  gpu::CopyJob job;
-  job.direction = gpu::Direction::kFromPool;
-  job.client = range.data;
-  job.pool = pool_.At(object->extent);
-  job.len = e.len;
-  job.session = session->engine_session();
-  job.sync = e.sync;
+  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kFromPool, *session, e, *object, range);
   job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
     // The copy may have been submitted while the object was still filling (GPU engines): its
     // result stands only once the fill is known to have succeeded.
@@ -322,6 +284,39 @@ absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e)
   ++object->pins;
   UnpinLocked(session, *object);
   return absl::OkStatus();
+}
+
+gpu::CopyJob JobExecutor::MakeCopyJob(gpu::Direction direction, Session& session,
+                                      const ring::SubmissionEntry& e, const Object& object,
+                                      const Range& range) {
+  gpu::CopyJob job;
+  job.direction = direction;
+  job.client = range.data;
+  job.pool = pool_.At(object.extent);
+  job.len = e.len;
+  job.session = session.engine_session();
+  job.sync = e.sync;
+  return job;
+}
+
+void JobExecutor::EndFill(Session& session, const ring::SubmissionEntry& e, Object& object,
+                          const absl::Status& status) {
+  std::vector<std::function<void(absl::Status)>> waiters;
+  {
+    std::lock_guard lock(session.mu());
+    if (status.ok()) {
+      object.state = Object::State::kReady;
+    } else {
+      object.state = Object::State::kFailed;
+      if (!object.dropped) {  // a failed offload leaves no object behind
+        session.objects().erase(e.object_id);
+        object.dropped = true;
+      }
+    }
+    waiters.swap(object.on_filled);
+    UnpinLocked(session, object);
+  }
+  for (auto& start : waiters) start(status);
 }
 
 void JobExecutor::DropAfterReloadLocked(Session& session, const ring::SubmissionEntry& e,

@@ -60,6 +60,13 @@ class JobExecutor {
   // Drops one pin; returns the extent to the pool when the object is freed and unpinned.
   // Caller holds session.mu().
   void UnpinLocked(Session& session, Object& object);
+  gpu::CopyJob MakeCopyJob(gpu::Direction direction, Session& session,
+                           const ring::SubmissionEntry& e, const Object& object, const Range& range);
+  // An offload's fill ended (copied, or failed before or during the copy): sets the object's
+  // state (a failed fill leaves no object behind), drops the fill's pin, then starts the jobs
+  // that waited for the fill.
+  void EndFill(Session& session, const ring::SubmissionEntry& e, Object& object,
+               const absl::Status& status);
   // A successful reload with TIER_RELOAD_FREE_AFTER drops its object. Caller holds session.mu().
   void DropAfterReloadLocked(Session& session, const ring::SubmissionEntry& e, Object& object);
   // Completes a job that will not run with `status`; a ticketed one first passes its ticket to the
