@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "storage/faulty_io_queue.h"
 
 namespace tier::daemon {
 namespace {
@@ -344,6 +345,23 @@ std::vector<Key> BuildKeys() {
                             &Config::spill_queue_depth, 1, 1024));
   keys.push_back(SizeKey("spill_io_bytes", kSpill, "largest single spill I/O (multiple of 4 KiB)",
                          &Config::spill_io_bytes, false, 4096));
+  keys.push_back(IntegerKey("spill_prefetch", kSpill,
+                            "prefetch reads of spilled objects in flight; 0: no prefetching",
+                            &Config::spill_prefetch, 0, 64));
+  {
+    Key key{"spill_inject_faults", kSpill, "RULES",
+            "TEST ONLY: inject I/O faults, OP:FAULT[:SKIP[:TIMES]],...; empty: off", nullptr,
+            nullptr};
+    key.set = [](absl::string_view value, Config& config) {
+      absl::StatusOr<std::vector<storage::FaultRule>> rules =
+          storage::ParseFaultRules(std::string(value));
+      if (!rules.ok()) return KeyError("spill_inject_faults", rules.status());
+      config.spill_inject_faults = std::string(value);
+      return absl::OkStatus();
+    };
+    key.print = [](const Config& config) { return config.spill_inject_faults; };
+    keys.push_back(std::move(key));
+  }
 
   keys.push_back(
       SizeKey("default_quota_bytes", kSessions,

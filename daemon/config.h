@@ -44,6 +44,9 @@ struct Config {
   std::string spill_io = "auto";     // spill_io: auto | io_uring | thread_pool
   uint32_t spill_queue_depth = 16;   // spill_queue_depth
   uint64_t spill_io_bytes = 1 << 20; // spill_io_bytes: largest single I/O
+  uint32_t spill_prefetch = 2;       // spill_prefetch: prefetch reads in flight (0: none)
+  // spill_inject_faults: test-only fault injection in the spill I/O (storage::ParseFaultRules).
+  std::string spill_inject_faults;
   uint64_t default_quota_bytes = 0;  // default_quota_bytes (0: the whole pool)
   uint64_t max_quota_bytes = 0;      // max_quota_bytes (0: the whole pool)
   uint32_t ring_entries = 1024;      // ring_entries

@@ -90,6 +90,12 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
     response->set_spill_write_errors(c.write_errors.load(std::memory_order_relaxed));
     response->set_spill_read_errors(c.read_errors.load(std::memory_order_relaxed));
     response->set_checksum_failures(c.checksum_failures.load(std::memory_order_relaxed));
+    response->set_spill_bandwidth_bytes_per_s(c.spill_bandwidth.BytesPerSecond(now));
+    response->set_fetch_bandwidth_bytes_per_s(c.fetch_bandwidth.BytesPerSecond(now));
+    response->set_prefetches(c.prefetches.load(std::memory_order_relaxed));
+    response->set_bytes_prefetched(c.bytes_prefetched.load(std::memory_order_relaxed));
+    response->set_prefetch_hits(c.prefetch_hits.load(std::memory_order_relaxed));
+    response->set_prefetch_misses(c.prefetch_misses.load(std::memory_order_relaxed));
   }
   response->set_sessions(static_cast<uint32_t>(registry_.size()));
   response->set_jobs_in_flight(metrics_.jobs_in_flight.load(std::memory_order_relaxed));

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/unix_socket.h"
 #include "gpu/engine_factory.h"
+#include "storage/faulty_io_queue.h"
 
 namespace tier::daemon {
 namespace {
@@ -137,12 +138,24 @@ absl::Status Daemon::Init() {
       return absl::InvalidArgumentError(absl::StrCat("spill_io: unknown '", config_.spill_io, "'"));
     }
     spill.registered_buffers = {storage::IoBuffer{pool_->base(), pool_->bytes()}};
+    if (!config_.spill_inject_faults.empty()) {
+      absl::StatusOr<std::vector<storage::FaultRule>> rules =
+          storage::ParseFaultRules(config_.spill_inject_faults);
+      if (!rules.ok()) return rules.status();
+      LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults);
+      spill.wrap_io_queue = [rules = *rules](std::unique_ptr<storage::IoQueue> inner) {
+        auto faulty = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
+        for (const storage::FaultRule& rule : rules) faulty->AddRule(rule);
+        return std::unique_ptr<storage::IoQueue>(std::move(faulty));
+      };
+    }
     absl::StatusOr<std::unique_ptr<storage::SpillStore>> store =
         storage::SpillStore::Create(std::move(spill));
     if (!store.ok()) return store.status();
     spill_store_ = *std::move(store);
     spiller_ = std::make_unique<Spiller>(
-        *pool_, *spill_store_, SpillerOptions{config_.spill_high_pct, config_.spill_low_pct});
+        *pool_, *spill_store_, SpillerOptions{Watermarks{config_.spill_high_pct, config_.spill_low_pct},
+                                          config_.spill_prefetch});
     spiller_->Start();
     executor_->set_spiller(spiller_.get());
     LogInfo("NVMe tier: ", config_.spill_bytes >> 20, " MiB in ", spill_store_->file_path(0),

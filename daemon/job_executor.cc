@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "daemon/object_memory.h"
 
 namespace tier::daemon {
 namespace {
@@ -190,6 +191,7 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
                                                      e.object_id, " of ", object->len, " bytes"));
     }
     ++object->pins;
+    if (spiller_ != nullptr) spiller_->NoteReloadLocked(*object);
     // TIER_RELOAD_FREE_AFTER drops the object when the copy succeeded (DropAfterReloadLocked), so
     // a reload that fails (a spilled object with no host room yet, say) loses nothing.
     // (An offload waiting for room has no extent yet: nothing to order on the GPU either.)
@@ -328,17 +330,10 @@ void JobExecutor::DropAfterReloadLocked(Session& session, const ring::Submission
 }
 
 void JobExecutor::UnpinLocked(Session& session, Object& object) {
-  if (--object.pins > 0 || !object.dropped) return;
-  if (object.where == Object::Where::kNvme) {
-    if (spiller_ != nullptr) spiller_->Release(object.spill);
-    object.spill = {};
-  } else if (object.extent.bytes != 0) {
-    pool_.Free(object.extent);
-    object.extent = {};
-    if (spiller_ != nullptr) spiller_->NotifyFreed();  // parked offloads may fit now
-  }
-  session.used_bytes() -= object.charged;
-  object.charged = 0;
+  Released released =
+      UnpinObjectLocked(session, object, pool_, spiller_ ? &spiller_->store() : nullptr);
+  // Parked offloads may fit now, or a prefetch.
+  if (released == Released::kHost && spiller_ != nullptr) spiller_->NotifyFreed();
 }
 
 void JobExecutor::ReleaseAll(Session& session) {

@@ -49,6 +49,7 @@ struct Object {
   uint64_t seq = 0;       // offload order within the daemon
   uint32_t pins = 0;      // jobs accepted that still use the extent (the fill counts as one)
   bool dropped = false;   // freed by the client (gone from the table)
+  bool prefetched = false;  // brought back by a prefetch and not reloaded since (statistics)
   // Jobs waiting for the bytes to be back in host memory (Where kFetching).
   std::vector<std::function<void(absl::Status)>> on_host;
   // Reloads accepted while the object was still filling; started when the fill completes.

@@ -1,15 +1,18 @@
 #include "daemon/spiller.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "daemon/object_memory.h"
 
 namespace tier::daemon {
 
 Spiller::Spiller(storage::HostPool& pool, storage::SpillStore& store, SpillerOptions options)
-    : pool_(pool), store_(store), options_(options) {}
+    : pool_(pool), store_(store), policy_(options.watermarks),
+      max_prefetches_(options.max_prefetches) {}
 
 Spiller::~Spiller() { Stop(); }
 
@@ -26,16 +29,16 @@ void Spiller::Stop() {
 
 void Spiller::Track(const std::shared_ptr<Session>& session,
                     const std::shared_ptr<Object>& object) {
-  Key key = object->hint != 0 ? Key{0, ~uint64_t{0} - object->hint} : Key{1, object->seq};
   {
     std::lock_guard lock(mu_);
-    candidates_.emplace(key, Candidate{session, object});
+    candidates_.Add(NextUseOf(*object), Candidate{session, object});
   }
   Kick();
 }
 
 void Spiller::Kick() {
-  if (!AboveHigh()) return;
+  // Above low: a spill episode may be waiting for candidates (the loop decides).
+  if (!policy_.KeepSpilling(pool_.Usage())) return;
   {
     std::lock_guard lock(mu_);
     kicked_ = true;
@@ -43,17 +46,16 @@ void Spiller::Kick() {
   cv_.notify_one();
 }
 
-bool Spiller::AboveHigh() const {
+storage::PoolUsage Spiller::Projected() const {
   storage::PoolUsage usage = pool_.Usage();
-  return usage.used_bytes * 100 > usage.capacity_bytes * options_.high_pct;
-}
-
-bool Spiller::AboveLow() const {
-  storage::PoolUsage usage = pool_.Usage();
-  return usage.used_bytes * 100 > usage.capacity_bytes * options_.low_pct;
+  uint64_t writing = std::min(writing_bytes_.load(), usage.used_bytes);
+  usage.used_bytes -= writing;
+  usage.free_bytes += writing;
+  return usage;
 }
 
 void Spiller::Run() {
+  bool draining = false;  // in a spill episode: from above the high watermark down to the low one
   std::unique_lock lock(mu_);
   for (;;) {
     // With offloads parked, look again every few ms even without a kick.
@@ -67,9 +69,12 @@ void Spiller::Run() {
     kicked_ = false;
     bool parked = !waiting_.empty();
     lock.unlock();
-    // Down to the low watermark, counting writes in flight as done (their extents go soon).
+    // Above the high watermark: down to the low one, counting writes in flight as done (their
+    // extents go soon). A parked offload needs at least one spill whatever the watermarks say.
+    // An episode that ran out of candidates goes on when new ones arrive.
+    if (policy_.MustSpill(Projected())) draining = true;
     bool spilled_any = false, exhausted = false;
-    while (AboveLow() || (parked && !spilled_any)) {
+    while ((draining && policy_.KeepSpilling(Projected())) || (parked && !spilled_any)) {
       if (writes_in_flight_.load() >= 64) {  // enough queued; the store works through them
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
@@ -80,125 +85,210 @@ void Spiller::Run() {
       }
       spilled_any = true;
     }
+    if (!policy_.KeepSpilling(Projected())) draining = false;
     if (parked) {
       // Stuck: nothing could be spilled and no write will free anything.
       ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0);
+    } else if (!draining) {
+      Prefetch();
     }
     lock.lock();
   }
 }
 
 bool Spiller::SpillOne() {
-  size_t budget;  // each candidate looked at once per call (pinned ones go back in the set)
-  {
+  std::vector<Candidate> busy;  // in use right now: back in the queue after this call
+  auto requeue = [&] {
     std::lock_guard lock(mu_);
-    budget = candidates_.size();
-  }
-  for (;; --budget) {
-    Candidate candidate;
+    for (Candidate& c : busy) {
+      if (auto object = c.object.lock()) candidates_.Add(NextUseOf(*object), std::move(c));
+    }
+  };
+  for (;;) {
+    std::optional<Candidate> candidate;
     {
       std::lock_guard lock(mu_);
-      if (budget == 0 || candidates_.empty() || stopping_) return false;
-      candidate = candidates_.begin()->second;
-      candidates_.erase(candidates_.begin());
+      if (!stopping_) candidate = candidates_.TakeUsedLast();
     }
-    std::shared_ptr<Session> session = candidate.session.lock();
-    std::shared_ptr<Object> object = candidate.object.lock();
+    if (!candidate) {
+      requeue();
+      return false;
+    }
+    std::shared_ptr<Session> session = candidate->session.lock();
+    std::shared_ptr<Object> object = candidate->object.lock();
     if (session == nullptr || object == nullptr) continue;  // gone meanwhile
     const char* src = nullptr;
+    uint64_t extent_bytes = 0;
     {
       std::lock_guard lock(session->mu());
       if (object->dropped || object->state != Object::State::kReady ||
           object->where != Object::Where::kHost) {
         continue;
       }
-      if (object->pins > 0) {
-        // In use right now (a reload): try it again later, after the others.
-        std::lock_guard own(mu_);
-        candidates_.emplace(Key{2, object->seq}, candidate);
+      if (object->pins > 0) {  // a reload uses it: try it again later, after the others
+        busy.push_back(std::move(*candidate));
         continue;
       }
       object->where = Object::Where::kSpilling;
+      object->prefetched = false;
       ++object->pins;  // the write reads the extent
       src = pool_.At(object->extent);
+      extent_bytes = object->extent.bytes;
     }
     writes_in_flight_.fetch_add(1);
+    writing_bytes_.fetch_add(extent_bytes);
     absl::Status started = store_.Write(
-        src, object->len, [this, session, object](absl::StatusOr<storage::SpillRecord> record) {
+        src, object->len,
+        [this, session, object, extent_bytes](absl::StatusOr<storage::SpillRecord> record) {
           writes_in_flight_.fetch_sub(1);
-          bool release_record = false;
+          bool keep_record = false;
+          Released released;
           {
             std::lock_guard lock(session->mu());
-            --object->pins;
-            if (!record.ok()) {
-              object->where = Object::Where::kHost;
-            } else if (object->pins > 0 || object->dropped) {
-              // Used or freed during the write: the host copy stays (or goes with its last
-              // unpin); the record is not needed.
-              object->where = Object::Where::kHost;
-              release_record = true;
-            } else {
+            if (record.ok() && object->pins == 1 && !object->dropped) {
               pool_.Free(object->extent);
               object->extent = {};
               object->spill = *record;
               object->where = Object::Where::kNvme;
+              keep_record = true;
+            } else {
+              // Failed, or used or freed during the write: the host copy stays (or goes with the
+              // last unpin); the record is not needed.
+              object->where = Object::Where::kHost;
             }
-            if (object->dropped && object->pins == 0 && object->where == Object::Where::kHost &&
-                object->extent.bytes != 0) {
-              pool_.Free(object->extent);
-              object->extent = {};
-              session->used_bytes() -= object->charged;
-            }
+            released = UnpinObjectLocked(*session, *object, pool_, &store_);
           }
+          writing_bytes_.fetch_sub(extent_bytes);  // after the extent went back (or stays)
           if (!record.ok()) {
             counters_.write_errors.fetch_add(1);
+            // The object stays in host memory and is no candidate any more (a failing device
+            // is not hammered); it becomes one again once fetched or filled anew.
             LogWarning("spill write failed: ", record.status().ToString());
+            if (released == Released::kHost) NotifyFreed();
             return;
           }
-          if (release_record) {
+          if (!keep_record) {
             (void)store_.Free(*record);
+            if (released == Released::kHost) NotifyFreed();
             return;
           }
           counters_.spills.fetch_add(1);
           counters_.bytes_spilled.fetch_add(object->len);
+          counters_.spill_bandwidth.Add(object->len, MonotonicMs());
+          {
+            std::lock_guard lock(mu_);
+            spilled_.Add(NextUseOf(*object), Candidate{session, object});
+          }
           NotifyFreed();
         });
     if (!started.ok()) {
       writes_in_flight_.fetch_sub(1);
-      std::lock_guard lock(session->mu());
-      --object->pins;
-      object->where = Object::Where::kHost;
+      writing_bytes_.fetch_sub(extent_bytes);
+      {
+        std::lock_guard lock(session->mu());
+        object->where = Object::Where::kHost;
+        (void)UnpinObjectLocked(*session, *object, pool_, &store_);
+      }
+      busy.push_back(std::move(*candidate));  // still a candidate once NVMe has room
+      requeue();
       if (!absl::IsResourceExhausted(started)) {
         LogWarning("spill write not started: ", started.ToString());
       }
       return false;  // NVMe full or closing: nothing more to do now
     }
+    requeue();
     return true;
   }
 }
 
+void Spiller::Prefetch() {
+  while (prefetches_in_flight_.load() < max_prefetches_) {
+    std::optional<Candidate> candidate;
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_ || !waiting_.empty()) return;  // parked offloads need the room more
+      candidate = spilled_.TakeUsedSoonest();
+    }
+    if (!candidate) return;
+    std::shared_ptr<Session> session = candidate->session.lock();
+    std::shared_ptr<Object> object = candidate->object.lock();
+    if (session == nullptr || object == nullptr) continue;
+    {
+      std::lock_guard lock(session->mu());
+      // Fetched by a reload meanwhile (or freed): nothing to prefetch.
+      if (object->dropped || object->where != Object::Where::kNvme) continue;
+      if (!policy_.MayPrefetch(pool_.Usage(), object->len)) {
+        std::lock_guard own(mu_);
+        spilled_.Add(NextUseOf(*object), std::move(*candidate));
+        return;
+      }
+      ++object->pins;  // the read writes into its new extent
+    }
+    prefetches_in_flight_.fetch_add(1);
+    std::function<void(absl::Status)> done = [this](absl::Status) {
+      prefetches_in_flight_.fetch_sub(1);
+      {
+        std::lock_guard lock(mu_);
+        kicked_ = true;  // the next one
+      }
+      cv_.notify_one();
+    };
+    if (!StartFetch(session, object, /*prefetch=*/true, done)) {
+      prefetches_in_flight_.fetch_sub(1);
+      {
+        std::lock_guard lock(session->mu());
+        (void)UnpinObjectLocked(*session, *object, pool_, &store_);
+      }
+      std::lock_guard own(mu_);
+      spilled_.Add(NextUseOf(*object), std::move(*candidate));
+      return;
+    }
+  }
+}
+
+void Spiller::NoteReloadLocked(Object& object) {
+  if (object.where == Object::Where::kNvme || object.where == Object::Where::kFetching) {
+    counters_.prefetch_misses.fetch_add(1, std::memory_order_relaxed);
+  } else if (object.prefetched) {
+    counters_.prefetch_hits.fetch_add(1, std::memory_order_relaxed);
+  }
+  object.prefetched = false;
+}
+
 void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
                     std::function<void(absl::Status)> then) {
+  if (StartFetch(session, object, /*prefetch=*/false, then)) return;
+  // Like an offload: wait for the spiller to make room, fail only when none can come.
+  const uint64_t len = object->len;
+  WaitForRoom([this, session, object, then = std::move(then), len](bool room) mutable {
+    if (room) {
+      Fetch(session, object, std::move(then));
+    } else {
+      then(absl::ResourceExhaustedError(absl::StrCat(
+          "host pool full and nothing can be spilled: no room to bring back ", len,
+          " spilled bytes")));
+    }
+  });
+}
+
+bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
+                         const std::shared_ptr<Object>& object, bool prefetch,
+                         std::function<void(absl::Status)>& then) {
   storage::SpillRecord record;
   char* dst = nullptr;
-  bool on_host = false;
-  bool no_room = false;
   {
     std::lock_guard lock(session->mu());
     switch (object->where) {
       case Object::Where::kHost:
       case Object::Where::kSpilling:  // the host copy is intact until the write lands
-        on_host = true;
         break;
       case Object::Where::kFetching:
+        if (prefetch) break;  // someone else's read brings it back: nothing to do
         object->on_host.push_back(std::move(then));
-        return;
+        return true;
       case Object::Where::kNvme: {
         std::optional<storage::Extent> extent = pool_.Allocate(object->len);
-        if (!extent) {
-          no_room = true;
-          break;
-        }
+        if (!extent) return false;
         object->extent = *extent;
         object->where = Object::Where::kFetching;
         object->on_host.push_back(std::move(then));
@@ -208,61 +298,62 @@ void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_p
       }
     }
   }
-  if (on_host) {
-    then(absl::OkStatus());
-    return;
-  }
-  if (no_room) {
-    // Like an offload: wait for the spiller to make room, fail only when none can come.
-    const uint64_t len = object->len;
-    WaitForRoom([this, session, object, then = std::move(then), len](bool room) mutable {
-      if (room) {
-        Fetch(session, object, std::move(then));
-      } else {
-        then(absl::ResourceExhaustedError(absl::StrCat(
-            "host pool full and nothing can be spilled: no room to bring back ", len,
-            " spilled bytes")));
-      }
-    });
-    return;
-  }
-  auto finish = [this, session, object, record](absl::Status read) {
-    std::vector<std::function<void(absl::Status)>> waiters;
-    {
+  if (dst == nullptr) {  // in host memory, or a read already runs (prefetch)
+    if (prefetch) {
       std::lock_guard lock(session->mu());
-      waiters.swap(object->on_host);
-      if (read.ok()) {
-        object->where = Object::Where::kHost;
-        object->spill = {};
-      } else {  // the bytes stay on NVMe; the host extent goes back
-        pool_.Free(object->extent);
-        object->extent = {};
-        object->where = Object::Where::kNvme;
-      }
+      (void)UnpinObjectLocked(*session, *object, pool_, &store_);
     }
+    then(absl::OkStatus());
+    return true;
+  }
+  if (prefetch) counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
+  auto finish = [this, session, object, record, prefetch](absl::Status read) {
+    EndFetch(session, object, record, prefetch, std::move(read));
+  };
+  if (absl::Status started = store_.Read(record, dst, finish); !started.ok()) finish(started);
+  return true;
+}
+
+void Spiller::EndFetch(const std::shared_ptr<Session>& session,
+                       const std::shared_ptr<Object>& object, const storage::SpillRecord& record,
+                       bool prefetch, absl::Status read) {
+  std::vector<std::function<void(absl::Status)>> waiters;
+  Released released = Released::kNothing;
+  bool track = false;
+  {
+    std::lock_guard lock(session->mu());
+    waiters.swap(object->on_host);
     if (read.ok()) {
+      object->where = Object::Where::kHost;
+      object->spill = {};
+      object->prefetched = prefetch;
       (void)store_.Free(record);
-      counters_.fetches.fetch_add(1);
-      counters_.bytes_fetched.fetch_add(record.len);
-      Track(session, object);
-    } else if (absl::IsDataLoss(read)) {
+    } else {  // the bytes stay on NVMe; the host extent goes back
+      pool_.Free(object->extent);
+      object->extent = {};
+      object->where = Object::Where::kNvme;
+    }
+    if (prefetch) released = UnpinObjectLocked(*session, *object, pool_, &store_);
+    track = read.ok() && !object->dropped;
+  }
+  if (read.ok()) {
+    counters_.fetches.fetch_add(1);
+    counters_.bytes_fetched.fetch_add(record.len);
+    counters_.fetch_bandwidth.Add(record.len, MonotonicMs());
+    if (prefetch) counters_.bytes_prefetched.fetch_add(record.len);
+    if (track) Track(session, object);
+  } else {
+    if (absl::IsDataLoss(read)) {
       counters_.checksum_failures.fetch_add(1);
       LogError(read.ToString());
     } else {
       counters_.read_errors.fetch_add(1);
       LogWarning("fetch from NVMe failed: ", read.ToString());
     }
-    for (auto& waiter : waiters) waiter(read);
-  };
-  if (absl::Status started = store_.Read(record, dst, finish); !started.ok()) finish(started);
-}
-
-void Spiller::Release(const storage::SpillRecord& record) {
-  (void)store_.Free(record);
-  {
-    std::lock_guard lock(mu_);
-    nvme_full_ = false;
+    // A failed prefetch is not retried: a reload reads again and reports its own result.
   }
+  if (released == Released::kHost || !read.ok()) NotifyFreed();
+  for (auto& waiter : waiters) waiter(read);
 }
 
 void Spiller::WaitForRoom(std::function<void(bool room)> retry) {
@@ -279,9 +370,11 @@ void Spiller::WaitForRoom(std::function<void(bool room)> retry) {
 }
 
 void Spiller::NotifyFreed() {
-  std::lock_guard lock(mu_);
-  if (waiting_.empty()) return;
-  kicked_ = true;
+  {
+    std::lock_guard lock(mu_);
+    if (waiting_.empty() && (spilled_.empty() || max_prefetches_ == 0)) return;
+    kicked_ = true;
+  }
   cv_.notify_one();
 }
 

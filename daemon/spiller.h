@@ -1,19 +1,19 @@
-// The policy between the host tier and the NVMe tier: keeps the host pool under its high
-// watermark by writing objects to the spill store, and brings spilled objects back when a job
-// needs them.
+// Moves objects between the host tier and the NVMe tier by the placement policy
+// (daemon/spill_policy.h): keeps the host pool under its high watermark by writing the objects
+// used last to the spill store, brings spilled objects back when a job needs them, and prefetches
+// the ones used soonest while the pool has room below its low watermark.
 //
 // Victims: objects whose bytes are only in host memory, completely filled and not in use by any
-// job. With next-use hints (tier_offload_options.next_use_hint: smaller = sooner) the one used
-// last goes first; objects without a hint go oldest first, since activation offload reloads in
-// reverse order of offload. Spilling runs on the spiller's thread; the I/O on the store's.
+// job. Spilling and prefetching are decided on the spiller's thread; the I/O runs on the store's.
 //
-// An object is pinned (Object::pins) while its write runs, so neither a free nor a session's end
-// releases its host bytes under the write; when the write lands, the host extent is released only
-// if nothing else pinned the object meanwhile (a reload that arrived during the write keeps the
-// host copy, and the record is dropped).
+// An object is pinned (Object::pins) while a write or prefetch read runs, so neither a free nor a
+// session's end releases its memory under the I/O; when the write lands, the host extent is
+// released only if nothing else pinned the object meanwhile (a reload that arrived during the
+// write keeps the host copy, and the record is dropped).
 //
-// Locks: the spiller's own mutex guards the candidate set only; it never holds it while taking a
-// session's mutex, and it never calls into the store while holding a session's mutex.
+// Locks: the spiller's own mutex guards its queues only; it never holds it while taking a
+// session's mutex, and it never calls into the store while holding a session's mutex, except
+// SpillStore::Free (which takes only the store's own lock).
 #ifndef TIER_DAEMON_SPILLER_H_
 #define TIER_DAEMON_SPILLER_H_
 
@@ -21,33 +21,40 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/metrics.h"
 #include "daemon/session.h"
+#include "daemon/spill_policy.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
 
 namespace tier::daemon {
 
 struct SpillerOptions {
-  uint32_t high_pct = 90;
-  uint32_t low_pct = 75;
+  Watermarks watermarks;
+  // Prefetch reads in flight at most (0: no prefetching).
+  uint32_t max_prefetches = 2;
 };
 
 struct SpillCounters {
   std::atomic<uint64_t> bytes_spilled{0};
-  std::atomic<uint64_t> bytes_fetched{0};
+  std::atomic<uint64_t> bytes_fetched{0};  // NVMe -> host, prefetches included
   std::atomic<uint64_t> spills{0};
   std::atomic<uint64_t> fetches{0};
+  std::atomic<uint64_t> prefetches{0};        // fetches started by the policy, not by a reload
+  std::atomic<uint64_t> bytes_prefetched{0};
+  std::atomic<uint64_t> prefetch_hits{0};     // reloads that found a prefetched object in memory
+  std::atomic<uint64_t> prefetch_misses{0};   // reloads that had to wait for NVMe
   std::atomic<uint64_t> write_errors{0};
   std::atomic<uint64_t> read_errors{0};
   std::atomic<uint64_t> checksum_failures{0};
+  BandwidthMeter spill_bandwidth;
+  BandwidthMeter fetch_bandwidth;
 };
 
 class Spiller {
@@ -58,7 +65,7 @@ class Spiller {
   Spiller& operator=(const Spiller&) = delete;
 
   void Start();
-  // Stops the thread; writes already started finish through the store.
+  // Stops the thread; I/O already started finishes through the store.
   void Stop();
 
   // A filled object (Where kHost) becomes a spill candidate.
@@ -68,53 +75,65 @@ class Spiller {
 
   // Brings a spilled object's bytes back into host memory and then runs `then` (on the store's
   // I/O thread, or at once on error). The caller has pinned the object and holds no lock.
-  // Concurrent calls for one object share one read. RESOURCE_EXHAUSTED when the host pool has no
-  // room (the spiller is kicked to make some).
+  // Concurrent calls for one object share one read. When the host pool has no room, waits like
+  // an offload (WaitForRoom) and fails RESOURCE_EXHAUSTED only when no room can come.
   void Fetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
              std::function<void(absl::Status)> then);
 
-  // The object is gone (freed and unpinned) while its bytes are on NVMe: release the record.
-  void Release(const storage::SpillRecord& record);
+  // A reload accepted for `object`: counts a prefetch hit or miss. Caller holds session.mu().
+  void NoteReloadLocked(Object& object);
 
   // Backpressure: an offload found the host pool full. `retry(true)` runs (without locks held)
   // each time host memory was freed; it tries again and, if it still finds no room, calls
   // WaitForRoom again. `retry(false)` when no room can come: nothing left to spill (everything is
   // pinned or the NVMe tier is full) and no write in flight. Either way it runs exactly once.
   void WaitForRoom(std::function<void(bool room)> retry);
-  // Host memory was freed (a job's extent went back): parked offloads try again.
+  // Host memory was freed: parked offloads try again, and prefetching may go on.
   void NotifyFreed();
 
   const SpillCounters& counters() const { return counters_; }
   storage::SpillStore& store() { return store_; }
 
  private:
-  void Run();
-  bool AboveHigh() const;
-  bool AboveLow() const;
-  // Takes the next candidate that may be spilled now and pins it; false if none.
-  bool SpillOne();
-  // Runs the parked offloads' retries (stuck: they fail).
-  void ServeWaiters(bool stuck);
-
-  storage::HostPool& pool_;
-  storage::SpillStore& store_;
-  const SpillerOptions options_;
-  SpillCounters counters_;
-
   struct Candidate {
     std::weak_ptr<Session> session;
     std::weak_ptr<Object> object;
   };
-  // Ordered by spill priority: (hinted first, larger hint first), then oldest first.
-  using Key = std::tuple<int, uint64_t>;
+
+  void Run();
+  // The pool as it will be once the writes in flight landed and released their extents.
+  storage::PoolUsage Projected() const;
+  // Takes the next candidate that may be spilled now and starts its write; false if none.
+  bool SpillOne();
+  // Starts prefetch reads of the spilled objects used soonest while the pool has room.
+  void Prefetch();
+  // Starts reading `object` (Where kNvme, pinned by the caller) into a new host extent, unless a
+  // read already runs (then `then` joins it). false: no host room (nothing was started and
+  // `then` was not called). Caller holds no lock.
+  bool StartFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
+                  bool prefetch, std::function<void(absl::Status)>& then);
+  void EndFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
+                const storage::SpillRecord& record, bool prefetch, absl::Status read);
+  // Runs the parked offloads' retries (stuck: they fail).
+  void ServeWaiters(bool stuck);
+  static NextUse NextUseOf(const Object& object) { return {object.hint, object.seq}; }
+
+  storage::HostPool& pool_;
+  storage::SpillStore& store_;
+  const SpillPolicy policy_;
+  const uint32_t max_prefetches_;
+  SpillCounters counters_;
+
   std::mutex mu_;
   std::condition_variable cv_;
-  std::multimap<Key, Candidate> candidates_;
+  NextUseQueue<Candidate> candidates_;  // in host memory: spill candidates
+  NextUseQueue<Candidate> spilled_;     // on NVMe: prefetch candidates
   bool kicked_ = false;
   std::vector<std::function<void(bool)>> waiting_;  // parked offloads
-  bool nvme_full_ = false;                         // the last write found no room on NVMe
   bool stopping_ = false;
   std::atomic<uint64_t> writes_in_flight_{0};
+  std::atomic<uint64_t> writing_bytes_{0};  // host extents of the writes in flight
+  std::atomic<uint32_t> prefetches_in_flight_{0};
   std::thread thread_;
 };
 

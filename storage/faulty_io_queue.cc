@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 
 namespace tier::storage {
@@ -14,6 +16,47 @@ std::string Describe(const IoRequest& r) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec) {
+  std::vector<FaultRule> rules;
+  if (spec.empty()) return rules;
+  for (absl::string_view text : absl::StrSplit(spec, ',')) {
+    std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault rule '", std::string(text), "': ", std::string(why),
+                       " (expected OP:FAULT[:SKIP[:TIMES]], OP read|write, "
+                       "FAULT eio|enospc|short|corrupt)"));
+    };
+    if (parts.size() < 2 || parts.size() > 4) return bad("wrong number of fields");
+    FaultRule rule;
+    if (parts[0] == "read") {
+      rule.op = IoOp::kRead;
+    } else if (parts[0] == "write") {
+      rule.op = IoOp::kWrite;
+    } else {
+      return bad("unknown op");
+    }
+    if (parts[1] == "eio") {
+      rule.error = EIO;
+    } else if (parts[1] == "enospc") {
+      rule.error = ENOSPC;
+    } else if (parts[1] == "short") {
+      rule.action = FaultRule::Action::kShort;
+    } else if (parts[1] == "corrupt" && rule.op == IoOp::kRead) {
+      rule.action = FaultRule::Action::kCorrupt;
+    } else {
+      return bad("unknown fault");
+    }
+    if (parts.size() > 2 && !absl::SimpleAtoi(parts[2], &rule.skip)) return bad("bad SKIP");
+    if (parts.size() > 3 && (!absl::SimpleAtoi(parts[3], &rule.times) || rule.times == 0 ||
+                             rule.times < -1)) {
+      return bad("bad TIMES");
+    }
+    rules.push_back(rule);
+  }
+  return rules;
+}
 
 FaultyIoQueue::FaultyIoQueue(std::unique_ptr<IoQueue> inner)
     : inner_(std::move(inner)), name_(absl::StrCat("faulty(", std::string(inner_->name()), ")")) {}

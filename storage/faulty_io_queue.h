@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "storage/io_queue.h"
 
 namespace tier::storage {
@@ -39,6 +41,12 @@ struct FaultRule {
   // the read that lies in the rule's range.
   uint64_t corrupt_offset = std::numeric_limits<uint64_t>::max();
 };
+
+// Rules from text (tierd's test-only `spill_inject_faults` setting): comma-separated
+// `OP:FAULT[:SKIP[:TIMES]]`, OP read|write, FAULT eio|enospc|short|corrupt (corrupt: reads only),
+// SKIP matching requests let through first (default 0), TIMES firings (default 1; -1: forever).
+// "write:enospc:2:1,read:corrupt" fails the third write with ENOSPC and corrupts the first read.
+absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec);
 
 class FaultyIoQueue final : public IoQueue {
  public:

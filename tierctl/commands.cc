@@ -189,8 +189,16 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                 {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())}};
   if (!status.spill_io().empty()) {  // an NVMe tier exists
     fields.push_back({"NVMe I/O", status.spill_io()});
-    fields.push_back({"Spilled", FormatBytes(status.bytes_spilled())});
-    fields.push_back({"Fetched", FormatBytes(status.bytes_fetched())});
+    fields.push_back({"Spilled", absl::StrCat(FormatBytes(status.bytes_spilled()), " (now ",
+                                              FormatBandwidth(status.spill_bandwidth_bytes_per_s()),
+                                              ")")});
+    fields.push_back({"Fetched", absl::StrCat(FormatBytes(status.bytes_fetched()), " (now ",
+                                              FormatBandwidth(status.fetch_bandwidth_bytes_per_s()),
+                                              ")")});
+    fields.push_back({"Prefetch", absl::StrCat(status.prefetches(), " objects, ",
+                                               FormatBytes(status.bytes_prefetched()), "; ",
+                                               status.prefetch_hits(), " hits, ",
+                                               status.prefetch_misses(), " misses")});
     fields.push_back({"NVMe errors", absl::StrCat(status.spill_write_errors(), " write, ",
                                                   status.spill_read_errors(), " read, ",
                                                   status.checksum_failures(), " checksum")});

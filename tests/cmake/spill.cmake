@@ -6,3 +6,10 @@ foreach(_spill_test spill_crc32c_test spill_io_queue_test spill_store_test)
     SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/${_spill_test}.cc LIBS tier_spill)
   target_compile_definitions(${_spill_test} PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")
 endforeach()
+
+# The NVMe tier's policy alone, and the spiller over a real pool and store.
+tier_add_test(spill_policy_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/spill_policy_test.cc LIBS tierd_lib)
+tier_add_test(spiller_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/spiller_test.cc LIBS tierd_lib)
+target_compile_definitions(spiller_test PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")

@@ -101,6 +101,13 @@ inline void FillPattern(char* p, uint64_t len, uint64_t seed) {
   for (; i < len; ++i) p[i] = static_cast<char>(v >> (8 * (i % 8)));
 }
 
+// Whether [p, p + len) holds FillPattern(..., seed).
+inline bool MatchesPattern(const char* p, uint64_t len, uint64_t seed) {
+  std::string expected(len, '\0');
+  FillPattern(expected.data(), len, seed);
+  return std::memcmp(p, expected.data(), len) == 0;
+}
+
 }  // namespace tier::storage::testing
 
 #endif  // TIER_TESTS_UNIT_SPILL_TEST_UTIL_H_

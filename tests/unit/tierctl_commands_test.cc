@@ -70,6 +70,16 @@ class FakeControl final : public v1::Control::Service {
     response->set_bytes_reloaded(768ull << 20);
     response->set_recent_bandwidth_bytes_per_s(23.4e9);
     response->set_pool_locked(true);
+    response->set_spill_io("io_uring");
+    response->set_bytes_spilled(3 * kGiB);
+    response->set_bytes_fetched(1 * kGiB);
+    response->set_spill_bandwidth_bytes_per_s(2.5e9);
+    response->set_fetch_bandwidth_bytes_per_s(3.1e9);
+    response->set_prefetches(12);
+    response->set_bytes_prefetched(768ull << 20);
+    response->set_prefetch_hits(10);
+    response->set_prefetch_misses(2);
+    response->set_checksum_failures(1);
     return grpc::Status::OK;
   }
 
@@ -235,6 +245,11 @@ TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
             "Offloaded:         1.5 TiB\n"
             "Reloaded:          768.0 MiB\n"
             "Recent bandwidth:  23.4 GB/s\n"
+            "NVMe I/O:          io_uring\n"
+            "Spilled:           3.0 GiB (now 2.5 GB/s)\n"
+            "Fetched:           1.0 GiB (now 3.1 GB/s)\n"
+            "Prefetch:          12 objects, 768.0 MiB; 10 hits, 2 misses\n"
+            "NVMe errors:       0 write, 0 read, 1 checksum\n"
             "\n"
             "TIER   CAPACITY      USED       FREE    USE  OBJECTS\n"
             "host   64.0 GiB  16.0 GiB   48.0 GiB  25.0%     1234\n"
@@ -331,7 +346,10 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "bytes_offloaded", "bytes_reloaded",
                                    "recent_bandwidth_bytes_per_s", "pool_locked", "spill_io",
                                    "bytes_spilled", "bytes_fetched", "spill_write_errors",
-                                   "spill_read_errors", "checksum_failures"}));
+                                   "spill_read_errors", "checksum_failures",
+                                   "spill_bandwidth_bytes_per_s", "fetch_bandwidth_bytes_per_s",
+                                   "prefetches", "bytes_prefetched", "prefetch_hits",
+                                   "prefetch_misses"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
