@@ -81,15 +81,15 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
       nvme->set_capacity_bytes(nvme->capacity_bytes() + file.capacity_bytes);
       nvme->set_used_bytes(nvme->used_bytes() + file.used_bytes);
       nvme->set_objects(nvme->objects() + file.records);
+      response->set_spill_write_errors(response->spill_write_errors() + file.write_errors);
+      response->set_spill_read_errors(response->spill_read_errors() + file.read_errors);
+      response->set_checksum_failures(response->checksum_failures() + file.checksum_failures);
     }
     nvme->set_free_bytes(nvme->capacity_bytes() - nvme->used_bytes());
     const SpillCounters& c = spiller_->counters();
     response->set_spill_io(std::string(spiller_->store().io_queue_name()));
     response->set_bytes_spilled(c.bytes_spilled.load(std::memory_order_relaxed));
     response->set_bytes_fetched(c.bytes_fetched.load(std::memory_order_relaxed));
-    response->set_spill_write_errors(c.write_errors.load(std::memory_order_relaxed));
-    response->set_spill_read_errors(c.read_errors.load(std::memory_order_relaxed));
-    response->set_checksum_failures(c.checksum_failures.load(std::memory_order_relaxed));
     response->set_spill_bandwidth_bytes_per_s(c.spill_bandwidth.BytesPerSecond(now));
     response->set_fetch_bandwidth_bytes_per_s(c.fetch_bandwidth.BytesPerSecond(now));
     response->set_prefetches(c.prefetches.load(std::memory_order_relaxed));

@@ -167,9 +167,13 @@ void JobExecutor::StartOffloadCopy(const std::shared_ptr<Session>& session,
   // The callback holds the buffer (so an unregister cannot unmap it mid-copy) and the session.
   job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
     EndFill(*session, e, *object, status);
-    if (status.ok() && spiller_ != nullptr) spiller_->Track(session, object);
+    if (spiller_ != nullptr) {
+      if (status.ok()) spiller_->Track(session, object);
+      spiller_->CopyEnded();
+    }
     Complete(*session, e, status);
   };
+  if (spiller_ != nullptr) spiller_->CopyStarted();
   engine_.Submit(std::move(job));
 }
 
@@ -255,6 +259,7 @@ void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
         if (copy.ok()) DropAfterReloadLocked(*session, e, *object);
         UnpinLocked(*session, *object);
       }
+      if (spiller_ != nullptr) spiller_->CopyEnded();
       Complete(*session, e, copy);
     };
     bool fill_failed;
@@ -270,6 +275,7 @@ void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
     finish(std::move(status),
            fill_failed ? absl::InternalError("the fill failed") : absl::OkStatus());
   };
+  if (spiller_ != nullptr) spiller_->CopyStarted();
   engine_.Submit(std::move(job));
 }
 

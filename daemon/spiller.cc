@@ -87,8 +87,10 @@ void Spiller::Run() {
     }
     if (!policy_.KeepSpilling(Projected())) draining = false;
     if (parked) {
-      // Stuck: nothing could be spilled and no write will free anything.
-      ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0);
+      // Stuck: nothing could be spilled, and nothing in flight (a write, a read, a copy on pool
+      // memory) will free memory or make an object spillable.
+      ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0 &&
+                   reads_in_flight_.load() == 0 && copies_in_flight_.load() == 0);
     } else if (!draining) {
       Prefetch();
     }
@@ -160,10 +162,8 @@ bool Spiller::SpillOne() {
           }
           writing_bytes_.fetch_sub(extent_bytes);  // after the extent went back (or stays)
           if (!record.ok()) {
-            counters_.write_errors.fetch_add(1);
-            // The object stays in host memory and is no candidate any more (a failing device
-            // is not hammered); it becomes one again once fetched or filled anew.
-            LogWarning("spill write failed: ", record.status().ToString());
+            // (The store logged it.) The object stays in host memory and is no candidate any
+            // more, so a failing device is not hammered; it becomes one again once filled anew.
             if (released == Released::kHost) NotifyFreed();
             return;
           }
@@ -307,8 +307,10 @@ bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
     return true;
   }
   if (prefetch) counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
+  reads_in_flight_.fetch_add(1);
   auto finish = [this, session, object, record, prefetch](absl::Status read) {
     EndFetch(session, object, record, prefetch, std::move(read));
+    reads_in_flight_.fetch_sub(1);
   };
   if (absl::Status started = store_.Read(record, dst, finish); !started.ok()) finish(started);
   return true;
@@ -342,18 +344,16 @@ void Spiller::EndFetch(const std::shared_ptr<Session>& session,
     counters_.fetch_bandwidth.Add(record.len, MonotonicMs());
     if (prefetch) counters_.bytes_prefetched.fetch_add(record.len);
     if (track) Track(session, object);
-  } else {
-    if (absl::IsDataLoss(read)) {
-      counters_.checksum_failures.fetch_add(1);
-      LogError(read.ToString());
-    } else {
-      counters_.read_errors.fetch_add(1);
-      LogWarning("fetch from NVMe failed: ", read.ToString());
-    }
-    // A failed prefetch is not retried: a reload reads again and reports its own result.
   }
+  // (A failed read was logged and counted by the store. A failed prefetch is not retried: a
+  // reload reads again and reports its own result.)
   if (released == Released::kHost || !read.ok()) NotifyFreed();
   for (auto& waiter : waiters) waiter(read);
+}
+
+void Spiller::CopyEnded() {
+  copies_in_flight_.fetch_sub(1);
+  NotifyFreed();  // its memory may be spillable or free now
 }
 
 void Spiller::WaitForRoom(std::function<void(bool room)> retry) {

@@ -50,9 +50,8 @@ struct SpillCounters {
   std::atomic<uint64_t> bytes_prefetched{0};
   std::atomic<uint64_t> prefetch_hits{0};     // reloads that found a prefetched object in memory
   std::atomic<uint64_t> prefetch_misses{0};   // reloads that had to wait for NVMe
-  std::atomic<uint64_t> write_errors{0};
-  std::atomic<uint64_t> read_errors{0};
-  std::atomic<uint64_t> checksum_failures{0};
+  // I/O errors and checksum failures are counted by the store (SpillFileUsage), which tells them
+  // apart (both reach the client as DATA_LOSS).
   BandwidthMeter spill_bandwidth;
   BandwidthMeter fetch_bandwidth;
 };
@@ -88,6 +87,11 @@ class Spiller {
   // WaitForRoom again. `retry(false)` when no room can come: nothing left to spill (everything is
   // pinned or the NVMe tier is full) and no write in flight. Either way it runs exactly once.
   void WaitForRoom(std::function<void(bool room)> retry);
+  // The executor's copies on pool memory (offload fills, reloads): while any runs, a parked
+  // offload is not failed as stuck, since its end frees memory or makes an object spillable.
+  void CopyStarted() { copies_in_flight_.fetch_add(1); }
+  void CopyEnded();
+
   // Host memory was freed: parked offloads try again, and prefetching may go on.
   void NotifyFreed();
 
@@ -134,6 +138,8 @@ class Spiller {
   std::atomic<uint64_t> writes_in_flight_{0};
   std::atomic<uint64_t> writing_bytes_{0};  // host extents of the writes in flight
   std::atomic<uint32_t> prefetches_in_flight_{0};
+  std::atomic<uint64_t> reads_in_flight_{0};   // fetches and prefetches
+  std::atomic<uint64_t> copies_in_flight_{0};  // see CopyStarted
   std::thread thread_;
 };
 

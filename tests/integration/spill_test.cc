@@ -1,6 +1,9 @@
 // The NVMe tier with a real tierd and real files: more data than the host pool holds goes to the
 // spill file and comes back byte for byte, through io_uring and through the pread/pwrite thread
-// pool; a spilled record corrupted on disk fails its reload with DATA_LOSS and nothing else.
+// pool, with prefetching; a spilled record corrupted on disk fails its reload with DATA_LOSS and
+// nothing else; I/O faults injected in the I/O layer (tierd's test-only spill_inject_faults:
+// EIO, ENOSPC, short transfers, corrupted reads) fail or delay only the I/O they hit, and nothing
+// is lost, with both I/O back ends.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -91,7 +94,15 @@ void RoundTripThroughNvme(const std::string& io) {
         << "reload " << i;
     EXPECT_TRUE(Matches(buffer.data, kMiB, 1000 + i)) << "object " << i << " came back different";
   }
-  EXPECT_GT(tierd.Status().bytes_fetched(), 0u);
+  v1::GetStatusResponse after = tierd.Status();
+  EXPECT_GT(after.bytes_fetched(), 0u);
+  // Reloads freed host memory, so the spilled objects reloaded next were prefetched, and some
+  // reloads found theirs already back.
+  EXPECT_GT(after.prefetches(), 0u);
+  EXPECT_GT(after.prefetch_hits(), 0u);
+  EXPECT_LE(after.prefetch_hits() + after.prefetch_misses(), static_cast<uint64_t>(kObjects));
+  EXPECT_LE(after.prefetch_hits(), after.prefetches());
+  EXPECT_EQ(after.checksum_failures(), 0u);
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
     return s.tiers(0).used_bytes() == 0 && s.tiers(1).used_bytes() == 0;
   })) << "extents or records leaked";
@@ -180,6 +191,125 @@ TEST(Spill, CorruptRecordFailsWithDataLossAndNothingElse) {
                            }),
             TIER_OK);
 }
+
+class SpillFaults : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::vector<std::string> Flags(const std::string& faults) {
+    std::vector<std::string> flags = SpillFlags(GetParam());
+    flags.push_back("--spill_inject_faults=" + faults);
+    return flags;
+  }
+};
+
+// Every spill write fails: objects stay in host memory, offloads past the pool fail at once with
+// RESOURCE_EXHAUSTED (none hangs), and everything stored comes back.
+TEST_P(SpillFaults, EveryWriteFailingKeepsDataInMemory) {
+  TierdProcess tierd(Flags("write:eio:0:-1"));
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<std::pair<tier_object_id, uint32_t>> stored;
+  int refused = 0;
+  for (int i = 0; i < 24; ++i) {
+    Fill(buffer.data, kMiB, 300 + i);
+    auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+    tier_status status = session.TryWait(job, 30000);
+    ASSERT_NE(status, TIER_DEADLINE_EXCEEDED) << "offload " << i << " hangs";
+    if (status == TIER_OK) {
+      stored.push_back({object, 300u + i});
+    } else {
+      EXPECT_EQ(status, TIER_RESOURCE_EXHAUSTED) << "offload " << i;
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(stored.size(), 16u);  // what the host pool holds
+  v1::GetStatusResponse status = tierd.Status();
+  EXPECT_GT(status.spill_write_errors(), 0u);
+  EXPECT_EQ(status.tiers(1).used_bytes(), 0u);  // no failed write left a record behind
+  EXPECT_EQ(status.bytes_spilled(), 0u);
+  for (auto [object, seed] : stored) {
+    std::memset(buffer.data, 0, kMiB);
+    ASSERT_EQ(session.TryWait(session.Reload(object, buffer.id, 0, kMiB, true), 30000), TIER_OK);
+    EXPECT_TRUE(Matches(buffer.data, kMiB, seed)) << seed;
+  }
+}
+
+// Writes that fail now and then (ENOSPC once, a short write once): the objects they carried stay
+// in host memory, others go instead, and every byte comes back.
+TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
+  TierdProcess tierd(Flags("write:enospc:2:1,write:short:5:1"));
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<tier_object_id> objects(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    Fill(buffer.data, kMiB, 4000 + i);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] {
+                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+                               objects[i] = object;
+                               return job;
+                             }),
+              TIER_OK)
+        << "offload " << i;
+  }
+  EXPECT_EQ(tierd.Status().spill_write_errors(), 2u);
+  for (int i = kObjects - 1; i >= 0; --i) {
+    std::memset(buffer.data, 0, kMiB);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
+              TIER_OK)
+        << "reload " << i;
+    EXPECT_TRUE(Matches(buffer.data, kMiB, 4000 + i)) << "object " << i;
+  }
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.tiers(0).used_bytes() == 0 && s.tiers(1).used_bytes() == 0;
+  })) << "extents or records leaked";
+}
+
+// Reads that fail (EIO, a short read) or deliver a flipped bit: the read they hit fails (a
+// reload with DATA_LOSS, never with wrong bytes), the record stays, and reading again succeeds.
+// Prefetches may meet the faults first; either way each fault fires once and nothing is lost.
+TEST_P(SpillFaults, ReadFaultsFailOnlyThatReadAndARetrySucceeds) {
+  TierdProcess tierd(Flags("read:eio:1:1,read:short:4:1,read:corrupt:7:1"));
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<tier_object_id> objects(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    Fill(buffer.data, kMiB, 6000 + i);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] {
+                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+                               objects[i] = object;
+                               return job;
+                             }),
+              TIER_OK);
+  }
+  int failed_reloads = 0;
+  for (int i = kObjects - 1; i >= 0; --i) {
+    tier_status status = TIER_DATA_LOSS;
+    for (int attempt = 0; attempt < 4 && status == TIER_DATA_LOSS; ++attempt) {
+      std::memset(buffer.data, 0, kMiB);
+      status = RetryWhileFull(
+          session, [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, false); });
+      if (status == TIER_DATA_LOSS) ++failed_reloads;
+    }
+    ASSERT_EQ(status, TIER_OK) << "reload " << i;
+    EXPECT_TRUE(Matches(buffer.data, kMiB, 6000 + i)) << "object " << i << " came back different";
+    ASSERT_EQ(session.TryWait(session.Free(objects[i]), 30000), TIER_OK);
+  }
+  v1::GetStatusResponse status = tierd.Status();
+  EXPECT_EQ(status.spill_read_errors(), 2u);
+  EXPECT_EQ(status.checksum_failures(), 1u);
+  EXPECT_LE(failed_reloads, 3);
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.tiers(0).used_bytes() == 0 && s.tiers(1).used_bytes() == 0;
+  })) << "extents or records leaked";
+}
+
+INSTANTIATE_TEST_SUITE_P(IoBackends, SpillFaults, ::testing::Values("auto", "thread_pool"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace tier
