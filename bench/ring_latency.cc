@@ -24,6 +24,7 @@
 
 #include "client/client_session.h"
 #include "tier.grpc.pb.h"
+#include "private_daemon.h"
 #include "tier/ring.h"
 
 namespace {
@@ -71,18 +72,6 @@ void Check(const absl::Status& status) {
   }
 }
 
-struct PrivateDaemon {
-  pid_t pid = -1;
-  std::string dir;
-  std::string socket;
-  ~PrivateDaemon() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (!dir.empty()) std::filesystem::remove_all(dir);
-  }
-};
 
 }  // namespace
 
@@ -101,26 +90,14 @@ int main(int argc, char** argv) {
     }
   }
 
-  PrivateDaemon daemon;
+  std::unique_ptr<tier::bench::PrivateDaemon> daemon;
   if (socket.empty()) {
-    if (tierd_bin.empty()) {
-      tierd_bin = (std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() /
-                   "daemon" / "tierd").string();
-    }
-    char pattern[] = "/tmp/tier-bench-XXXXXX";
-    daemon.dir = ::mkdtemp(pattern);
-    daemon.socket = daemon.dir + "/tierd.sock";
-    socket = daemon.socket;
-    daemon.pid = ::fork();
-    if (daemon.pid == 0) {
-      std::string s = "--socket=" + socket, ss = "--session_socket=" + daemon.dir + "/s.sock",
-                  st = "--state_dir=" + daemon.dir + "/state";
-      ::execl(tierd_bin.c_str(), tierd_bin.c_str(), s.c_str(), ss.c_str(), st.c_str(),
-              "--pool_bytes=256M", "--engine=host", "--log_level=warning", nullptr);
-      std::perror("exec tierd");
-      ::_exit(127);
-    }
-    private_daemon_pid = daemon.pid;
+    auto started = tier::bench::PrivateDaemon::Start(
+        tierd_bin, {"--pool_bytes=256M", "--engine=host", "--log_level=warning"});
+    Check(started.status());
+    daemon = *std::move(started);
+    socket = daemon->socket();
+    private_daemon_pid = daemon->pid();
   }
 
   auto stub = tier::v1::Control::NewStub(

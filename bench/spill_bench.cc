@@ -1,11 +1,12 @@
-// Spill bandwidth benchmark: sequential write then read of the SpillStore (the real io queue,
+// Spill bandwidth benchmark: sequential spill and fill through tierd (offloads of more than its
+// host pool holds, reloaded back; see RunTierd), and the SpillStore alone (the real io queue,
 // O_DIRECT, registered host-pool buffers, CRC-32C computed on write and verified on read), against
 // fio (io_uring, O_DIRECT, same block size and queue depth) and dd (O_DIRECT, queue depth 1) on
 // the same directory, in one run. Each engine gets a fresh file preallocated to the same size.
 //
 //   tier_spill_bench --dir=/var/tmp [--size=1G] [--bs=1M] [--qd=16] [--record=8M]
 //                    [--io=auto|io_uring|thread_pool] [--runs=1] [--fio=on|off] [--dd=on|off]
-//                    [--json=FILE] [--verbose]
+//                    [--tierd=auto|off|PATH] [--tierd-pool=256M] [--json=FILE] [--verbose]
 //
 // Prints an aligned table of MB/s (10^6 bytes per second) with ratios to the baseline (fio where it
 // is on PATH, else dd). Virtual and shared disks are noisy: with several runs each figure is the
@@ -26,13 +27,17 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/client_session.h"
 #include "common/log.h"
 #include "storage/crc32c.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
+#include "private_daemon.h"
+#include "tier/ring.h"
 
 namespace {
 
@@ -53,6 +58,8 @@ struct Flags {
   bool dd = true;
   std::string json;
   bool verbose = false;
+  std::string tierd = "auto";      // auto: the tierd built beside this program; off; or a path
+  uint64_t tierd_pool = 256 << 20;  // its host pool (the data is --size, so most of it spills)
 };
 
 bool ParseBytes(const std::string& text, uint64_t* out) {
@@ -77,6 +84,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     bool ok = true;
     if (name == "--dir") f->dir = value;
     else if (name == "--size") ok = ParseBytes(value, &f->size);
+    else if (name == "--tierd") f->tierd = value;
+    else if (name == "--tierd-pool") ok = ParseBytes(value, &f->tierd_pool);
     else if (name == "--bs") ok = ParseBytes(value, &f->bs);
     else if (name == "--record") ok = ParseBytes(value, &f->record);
     else if (name == "--qd") f->qd = static_cast<uint32_t>(std::atoi(value.c_str()));
@@ -202,6 +211,119 @@ bool RunStore(const Flags& f, HostPool& pool, Result* result, std::string* queue
   for (const SpillRecord& r : records) (void)(*store)->Free(r);
   double w = Mbps(f.size, write_s), r = Mbps(f.size, read_s);
   if (f.verbose) std::fprintf(stderr, "  SpillStore: write %.1f MB/s, read %.1f MB/s\n", w, r);
+  result->write_mbps = std::max(result->write_mbps.value_or(0), w);
+  result->read_mbps = std::max(result->read_mbps.value_or(0), r);
+  return true;
+}
+
+// ---- Through tierd ----
+//
+// A private tierd (host copy engine, so only the NVMe path is measured) with a host pool of
+// --tierd-pool bytes and watermarks 1%/0%: everything offloaded is spilled as soon as it lands.
+// Spill: --size bytes offloaded as --record objects from one client buffer, all submitted at
+// once (offloads that find the pool full wait in tierd for room); timed from the first submit
+// until tierd reports every byte written to NVMe. Fill: every object reloaded into its place in
+// the client buffer, all at once, each reload dropping its object; timed until the last
+// completes (each one NVMe -> pool -> client buffer). Then every byte is checked.
+bool RunTierd(const Flags& f, Result* result) {
+  uint64_t n = f.size / f.record;
+  auto daemon = tier::bench::PrivateDaemon::Start(
+      f.tierd == "auto" ? "" : f.tierd,
+      {"--engine=host", absl::StrCat("--pool_bytes=", f.tierd_pool),
+       absl::StrCat("--spill_bytes=", f.size + f.tierd_pool), "--spill_dir=" + f.dir + "/tierd-spill-bench",
+       "--spill_io=" + f.io, absl::StrCat("--spill_queue_depth=", f.qd),
+       absl::StrCat("--spill_io_bytes=", f.bs), "--spill_high_pct=1", "--spill_low_pct=0",
+       "--spill_prefetch=0", "--pool_lock=best-effort"});
+  if (!daemon.ok()) {
+    result->note = std::string(daemon.status().message());
+    return false;
+  }
+  tier::client::SessionOptions options;
+  options.socket_path = (*daemon)->socket();
+  options.name = "spill-bench";
+  auto session = tier::client::ClientSession::Open(options);
+  if (!session.ok()) {
+    result->note = std::string(session.status().message());
+    return false;
+  }
+  void* data = nullptr;
+  auto buffer = (*session)->AllocHostBuffer(n * f.record, &data);
+  if (!buffer.ok()) {
+    result->note = std::string(buffer.status().message());
+    return false;
+  }
+  auto fill = [&](uint64_t seed) {
+    auto* words = static_cast<uint64_t*>(data);
+    uint64_t x = seed;
+    for (uint64_t i = 0; i < n * f.record / 8; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      words[i] = x;
+    }
+  };
+  fill(0x2545F4914F6CDD1Dull);
+  auto fail = [&](const absl::Status& s) {
+    result->note = absl::StrCat("tierd: ", s.message());
+    return false;
+  };
+
+  std::vector<uint64_t> objects(n), jobs(n);
+  auto start = Clock::now();
+  for (uint64_t i = 0; i < n; ++i) {
+    tier::client::JobRequest request;
+    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kOffload);
+    request.object = objects[i] = (*session)->NewObjectId();
+    request.buffer = *buffer;
+    request.offset = i * f.record;
+    request.len = f.record;
+    auto job = (*session)->Submit(request);
+    if (!job.ok()) return fail(job.status());
+    jobs[i] = *job;
+  }
+  for (uint64_t job : jobs) {
+    if (absl::Status s = (*session)->Wait(job, 600000); !s.ok()) return fail(s);
+  }
+  for (;;) {
+    auto status = (*daemon)->Status();
+    if (!status.ok()) return fail(status.status());
+    if (status->bytes_spilled() >= n * f.record) break;
+    if (status->spill_write_errors() > 0) return fail(absl::DataLossError("spill write errors"));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  double spill_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+  std::memset(data, 0, n * f.record);
+  start = Clock::now();
+  for (uint64_t i = n; i-- > 0;) {  // reverse order, as activations come back
+    tier::client::JobRequest request;
+    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
+    request.flags = tier::ring::kFlagFreeAfterReload;
+    request.object = objects[i];
+    request.buffer = *buffer;
+    request.offset = i * f.record;
+    request.len = f.record;
+    auto job = (*session)->Submit(request);
+    if (!job.ok()) return fail(job.status());
+    jobs[i] = *job;
+  }
+  for (uint64_t job : jobs) {
+    if (absl::Status s = (*session)->Wait(job, 600000); !s.ok()) return fail(s);
+  }
+  double fill_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // Every byte back where it was.
+  std::vector<uint64_t> got(static_cast<uint64_t*>(data),
+                            static_cast<uint64_t*>(data) + n * f.record / 8);
+  fill(0x2545F4914F6CDD1Dull);
+  if (std::memcmp(got.data(), data, n * f.record) != 0) {
+    return fail(absl::DataLossError("data came back different"));
+  }
+  auto status = (*daemon)->Status();
+  if (status.ok() && f.verbose) {
+    std::fprintf(stderr, "  tierd: spilled %" PRIu64 " B, fetched %" PRIu64 " B, io %s\n",
+                 status->bytes_spilled(), status->bytes_fetched(), status->spill_io().c_str());
+  }
+  double w = Mbps(n * f.record, spill_s), r = Mbps(n * f.record, fill_s);
+  if (f.verbose) std::fprintf(stderr, "  tierd: spill %.1f MB/s, fill %.1f MB/s\n", w, r);
   result->write_mbps = std::max(result->write_mbps.value_or(0), w);
   result->read_mbps = std::max(result->read_mbps.value_or(0), r);
   return true;
@@ -341,6 +463,8 @@ int main(int argc, char** argv) {
   Result store{"SpillStore", {}, {}, ""};
   Result fio{absl::StrCat("fio io_uring O_DIRECT QD", f.qd), {}, {}, ""};
   Result dd{"dd O_DIRECT (QD1)", {}, {}, ""};
+  Result tierd{"tierd (offload/reload, host engine)", {}, {}, ""};
+  bool have_tierd = f.tierd != "off";
   std::string queue_name;
   bool direct = false;
   bool have_fio = f.fio && OnPath("fio");
@@ -353,11 +477,16 @@ int main(int argc, char** argv) {
     if (have_fio) RunFio(f, &fio);
     if (!reverse && have_dd) RunDd(f, &dd);
     if (reverse && !RunStore(f, **pool, &store, &queue_name, &direct)) return 1;
+    if (have_tierd && !RunTierd(f, &tierd)) {
+      std::fprintf(stderr, "tierd row skipped: %s\n", tierd.note.c_str());
+      have_tierd = false;
+    }
   }
   store.name = absl::StrCat("SpillStore (", queue_name, ", crc32c ",
                             tier::storage::Crc32cImplementation(), ")");
   if (!direct) store.note = "buffered: the filesystem refused O_DIRECT";
   results.push_back(store);
+  if (have_tierd) results.push_back(tierd);
   if (have_fio) results.push_back(fio);
   if (have_dd) results.push_back(dd);
   const Result* baseline = have_fio && fio.write_mbps ? &fio : have_dd ? &dd : &results[0];
