@@ -79,18 +79,20 @@ struct SpillStore::File {
 
 struct SpillStore::Op {
   IoOp kind = IoOp::kWrite;
-  SpillRecord record;  // a write's crc32c is filled in as its chunks are issued
+  SpillRecord record;
   char* buf = nullptr;
   uint64_t io_len = 0;   // record.extent.bytes: whole blocks
   uint64_t issued = 0;   // bytes of io_len handed to the queue
   uint32_t in_flight = 0;
-  uint64_t crc_bytes = 0;  // bytes of record.len covered by crc
-  uint32_t crc = 0;
+  // Writes: the CRC of each chunk issued so far. Reads: the CRCs the chunks must match.
+  std::vector<uint32_t> chunk_crcs;
+  uint32_t crc_chunks = 0;       // writes: chunks checksummed; reads: chunks verified, in order
   std::vector<bool> chunk_done;  // reads: which chunks arrived
-  uint32_t crc_chunks = 0;       // reads: chunks covered by crc (all arrived, in order)
+  bool checksum_failed = false;  // reads: a chunk did not match
   absl::Status status;
   WriteDone write_done;
   ReadDone read_done;
+  ReadProgress progress;
   std::list<std::unique_ptr<Op>>::iterator where;
 };
 
@@ -251,20 +253,22 @@ absl::Status SpillStore::Write(const char* src, uint64_t len, WriteDone done) {
           "spill store full: no file has ", RoundUp(len), " contiguous free bytes (", free,
           " bytes free in all)"));
     }
-    op->record = SpillRecord{next_id_++, best_index, *extent, len, 0};
+    op->record = SpillRecord{next_id_++, best_index, *extent, len};
     op->io_len = extent->bytes;
   }
   Post(std::move(op));
   return absl::OkStatus();
 }
 
-absl::Status SpillStore::Read(const SpillRecord& record, char* dst, ReadDone done) {
+absl::Status SpillStore::Read(const SpillRecord& record, char* dst, ReadDone done,
+                              ReadProgress progress) {
   if (dst == nullptr) return absl::InvalidArgumentError("spill read into nothing");
   if (!Aligned(dst)) return absl::InvalidArgumentError("spill read destination is not 4096-aligned");
   auto op = std::make_unique<Op>();
   op->kind = IoOp::kRead;
   op->buf = dst;
   op->read_done = std::move(done);
+  op->progress = std::move(progress);
   {
     std::lock_guard lock(mu_);
     if (stopping_) return absl::UnavailableError("spill store is closing");
@@ -276,6 +280,7 @@ absl::Status SpillStore::Read(const SpillRecord& record, char* dst, ReadDone don
     }
     ++it->second.readers;
     op->record = it->second.record;
+    op->chunk_crcs = it->second.chunk_crcs;
     op->io_len = record.extent.bytes;
     op->chunk_done.assign((op->io_len + io_bytes_ - 1) / io_bytes_, false);
   }
@@ -436,12 +441,14 @@ void SpillStore::Issue() {
     }
   }
   queue_->Submit();
-  // Checksums of writes while their chunks travel: the data does not change under the write.
+  // Checksums of writes' chunks while they travel: the data does not change under the write.
   for (auto& op : writes_) {
-    uint64_t upto = std::min(op->issued, op->record.len);
-    if (op->crc_bytes < upto) {
-      op->crc = Crc32cExtend(op->crc, op->buf + op->crc_bytes, upto - op->crc_bytes);
-      op->crc_bytes = upto;
+    for (;;) {
+      uint64_t begin = uint64_t{op->crc_chunks} * io_bytes_;
+      if (begin >= std::min(op->issued, op->record.len)) break;
+      uint64_t end = std::min(begin + io_bytes_, op->record.len);
+      op->chunk_crcs.push_back(Crc32c(op->buf + begin, end - begin));
+      ++op->crc_chunks;
     }
   }
   for (Op* op : failed) Finish(op);
@@ -466,13 +473,29 @@ void SpillStore::HandleCompletion(const IoCompletion& c) {
     if (op->status.ok()) op->status = c.status;  // the first error is the one reported
   } else if (op->kind == IoOp::kRead && op->status.ok()) {
     op->chunk_done[ref.chunk] = true;
-    // Extend the checksum over every chunk that now follows a contiguous prefix.
+    // Verify every chunk that now follows the verified prefix.
+    uint64_t verified = 0;
     while (op->crc_chunks < op->chunk_done.size() && op->chunk_done[op->crc_chunks]) {
-      uint64_t begin = uint64_t{op->crc_chunks} * io_bytes_;
+      uint32_t chunk = op->crc_chunks;
+      uint64_t begin = uint64_t{chunk} * io_bytes_;
       uint64_t end = std::min(begin + io_bytes_, op->record.len);
-      if (begin < end) op->crc = Crc32cExtend(op->crc, op->buf + begin, end - begin);
+      if (begin < end) {
+        uint32_t got = Crc32c(op->buf + begin, end - begin);
+        uint32_t want = chunk < op->chunk_crcs.size() ? op->chunk_crcs[chunk] : ~got;
+        if (got != want) {
+          // Never hand back data that is not what was written.
+          op->checksum_failed = true;
+          op->status = absl::DataLossError(absl::StrFormat(
+              "%s: checksum mismatch in chunk %u (bytes %u..%u; stored crc32c 0x%08x, read "
+              "0x%08x)",
+              Describe(op->record), chunk, begin, end, want, got));
+          break;
+        }
+        verified = end;
+      }
       ++op->crc_chunks;
     }
+    if (verified > 0 && op->progress) op->progress(verified);
   }
   if (op->in_flight == 0 && (!op->status.ok() || op->issued == op->io_len)) Finish(op);
 }
@@ -488,8 +511,7 @@ void SpillStore::Finish(Op* op) {
     {
       std::lock_guard lock(mu_);
       if (op->status.ok()) {
-        op->record.crc32c = op->crc;
-        f.live[op->record.extent.offset] = Live{op->record, 0, false};
+        f.live[op->record.extent.offset] = Live{op->record, std::move(op->chunk_crcs), 0, false};
         ++f.records;
         ++f.usage.writes;
         result = op->record;
@@ -508,12 +530,9 @@ void SpillStore::Finish(Op* op) {
   }
 
   absl::Status result = op->status;
-  if (result.ok() && op->crc != op->record.crc32c) {
-    // Never hand back data that is not what was written.
-    result = absl::DataLossError(absl::StrFormat(
-        "%s: checksum mismatch (stored crc32c 0x%08x, read 0x%08x)", Describe(op->record),
-        op->record.crc32c, op->crc));
-  } else if (!result.ok()) {
+  if (result.ok() && op->crc_chunks < op->chunk_done.size()) {
+    result = absl::InternalError(Describe(op->record) + ": read ended before every chunk arrived");
+  } else if (!result.ok() && !op->checksum_failed) {
     result = absl::Status(result.code(), absl::StrCat("spill ", what, Describe(op->record),
                                                       " failed: ", result.message()));
   }
@@ -521,7 +540,7 @@ void SpillStore::Finish(Op* op) {
     std::lock_guard lock(mu_);
     if (result.ok()) {
       ++f.usage.reads;
-    } else if (absl::IsDataLoss(result) && op->status.ok()) {
+    } else if (op->checksum_failed) {
       ++f.usage.checksum_failures;
     } else if (!absl::IsCancelled(result)) {
       ++f.usage.read_errors;

@@ -14,6 +14,13 @@
 // The CRC of a write is computed while its chunks are already on their way to the device; the CRC
 // of a read is extended over each chunk as soon as all chunks before it have arrived.
 //
+// Integrity: every chunk of a record (io_bytes of it; the last one shorter) has its own CRC-32C,
+// computed at write and kept by the store with the record. A read verifies each chunk as soon as
+// it and every chunk before it have arrived, and reports the verified prefix through its optional
+// `progress` callback, so a caller can pass verified bytes on while the rest is still being read;
+// a chunk that does not match fails the read (DATA_LOSS naming the chunk) and nothing past the
+// verified prefix is ever reported.
+//
 // Buffers: `src` of Write and `dst` of Read must be 4096-aligned (O_DIRECT) and hold `len` bytes
 // rounded up to 4096 (host-pool extents are): the whole last block is written and read back; the
 // bytes past `len` are not checksummed. `src` must stay unchanged, and `dst` untouched by the
@@ -60,7 +67,7 @@ struct SpillRecord {
   uint32_t file = 0;    // index of the spill file (the order of SpillStoreOptions::directories)
   Extent extent;        // where in that file; bytes is len rounded up to 4096
   uint64_t len = 0;     // bytes of data
-  uint32_t crc32c = 0;  // CRC-32C of those len bytes
+  // (The CRC-32C of each chunk stays in the store: see "Integrity" above.)
   friend bool operator==(const SpillRecord&, const SpillRecord&) = default;
 };
 
@@ -107,6 +114,9 @@ class SpillStore {
  public:
   using WriteDone = absl::AnyInvocable<void(absl::StatusOr<SpillRecord>)>;
   using ReadDone = absl::AnyInvocable<void(absl::Status)>;
+  // Bytes of the record from its start that have arrived and matched their CRCs; grows with each
+  // call; runs on the I/O thread, before ReadDone, never after a failure. Must be short.
+  using ReadProgress = absl::AnyInvocable<void(uint64_t verified_bytes)>;
 
   static absl::StatusOr<std::unique_ptr<SpillStore>> Create(SpillStoreOptions options);
   ~SpillStore();
@@ -119,7 +129,8 @@ class SpillStore {
   absl::Status Write(const char* src, uint64_t len, WriteDone done);
   // Reads `record` into `dst` and verifies its CRC. Same contract as Write; NOT_FOUND for a record
   // this store does not hold (never written, or freed).
-  absl::Status Read(const SpillRecord& record, char* dst, ReadDone done);
+  absl::Status Read(const SpillRecord& record, char* dst, ReadDone done,
+                    ReadProgress progress = nullptr);
   // Returns the record's space. Reads of it already started still complete (the space is reused
   // only after them); later Reads get NOT_FOUND. NOT_FOUND for an unknown or already freed record.
   absl::Status Free(const SpillRecord& record);
@@ -141,6 +152,7 @@ class SpillStore {
   struct Op;
   struct Live {
     SpillRecord record;
+    std::vector<uint32_t> chunk_crcs;  // one per io_bytes of record.len
     uint32_t readers = 0;  // Reads accepted and not finished
     bool freed = false;    // Free came while readers > 0: release the extent after the last one
   };
