@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/unique_fd.h"
+#include "gpu/source_feed.h"
 #include "tier/session_wire.h"
 
 namespace tier::gpu {
@@ -83,6 +84,11 @@ struct CopyJob {
   // engine find it from `client`, or, for a ticket-only job without `client`, the session's only
   // GPU with a semaphore page.
   int device = -1;
+  // kFromPool only: the pool bytes are still arriving (see gpu/source_feed.h). The engine copies
+  // each chunk once the feed has it in place (in chunk order, all after the job's ticket wait, as
+  // one job: one done write, one callback), and the job fails with the feed's error if it ends
+  // with one. Null: the pool bytes are all in place now.
+  std::shared_ptr<SourceFeed> feed;
   // Called exactly once when the copy finished or failed.
   absl::AnyInvocable<void(absl::Status) &&> done;
 };

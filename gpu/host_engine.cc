@@ -33,7 +33,21 @@ class MappedMemfd final : public ImportedBuffer {
 
 class HostSession final : public EngineSession {};
 
-// One direction's queue and workers. Jobs start in submission order.
+// A job whose source is still arriving (CopyJob::feed): copied in parts, each queued on the lane
+// as soon as the feed has it in place. Guarded by the lane's mutex.
+struct FedCopy {
+  char* client = nullptr;
+  const char* pool = nullptr;
+  absl::AnyInvocable<void(absl::Status) &&> done;
+  uint64_t queued = 0;       // bytes handed to parts so far
+  uint32_t outstanding = 0;  // parts queued or running
+  bool ended = false;        // the feed ended
+  absl::Status status;       // its end
+  bool finished = false;     // done was taken
+};
+
+// One direction's queue and workers. Jobs start in submission order; the parts of a fed job start
+// as their bytes arrive.
 class CopyLane {
  public:
   CopyLane(int threads, uint64_t inline_max_bytes, uint64_t delay_us)
@@ -43,6 +57,10 @@ class CopyLane {
   ~CopyLane() { Shutdown(); }
 
   void Submit(CopyJob job) {
+    if (job.feed != nullptr && job.len > 0) {
+      SubmitFed(std::move(job));
+      return;
+    }
     {
       std::unique_lock lock(mu_);
       if (stopping_) {
@@ -53,7 +71,7 @@ class CopyLane {
       // Small copies run right here when nothing is queued ahead of them: no thread hand-off,
       // which is most of a small job's latency.
       if (!(job.len <= inline_max_bytes_ && queue_.empty() && delay_us_ == 0)) {
-        queue_.push_back(std::move(job));
+        queue_.push_back(Item{std::move(job), nullptr, 0, 0});
         cv_.notify_one();
         return;
       }
@@ -72,6 +90,75 @@ class CopyLane {
   }
 
  private:
+  struct Item {
+    CopyJob job;                     // a whole job, or
+    std::shared_ptr<FedCopy> fed;    // a part [begin, end) of a fed one
+    uint64_t begin = 0;
+    uint64_t end = 0;
+  };
+
+  void SubmitFed(CopyJob job) {
+    auto fed = std::make_shared<FedCopy>();
+    fed->client = job.client;
+    fed->pool = job.pool;
+    fed->done = std::move(job.done);
+    std::shared_ptr<SourceFeed> feed = std::move(job.feed);
+    // Runs on the producer's thread under the feed's lock: queue what arrived, never copy here.
+    feed->Subscribe([this, fed](uint64_t ready, bool ended, const absl::Status& status) {
+      absl::AnyInvocable<void(absl::Status) &&> finish;
+      absl::Status result;
+      {
+        std::lock_guard lock(mu_);
+        if (fed->finished) return;
+        if (ended) {
+          fed->ended = true;
+          fed->status = status;
+        }
+        if (stopping_) {
+          // Workers may be gone: nothing more is copied.
+          if (!fed->ended) return;
+          fed->finished = true;
+          finish = std::move(fed->done);
+          result = fed->status.ok() ? absl::UnavailableError("copy engine is shut down")
+                                    : fed->status;
+        } else {
+          if (fed->status.ok() && ready > fed->queued) {
+            queue_.push_back(Item{CopyJob{}, fed, fed->queued, ready});
+            fed->queued = ready;
+            ++fed->outstanding;
+            cv_.notify_one();
+          }
+          if (fed->ended && fed->outstanding == 0) {
+            // Nothing left to copy: a worker reports it, outside the feed's lock.
+            queue_.push_back(Item{CopyJob{}, fed, 0, 0});
+            ++fed->outstanding;
+            cv_.notify_one();
+          }
+        }
+      }
+      if (finish) std::move(finish)(std::move(result));
+    });
+  }
+
+  void RunPart(Item& item) {
+    FedCopy& fed = *item.fed;
+    if (item.end > item.begin) {
+      std::memcpy(fed.client + item.begin, fed.pool + item.begin, item.end - item.begin);
+    }
+    absl::AnyInvocable<void(absl::Status) &&> finish;
+    absl::Status result;
+    {
+      std::lock_guard lock(mu_);
+      --fed.outstanding;
+      if (fed.ended && fed.outstanding == 0 && !fed.finished) {
+        fed.finished = true;
+        finish = std::move(fed.done);
+        result = fed.status;
+      }
+    }
+    if (finish) std::move(finish)(std::move(result));
+  }
+
   void Run(CopyJob& job) {
     if (job.len == 0) {  // ticket-only: nothing to copy, tickets mean nothing here
       std::move(job.done)(absl::OkStatus());
@@ -88,16 +175,20 @@ class CopyLane {
 
   void Work() {
     for (;;) {
-      CopyJob job;
+      Item item;
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
         // Drain what is queued even when stopping: every job's callback must run.
         if (queue_.empty()) return;
-        job = std::move(queue_.front());
+        item = std::move(queue_.front());
         queue_.pop_front();
       }
-      Run(job);
+      if (item.fed != nullptr) {
+        RunPart(item);
+      } else {
+        Run(item.job);
+      }
     }
   }
 
@@ -105,7 +196,7 @@ class CopyLane {
   const uint64_t delay_us_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<CopyJob> queue_;
+  std::deque<Item> queue_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -97,6 +98,10 @@ struct PendingJob {
   absl::AnyInvocable<void(absl::Status) &&> done;
   absl::Status status;       // a failure found while queueing, reported when the stream passes it
   char* pool_write = nullptr;  // kToPool: key of the engine's pool-write entry, dropped at the end
+  // A fed reload (CopyJob::feed): the feed, and the host word its chunks wait on (`gate` of a
+  // LaneWords slot: the number of chunks in place), returned when the job is done.
+  std::shared_ptr<SourceFeed> feed;
+  std::optional<HostWordPool::Slot> feed_word;
 };
 
 struct FailedJob {
@@ -536,6 +541,7 @@ class StreamEngine final : public CopyEngine {
       for (auto& lane : active_) {
         std::lock_guard lane_lock(lane->mu);
         for (PendingJob& p : lane->pending) {
+          if (p.feed != nullptr) p.feed->Unsubscribe();
           failed.push_back({std::move(p.done),
                             absl::UnavailableError("copy engine shut down before the copy ended")});
         }
@@ -609,12 +615,15 @@ class StreamEngine final : public CopyEngine {
       }
     }
     char* pool_write = nullptr;
+    std::optional<HostWordPool::Slot> feed_word;
     if (status.ok() && copy) {
       // A reload may read pool bytes an offload on another lane is still writing (the daemon may
       // submit the reload of an object right after its offload): wait for those copies on the
       // GPU. The writer's `completed` word only grows, and the writer's job was queued earlier.
       if (job.direction == Direction::kFromPool) status = WaitForPoolWrites(stream, job.pool, job.len);
-      if (status.ok()) {
+      if (status.ok() && job.feed != nullptr && job.direction == Direction::kFromPool) {
+        status = IssueFed(stream, job, &feed_word);
+      } else if (status.ok()) {
         status = runtime_->CopyAsync(stream, job.direction, job.client, job.pool, job.len);
       }
       if (status.ok() && job.direction == Direction::kToPool) {
@@ -630,13 +639,51 @@ class StreamEngine final : public CopyEngine {
     absl::Status mark = runtime_->WriteValue64(stream, lane.completed_addr(), seq);
     if (!mark.ok()) {
       if (pool_write != nullptr) EndPoolWrite(pool_write, lane.completed_addr(), seq);
+      // (A fed job's word stays taken: chunk waits may be queued on it on a broken stream.)
+      if (job.feed != nullptr) job.feed->Unsubscribe();
       failed.push_back({std::move(job.done), status.ok() ? mark : status});
       return;
     }
     ++lane.next_seq;
     if (status.ok()) status = signal;
     if (lane.pending.empty()) lane.progress_ns = NowNs();  // the watchdog counts from here
-    lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), pool_write});
+    lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), pool_write,
+                                      std::move(job.feed), feed_word});
+  }
+
+  // A reload whose pool bytes are still arriving: chunk i is copied after the feed's word reaches
+  // i + 1 (the feed raises it as chunks land, and to the last chunk when it ends, with the bytes
+  // it could not deliver zeroed), so the NVMe read and the copy to the GPU overlap.
+  absl::Status IssueFed(GpuStream stream, CopyJob& job, std::optional<HostWordPool::Slot>* word) {
+    absl::StatusOr<HostWordPool::Slot> slot = words_.Take();
+    if (!slot.ok()) return slot.status();
+    *word = *slot;
+    LaneWords* host = slot->host;
+    const uint64_t chunks = job.feed->chunks();
+    // Subscribed before any wait is queued, so every wait queued is eventually released.
+    std::shared_ptr<SourceFeed> feed = job.feed;
+    feed->Subscribe([host, chunks, raw = feed.get()](uint64_t ready, bool ended,
+                                                     const absl::Status&) {
+      StoreWord(host->gate, ended ? chunks : raw->ChunksIn(ready));
+    });
+    const uint64_t chunk = feed->chunk_bytes();
+    for (uint64_t i = 0; i < chunks; ++i) {
+      uint64_t off = i * chunk;
+      uint64_t n = std::min(chunk, job.len - off);
+      absl::Status s = runtime_->WaitValue64(stream, slot->device_addr + kGateOffset, i + 1);
+      if (s.ok()) s = runtime_->CopyAsync(stream, job.direction, job.client + off, job.pool + off, n);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // A finished job's fed-reload state: the word goes back, and a feed that ended in an error is
+  // the job's result.
+  void EndFed(PendingJob& p) {
+    if (p.feed == nullptr) return;
+    p.feed->Unsubscribe();
+    if (p.feed_word) words_.Give(*p.feed_word);
+    if (absl::Status fed = p.feed->status(); !fed.ok() && p.status.ok()) p.status = fed;
   }
 
   struct PoolWrite {
@@ -800,10 +847,12 @@ class StreamEngine final : public CopyEngine {
     }
     for (PendingJob& p : finished) {
       if (p.pool_write != nullptr) EndPoolWrite(p.pool_write, lane.completed_addr(), p.seq);
+      EndFed(p);
       std::move(p.done)(std::move(p.status));
     }
     for (PendingJob& p : broken) {
       if (p.pool_write != nullptr) EndPoolWrite(p.pool_write, lane.completed_addr(), p.seq);
+      if (p.feed != nullptr) p.feed->Unsubscribe();  // (its word stays taken: the stream broke)
       std::move(p.done)(broken_status);
     }
     return !finished.empty() || !broken.empty();

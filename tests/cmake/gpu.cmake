@@ -17,3 +17,7 @@ if(TIER_GPU_RUNTIME STREQUAL "cuda")
     SOURCES gpu/daemon_gpu_test.cc
     LIBS tier_test_daemon tier_client_static tier_client_gpu tier_cuda_driver CUDA::cudart)
 endif()
+
+# The host engine's fed copies (reloads pipelined behind an NVMe read).
+tier_add_test(host_engine_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/host_engine_test.cc LIBS tier_gpu)

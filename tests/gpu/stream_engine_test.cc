@@ -338,6 +338,78 @@ TEST_F(StreamEngineTest, DelayStartsCopyLate) {
   EXPECT_TRUE(PoolHolds(0, 0x20));
 }
 
+// Waits (briefly) until `pred` holds.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 5000; ++i) {
+    {
+      std::lock_guard lock(memory_mu);
+      if (pred()) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// A reload whose pool bytes arrive in chunks (from NVMe): each chunk reaches the client as soon
+// as the feed has it, before the rest has arrived; the job completes once, after the end.
+TEST_F(StreamEngineTest, FedReloadCopiesEachChunkAsItArrives) {
+  Start();
+  constexpr uint64_t kChunk = kLen / 4;
+  SetCounter(kReloadReadyOffset, 1);
+  auto feed = std::make_shared<SourceFeed>(kLen, kChunk);
+  Completion done;
+  CopyJob job = Job(Direction::kFromPool, 0, 0, 1, done);
+  job.feed = feed;
+  engine_->Submit(std::move(job));
+  EXPECT_FALSE(done.Ready(30));
+  for (uint64_t i = 0; i < 3; ++i) {
+    std::memset(pool_.data() + i * kChunk, 0x40 + static_cast<int>(i), kChunk);
+    feed->Advance((i + 1) * kChunk);
+    ASSERT_TRUE(Eventually([&] { return client_[0][i * kChunk + kChunk - 1] == 0x40 + int(i); }))
+        << "chunk " << i << " was not copied on arrival";
+    EXPECT_EQ(client_[0][(i + 1) * kChunk], 0) << "chunk " << i + 1 << " copied before it arrived";
+    EXPECT_FALSE(done.Ready(0));
+  }
+  std::memset(pool_.data() + 3 * kChunk, 0x43, kChunk);
+  feed->End(absl::OkStatus());
+  ASSERT_TRUE(done.Ready(5000));
+  EXPECT_TRUE(done.future.get().ok());
+  EXPECT_EQ(client_[0][kLen - 1], 0x43);
+  EXPECT_EQ(Counter(kReloadDoneOffset), 1u);
+}
+
+// The feed ends in an error half way: the job fails with it, the client's stream is still
+// released (done written), and past the verified chunks the client gets the zeros the producer
+// left, never other bytes.
+TEST_F(StreamEngineTest, FedReloadEndingInAnErrorFailsButReleasesTheTicket) {
+  Start();
+  constexpr uint64_t kChunk = kLen / 4;
+  std::memset(client_[1].data(), 0x7F, kLen);
+  SetCounter(kReloadReadyOffset, 1);
+  auto feed = std::make_shared<SourceFeed>(kLen, kChunk);
+  Completion done;
+  CopyJob job = Job(Direction::kFromPool, 1, 1, 1, done);
+  job.feed = feed;
+  engine_->Submit(std::move(job));
+  std::memset(pool_.data() + kLen, 0x21, kChunk);
+  feed->Advance(kChunk);
+  feed->End(absl::DataLossError("checksum mismatch in chunk 1"));  // pool past chunk 0 is zero
+  ASSERT_TRUE(done.Ready(5000));
+  absl::Status status = done.future.get();
+  EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+  EXPECT_EQ(Counter(kReloadDoneOffset), 1u);
+  EXPECT_EQ(client_[1][0], 0x21);
+  EXPECT_EQ(client_[1][kChunk], 0);
+  EXPECT_EQ(client_[1][kLen - 1], 0);
+  // The lane goes on.
+  Completion next;
+  SetCounter(kReloadReadyOffset, 2);
+  engine_->Submit(Job(Direction::kFromPool, 1, 1, 2, next));
+  ASSERT_TRUE(next.Ready(5000));
+  EXPECT_TRUE(next.future.get().ok());
+}
+
 TEST_F(StreamEngineTest, AbandonReleasesWaitsAndCancelsHeldJobs) {
   Start();
   Completion waiting, held;
