@@ -223,19 +223,26 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
     spilled = object->where == Object::Where::kNvme || object->where == Object::Where::kFetching;
   }
   if (spilled) {
-    // NVMe -> host first (the spiller shares one read among concurrent reloads), then the copy.
-    spiller_->Fetch(session, object,
-                    [this, session, e, object, range = *range](absl::Status fetched) mutable {
-                      if (fetched.ok()) {
-                        StartReloadCopy(session, e, std::move(object), std::move(range));
-                        return;
-                      }
-                      {
-                        std::lock_guard lock(session->mu());
-                        UnpinLocked(*session, *object);
-                      }
-                      Complete(*session, e, fetched);
-                    });
+    // NVMe -> host -> destination. The reload that starts the read copies each chunk onward as
+    // the read verifies it (pipelined: the feed also carries the read's result); a reload that
+    // finds a read already running waits for it, then copies.
+    auto copy_when_fetched = [this, session, e, object,
+                              range = *range](absl::Status fetched) mutable {
+      if (fetched.ok()) {
+        StartReloadCopy(session, e, std::move(object), std::move(range));
+        return;
+      }
+      {
+        std::lock_guard lock(session->mu());
+        UnpinLocked(*session, *object);
+      }
+      Complete(*session, e, fetched);
+    };
+    auto copy_as_fetched = [this, session, e, object, range = *range](
+                               std::shared_ptr<gpu::SourceFeed> feed, std::shared_ptr<void> lease) {
+      StartReloadCopy(session, e, object, range, std::move(feed), std::move(lease));
+    };
+    spiller_->Fetch(session, object, std::move(copy_when_fetched), std::move(copy_as_fetched));
     return absl::OkStatus();
   }
   StartReloadCopy(session, e, std::move(object), std::move(*range));
@@ -244,9 +251,13 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
 
 void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
                                   const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
-                                  Range range) {
+                                  Range range, std::shared_ptr<gpu::SourceFeed> feed,
+                                  std::shared_ptr<void> lease) {
   gpu::CopyJob job = MakeCopyJob(gpu::Direction::kFromPool, *session, e, *object, range);
-  job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
+  job.feed = std::move(feed);
+  // (`lease` keeps a pipelined read's extent until this copy is done, whatever the read's end.)
+  job.done = [this, session, e, object, buffer = std::move(range.buffer),
+              lease = std::move(lease)](absl::Status status) {
     // The copy may have been submitted while the object was still filling (GPU engines): its
     // result stands only once the fill is known to have succeeded.
     auto finish = [this, session, e, object](absl::Status copy, const absl::Status& fill) {

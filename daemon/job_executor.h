@@ -54,8 +54,12 @@ class JobExecutor {
                    std::shared_ptr<Object> object, Range range);
   void StartOffloadCopy(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
                         std::shared_ptr<Object> object, Range range);
+  // feed, lease: a reload pipelined behind the NVMe read that brings the object back (see
+  // Spiller::Fetch); null otherwise.
   void StartReloadCopy(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
-                       std::shared_ptr<Object> object, Range range);
+                       std::shared_ptr<Object> object, Range range,
+                       std::shared_ptr<gpu::SourceFeed> feed = nullptr,
+                       std::shared_ptr<void> lease = nullptr);
 
   // Drops one pin; returns the extent to the pool when the object is freed and unpinned.
   // Caller holds session.mu().

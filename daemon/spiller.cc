@@ -1,6 +1,7 @@
 #include "daemon/spiller.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,15 @@ void Spiller::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Writes and prefetch reads call back into the spiller when they land: wait for them while the
+  // store still runs (it goes after the spiller). Bounded: a device that never answers is logged.
+  for (int i = 0; writes_in_flight_.load() + reads_in_flight_.load() > 0; ++i) {
+    if (i == 30000) {
+      LogError("spiller stopping with NVMe I/O still in flight after 30 s");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void Spiller::Track(const std::shared_ptr<Session>& session,
@@ -233,7 +243,7 @@ void Spiller::Prefetch() {
       }
       cv_.notify_one();
     };
-    if (!StartFetch(session, object, /*prefetch=*/true, done)) {
+    if (!StartFetch(session, object, FetchKind::kPrefetch, done, nullptr)) {
       prefetches_in_flight_.fetch_sub(1);
       {
         std::lock_guard lock(session->mu());
@@ -256,13 +266,17 @@ void Spiller::NoteReloadLocked(Object& object) {
 }
 
 void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
-                    std::function<void(absl::Status)> then) {
-  if (StartFetch(session, object, /*prefetch=*/false, then)) return;
+                    std::function<void(absl::Status)> then, Pipelined pipelined) {
+  if (StartFetch(session, object, pipelined ? FetchKind::kPipelined : FetchKind::kReload, then,
+                 pipelined)) {
+    return;
+  }
   // Like an offload: wait for the spiller to make room, fail only when none can come.
   const uint64_t len = object->len;
-  WaitForRoom([this, session, object, then = std::move(then), len](bool room) mutable {
+  WaitForRoom([this, session, object, then = std::move(then), pipelined = std::move(pipelined),
+               len](bool room) mutable {
     if (room) {
-      Fetch(session, object, std::move(then));
+      Fetch(session, object, std::move(then), std::move(pipelined));
     } else {
       then(absl::ResourceExhaustedError(absl::StrCat(
           "host pool full and nothing can be spilled: no room to bring back ", len,
@@ -271,11 +285,30 @@ void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_p
   });
 }
 
+// The host extent a pipelined fetch reads into, held by the read and by the copy that reads it
+// onward. When both are done it goes back to the pool, unless the read succeeded (then it is the
+// object's extent).
+struct Spiller::FetchLease {
+  FetchLease(Spiller& spiller, storage::Extent extent) : spiller(spiller), extent(extent) {}
+  ~FetchLease() {
+    if (!owned_by_object.load()) {
+      spiller.pool_.Free(extent);
+      spiller.NotifyFreed();
+    }
+  }
+  Spiller& spiller;
+  const storage::Extent extent;
+  std::atomic<bool> owned_by_object{false};
+};
+
 bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
-                         const std::shared_ptr<Object>& object, bool prefetch,
-                         std::function<void(absl::Status)>& then) {
+                         const std::shared_ptr<Object>& object, FetchKind kind,
+                         std::function<void(absl::Status)>& then, const Pipelined& pipelined) {
+  const bool prefetch = kind == FetchKind::kPrefetch;
   storage::SpillRecord record;
   char* dst = nullptr;
+  std::shared_ptr<gpu::SourceFeed> feed;
+  std::shared_ptr<FetchLease> lease;
   {
     std::lock_guard lock(session->mu());
     switch (object->where) {
@@ -284,16 +317,24 @@ bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
         break;
       case Object::Where::kFetching:
         if (prefetch) break;  // someone else's read brings it back: nothing to do
-        object->on_host.push_back(std::move(then));
+        object->on_host.push_back(std::move(then));  // shares the read, copies after it
         return true;
       case Object::Where::kNvme: {
         std::optional<storage::Extent> extent = pool_.Allocate(object->len);
         if (!extent) return false;
         object->extent = *extent;
         object->where = Object::Where::kFetching;
-        object->on_host.push_back(std::move(then));
         record = object->spill;
         dst = pool_.At(*extent);
+        if (kind == FetchKind::kPipelined) {
+          // Chunks of whole I/Os, at most 64 per object (each is a wait and a copy on a GPU).
+          const uint64_t io = store_.io_bytes();
+          const uint64_t ios = (object->len + io - 1) / io;
+          feed = std::make_shared<gpu::SourceFeed>(object->len, io * ((ios + 63) / 64));
+          lease = std::make_shared<FetchLease>(*this, *extent);
+        } else {
+          object->on_host.push_back(std::move(then));
+        }
         break;
       }
     }
@@ -308,20 +349,33 @@ bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
   }
   if (prefetch) counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
   reads_in_flight_.fetch_add(1);
-  auto finish = [this, session, object, record, prefetch](absl::Status read) {
-    EndFetch(session, object, record, prefetch, std::move(read));
+  // The copy onward starts now and takes each chunk as the read verifies it; the last chunk
+  // only with the feed's end, after EndFetch settled the object.
+  if (feed != nullptr) pipelined(feed, lease);
+  auto finish = [this, session, object, record, prefetch, feed, lease](absl::Status read) {
+    if (lease != nullptr && read.ok()) lease->owned_by_object.store(true);
+    EndFetch(session, object, record, prefetch, feed, std::move(read));
     reads_in_flight_.fetch_sub(1);
   };
-  if (absl::Status started = store_.Read(record, dst, finish); !started.ok()) finish(started);
+  storage::SpillStore::ReadProgress progress = nullptr;
+  if (feed != nullptr) {
+    progress = [feed](uint64_t verified) { feed->Advance(std::min(verified, feed->len() - 1)); };
+  }
+  if (absl::Status started = store_.Read(record, dst, finish, std::move(progress));
+      !started.ok()) {
+    finish(started);
+  }
   return true;
 }
 
 void Spiller::EndFetch(const std::shared_ptr<Session>& session,
                        const std::shared_ptr<Object>& object, const storage::SpillRecord& record,
-                       bool prefetch, absl::Status read) {
+                       bool prefetch, const std::shared_ptr<gpu::SourceFeed>& feed,
+                       absl::Status read) {
   std::vector<std::function<void(absl::Status)>> waiters;
   Released released = Released::kNothing;
   bool track = false;
+  storage::Extent detached;  // a failed pipelined read's extent: the copy may still read it
   {
     std::lock_guard lock(session->mu());
     waiters.swap(object->on_host);
@@ -331,12 +385,24 @@ void Spiller::EndFetch(const std::shared_ptr<Session>& session,
       object->prefetched = prefetch;
       (void)store_.Free(record);
     } else {  // the bytes stay on NVMe; the host extent goes back
-      pool_.Free(object->extent);
+      if (feed != nullptr) {
+        detached = object->extent;  // returned by the lease once the copy is done too
+      } else {
+        pool_.Free(object->extent);
+      }
       object->extent = {};
       object->where = Object::Where::kNvme;
     }
     if (prefetch) released = UnpinObjectLocked(*session, *object, pool_, &store_);
     track = read.ok() && !object->dropped;
+  }
+  if (feed != nullptr) {
+    if (!read.ok()) {
+      // What the copy onward must still deliver is zeros, never unverified bytes.
+      uint64_t ready = feed->ready();
+      std::memset(pool_.At(detached) + ready, 0, detached.bytes - ready);
+    }
+    feed->End(read);
   }
   if (read.ok()) {
     counters_.fetches.fetch_add(1);
@@ -347,7 +413,7 @@ void Spiller::EndFetch(const std::shared_ptr<Session>& session,
   }
   // (A failed read was logged and counted by the store. A failed prefetch is not retried: a
   // reload reads again and reports its own result.)
-  if (released == Released::kHost || !read.ok()) NotifyFreed();
+  if (released == Released::kHost || (!read.ok() && feed == nullptr)) NotifyFreed();
   for (auto& waiter : waiters) waiter(read);
 }
 

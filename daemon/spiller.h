@@ -30,6 +30,7 @@
 #include "daemon/metrics.h"
 #include "daemon/session.h"
 #include "daemon/spill_policy.h"
+#include "gpu/source_feed.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
 
@@ -64,7 +65,7 @@ class Spiller {
   Spiller& operator=(const Spiller&) = delete;
 
   void Start();
-  // Stops the thread; I/O already started finishes through the store.
+  // Stops the thread, then waits for the NVMe I/O it started (the store must still run).
   void Stop();
 
   // A filled object (Where kHost) becomes a spill candidate.
@@ -76,8 +77,16 @@ class Spiller {
   // I/O thread, or at once on error). The caller has pinned the object and holds no lock.
   // Concurrent calls for one object share one read. When the host pool has no room, waits like
   // an offload (WaitForRoom) and fails RESOURCE_EXHAUSTED only when no room can come.
+  //
+  // Pipelined (a reload): when this call starts a new read, it does not call `then`; it calls
+  // `pipelined(feed, lease)` at once instead, and the caller submits its copy with that feed
+  // (CopyJob::feed), which then carries the read's result, and keeps `lease` until that copy is
+  // done (the extent the read fills must outlive both). When the object is already in host
+  // memory or being read, `then` runs as above.
+  using Pipelined =
+      std::function<void(std::shared_ptr<gpu::SourceFeed> feed, std::shared_ptr<void> lease)>;
   void Fetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
-             std::function<void(absl::Status)> then);
+             std::function<void(absl::Status)> then, Pipelined pipelined = nullptr);
 
   // A reload accepted for `object`: counts a prefetch hit or miss. Caller holds session.mu().
   void NoteReloadLocked(Object& object);
@@ -111,13 +120,17 @@ class Spiller {
   bool SpillOne();
   // Starts prefetch reads of the spilled objects used soonest while the pool has room.
   void Prefetch();
+  enum class FetchKind { kReload, kPipelined, kPrefetch };
+  struct FetchLease;
   // Starts reading `object` (Where kNvme, pinned by the caller) into a new host extent, unless a
   // read already runs (then `then` joins it). false: no host room (nothing was started and
   // `then` was not called). Caller holds no lock.
   bool StartFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
-                  bool prefetch, std::function<void(absl::Status)>& then);
+                  FetchKind kind, std::function<void(absl::Status)>& then,
+                  const Pipelined& pipelined);
   void EndFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
-                const storage::SpillRecord& record, bool prefetch, absl::Status read);
+                const storage::SpillRecord& record, bool prefetch,
+                const std::shared_ptr<gpu::SourceFeed>& feed, absl::Status read);
   // Runs the parked offloads' retries (stuck: they fail).
   void ServeWaiters(bool stuck);
   static NextUse NextUseOf(const Object& object) { return {object.hint, object.seq}; }

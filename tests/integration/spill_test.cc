@@ -39,9 +39,11 @@ bool Matches(const void* data, uint64_t len, uint32_t seed) {
   return std::memcmp(data, expected.data(), len) == 0;
 }
 
+// 128 KiB I/Os: each 1 MiB object is 8 chunks, so reloads of spilled objects are pipelined (each
+// chunk copied onward as the read verifies it).
 std::vector<std::string> SpillFlags(const std::string& io) {
   return {"--pool_bytes=16M", "--spill_bytes=256M", "--spill_high_pct=50", "--spill_low_pct=25",
-          "--spill_io=" + io};
+          "--spill_io_bytes=128K", "--spill_io=" + io};
 }
 
 Session::Options OptionsFor(const TierdProcess& tierd) {
@@ -237,7 +239,8 @@ TEST_P(SpillFaults, EveryWriteFailingKeepsDataInMemory) {
 // Writes that fail now and then (ENOSPC once, a short write once): the objects they carried stay
 // in host memory, others go instead, and every byte comes back.
 TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
-  TierdProcess tierd(Flags("write:enospc:2:1,write:short:5:1"));
+  // (Rules count I/O requests, 8 per record here: these hit the 1st and the 3rd record written.)
+  TierdProcess tierd(Flags("write:enospc:2:1,write:short:21:1"));
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects(kObjects);
@@ -270,7 +273,8 @@ TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
 // reload with DATA_LOSS, never with wrong bytes), the record stays, and reading again succeeds.
 // Prefetches may meet the faults first; either way each fault fires once and nothing is lost.
 TEST_P(SpillFaults, ReadFaultsFailOnlyThatReadAndARetrySucceeds) {
-  TierdProcess tierd(Flags("read:eio:1:1,read:short:4:1,read:corrupt:7:1"));
+  // (Rules count I/O requests, 8 per record here: these hit the 1st, 3rd and 6th record read.)
+  TierdProcess tierd(Flags("read:eio:1:1,read:short:20:1,read:corrupt:43:1"));
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects(kObjects);
