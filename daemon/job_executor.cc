@@ -105,7 +105,9 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
           absl::StrCat("session quota exceeded: ", session->used_bytes(), " + ", charge,
                        " bytes > quota of ", session->quota_bytes()));
     }
-    std::optional<storage::Extent> extent = pool_.Allocate(e.len);
+    // With jobs already waiting for room, this one waits behind them (in order).
+    std::optional<storage::Extent> extent;
+    if (spiller_ == nullptr || !spiller_->HasWaiters()) extent = pool_.Allocate(e.len);
     if (!extent && spiller_ == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("host pool full: no free extent of ", e.len, " bytes"));
@@ -132,32 +134,25 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
 void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
                               const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
                               Range range) {
-  auto retry = std::make_shared<std::function<void(bool)>>();
-  *retry = [this, session, e, object, range, retry](bool room) {
-    if (room) {
-      {
-        std::lock_guard lock(session->mu());
-        if (std::optional<storage::Extent> extent = pool_.Allocate(e.len)) {
+  spiller_->WaitForRoom(
+      [this, session, e, object, range]() {
+        {
+          std::lock_guard lock(session->mu());
+          std::optional<storage::Extent> extent = pool_.Allocate(e.len);
+          if (!extent) return false;
           object->extent = *extent;
           session->used_bytes() += extent->bytes - object->charged;
           object->charged = extent->bytes;
         }
-      }
-      if (object->extent.bytes != 0) {
         StartOffloadCopy(session, e, object, range);
-        *retry = nullptr;  // break the self-reference
-        return;
-      }
-      spiller_->WaitForRoom(*retry);
-      return;
-    }
-    absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
-        "host pool and NVMe tier full: no room for ", e.len, " bytes (nothing more to spill)"));
-    EndFill(*session, e, *object, full);
-    *retry = nullptr;
-    Fail(session, e, full);
-  };
-  spiller_->WaitForRoom(*retry);
+        return true;
+      },
+      [this, session, e, object]() {
+        absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
+            "host pool and NVMe tier full: no room for ", e.len, " bytes (nothing more to spill)"));
+        EndFill(*session, e, *object, full);
+        Fail(session, e, full);
+      });
 }
 
 void JobExecutor::StartOffloadCopy(const std::shared_ptr<Session>& session,
@@ -238,10 +233,12 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
       }
       Complete(*session, e, fetched);
     };
-    auto copy_as_fetched = [this, session, e, object, range = *range](
-                               std::shared_ptr<gpu::SourceFeed> feed, std::shared_ptr<void> lease) {
+    Spiller::Pipelined copy_as_fetched = [this, session, e, object, range = *range](
+                                             std::shared_ptr<gpu::SourceFeed> feed,
+                                             std::shared_ptr<void> lease) {
       StartReloadCopy(session, e, object, range, std::move(feed), std::move(lease));
     };
+    if (!engine_.CanFeed(*range->buffer)) copy_as_fetched = nullptr;
     spiller_->Fetch(session, object, std::move(copy_when_fetched), std::move(copy_as_fetched));
     return absl::OkStatus();
   }

@@ -267,22 +267,21 @@ void Spiller::NoteReloadLocked(Object& object) {
 
 void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
                     std::function<void(absl::Status)> then, Pipelined pipelined) {
-  if (StartFetch(session, object, pipelined ? FetchKind::kPipelined : FetchKind::kReload, then,
-                 pipelined)) {
-    return;
-  }
+  const FetchKind kind = pipelined ? FetchKind::kPipelined : FetchKind::kReload;
+  // Behind jobs already waiting for room, unless no room is needed (a read already runs).
+  if (StartFetch(session, object, kind, then, pipelined, /*may_allocate=*/!HasWaiters())) return;
   // Like an offload: wait for the spiller to make room, fail only when none can come.
+  auto shared_then = std::make_shared<std::function<void(absl::Status)>>(std::move(then));
   const uint64_t len = object->len;
-  WaitForRoom([this, session, object, then = std::move(then), pipelined = std::move(pipelined),
-               len](bool room) mutable {
-    if (room) {
-      Fetch(session, object, std::move(then), std::move(pipelined));
-    } else {
-      then(absl::ResourceExhaustedError(absl::StrCat(
-          "host pool full and nothing can be spilled: no room to bring back ", len,
-          " spilled bytes")));
-    }
-  });
+  WaitForRoom(
+      [this, session, object, kind, shared_then, pipelined = std::move(pipelined)]() {
+        return StartFetch(session, object, kind, *shared_then, pipelined);
+      },
+      [shared_then, len]() {
+        (*shared_then)(absl::ResourceExhaustedError(absl::StrCat(
+            "host pool full and nothing can be spilled: no room to bring back ", len,
+            " spilled bytes")));
+      });
 }
 
 // The host extent a pipelined fetch reads into, held by the read and by the copy that reads it
@@ -303,7 +302,8 @@ struct Spiller::FetchLease {
 
 bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
                          const std::shared_ptr<Object>& object, FetchKind kind,
-                         std::function<void(absl::Status)>& then, const Pipelined& pipelined) {
+                         std::function<void(absl::Status)>& then, const Pipelined& pipelined,
+                         bool may_allocate) {
   const bool prefetch = kind == FetchKind::kPrefetch;
   storage::SpillRecord record;
   char* dst = nullptr;
@@ -320,6 +320,7 @@ bool Spiller::StartFetch(const std::shared_ptr<Session>& session,
         object->on_host.push_back(std::move(then));  // shares the read, copies after it
         return true;
       case Object::Where::kNvme: {
+        if (!may_allocate) return false;
         std::optional<storage::Extent> extent = pool_.Allocate(object->len);
         if (!extent) return false;
         object->extent = *extent;
@@ -422,17 +423,22 @@ void Spiller::CopyEnded() {
   NotifyFreed();  // its memory may be spillable or free now
 }
 
-void Spiller::WaitForRoom(std::function<void(bool room)> retry) {
+void Spiller::WaitForRoom(std::function<bool()> try_now, std::function<void()> give_up) {
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
-      waiting_.push_back(std::move(retry));
+      waiting_.push_back(Waiter{std::move(try_now), std::move(give_up)});
       kicked_ = true;
       cv_.notify_one();
       return;
     }
   }
-  retry(false);
+  give_up();
+}
+
+bool Spiller::HasWaiters() {
+  std::lock_guard lock(mu_);
+  return !waiting_.empty();
 }
 
 void Spiller::NotifyFreed() {
@@ -445,13 +451,24 @@ void Spiller::NotifyFreed() {
 }
 
 void Spiller::ServeWaiters(bool stuck) {
-  std::vector<std::function<void(bool)>> waiters;
-  {
-    std::lock_guard lock(mu_);
-    waiters.swap(waiting_);
+  for (;;) {
+    Waiter waiter;
+    {
+      std::lock_guard lock(mu_);
+      if (waiting_.empty()) return;
+      waiter = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    if (stuck) {
+      waiter.give_up();
+      continue;
+    }
+    if (!waiter.try_now()) {
+      std::lock_guard lock(mu_);
+      waiting_.push_front(std::move(waiter));  // still first
+      return;
+    }
   }
-  // Each either succeeds, parks again (a new entry for the next round) or, stuck, fails.
-  for (auto& retry : waiters) retry(!stuck);
 }
 
 }  // namespace tier::daemon

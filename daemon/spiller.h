@@ -20,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -91,11 +92,17 @@ class Spiller {
   // A reload accepted for `object`: counts a prefetch hit or miss. Caller holds session.mu().
   void NoteReloadLocked(Object& object);
 
-  // Backpressure: an offload found the host pool full. `retry(true)` runs (without locks held)
-  // each time host memory was freed; it tries again and, if it still finds no room, calls
-  // WaitForRoom again. `retry(false)` when no room can come: nothing left to spill (everything is
-  // pinned or the NVMe tier is full) and no write in flight. Either way it runs exactly once.
-  void WaitForRoom(std::function<void(bool room)> retry);
+  // Backpressure: a job found the host pool full. Waiting jobs are served strictly in arrival
+  // order: each time host memory may have been freed, `try_now` runs (no locks held) for the
+  // first one; true: it got its room and is done; false: it stays first and those behind it keep
+  // waiting. (A later job taking the room first could hold memory an earlier one needs; on a GPU
+  // lane a later ticket cannot even run before an earlier one, so that would be a deadlock.)
+  // `give_up` runs instead when no room can come: nothing left to spill (everything is pinned or
+  // the NVMe tier is full) and nothing in flight that could free memory. One of the two ends the
+  // wait, exactly once.
+  void WaitForRoom(std::function<bool()> try_now, std::function<void()> give_up);
+  // Jobs are waiting for room: a new job needing room queues behind them.
+  bool HasWaiters();
   // The executor's copies on pool memory (offload fills, reloads): while any runs, a parked
   // offload is not failed as stuck, since its end frees memory or makes an object spillable.
   void CopyStarted() { copies_in_flight_.fetch_add(1); }
@@ -125,13 +132,14 @@ class Spiller {
   // Starts reading `object` (Where kNvme, pinned by the caller) into a new host extent, unless a
   // read already runs (then `then` joins it). false: no host room (nothing was started and
   // `then` was not called). Caller holds no lock.
+  // may_allocate false: a read that would need a new extent is not started (false returned).
   bool StartFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
                   FetchKind kind, std::function<void(absl::Status)>& then,
-                  const Pipelined& pipelined);
+                  const Pipelined& pipelined, bool may_allocate = true);
   void EndFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
                 const storage::SpillRecord& record, bool prefetch,
                 const std::shared_ptr<gpu::SourceFeed>& feed, absl::Status read);
-  // Runs the parked offloads' retries (stuck: they fail).
+  // Serves waiting jobs in order until one finds no room (stuck: they all give up).
   void ServeWaiters(bool stuck);
   static NextUse NextUseOf(const Object& object) { return {object.hint, object.seq}; }
 
@@ -146,7 +154,11 @@ class Spiller {
   NextUseQueue<Candidate> candidates_;  // in host memory: spill candidates
   NextUseQueue<Candidate> spilled_;     // on NVMe: prefetch candidates
   bool kicked_ = false;
-  std::vector<std::function<void(bool)>> waiting_;  // parked offloads
+  struct Waiter {
+    std::function<bool()> try_now;
+    std::function<void()> give_up;
+  };
+  std::deque<Waiter> waiting_;  // jobs waiting for room, in arrival order
   bool stopping_ = false;
   std::atomic<uint64_t> writes_in_flight_{0};
   std::atomic<uint64_t> writing_bytes_{0};  // host extents of the writes in flight

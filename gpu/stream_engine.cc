@@ -205,8 +205,10 @@ class GpuSession final : public EngineSession {
 // A client buffer: its mapping and its entry in the session's range map.
 class GpuBuffer final : public ImportedBuffer {
  public:
-  GpuBuffer(std::unique_ptr<DeviceMapping> mapping, std::shared_ptr<SessionState> session)
-      : mapping_(std::move(mapping)), session_(std::move(session)) {}
+  GpuBuffer(std::unique_ptr<DeviceMapping> mapping, std::shared_ptr<SessionState> session,
+            bool host = false)
+      : mapping_(std::move(mapping)), session_(std::move(session)), host_(host) {}
+  bool host() const { return host_; }  // a client's host memory (ImportHost)
   ~GpuBuffer() override {
     {
       std::lock_guard lock(session_->mu);
@@ -222,6 +224,7 @@ class GpuBuffer final : public ImportedBuffer {
  private:
   std::unique_ptr<DeviceMapping> mapping_;
   std::shared_ptr<SessionState> session_;
+  bool host_;
 };
 
 // The semaphore page as the daemon's session sees it: zero bytes, so no job can name it. The
@@ -389,7 +392,12 @@ class StreamEngine final : public CopyEngine {
       range.device = kDevice;
       ++range.refs;
     }
-    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared());
+    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared(), /*host=*/true);
+  }
+
+  bool CanFeed(const ImportedBuffer& buffer) const override {
+    const auto* gpu_buffer = dynamic_cast<const GpuBuffer*>(&buffer);
+    return gpu_buffer != nullptr && !gpu_buffer->host();
   }
 
   void Submit(CopyJob job) override {

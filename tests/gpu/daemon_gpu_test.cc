@@ -19,6 +19,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gpu/client_gpu.h"
@@ -398,6 +399,107 @@ TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) {
   }
   EXPECT_TRUE(tierd_->WaitForStatus(
       [](const v1::GetStatusResponse& s) { return TierdProcess::HostTier(s).used_bytes() == 0; }));
+}
+
+// The NVMe tier under the GPU path: four times what the host pool holds is offloaded from device
+// memory (most of it spilled), then reloaded in reverse order straight into device memory, each
+// reload of a spilled object pipelined (every 1 MiB chunk goes to the GPU as the NVMe read
+// verifies it), every byte checked on the consumer stream.
+TEST_P(DaemonGpuTest, SpillsMoreThanThePoolAndReloadsItIntoTheGpu) {
+  tierd_.reset();
+  tierd_.emplace(std::vector<std::string>{"--engine=cuda", "--pool_bytes=64M", "--spill_bytes=1G",
+                                          "--spill_high_pct=50", "--spill_low_pct=25",
+                                          "--spill_io_bytes=1M"});
+  Session session(*tierd_);
+  ASSERT_EQ(session.status(), TIER_OK) << tier_last_error();
+  constexpr uint64_t kObject = 8 * kMiB;
+  constexpr int kObjects = 32;  // 256 MiB through a 64 MiB pool
+  DeviceMemory memory(GetParam(), kObjects * kObject);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<tier_object_id> objects(kObjects);
+  std::vector<tier_job_id> jobs(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    CUDA_OK(cudaMemsetAsync(memory.get() + i * kObject, 0x40 + i, kObject, stream));
+    std::tie(objects[i], jobs[i]) = session.Offload(buffer, base + i * kObject, kObject, {stream});
+  }
+  for (int i = 0; i < kObjects; ++i) ASSERT_EQ(session.Wait(jobs[i], 60000), TIER_OK) << i;
+  v1::GetStatusResponse status = tierd_->Status();
+  EXPECT_GE(status.bytes_spilled(), 192 * kMiB);
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0, kObjects * kObject, stream));
+  for (int i = kObjects - 1; i >= 0; --i) {
+    jobs[i] = session.Reload(objects[i], buffer, base + i * kObject, kObject, stream, true);
+  }
+  for (int i = 0; i < kObjects; ++i) {
+    EXPECT_TRUE(DeviceHolds(memory.get() + i * kObject, kObject, 0x40 + i, stream)) << i;
+  }
+  for (int i = 0; i < kObjects; ++i) EXPECT_EQ(session.Wait(jobs[i], 60000), TIER_OK) << i;
+  status = tierd_->Status();
+  EXPECT_GE(status.bytes_fetched(), 192 * kMiB);
+  EXPECT_EQ(status.checksum_failures(), 0u);
+  EXPECT_TRUE(tierd_->WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.tiers(0).used_bytes() == 0 && s.tiers(1).used_bytes() == 0;
+  })) << "extents or records leaked";
+  cudaStreamDestroy(stream);
+}
+
+// A spilled chunk that comes back damaged (a bit flipped in transit, injected in tierd's I/O
+// layer) fails its pipelined reload with DATA_LOSS: the consumer stream is released all the same,
+// the destination holds verified bytes or zeros (never the damaged ones), and a second reload
+// brings back every byte.
+TEST_P(DaemonGpuTest, DamagedSpilledChunkFailsThePipelinedReloadCleanly) {
+  tierd_.reset();
+  tierd_.emplace(std::vector<std::string>{
+      "--engine=cuda", "--pool_bytes=64M", "--spill_bytes=1G", "--spill_high_pct=50",
+      "--spill_low_pct=25", "--spill_io_bytes=1M", "--spill_prefetch=0",
+      "--spill_inject_faults=read:corrupt:3:1"});
+  Session session(*tierd_);
+  ASSERT_EQ(session.status(), TIER_OK) << tier_last_error();
+  constexpr uint64_t kObject = 8 * kMiB;
+  constexpr int kObjects = 16;
+  DeviceMemory memory(GetParam(), kObjects * kObject);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<tier_object_id> objects(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    CUDA_OK(cudaMemsetAsync(memory.get() + i * kObject, 0x60 + i, kObject, stream));
+    tier_job_id job;
+    std::tie(objects[i], job) = session.Offload(buffer, base + i * kObject, kObject, {stream});
+    ASSERT_EQ(session.Wait(job, 60000), TIER_OK) << i;
+  }
+  ASSERT_TRUE(tierd_->WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.bytes_spilled() >= 8 * kMiB;
+  }));
+  // The oldest object was spilled first; its first read is the one the rule damages (chunk 3).
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0x01, kObject, stream));
+  tier_job_id first = session.Reload(objects[0], buffer, base, kObject, stream);
+  std::vector<uint8_t> host(kObject);
+  CUDA_OK(cudaMemcpyAsync(host.data(), memory.get(), kObject, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));  // returns: the stream was released
+  EXPECT_EQ(session.Wait(first, 60000), TIER_DATA_LOSS) << tier_last_error();
+  uint64_t verified = 0, zeros = 0;
+  for (uint64_t b = 0; b < kObject; ++b) {
+    if (host[b] == 0x60) {
+      ++verified;
+    } else if (host[b] == 0) {
+      ++zeros;
+    } else {
+      ADD_FAILURE() << "byte " << b << " is 0x" << std::hex << int(host[b]);
+      break;
+    }
+  }
+  EXPECT_EQ(verified, 3 * kMiB);  // the chunks before the damaged one
+  EXPECT_EQ(zeros, kObject - 3 * kMiB);
+  EXPECT_EQ(tierd_->Status().checksum_failures(), 1u);
+  // The record is intact on disk: a second reload brings it all back.
+  tier_job_id second = session.Reload(objects[0], buffer, base, kObject, stream);
+  EXPECT_TRUE(DeviceHolds(memory.get(), kObject, 0x60, stream));
+  EXPECT_EQ(session.Wait(second, 60000), TIER_OK);
+  cudaStreamDestroy(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Allocators, DaemonGpuTest,

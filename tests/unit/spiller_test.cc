@@ -6,6 +6,8 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -250,11 +252,46 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
   std::promise<bool> answer;
-  spiller_->WaitForRoom([&](bool room) { answer.set_value(room); });
+  spiller_->WaitForRoom([&] { return false; }, [&] { answer.set_value(false); });
   auto future = answer.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(future.get());
   EXPECT_EQ(spiller_->counters().spills.load(), 0u);
+}
+
+// Waiting jobs get room strictly in arrival order: the second is not even tried while the first
+// still finds none (on a GPU lane a later ticket could not run before an earlier one anyway).
+TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
+  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
+  spiller_->CopyStarted();  // a copy in flight: room may still come, nobody gives up
+  std::mutex mu;
+  std::vector<std::string> log;
+  std::atomic<int> first_tries{0};
+  std::promise<void> both;
+  spiller_->WaitForRoom(
+      [&] {
+        std::lock_guard lock(mu);
+        log.push_back("first");
+        return ++first_tries >= 5;  // room on the fifth look
+      },
+      [&] { ADD_FAILURE() << "first gave up"; });
+  spiller_->WaitForRoom(
+      [&] {
+        std::lock_guard lock(mu);
+        log.push_back("second");
+        both.set_value();
+        return true;
+      },
+      [&] { ADD_FAILURE() << "second gave up"; });
+  EXPECT_TRUE(spiller_->HasWaiters());
+  for (int i = 0; i < 10; ++i) spiller_->NotifyFreed();
+  ASSERT_EQ(both.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  spiller_->CopyEnded();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(log.size(), 6u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(log[i], "first");
+  EXPECT_EQ(log[5], "second");
+  EXPECT_FALSE(spiller_->HasWaiters());
 }
 
 }  // namespace
