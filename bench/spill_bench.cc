@@ -267,21 +267,32 @@ bool RunTierd(const Flags& f, Result* result) {
   };
 
   std::vector<uint64_t> objects(n), jobs(n);
+  // Submits record i's job, all of them first, then waits for every one.
+  auto run_all = [&](tier::ring::Opcode opcode, bool reverse) -> absl::Status {
+    for (uint64_t k = 0; k < n; ++k) {
+      uint64_t i = reverse ? n - 1 - k : k;
+      tier::client::JobRequest request;
+      request.opcode = static_cast<uint32_t>(opcode);
+      if (opcode == tier::ring::Opcode::kOffload) {
+        objects[i] = (*session)->NewObjectId();
+      } else {
+        request.flags = tier::ring::kFlagFreeAfterReload;
+      }
+      request.object = objects[i];
+      request.buffer = *buffer;
+      request.offset = i * f.record;
+      request.len = f.record;
+      auto job = (*session)->Submit(request);
+      if (!job.ok()) return job.status();
+      jobs[i] = *job;
+    }
+    for (uint64_t job : jobs) {
+      if (absl::Status s = (*session)->Wait(job, 600000); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
   auto start = Clock::now();
-  for (uint64_t i = 0; i < n; ++i) {
-    tier::client::JobRequest request;
-    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kOffload);
-    request.object = objects[i] = (*session)->NewObjectId();
-    request.buffer = *buffer;
-    request.offset = i * f.record;
-    request.len = f.record;
-    auto job = (*session)->Submit(request);
-    if (!job.ok()) return fail(job.status());
-    jobs[i] = *job;
-  }
-  for (uint64_t job : jobs) {
-    if (absl::Status s = (*session)->Wait(job, 600000); !s.ok()) return fail(s);
-  }
+  if (absl::Status s = run_all(tier::ring::Opcode::kOffload, false); !s.ok()) return fail(s);
   for (;;) {
     auto status = (*daemon)->Status();
     if (!status.ok()) return fail(status.status());
@@ -293,21 +304,8 @@ bool RunTierd(const Flags& f, Result* result) {
 
   std::memset(data, 0, n * f.record);
   start = Clock::now();
-  for (uint64_t i = n; i-- > 0;) {  // reverse order, as activations come back
-    tier::client::JobRequest request;
-    request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
-    request.flags = tier::ring::kFlagFreeAfterReload;
-    request.object = objects[i];
-    request.buffer = *buffer;
-    request.offset = i * f.record;
-    request.len = f.record;
-    auto job = (*session)->Submit(request);
-    if (!job.ok()) return fail(job.status());
-    jobs[i] = *job;
-  }
-  for (uint64_t job : jobs) {
-    if (absl::Status s = (*session)->Wait(job, 600000); !s.ok()) return fail(s);
-  }
+  // Reverse order, as activations come back.
+  if (absl::Status s = run_all(tier::ring::Opcode::kReload, true); !s.ok()) return fail(s);
   double fill_s = std::chrono::duration<double>(Clock::now() - start).count();
 
   // Every byte back where it was.

@@ -65,6 +65,47 @@ tier_status RetryWhileFull(Session& session, Submit submit) {
   }
 }
 
+// Offloads kObjects objects of 1 MiB one at a time (object i filled with seed base + i), each
+// retried while the pool is momentarily full; their ids.
+std::vector<tier_object_id> OffloadOneByOne(Session& session, HostBuffer& buffer, uint32_t base) {
+  std::vector<tier_object_id> objects(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    Fill(buffer.data, kMiB, base + i);
+    tier_status status = RetryWhileFull(session, [&] {
+      auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+      objects[i] = object;
+      return job;
+    });
+    EXPECT_EQ(status, TIER_OK) << "offload " << i;
+    if (status != TIER_OK) return {};
+  }
+  return objects;
+}
+
+// Offloads `count` objects of 1 MiB one at a time, each either stored or refused at once with
+// RESOURCE_EXHAUSTED (a hang fails the test): the stored ones with their seeds; `refused` counts
+// the others.
+std::vector<std::pair<tier_object_id, uint32_t>> OffloadUntilFull(Session& session,
+                                                                  HostBuffer& buffer, int count,
+                                                                  uint32_t base, int* refused) {
+  std::vector<std::pair<tier_object_id, uint32_t>> stored;
+  *refused = 0;
+  for (int i = 0; i < count; ++i) {
+    Fill(buffer.data, kMiB, base + i);
+    auto [object, job] = session.Offload(buffer.id, 0, kMiB);
+    tier_status status = session.TryWait(job, 30000);
+    EXPECT_NE(status, TIER_DEADLINE_EXCEEDED) << "offload " << i << " hangs";
+    if (status == TIER_DEADLINE_EXCEEDED) break;
+    if (status == TIER_OK) {
+      stored.push_back({object, base + i});
+    } else {
+      EXPECT_EQ(status, TIER_RESOURCE_EXHAUSTED) << "offload " << i;
+      ++*refused;
+    }
+  }
+  return stored;
+}
+
 void RoundTripThroughNvme(const std::string& io) {
   TierdProcess tierd(SpillFlags(io));
   Session session(OptionsFor(tierd));
@@ -121,20 +162,9 @@ TEST(Spill, BothTiersFullFailsAtOnce) {
                       "--spill_low_pct=25"});
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
-  std::vector<std::pair<tier_object_id, uint32_t>> stored;
   int refused = 0;
-  for (int i = 0; i < 40; ++i) {
-    Fill(buffer.data, kMiB, 500 + i);
-    auto [object, job] = session.Offload(buffer.id, 0, kMiB);
-    tier_status status = session.TryWait(job, 30000);
-    ASSERT_NE(status, TIER_DEADLINE_EXCEEDED) << "offload " << i << " hangs";
-    if (status == TIER_OK) {
-      stored.push_back({object, 500u + i});
-    } else {
-      EXPECT_EQ(status, TIER_RESOURCE_EXHAUSTED);
-      ++refused;
-    }
-  }
+  std::vector<std::pair<tier_object_id, uint32_t>> stored =
+      OffloadUntilFull(session, buffer, 40, 500, &refused);
   EXPECT_GT(refused, 0);
   EXPECT_GE(stored.size(), 20u);  // 16 MiB host + 8 MiB NVMe, less what is in flight
   for (auto it = stored.rbegin(); it != stored.rend(); ++it) {  // newest (in host memory) first
@@ -150,17 +180,8 @@ TEST(Spill, CorruptRecordFailsWithDataLossAndNothingElse) {
   TierdProcess tierd(SpillFlags("auto"));
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
-  std::vector<tier_object_id> objects(kObjects);
-  for (int i = 0; i < kObjects; ++i) {
-    Fill(buffer.data, kMiB, 7000 + i);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] {
-                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
-                               objects[i] = object;
-                               return job;
-                             }),
-              TIER_OK);
-  }
+  std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 7000);
+  ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
   // Damage the start of the spill file, where the first records went.
   std::string path = tierd.dir() + "/state/spill/tierd.spill";
   int fd = ::open(path.c_str(), O_WRONLY);
@@ -209,20 +230,9 @@ TEST_P(SpillFaults, EveryWriteFailingKeepsDataInMemory) {
   TierdProcess tierd(Flags("write:eio:0:-1"));
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
-  std::vector<std::pair<tier_object_id, uint32_t>> stored;
   int refused = 0;
-  for (int i = 0; i < 24; ++i) {
-    Fill(buffer.data, kMiB, 300 + i);
-    auto [object, job] = session.Offload(buffer.id, 0, kMiB);
-    tier_status status = session.TryWait(job, 30000);
-    ASSERT_NE(status, TIER_DEADLINE_EXCEEDED) << "offload " << i << " hangs";
-    if (status == TIER_OK) {
-      stored.push_back({object, 300u + i});
-    } else {
-      EXPECT_EQ(status, TIER_RESOURCE_EXHAUSTED) << "offload " << i;
-      ++refused;
-    }
-  }
+  std::vector<std::pair<tier_object_id, uint32_t>> stored =
+      OffloadUntilFull(session, buffer, 24, 300, &refused);
   EXPECT_GT(refused, 0);
   EXPECT_EQ(stored.size(), 16u);  // what the host pool holds
   v1::GetStatusResponse status = tierd.Status();
@@ -243,18 +253,8 @@ TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
   TierdProcess tierd(Flags("write:enospc:2:1,write:short:21:1"));
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
-  std::vector<tier_object_id> objects(kObjects);
-  for (int i = 0; i < kObjects; ++i) {
-    Fill(buffer.data, kMiB, 4000 + i);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] {
-                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
-                               objects[i] = object;
-                               return job;
-                             }),
-              TIER_OK)
-        << "offload " << i;
-  }
+  std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 4000);
+  ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
   EXPECT_EQ(tierd.Status().spill_write_errors(), 2u);
   for (int i = kObjects - 1; i >= 0; --i) {
     std::memset(buffer.data, 0, kMiB);
@@ -277,17 +277,8 @@ TEST_P(SpillFaults, ReadFaultsFailOnlyThatReadAndARetrySucceeds) {
   TierdProcess tierd(Flags("read:eio:1:1,read:short:20:1,read:corrupt:43:1"));
   Session session(OptionsFor(tierd));
   HostBuffer buffer = session.AllocHost(kMiB);
-  std::vector<tier_object_id> objects(kObjects);
-  for (int i = 0; i < kObjects; ++i) {
-    Fill(buffer.data, kMiB, 6000 + i);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] {
-                               auto [object, job] = session.Offload(buffer.id, 0, kMiB);
-                               objects[i] = object;
-                               return job;
-                             }),
-              TIER_OK);
-  }
+  std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 6000);
+  ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
   int failed_reloads = 0;
   for (int i = kObjects - 1; i >= 0; --i) {
     tier_status status = TIER_DATA_LOSS;
