@@ -238,7 +238,6 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
                                              std::shared_ptr<void> lease) {
       StartReloadCopy(session, e, object, range, std::move(feed), std::move(lease));
     };
-    if (!engine_.CanFeed(*range->buffer)) copy_as_fetched = nullptr;
     spiller_->Fetch(session, object, std::move(copy_when_fetched), std::move(copy_as_fetched));
     return absl::OkStatus();
   }

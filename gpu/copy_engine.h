@@ -102,13 +102,6 @@ class CopyEngine {
   // object still being filled at once. false (host engine: independent lanes): the daemon holds
   // such a reload back until the fill completed.
   virtual bool orders_pool_reads() const { return false; }
-  // Whether a kFromPool job into `buffer` may carry a feed (CopyJob::feed). GPU engines refuse
-  // host memory: a host-to-host cudaMemcpyAsync is synchronous with the calling thread, which
-  // would wait there for chunks that thread has yet to start reading.
-  virtual bool CanFeed(const ImportedBuffer& buffer) const {
-    (void)buffer;
-    return true;
-  }
   // Pins the host pool for this engine (cudaHostRegister on GPUs; nothing for the host engine).
   virtual absl::Status RegisterPool(char* base, uint64_t bytes) = 0;
   virtual absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t session_id) = 0;

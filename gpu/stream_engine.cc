@@ -164,18 +164,20 @@ struct SessionState {
     uintptr_t end = 0;
     int device = -1;
     int refs = 0;
+    bool host = false;  // a client's host memory (ImportHost)
   };
   std::map<uintptr_t, Range> ranges;  // imported buffers by base address
   std::map<int, DeviceLanes> devices;
 
-  // The device holding [addr, addr + len), or -1.
-  int FindDevice(const char* addr, uint64_t len) {
+  // The device holding [addr, addr + len), or -1; *host: whether it is a client's host memory.
+  int FindDevice(const char* addr, uint64_t len, bool* host) {
     std::lock_guard lock(mu);
     auto p = reinterpret_cast<uintptr_t>(addr);
     auto it = ranges.upper_bound(p);
     if (it == ranges.begin()) return -1;
     --it;
     if (p < it->first || p >= it->second.end || len > it->second.end - p) return -1;
+    *host = it->second.host;
     return it->second.device;
   }
 
@@ -205,10 +207,8 @@ class GpuSession final : public EngineSession {
 // A client buffer: its mapping and its entry in the session's range map.
 class GpuBuffer final : public ImportedBuffer {
  public:
-  GpuBuffer(std::unique_ptr<DeviceMapping> mapping, std::shared_ptr<SessionState> session,
-            bool host = false)
-      : mapping_(std::move(mapping)), session_(std::move(session)), host_(host) {}
-  bool host() const { return host_; }  // a client's host memory (ImportHost)
+  GpuBuffer(std::unique_ptr<DeviceMapping> mapping, std::shared_ptr<SessionState> session)
+      : mapping_(std::move(mapping)), session_(std::move(session)) {}
   ~GpuBuffer() override {
     {
       std::lock_guard lock(session_->mu);
@@ -224,7 +224,6 @@ class GpuBuffer final : public ImportedBuffer {
  private:
   std::unique_ptr<DeviceMapping> mapping_;
   std::shared_ptr<SessionState> session_;
-  bool host_;
 };
 
 // The semaphore page as the daemon's session sees it: zero bytes, so no job can name it. The
@@ -390,14 +389,10 @@ class StreamEngine final : public CopyEngine {
       SessionState::Range& range = state.ranges[reinterpret_cast<uintptr_t>(base)];
       range.end = reinterpret_cast<uintptr_t>(base) + mapping->bytes();
       range.device = kDevice;
+      range.host = true;
       ++range.refs;
     }
-    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared(), /*host=*/true);
-  }
-
-  bool CanFeed(const ImportedBuffer& buffer) const override {
-    const auto* gpu_buffer = dynamic_cast<const GpuBuffer*>(&buffer);
-    return gpu_buffer != nullptr && !gpu_buffer->host();
+    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared());
   }
 
   void Submit(CopyJob job) override {
@@ -415,9 +410,12 @@ class StreamEngine final : public CopyEngine {
       return;
     }
     int device = job.device;
-    if (device < 0) {
-      device = job.client != nullptr ? state.FindDevice(job.client, job.len)
-                                     : state.OnlySemaphoreDevice();
+    bool host = false;  // host-to-host: copied by the runtime's host-function thread
+    if (job.client != nullptr) {
+      int found = state.FindDevice(job.client, job.len, &host);
+      if (device < 0) device = found;
+    } else if (device < 0) {
+      device = state.OnlySemaphoreDevice();
     }
     if (device < 0) {
       std::move(job.done)(absl::InvalidArgumentError(
@@ -443,7 +441,7 @@ class StreamEngine final : public CopyEngine {
       if (lane.abandoned) {
         failed.push_back({std::move(job.done), absl::CancelledError("session is ending")});
       } else if (job.sync == 0) {
-        Issue(lane, job, failed);
+        Issue(lane, job, failed, host);
       } else if (lane.ready_addr == 0) {
         failed.push_back({std::move(job.done),
                           absl::FailedPreconditionError(absl::StrCat(
@@ -603,8 +601,9 @@ class StreamEngine final : public CopyEngine {
     return std::make_unique<SemaphoreBuffer>(base, device);
   }
 
-  // Queues one job on its lane's stream. Called with lane.mu held, in ticket order.
-  void Issue(Lane& lane, CopyJob& job, std::vector<FailedJob>& failed) {
+  // Queues one job on its lane's stream. Called with lane.mu held, in ticket order. host: the
+  // client memory is host memory (jobs on it carry no tickets, so never wait in `held`).
+  void Issue(Lane& lane, CopyJob& job, std::vector<FailedJob>& failed, bool host = false) {
     GpuStream stream = lane.stream;
     uint64_t seq = lane.next_seq;
     bool copy = job.len > 0;
@@ -630,9 +629,9 @@ class StreamEngine final : public CopyEngine {
       // GPU. The writer's `completed` word only grows, and the writer's job was queued earlier.
       if (job.direction == Direction::kFromPool) status = WaitForPoolWrites(stream, job.pool, job.len);
       if (status.ok() && job.feed != nullptr && job.direction == Direction::kFromPool) {
-        status = IssueFed(stream, job, &feed_word);
+        status = IssueFed(stream, job, host, &feed_word);
       } else if (status.ok()) {
-        status = runtime_->CopyAsync(stream, job.direction, job.client, job.pool, job.len);
+        status = Copy(stream, job.direction, host, job.client, job.pool, job.len);
       }
       if (status.ok() && job.direction == Direction::kToPool) {
         pool_write = job.pool;
@@ -662,7 +661,15 @@ class StreamEngine final : public CopyEngine {
   // A reload whose pool bytes are still arriving: chunk i is copied after the feed's word reaches
   // i + 1 (the feed raises it as chunks land, and to the last chunk when it ends, with the bytes
   // it could not deliver zeroed), so the NVMe read and the copy to the GPU overlap.
-  absl::Status IssueFed(GpuStream stream, CopyJob& job, std::optional<HostWordPool::Slot>* word) {
+  absl::Status Copy(GpuStream stream, Direction direction, bool host, char* client, char* pool,
+                    uint64_t len) {
+    if (!host) return runtime_->CopyAsync(stream, direction, client, pool, len);
+    return direction == Direction::kToPool ? runtime_->HostCopyAsync(stream, pool, client, len)
+                                           : runtime_->HostCopyAsync(stream, client, pool, len);
+  }
+
+  absl::Status IssueFed(GpuStream stream, CopyJob& job, bool host_memory,
+                        std::optional<HostWordPool::Slot>* word) {
     absl::StatusOr<HostWordPool::Slot> slot = words_.Take();
     if (!slot.ok()) return slot.status();
     *word = *slot;
@@ -679,7 +686,9 @@ class StreamEngine final : public CopyEngine {
       uint64_t off = i * chunk;
       uint64_t n = std::min(chunk, job.len - off);
       absl::Status s = runtime_->WaitValue64(stream, slot->device_addr + kGateOffset, i + 1);
-      if (s.ok()) s = runtime_->CopyAsync(stream, job.direction, job.client + off, job.pool + off, n);
+      if (s.ok()) {
+        s = Copy(stream, job.direction, host_memory, job.client + off, job.pool + off, n);
+      }
       if (!s.ok()) return s;
     }
     return absl::OkStatus();

@@ -63,6 +63,12 @@ class GpuRuntime {
   virtual absl::Status WriteValue64(GpuStream stream, uint64_t addr, uint64_t value) = 0;
   virtual absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
                                  uint64_t len) = 0;
+  // A copy between two host buffers, in stream order, that does not block the caller: a memcpy
+  // run by the runtime's host-function thread when the stream reaches it. (A host-to-host
+  // cudaMemcpyAsync is synchronous with the calling thread: it would wait there for everything
+  // queued before it, ticket waits included.)
+  virtual absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src,
+                                     uint64_t len) = 0;
   // Pinned host memory every device can address (portable, mapped).
   virtual absl::StatusOr<MappedHost> AllocMappedHost(uint64_t bytes) = 0;
   virtual void FreeMappedHost(void* host) = 0;

@@ -129,6 +129,14 @@ class FakeRuntime final : public GpuRuntime {
     });
     return absl::OkStatus();
   }
+  absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src, uint64_t len) override {
+    static_cast<FakeStream*>(stream)->Push([=] {
+      std::lock_guard lock(memory_mu);
+      std::memcpy(dst, src, len);
+      return true;
+    });
+    return absl::OkStatus();
+  }
   absl::StatusOr<MappedHost> AllocMappedHost(uint64_t bytes) override {
     void* p = std::aligned_alloc(4096, bytes);
     std::memset(p, 0, bytes);
