@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -201,7 +202,12 @@ TEST(EndToEnd, KilledClientIsCleanedUpAndOthersKeepTheirData) {
   survivor.Wait(job);
 
   // A separate program, not fork(): a forked child would inherit this process's gRPC state.
-  ChildProcess doomed({DOOMED_CLIENT_BIN, "--socket=" + tierd.socket(), "--mib=8"});
+  // $TIER_BUILD_DIR: a bundle copied to another machine (the GPU host) holds it under tests/.
+  const char* build_dir = std::getenv("TIER_BUILD_DIR");
+  std::string doomed_bin = build_dir != nullptr && *build_dir != '\0'
+                               ? std::string(build_dir) + "/tests/doomed_client"
+                               : DOOMED_CLIENT_BIN;
+  ChildProcess doomed({doomed_bin, "--socket=" + tierd.socket(), "--mib=8"});
   ASSERT_EQ(doomed.ReadLine(20000), "ready");
   EXPECT_GE(TierdProcess::HostTier(tierd.Status()).used_bytes(), 9u << 20);
   doomed.Kill();
