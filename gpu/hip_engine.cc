@@ -104,12 +104,15 @@ class HipRuntime final : public GpuRuntime {
       uint64_t len;
     };
     auto* copy = new Copy{dst, src, len};
-    auto run = [](void* arg) {
+    // hipStreamAddCallback, not hipLaunchHostFunc: the HIP runtime Debian ships (5.2) declares
+    // the latter but does not export it. The callback runs in stream order either way.
+    auto run = [](hipStream_t, hipError_t, void* arg) {
       auto* c = static_cast<Copy*>(arg);
       std::memcpy(c->dst, c->src, c->len);
       delete c;
     };
-    absl::Status s = CheckHip(hipLaunchHostFunc(static_cast<hipStream_t>(stream), run, copy), "hipLaunchHostFunc");
+    absl::Status s = CheckHip(
+        hipStreamAddCallback(static_cast<hipStream_t>(stream), run, copy, 0), "hipStreamAddCallback");
     if (!s.ok()) delete copy;
     return s;
   }
