@@ -13,7 +13,8 @@ namespace tier::daemon {
 
 Spiller::Spiller(storage::HostPool& pool, storage::SpillStore& store, SpillerOptions options)
     : pool_(pool), store_(store), policy_(options.watermarks),
-      max_prefetches_(options.max_prefetches) {}
+      max_prefetches_(options.max_prefetches), stall_ms_(options.stall_ms),
+      last_change_ms_(MonotonicMs()) {}
 
 Spiller::~Spiller() { Stop(); }
 
@@ -39,6 +40,7 @@ void Spiller::Stop() {
 
 void Spiller::Track(const std::shared_ptr<Session>& session,
                     const std::shared_ptr<Object>& object) {
+  last_change_ms_.store(MonotonicMs());
   {
     std::lock_guard lock(mu_);
     candidates_.Add(NextUseOf(*object), Candidate{session, object});
@@ -98,9 +100,12 @@ void Spiller::Run() {
     if (!policy_.KeepSpilling(Projected())) draining = false;
     if (parked) {
       // Stuck: nothing could be spilled, and nothing in flight (a write, a read, a copy on pool
-      // memory) will free memory or make an object spillable.
+      // memory) will free memory or make an object spillable; or copies are in flight but
+      // nothing changed for stall_ms (they may be waiting on the waiters themselves).
+      bool idle = copies_in_flight_.load() == 0 ||
+                  MonotonicMs() - last_change_ms_.load() > stall_ms_;
       ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0 &&
-                   reads_in_flight_.load() == 0 && copies_in_flight_.load() == 0);
+                   reads_in_flight_.load() == 0 && idle);
     } else if (!draining) {
       Prefetch();
     }
@@ -442,6 +447,7 @@ bool Spiller::HasWaiters() {
 }
 
 void Spiller::NotifyFreed() {
+  last_change_ms_.store(MonotonicMs());
   {
     std::lock_guard lock(mu_);
     if (waiting_.empty() && (spilled_.empty() || max_prefetches_ == 0)) return;

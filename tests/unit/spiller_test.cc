@@ -49,8 +49,10 @@ class SpillerTest : public ::testing::Test {
 
   // Every object made so far becomes a spill candidate before the spiller's thread starts, as if
   // their fills had all just completed; then the thread starts.
-  void StartSpiller(Watermarks marks, uint32_t prefetches, bool track = true) {
-    spiller_ = std::make_unique<Spiller>(*pool_, *store_, SpillerOptions{marks, prefetches});
+  void StartSpiller(Watermarks marks, uint32_t prefetches, bool track = true,
+                    uint32_t stall_ms = 5000) {
+    spiller_ = std::make_unique<Spiller>(*pool_, *store_,
+                                         SpillerOptions{marks, prefetches, stall_ms});
     if (track) {
       for (auto& object : objects_) spiller_->Track(session_, object);
     }
@@ -257,6 +259,24 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(future.get());
   EXPECT_EQ(spiller_->counters().spills.load(), 0u);
+}
+
+// A copy in flight keeps waiters waiting (its end may bring room), but not forever: when nothing
+// changes for stall_ms they give up, since that copy may itself wait for a waiter (a GPU lane
+// holds a later ticket until the earlier one arrives).
+TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
+  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
+  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/300);
+  spiller_->CopyStarted();
+  std::promise<void> gave_up;
+  auto start = std::chrono::steady_clock::now();
+  spiller_->WaitForRoom([] { return false; }, [&] { gave_up.set_value(); });
+  auto future = gave_up.get_future();
+  EXPECT_EQ(future.wait_for(std::chrono::milliseconds(150)), std::future_status::timeout)
+      << "gave up although a copy was in flight";
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+  spiller_->CopyEnded();
 }
 
 // Waiting jobs get room strictly in arrival order: the second is not even tried while the first
