@@ -149,19 +149,11 @@ class CudaRuntime final : public GpuRuntime {
 
   absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src,
                              uint64_t len) override {
-    struct Copy {
-      char* dst;
-      const char* src;
-      uint64_t len;
-    };
-    auto* copy = new Copy{dst, src, len};
-    auto run = [](void* arg) {
-      auto* c = static_cast<Copy*>(arg);
-      std::memcpy(c->dst, c->src, c->len);
-      delete c;
-    };
-    absl::Status s = CheckRuntime(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), run, copy), "cudaLaunchHostFunc");
-    if (!s.ok()) delete copy;
+    auto* task = new HostCopyTask{dst, src, len};
+    absl::Status s = CheckRuntime(
+        cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), &HostCopyTask::Run, task),
+        "cudaLaunchHostFunc");
+    if (!s.ok()) delete task;
     return s;
   }
 

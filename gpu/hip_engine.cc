@@ -98,22 +98,13 @@ class HipRuntime final : public GpuRuntime {
 
   absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src,
                              uint64_t len) override {
-    struct Copy {
-      char* dst;
-      const char* src;
-      uint64_t len;
-    };
-    auto* copy = new Copy{dst, src, len};
+    auto* task = new HostCopyTask{dst, src, len};
     // hipStreamAddCallback, not hipLaunchHostFunc: the HIP runtime Debian ships (5.2) declares
     // the latter but does not export it. The callback runs in stream order either way.
-    auto run = [](hipStream_t, hipError_t, void* arg) {
-      auto* c = static_cast<Copy*>(arg);
-      std::memcpy(c->dst, c->src, c->len);
-      delete c;
-    };
+    auto run = [](hipStream_t, hipError_t, void* arg) { HostCopyTask::Run(arg); };
     absl::Status s = CheckHip(
-        hipStreamAddCallback(static_cast<hipStream_t>(stream), run, copy, 0), "hipStreamAddCallback");
-    if (!s.ok()) delete copy;
+        hipStreamAddCallback(static_cast<hipStream_t>(stream), run, task, 0), "hipStreamAddCallback");
+    if (!s.ok()) delete task;
     return s;
   }
 

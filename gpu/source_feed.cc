@@ -44,11 +44,6 @@ uint64_t SourceFeed::ready() const {
   return ready_;
 }
 
-bool SourceFeed::ended() const {
-  std::lock_guard lock(mu_);
-  return ended_;
-}
-
 absl::Status SourceFeed::status() const {
   std::lock_guard lock(mu_);
   return status_;

@@ -47,7 +47,6 @@ class SourceFeed {
   void Unsubscribe();
 
   uint64_t ready() const;
-  bool ended() const;
   absl::Status status() const;
 
  private:

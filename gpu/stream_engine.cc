@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -938,6 +939,12 @@ class StreamEngine final : public CopyEngine {
 };
 
 }  // namespace
+
+void HostCopyTask::Run(void* task) {
+  auto* copy = static_cast<HostCopyTask*>(task);
+  std::memcpy(copy->dst, copy->src, copy->len);
+  delete copy;
+}
 
 std::unique_ptr<CopyEngine> MakeStreamEngine(std::unique_ptr<GpuRuntime> runtime,
                                              const GpuEngineOptions& options) {

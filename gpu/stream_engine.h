@@ -47,6 +47,15 @@ struct MappedHost {
   uint64_t device_addr = 0;  // the same memory as the GPU addresses it (stream memory ops)
 };
 
+// One host-to-host copy for a runtime's host callback (GpuRuntime::HostCopyAsync): Run(task)
+// copies and deletes it.
+struct HostCopyTask {
+  char* dst;
+  const char* src;
+  uint64_t len;
+  static void Run(void* task);
+};
+
 // What the core needs from CUDA or HIP. Calls that take a device make it current first.
 class GpuRuntime {
  public:
@@ -67,6 +76,7 @@ class GpuRuntime {
   // run by the runtime's host-function thread when the stream reaches it. (A host-to-host
   // cudaMemcpyAsync is synchronous with the calling thread: it would wait there for everything
   // queued before it, ticket waits included.)
+  // (Runtimes hand a HostCopyTask to their host-callback API.)
   virtual absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src,
                                      uint64_t len) = 0;
   // Pinned host memory every device can address (portable, mapped).
