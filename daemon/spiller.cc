@@ -49,8 +49,9 @@ void Spiller::Track(const std::shared_ptr<Session>& session,
 }
 
 void Spiller::Kick() {
-  // Above low: a spill episode may be waiting for candidates (the loop decides).
-  if (!policy_.KeepSpilling(pool_.Usage())) return;
+  // Only above the high watermark, or while an episode waits for candidates: between the marks
+  // every completed offload calls this, and the thread has nothing to do for it.
+  if (!draining_.load(std::memory_order_relaxed) && !policy_.MustSpill(pool_.Usage())) return;
   {
     std::lock_guard lock(mu_);
     kicked_ = true;
@@ -67,7 +68,6 @@ storage::PoolUsage Spiller::Projected() const {
 }
 
 void Spiller::Run() {
-  bool draining = false;  // in a spill episode: from above the high watermark down to the low one
   std::unique_lock lock(mu_);
   for (;;) {
     // With offloads parked, look again every few ms even without a kick.
@@ -84,9 +84,9 @@ void Spiller::Run() {
     // Above the high watermark: down to the low one, counting writes in flight as done (their
     // extents go soon). A parked offload needs at least one spill whatever the watermarks say.
     // An episode that ran out of candidates goes on when new ones arrive.
-    if (policy_.MustSpill(Projected())) draining = true;
+    if (policy_.MustSpill(Projected())) draining_.store(true);
     bool spilled_any = false, exhausted = false;
-    while ((draining && policy_.KeepSpilling(Projected())) || (parked && !spilled_any)) {
+    while ((draining_.load() && policy_.KeepSpilling(Projected())) || (parked && !spilled_any)) {
       if (writes_in_flight_.load() >= 64) {  // enough queued; the store works through them
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
@@ -97,7 +97,7 @@ void Spiller::Run() {
       }
       spilled_any = true;
     }
-    if (!policy_.KeepSpilling(Projected())) draining = false;
+    if (!policy_.KeepSpilling(Projected())) draining_.store(false);
     if (parked) {
       // Stuck: nothing could be spilled, and nothing in flight (a write, a read, a copy on pool
       // memory) will free memory or make an object spillable; or copies are in flight but
@@ -106,7 +106,7 @@ void Spiller::Run() {
                   MonotonicMs() - last_change_ms_.load() > stall_ms_;
       ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0 &&
                    reads_in_flight_.load() == 0 && idle);
-    } else if (!draining) {
+    } else if (!draining_.load()) {
       Prefetch();
     }
     lock.lock();
@@ -433,6 +433,7 @@ void Spiller::WaitForRoom(std::function<bool()> try_now, std::function<void()> g
     std::lock_guard lock(mu_);
     if (!stopping_) {
       waiting_.push_back(Waiter{std::move(try_now), std::move(give_up)});
+      has_waiters_.store(true);
       kicked_ = true;
       cv_.notify_one();
       return;
@@ -441,10 +442,7 @@ void Spiller::WaitForRoom(std::function<bool()> try_now, std::function<void()> g
   give_up();
 }
 
-bool Spiller::HasWaiters() {
-  std::lock_guard lock(mu_);
-  return !waiting_.empty();
-}
+bool Spiller::HasWaiters() { return has_waiters_.load(); }
 
 void Spiller::NotifyFreed() {
   last_change_ms_.store(MonotonicMs());
@@ -464,16 +462,17 @@ void Spiller::ServeWaiters(bool stuck) {
       if (waiting_.empty()) return;
       waiter = std::move(waiting_.front());
       waiting_.pop_front();
+      // Still "waiting" while this one tries: a new job must not overtake it.
     }
     if (stuck) {
       waiter.give_up();
-      continue;
-    }
-    if (!waiter.try_now()) {
+    } else if (!waiter.try_now()) {
       std::lock_guard lock(mu_);
       waiting_.push_front(std::move(waiter));  // still first
       return;
     }
+    std::lock_guard lock(mu_);
+    if (waiting_.empty()) has_waiters_.store(false);
   }
 }
 

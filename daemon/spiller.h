@@ -163,6 +163,12 @@ class Spiller {
     std::function<void()> give_up;
   };
   std::deque<Waiter> waiting_;  // jobs waiting for room, in arrival order
+  // Set with the first waiter, cleared once the last got room or gave up (not while one is being
+  // tried): HasWaiters on the offload path without the lock.
+  std::atomic<bool> has_waiters_{false};
+  // In a spill episode: from above the high watermark down to the low one (the thread's; read by
+  // Kick).
+  std::atomic<bool> draining_{false};
   bool stopping_ = false;
   std::atomic<uint64_t> writes_in_flight_{0};
   std::atomic<uint64_t> writing_bytes_{0};  // host extents of the writes in flight
