@@ -312,6 +312,12 @@ TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
   ASSERT_EQ(log.size(), 6u);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(log[i], "first");
   EXPECT_EQ(log[5], "second");
+  // The flag drops once the spiller is back from the second's try (it stays up while a waiter
+  // is tried, so that no new job overtakes it): poll for it rather than race the spiller thread.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (spiller_->HasWaiters() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_FALSE(spiller_->HasWaiters());
 }
 
