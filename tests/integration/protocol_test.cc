@@ -52,7 +52,8 @@ TEST(Protocol, WrongTokenIsRefusedAndTheSessionStaysPending) {
 }
 
 TEST(Protocol, SessionsNotAttachedInTimeAreDiscarded) {
-  TierdProcess tierd({"--attach_timeout_ms=300"});
+  // Long enough that the first status call surely comes first, also under the sanitizers.
+  TierdProcess tierd({"--attach_timeout_ms=2000"});
   OpenRaw(tierd);
   EXPECT_EQ(tierd.Status().sessions(), 1u);
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 0; }));
