@@ -17,32 +17,12 @@
 
 #include "common/unique_fd.h"
 #include "gtest/gtest.h"
+#include "scoped_env.h"
 
 namespace tier::daemon {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using ::tier::testing::ScopedEnv;
 
 class SystemdNotifierTest : public ::testing::Test {
  protected:
