@@ -240,6 +240,26 @@ Key ChoiceKey(absl::string_view name, absl::string_view section, absl::string_vi
 }
 
 // Absolute paths; empty only where the key has a derived default.
+// "a,b,c": absolute paths, none empty, none twice (after dropping a trailing '/'); "" is none.
+absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value) {
+  std::vector<std::string> paths;
+  if (value.empty()) return paths;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!absl::StartsWith(part, "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("must be absolute paths, comma-separated, got '", part, "'"));
+    }
+    while (part.size() > 1 && absl::EndsWith(part, "/")) part.remove_suffix(1);
+    std::string path(part);
+    if (std::find(paths.begin(), paths.end(), path) != paths.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is named twice"));
+    }
+    paths.push_back(std::move(path));
+  }
+  return paths;
+}
+
 Key PathKey(absl::string_view name, absl::string_view section, absl::string_view help,
             std::string Config::*field, bool allow_empty) {
   Key key{name, section, "PATH", help, nullptr, nullptr};
@@ -267,8 +287,19 @@ std::vector<Key> BuildKeys() {
                          "session socket; empty: <dir of socket>/tierd.session.sock",
                          &Config::session_socket_path, true));
   keys.push_back(PathKey("state_dir", kPaths, "state directory", &Config::state_dir, false));
-  keys.push_back(PathKey("spill_dir", kPaths, "NVMe spill directory; empty: <state_dir>/spill",
-                         &Config::spill_dir, true));
+  {
+    Key key{"spill_dir", kPaths, "PATH[,PATH...]",
+            "NVMe spill directories, one per device, comma-separated; empty: <state_dir>/spill",
+            nullptr, nullptr};
+    key.set = [](absl::string_view value, Config& config) {
+      absl::StatusOr<std::vector<std::string>> dirs = ParsePathList(value);
+      if (!dirs.ok()) return KeyError("spill_dir", dirs.status());
+      config.spill_dirs = *std::move(dirs);
+      return absl::OkStatus();
+    };
+    key.print = [](const Config& config) { return absl::StrJoin(config.spill_dirs, ","); };
+    keys.push_back(std::move(key));
+  }
   {
     Key key{"socket_mode", kPaths, "MODE", "permissions of both sockets (octal)", nullptr, nullptr};
     key.set = [](absl::string_view value, Config& config) {
@@ -330,7 +361,8 @@ std::vector<Key> BuildKeys() {
                            &Config::pool_lock, {"off", "best-effort", "required"}));
 
   constexpr absl::string_view kSpill = "NVMe tier";
-  keys.push_back(SizeKey("spill_bytes", kSpill, "size of the spill file in spill_dir; 0: no NVMe tier",
+  keys.push_back(SizeKey("spill_bytes", kSpill,
+                         "size of the spill file in each spill_dir; 0: no NVMe tier",
                          &Config::spill_bytes, true, 0));
   keys.push_back(IntegerKey("spill_high_pct", kSpill,
                             "spill objects to NVMe while the host pool is fuller than this (%)",
@@ -655,8 +687,9 @@ absl::Status Finalize(Config* config) {
     config->session_socket_path =
         (fs::path(config->socket_path).parent_path() / "tierd.session.sock").string();
   }
-  if (config->spill_dir.empty())
-    config->spill_dir = (fs::path(config->state_dir) / "spill").string();
+  if (config->spill_dirs.empty()) {
+    config->spill_dirs = {(fs::path(config->state_dir) / "spill").string()};
+  }
 
   // Re-check what setters check, for configs built in code rather than parsed.
   for (absl::string_view name : {"socket", "session_socket", "state_dir", "spill_dir"}) {

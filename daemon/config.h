@@ -21,7 +21,9 @@ struct Config {
   std::string socket_path;          // socket      gRPC control socket
   std::string session_socket_path;  // session_socket  (default: <socket dir>/tierd.session.sock)
   std::string state_dir;            // state_dir
-  std::string spill_dir;            // spill_dir   (default: <state_dir>/spill)
+  // spill_dir: one or more spill directories, comma-separated (one per NVMe device), one spill
+  // file of spill_bytes in each. Default: <state_dir>/spill.
+  std::vector<std::string> spill_dirs;
   uint32_t socket_mode = 0660;      // socket_mode (octal in the file: 0660)
   // socket_group: group both sockets are chown'ed to, so its members can use Tierd (with
   // socket_mode 0660). Empty: leave the daemon's own group (under the shipped unit: `tier`).
@@ -38,7 +40,7 @@ struct Config {
   // Quotas stay 0 after Finalize() when unset: 0 means "the whole pool" and the daemon resolves it
   // against the pool it actually built (Finalize checks default <= max when both are set).
   // NVMe tier (spill). spill_bytes 0: no spill tier.
-  uint64_t spill_bytes = 0;          // spill_bytes: size of the spill file in spill_dir
+  uint64_t spill_bytes = 0;          // spill_bytes: size of the spill file in each spill_dir
   uint32_t spill_high_pct = 90;      // spill_high_pct: spill while the host pool is fuller than this
   uint32_t spill_low_pct = 75;       // spill_low_pct: ... until it is this full
   std::string spill_io = "auto";     // spill_io: auto | io_uring | thread_pool

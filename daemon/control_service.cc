@@ -84,6 +84,18 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
       response->set_spill_write_errors(response->spill_write_errors() + file.write_errors);
       response->set_spill_read_errors(response->spill_read_errors() + file.read_errors);
       response->set_checksum_failures(response->checksum_failures() + file.checksum_failures);
+      v1::SpillFileStatus* out = response->add_spill_files();
+      out->set_directory(file.directory);
+      out->set_path(file.path);
+      out->set_direct_io(file.direct_io);
+      out->set_capacity_bytes(file.capacity_bytes);
+      out->set_used_bytes(file.used_bytes);
+      out->set_records(file.records);
+      out->set_bytes_written(file.bytes_written);
+      out->set_bytes_read(file.bytes_read);
+      out->set_write_errors(file.write_errors);
+      out->set_read_errors(file.read_errors);
+      out->set_checksum_failures(file.checksum_failures);
     }
     nvme->set_free_bytes(nvme->capacity_bytes() - nvme->used_bytes());
     const SpillCounters& c = spiller_->counters();

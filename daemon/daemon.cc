@@ -128,9 +128,11 @@ absl::Status Daemon::Init() {
 
   executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
   if (config_.spill_bytes > 0) {
-    if (absl::Status s = MakeDir(config_.spill_dir); !s.ok()) return s;
+    for (const std::string& dir : config_.spill_dirs) {
+      if (absl::Status s = MakeDir(dir); !s.ok()) return s;
+    }
     storage::SpillStoreOptions spill;
-    spill.directories = {config_.spill_dir};
+    spill.directories = config_.spill_dirs;
     spill.file_bytes = config_.spill_bytes;
     spill.io_bytes = config_.spill_io_bytes;
     spill.queue_depth = config_.spill_queue_depth;

@@ -109,8 +109,8 @@ std::unique_ptr<v1::Control::Stub> ConnectControl(const std::string& socket_path
 }
 
 bool IsCommand(std::string_view command) {
-  for (std::string_view known : {"status", "clients", "sessions", "pools", "health", "version",
-                                 "drain"}) {
+  for (std::string_view known : {"status", "clients", "sessions", "pools", "spill", "health",
+                                 "version", "drain"}) {
     if (command == known) return true;
   }
   return false;
@@ -119,11 +119,13 @@ bool IsCommand(std::string_view command) {
 int RunCommand(std::string_view command, const CommandContext& ctx) {
   using Stub = v1::Control::StubInterface;
   int exit_code = kExitOk;
-  if (command == "status" || command == "pools") {
+  if (command == "status" || command == "pools" || command == "spill") {
     v1::GetStatusResponse response;
     if (!Call(ctx, &Stub::GetStatus, v1::GetStatusRequest(), response, exit_code)) return exit_code;
     if (command == "pools") {
       RenderTiers(response, ctx.json, *ctx.out);
+    } else if (command == "spill") {
+      RenderSpill(response, ctx.json, *ctx.out);
     } else {
       RenderStatus(response, ctx.json, *ctx.out);
     }
@@ -211,6 +213,33 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
 void RenderTiers(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
   if (!json) return RenderTiersTable(status, out);
   PrintJson(status, out, "tiers");
+}
+
+void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
+  if (json) {
+    return PrintJson(status, out, "spill_files", [&status](JsonWriter& writer) {
+      writer.Key("spill_io");
+      writer.String(status.spill_io());
+    });
+  }
+  if (status.spill_files().empty()) {
+    out << "No NVMe tier (spill_bytes = 0).\n";
+    return;
+  }
+  out << "NVMe I/O: " << status.spill_io() << '\n';
+  constexpr Align kR = Align::kRight;
+  Table table({{"DIRECTORY"}, {"I/O"}, {"CAPACITY", kR}, {"USED", kR}, {"USE", kR},
+               {"RECORDS", kR}, {"WRITTEN", kR}, {"READ", kR}, {"WRITE-ERR", kR},
+               {"READ-ERR", kR}, {"CRC-ERR", kR}});
+  for (const auto& f : status.spill_files()) {
+    table.AddRow({f.directory(), f.direct_io() ? "direct" : "buffered",
+                  FormatBytes(f.capacity_bytes()), FormatBytes(f.used_bytes()),
+                  FormatPercent(f.used_bytes(), f.capacity_bytes()), absl::StrCat(f.records()),
+                  FormatBytes(f.bytes_written()), FormatBytes(f.bytes_read()),
+                  absl::StrCat(f.write_errors()), absl::StrCat(f.read_errors()),
+                  absl::StrCat(f.checksum_failures())});
+  }
+  table.Render(out);
 }
 
 void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out) {

@@ -49,6 +49,8 @@ int ReportNotRunning(std::string_view detail, std::ostream& err);
 // Renderers, also used by the tests.
 void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& out);
 void RenderTiers(const v1::GetStatusResponse& status, bool json, std::ostream& out);
+// The NVMe tier, one row per spill file (device).
+void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& out);
 void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out);
 void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out);
 void RenderVersion(const v1::GetVersionResponse& version, bool json, std::ostream& out);

@@ -19,6 +19,7 @@ commands:
   status    version, state, uptime, tiers, sessions, jobs, traffic
   clients   one row per session (alias: sessions)
   pools     the memory tiers: capacity, used, free, objects
+  spill     the NVMe tier, one row per spill directory: I/O mode, use, traffic, errors
   health    serving or draining (exit 1 when not serving)
   version   tierctl's and tierd's versions
   drain     stop admitting sessions and jobs, then wait for in-flight jobs

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tier/client.hpp"
 #include "tierd_process.h"
+#include "unit/spill_test_util.h"
 
 namespace tier {
 namespace {
@@ -154,6 +155,66 @@ void RoundTripThroughNvme(const std::string& io) {
 TEST(Spill, MoreThanTheHostPoolComesBackInReverseOrder) { RoundTripThroughNvme("auto"); }
 
 TEST(Spill, ThreadPoolFallbackPassesTheSameRoundTrip) { RoundTripThroughNvme("thread_pool"); }
+
+// One spill directory per NVMe device: records spread over the files (the one with the most free
+// space takes the next), each file is reported on its own (status API and `tierctl spill`), and
+// everything comes back.
+TEST(Spill, SeveralSpillDirectoriesShareTheTier) {
+  storage::testing::TempDir root;
+  const std::string dirs[2] = {root.path() + "/nvme0", root.path() + "/nvme1"};
+  std::vector<std::string> flags = SpillFlags("auto");
+  flags.push_back("--spill_dir=" + dirs[0] + "," + dirs[1]);
+  TierdProcess tierd(flags);
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(kMiB);
+  std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 9000);
+  ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
+  // Settled: at or below the high mark (50% of 16 MiB) and no write in flight (each object is
+  // either in the pool or a finished record).
+  ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.tiers(0).used_bytes() <= 8 * kMiB &&
+           s.tiers(0).objects() + s.tiers(1).objects() == static_cast<uint64_t>(kObjects);
+  })) << tierd.Status().DebugString();
+  v1::GetStatusResponse status = tierd.Status();
+  ASSERT_EQ(status.spill_files_size(), 2);
+  uint64_t used = 0, records = 0;
+  for (int i = 0; i < 2; ++i) {
+    const v1::SpillFileStatus& file = status.spill_files(i);
+    EXPECT_EQ(file.directory(), dirs[i]);
+    EXPECT_EQ(file.path(), dirs[i] + "/tierd.spill");
+    EXPECT_EQ(::access(file.path().c_str(), F_OK), 0) << file.path();
+    EXPECT_EQ(file.capacity_bytes(), 256 * kMiB);
+    // Both devices took a share (the fuller file never gets the next record while the other has
+    // more room: at most one record apart).
+    EXPECT_GE(file.records(), 10u) << file.directory();
+    used += file.used_bytes();
+    records += file.records();
+  }
+  EXPECT_LE(status.spill_files(0).records(), status.spill_files(1).records() + 1);
+  EXPECT_LE(status.spill_files(1).records(), status.spill_files(0).records() + 1);
+  EXPECT_EQ(used, status.tiers(1).used_bytes());
+  EXPECT_EQ(records, status.tiers(1).objects());
+  EXPECT_EQ(status.tiers(1).capacity_bytes(), 512 * kMiB);
+
+  auto [code, out] = testing::RunCommand(std::string(TIERCTL_BIN) + " --socket " +
+                                         tierd.socket() + " spill");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\n" + dirs[0] + "  "), std::string::npos) << out;
+  EXPECT_NE(out.find("\n" + dirs[1] + "  "), std::string::npos) << out;
+
+  for (int i = kObjects - 1; i >= 0; --i) {
+    std::memset(buffer.data, 0, kMiB);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
+              TIER_OK)
+        << "reload " << i;
+    EXPECT_TRUE(Matches(buffer.data, kMiB, 9000 + i)) << "object " << i << " came back different";
+  }
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.tiers(0).used_bytes() == 0 && s.spill_files(0).used_bytes() == 0 &&
+           s.spill_files(1).used_bytes() == 0;
+  })) << "extents or records leaked";
+}
 
 // Both tiers full: an offload fails at once with RESOURCE_EXHAUSTED, nothing hangs, and what was
 // stored comes back.

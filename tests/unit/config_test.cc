@@ -55,7 +55,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.socket_path, b.socket_path);
   EXPECT_EQ(a.session_socket_path, b.session_socket_path);
   EXPECT_EQ(a.state_dir, b.state_dir);
-  EXPECT_EQ(a.spill_dir, b.spill_dir);
+  EXPECT_EQ(a.spill_dirs, b.spill_dirs);
   EXPECT_EQ(a.socket_mode, b.socket_mode);
   EXPECT_EQ(a.socket_group, b.socket_group);
   EXPECT_EQ(a.pool_bytes, b.pool_bytes);
@@ -98,7 +98,7 @@ TEST(DefaultConfig, RootUsesSystemPathsEvenWithXdg) {
   EXPECT_EQ(config.socket_path, "/run/tierd/tierd.sock");
   EXPECT_EQ(config.state_dir, "/var/lib/tierd");
   EXPECT_EQ(config.session_socket_path, "");  // derived by Finalize
-  EXPECT_EQ(config.spill_dir, "");
+  EXPECT_TRUE(config.spill_dirs.empty());
   EXPECT_EQ(config.socket_mode, 0660u);
   EXPECT_EQ(config.ring_entries, 1024u);
   EXPECT_EQ(config.pool_lock, "best-effort");
@@ -247,7 +247,9 @@ TEST(ConfigText, BadInputNamesTheLine) {
       {"engine = gpu", "engine: must be one of auto, host, cuda, hip"},
       {"log_level = verbose", "log_level: must be one of debug, info, warning, error"},
       {"state_dir = var/lib/tierd", "state_dir: must be an absolute path"},
-      {"spill_dir = ./spill", "spill_dir: must be an absolute path"},
+      {"spill_dir = ./spill", "spill_dir: must be absolute paths, comma-separated, got './spill'"},
+      {"spill_dir = /nvme0/t,,/nvme1/t", "spill_dir: must be absolute paths, comma-separated, got ''"},
+      {"spill_dir = /nvme0/t, /nvme0/t/", "spill_dir: '/nvme0/t' is named twice"},
       {"socket_mode = 0999", "socket_mode: invalid value '0999'"},
       {"socket_mode = 01777", "socket_mode: mode 01777 has bits beyond 0777"},
       {"socket_group = two words", "socket_group: 'two words' is not a group name"},
@@ -311,7 +313,7 @@ TEST_F(LoadConfigTest, FlagsOverrideTheFileWhereverTheyStand) {
   EXPECT_EQ(config->config_file, file);
   // Finalized: derived paths filled in.
   EXPECT_EQ(config->session_socket_path, dir_.path() + "/tierd.session.sock");
-  EXPECT_EQ(config->spill_dir, dir_.path() + "/spill");
+  EXPECT_EQ(config->spill_dirs, std::vector<std::string>{dir_.path() + "/spill"});
   EXPECT_EQ(config->pool_bytes, 64 * kMiB);
 }
 
@@ -420,7 +422,7 @@ TEST(Finalize, DerivesPathsAndPoolAndIsIdempotent) {
   Config config = DefaultConfig(RootEnv());
   ASSERT_TRUE(Finalize(&config).ok());
   EXPECT_EQ(config.session_socket_path, "/run/tierd/tierd.session.sock");
-  EXPECT_EQ(config.spill_dir, "/var/lib/tierd/spill");
+  EXPECT_EQ(config.spill_dirs, std::vector<std::string>{"/var/lib/tierd/spill"});
   // pool_bytes came from this machine's /proc/meminfo by the documented rule.
   absl::StatusOr<std::string> meminfo = [] {
     std::ifstream in("/proc/meminfo");
@@ -452,7 +454,16 @@ TEST(Finalize, KeepsExplicitValues) {
   ASSERT_TRUE(Finalize(&config).ok());
   EXPECT_EQ(config.pool_bytes, 100 * kMiB);
   EXPECT_EQ(config.session_socket_path, "/tmp/x.sock");
-  EXPECT_EQ(config.spill_dir, "/nvme/spill");
+  EXPECT_EQ(config.spill_dirs, std::vector<std::string>{"/nvme/spill"});
+}
+
+TEST(ApplyConfigText, SpillDirTakesOneDirectoryPerDevice) {
+  Config config = DefaultConfig(RootEnv());
+  ASSERT_TRUE(ApplyConfigText("spill_dir = /nvme0/tierd, /nvme1/tierd/", "t", &config).ok());
+  EXPECT_EQ(config.spill_dirs, (std::vector<std::string>{"/nvme0/tierd", "/nvme1/tierd"}));
+  ASSERT_TRUE(ApplyConfigText("spill_dir =", "t", &config).ok());
+  ASSERT_TRUE(Finalize(&config).ok());
+  EXPECT_EQ(config.spill_dirs, std::vector<std::string>{config.state_dir + "/spill"});
 }
 
 TEST(Finalize, RejectsCrossFieldProblems) {
@@ -492,7 +503,7 @@ TEST(DescribeConfig, RoundTripsEveryKey) {
   config.socket_path = "/srv/tier/ctl.sock";
   config.session_socket_path = "/srv/tier/data.sock";
   config.state_dir = "/srv/state";
-  config.spill_dir = "/nvme0/spill";
+  config.spill_dirs = {"/nvme0/tierd", "/nvme1/tierd"};
   config.socket_mode = 0604;
   config.socket_group = "gpu-users";
   config.pool_bytes = 3 * kMiB + 5;

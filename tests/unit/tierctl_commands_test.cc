@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -80,6 +81,18 @@ class FakeControl final : public v1::Control::Service {
     response->set_prefetch_hits(10);
     response->set_prefetch_misses(2);
     response->set_checksum_failures(1);
+    for (int i = 0; i < 2; ++i) {
+      v1::SpillFileStatus* file = response->add_spill_files();
+      file->set_directory(absl::StrCat("/nvme", i, "/tierd"));
+      file->set_path(absl::StrCat("/nvme", i, "/tierd/tierd.spill"));
+      file->set_direct_io(i == 0);
+      file->set_capacity_bytes(256 * kGiB);
+      file->set_used_bytes(i == 0 ? 64 * kGiB : 0);
+      file->set_records(i == 0 ? 1024 : 0);
+      file->set_bytes_written(i == 0 ? 2 * kGiB : 1 * kGiB);
+      file->set_bytes_read(i == 0 ? 512ull << 20 : 512ull << 20);
+      file->set_checksum_failures(i);
+    }
     return grpc::Status::OK;
   }
 
@@ -263,6 +276,41 @@ TEST_F(TierctlCommandsTest, PoolsIsTheTiersTable) {
   EXPECT_EQ(Lines(run.out)[1], "host   64.0 GiB  16.0 GiB   48.0 GiB  25.0%     1234");
 }
 
+TEST_F(TierctlCommandsTest, SpillShowsOneRowPerSpillDirectory) {
+  const Outcome run = RunInProcess("spill", false);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  EXPECT_EQ(run.out,
+            "NVMe I/O: io_uring\n"
+            "DIRECTORY     I/O        CAPACITY      USED    USE  RECORDS  WRITTEN       READ  "
+            "WRITE-ERR  READ-ERR  CRC-ERR\n"
+            "/nvme0/tierd  direct    256.0 GiB  64.0 GiB  25.0%     1024  2.0 GiB  512.0 MiB  "
+            "        0         0        0\n"
+            "/nvme1/tierd  buffered  256.0 GiB       0 B   0.0%        0  1.0 GiB  512.0 MiB  "
+            "        0         0        1\n");
+}
+
+TEST_F(TierctlCommandsTest, SpillJsonAndNoNvmeTier) {
+  const Outcome run = RunInProcess("spill", true);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  const google::protobuf::Struct parsed = ParseJson(run.out);
+  EXPECT_EQ(Keys(parsed), (std::set<std::string>{"spill_io", "spill_files"}));
+  EXPECT_EQ(parsed.fields().at("spill_io").string_value(), "io_uring");
+  const auto& files = parsed.fields().at("spill_files").list_value();
+  ASSERT_EQ(files.values_size(), 2);
+  const auto& first = files.values(0).struct_value().fields();
+  EXPECT_EQ(first.at("path").string_value(), "/nvme0/tierd/tierd.spill");
+  EXPECT_TRUE(first.at("direct_io").bool_value());
+  EXPECT_EQ(first.at("used_bytes").number_value(), 64.0 * kGiB);
+  EXPECT_EQ(first.at("records").number_value(), 1024);
+
+  std::ostringstream none;
+  RenderSpill(v1::GetStatusResponse(), false, none);
+  EXPECT_EQ(none.str(), "No NVMe tier (spill_bytes = 0).\n");
+  std::ostringstream none_json;
+  RenderSpill(v1::GetStatusResponse(), true, none_json);
+  EXPECT_EQ(none_json.str(), "{\"spill_io\":\"\",\"spill_files\":[]}\n");
+}
+
 TEST_F(TierctlCommandsTest, ClientsShowsOneAlignedRowPerSession) {
   const Outcome run = RunInProcess("clients", false);
   ASSERT_EQ(run.exit_code, kExitOk) << run.err;
@@ -349,7 +397,7 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "spill_read_errors", "checksum_failures",
                                    "spill_bandwidth_bytes_per_s", "fetch_bandwidth_bytes_per_s",
                                    "prefetches", "bytes_prefetched", "prefetch_hits",
-                                   "prefetch_misses"}));
+                                   "prefetch_misses", "spill_files"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
