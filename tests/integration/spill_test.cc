@@ -83,6 +83,21 @@ std::vector<tier_object_id> OffloadOneByOne(Session& session, HostBuffer& buffer
   return objects;
 }
 
+// Reloads every object into `buffer`, newest first (as activations come back in backward), each
+// reload dropping its object and retried while the pool is momentarily full; object i must come
+// back filled with seed base + i.
+void ReloadAllInReverse(Session& session, HostBuffer& buffer,
+                        const std::vector<tier_object_id>& objects, uint32_t base) {
+  for (int i = static_cast<int>(objects.size()) - 1; i >= 0; --i) {
+    std::memset(buffer.data, 0, kMiB);
+    ASSERT_EQ(RetryWhileFull(session,
+                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
+              TIER_OK)
+        << "reload " << i;
+    EXPECT_TRUE(Matches(buffer.data, kMiB, base + i)) << "object " << i << " came back different";
+  }
+}
+
 // Offloads `count` objects of 1 MiB one at a time, each either stored or refused at once with
 // RESOURCE_EXHAUSTED (a hang fails the test): the stored ones with their seeds; `refused` counts
 // the others.
@@ -129,15 +144,7 @@ void RoundTripThroughNvme(const std::string& io) {
   EXPECT_GT(status.bytes_spilled(), 0u);
   EXPECT_LE(status.tiers(0).used_bytes(), 16 * kMiB);
   EXPECT_EQ(status.spill_io(), io == "thread_pool" ? "thread_pool" : status.spill_io());
-  // Reverse order, as activations come back in backward; each reload drops its object.
-  for (int i = kObjects - 1; i >= 0; --i) {
-    std::memset(buffer.data, 0, kMiB);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
-              TIER_OK)
-        << "reload " << i;
-    EXPECT_TRUE(Matches(buffer.data, kMiB, 1000 + i)) << "object " << i << " came back different";
-  }
+  ASSERT_NO_FATAL_FAILURE(ReloadAllInReverse(session, buffer, objects, 1000));
   v1::GetStatusResponse after = tierd.Status();
   EXPECT_GT(after.bytes_fetched(), 0u);
   // Reloads freed host memory, so the spilled objects reloaded next were prefetched, and some
@@ -202,14 +209,7 @@ TEST(Spill, SeveralSpillDirectoriesShareTheTier) {
   EXPECT_NE(out.find("\n" + dirs[0] + "  "), std::string::npos) << out;
   EXPECT_NE(out.find("\n" + dirs[1] + "  "), std::string::npos) << out;
 
-  for (int i = kObjects - 1; i >= 0; --i) {
-    std::memset(buffer.data, 0, kMiB);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
-              TIER_OK)
-        << "reload " << i;
-    EXPECT_TRUE(Matches(buffer.data, kMiB, 9000 + i)) << "object " << i << " came back different";
-  }
+  ASSERT_NO_FATAL_FAILURE(ReloadAllInReverse(session, buffer, objects, 9000));
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
     return s.tiers(0).used_bytes() == 0 && s.spill_files(0).used_bytes() == 0 &&
            s.spill_files(1).used_bytes() == 0;
@@ -317,14 +317,7 @@ TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
   std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 4000);
   ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
   EXPECT_EQ(tierd.Status().spill_write_errors(), 2u);
-  for (int i = kObjects - 1; i >= 0; --i) {
-    std::memset(buffer.data, 0, kMiB);
-    ASSERT_EQ(RetryWhileFull(session,
-                             [&] { return session.Reload(objects[i], buffer.id, 0, kMiB, true); }),
-              TIER_OK)
-        << "reload " << i;
-    EXPECT_TRUE(Matches(buffer.data, kMiB, 4000 + i)) << "object " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ReloadAllInReverse(session, buffer, objects, 4000));
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
     return s.tiers(0).used_bytes() == 0 && s.tiers(1).used_bytes() == 0;
   })) << "extents or records leaked";
