@@ -432,6 +432,9 @@ void Spiller::WaitForRoom(std::function<bool()> try_now, std::function<void()> g
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
+      // The stall clock starts no earlier than the wait: an idle daemon has not "stalled" (it
+      // used to fail the first job to find the pool full after 5 s without traffic).
+      if (waiting_.empty()) last_change_ms_.store(MonotonicMs());
       waiting_.push_back(Waiter{std::move(try_now), std::move(give_up)});
       has_waiters_.store(true);
       kicked_ = true;

@@ -42,7 +42,7 @@ struct SpillerOptions {
   // Prefetch reads in flight at most (0: no prefetching).
   uint32_t max_prefetches = 2;
   // Waiting jobs give up when nothing can be spilled and, although copies are in flight, nothing
-  // changed for this long: those copies may themselves wait on the waiters (a GPU lane holds a
+  // changed for this long since the first of them began to wait: those copies may themselves wait on the waiters (a GPU lane holds a
   // later ticket until the earlier one, which may be a waiting reload, arrives).
   uint32_t stall_ms = 5000;
 };
@@ -176,7 +176,8 @@ class Spiller {
   std::atomic<uint64_t> reads_in_flight_{0};   // fetches and prefetches
   std::atomic<uint64_t> copies_in_flight_{0};  // see CopyStarted
   const uint32_t stall_ms_;
-  std::atomic<uint64_t> last_change_ms_{0};  // memory freed, a copy ended, a candidate came
+  // Memory freed, a copy ended, a candidate came, or a first waiter arrived.
+  std::atomic<uint64_t> last_change_ms_{0};
   std::thread thread_;
 };
 

@@ -263,13 +263,16 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
 
 // A copy in flight keeps waiters waiting (its end may bring room), but not forever: when nothing
 // changes for stall_ms they give up, since that copy may itself wait for a waiter (a GPU lane
-// holds a later ticket until the earlier one arrives).
+// holds a later ticket until the earlier one arrives). The stall counts from the wait, not from
+// the last change before it: a spiller idle for longer than stall_ms must not fail the first job
+// that finds the pool full (it did, in the spill benchmark, whose client takes seconds to start).
 TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
-  auto start = std::chrono::steady_clock::now();  // the stall counts from the spiller's start
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/300);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // idle past stall_ms
   spiller_->CopyStarted();
   std::promise<std::chrono::steady_clock::time_point> gave_up;
+  auto start = std::chrono::steady_clock::now();
   spiller_->WaitForRoom([] { return false; },
                         [&] { gave_up.set_value(std::chrono::steady_clock::now()); });
   auto future = gave_up.get_future();
