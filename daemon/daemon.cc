@@ -116,7 +116,7 @@ absl::Status Daemon::Init() {
           " in ", (MonotonicNs() - start_ns) / 1000000, " ms; engine: ", engine_->name());
 
   // Quotas count a session's bytes in every tier: by default, all the daemon can hold.
-  const uint64_t capacity = pool_->bytes() + config_.spill_bytes;
+  const uint64_t capacity = pool_->bytes() + config_.spill_bytes * config_.spill_dirs.size();
   uint64_t quota_cap = config_.max_quota_bytes ? config_.max_quota_bytes : capacity;
   SessionLimits limits;
   limits.default_quota_bytes =

@@ -202,6 +202,10 @@ TEST(Spill, SeveralSpillDirectoriesShareTheTier) {
   EXPECT_EQ(used, status.tiers(1).used_bytes());
   EXPECT_EQ(records, status.tiers(1).objects());
   EXPECT_EQ(status.tiers(1).capacity_bytes(), 512 * kMiB);
+  // The default quota is everything the daemon holds: the pool and every spill file.
+  v1::ListSessionsResponse sessions = tierd.Sessions();
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  EXPECT_EQ(sessions.sessions(0).quota_bytes(), 16 * kMiB + 512 * kMiB);
 
   auto [code, out] = testing::RunCommand(std::string(TIERCTL_BIN) + " --socket " +
                                          tierd.socket() + " spill");
