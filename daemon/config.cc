@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "storage/faulty_io_queue.h"
+#include "storage/io_queue.h"
 
 namespace tier::daemon {
 namespace {
@@ -373,7 +374,7 @@ std::vector<Key> BuildKeys() {
                            "spill I/O: auto (io_uring, else a pread/pwrite thread pool), io_uring "
                            "or thread_pool",
                            &Config::spill_io, {"auto", "io_uring", "thread_pool"}));
-  keys.push_back(IntegerKey("spill_queue_depth", kSpill, "spill I/O requests in flight",
+  keys.push_back(IntegerKey("spill_queue_depth", kSpill, "spill I/O requests in flight per spill directory (device)",
                             &Config::spill_queue_depth, 1, 1024));
   keys.push_back(SizeKey("spill_io_bytes", kSpill, "largest single spill I/O (multiple of 4 KiB)",
                          &Config::spill_io_bytes, false, 4096));
@@ -715,6 +716,12 @@ absl::Status Finalize(Config* config) {
     return absl::InvalidArgumentError(absl::StrCat("spill_low_pct (", config->spill_low_pct,
                                                    ") exceeds spill_high_pct (",
                                                    config->spill_high_pct, ")"));
+  }
+  if (uint64_t{config->spill_queue_depth} * config->spill_dirs.size() > storage::kMaxIoQueueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spill_queue_depth (", config->spill_queue_depth, ") x ", config->spill_dirs.size(),
+        " spill directories exceeds the ", storage::kMaxIoQueueDepth,
+        " requests one io queue holds"));
   }
   if (config->spill_io_bytes % 4096 != 0) {
     return absl::InvalidArgumentError("spill_io_bytes must be a multiple of 4096");

@@ -30,8 +30,8 @@ const char* IoQueueKindName(IoQueueKind kind) {
 }
 
 absl::StatusOr<std::unique_ptr<IoQueue>> MakeIoQueue(const IoQueueOptions& options) {
-  if (options.depth == 0 || options.depth > 4096) {
-    return absl::InvalidArgumentError("io queue depth must be 1..4096");
+  if (options.depth == 0 || options.depth > kMaxIoQueueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("io queue depth must be 1..", kMaxIoQueueDepth));
   }
   if (options.kind != IoQueueKind::kThreadPool) {
     absl::StatusOr<std::unique_ptr<UringIoQueue>> uring = UringIoQueue::Create(options.depth);

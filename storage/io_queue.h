@@ -106,9 +106,12 @@ enum class IoQueueKind {
 bool ParseIoQueueKind(std::string_view text, IoQueueKind* out);
 const char* IoQueueKindName(IoQueueKind kind);
 
+// The most requests an io queue may hold outstanding (io_uring's ring is sized by it).
+inline constexpr uint32_t kMaxIoQueueDepth = 4096;
+
 struct IoQueueOptions {
   IoQueueKind kind = IoQueueKind::kAuto;
-  uint32_t depth = 16;   // most requests outstanding at once, 1..4096
+  uint32_t depth = 16;   // most requests outstanding at once, 1..kMaxIoQueueDepth
   uint32_t threads = 0;  // thread pool only; 0: one per depth slot, at most 64
 };
 

@@ -70,6 +70,7 @@ struct SpillStore::File {
   bool direct = false;
   bool remove = true;
   int queue_index = -1;
+  uint32_t in_flight = 0;  // requests in the io queue; I/O thread only
   // Guarded by SpillStore::mu_.
   ExtentAllocator allocator;
   std::unordered_map<uint64_t, Live> live;  // extent offset -> record
@@ -160,8 +161,18 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
     files.push_back(std::move(file));
   }
 
-  absl::StatusOr<std::unique_ptr<IoQueue>> queue = MakeIoQueue(
-      {.kind = options.io_queue, .depth = options.queue_depth, .threads = options.io_threads});
+  // queue_depth per file: each device gets its own depth (one depth shared by all would drive N
+  // devices at 1/N of it each).
+  const uint64_t total_depth = uint64_t{options.queue_depth} * files.size();
+  if (options.queue_depth == 0 || total_depth > kMaxIoQueueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spill queue depth ", options.queue_depth, " per file x ", files.size(),
+        " files must be 1..", kMaxIoQueueDepth, " requests in all"));
+  }
+  absl::StatusOr<std::unique_ptr<IoQueue>> queue =
+      MakeIoQueue({.kind = options.io_queue,
+                   .depth = static_cast<uint32_t>(total_depth),
+                   .threads = options.io_threads});
   if (!queue.ok()) return queue.status();
   if (options.wrap_io_queue) *queue = options.wrap_io_queue(std::move(*queue));
   if (!options.registered_buffers.empty()) {
@@ -177,13 +188,14 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
     LogInfo("spill: ", file->path, ", ", file_bytes, " bytes, ",
             file->direct ? "O_DIRECT" : "buffered", ", ", std::string((*queue)->name()));
   }
-  return std::unique_ptr<SpillStore>(
-      new SpillStore(options.io_bytes, std::move(files), std::move(*queue)));
+  return std::unique_ptr<SpillStore>(new SpillStore(options.io_bytes, options.queue_depth,
+                                                    std::move(files), std::move(*queue)));
 }
 
-SpillStore::SpillStore(uint64_t io_bytes, std::vector<std::unique_ptr<File>> files,
-                       std::unique_ptr<IoQueue> queue)
-    : io_bytes_(io_bytes), files_(std::move(files)), queue_(std::move(queue)),
+SpillStore::SpillStore(uint64_t io_bytes, uint32_t file_depth,
+                       std::vector<std::unique_ptr<File>> files, std::unique_ptr<IoQueue> queue)
+    : io_bytes_(io_bytes), file_depth_(file_depth), files_(std::move(files)),
+      queue_(std::move(queue)),
       io_queue_name_(queue_->name()) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -421,10 +433,11 @@ void SpillStore::Issue() {
   for (auto* list : {&reads_, &writes_}) {  // reads first: a reload is what a job waits on
     for (auto& owned : *list) {
       Op* op = owned.get();
-      while (op->status.ok() && op->issued < op->io_len &&
+      File& f = *files_[op->record.file];
+      // (An op whose file is at its depth waits; those behind it, for other files, go on.)
+      while (op->status.ok() && op->issued < op->io_len && f.in_flight < file_depth_ &&
              queue_->outstanding() < queue_->depth()) {
         uint64_t len = std::min(io_bytes_, op->io_len - op->issued);
-        const File& f = *files_[op->record.file];
         uint64_t tag = next_tag_++;
         absl::Status s = queue_->Enqueue(IoRequest{op->kind, f.queue_index,
                                                    op->record.extent.offset + op->issued,
@@ -437,6 +450,7 @@ void SpillStore::Issue() {
         chunks_[tag] = ChunkRef{op, static_cast<uint32_t>(op->issued / io_bytes_)};
         op->issued += len;
         ++op->in_flight;
+        ++f.in_flight;
       }
     }
   }
@@ -464,6 +478,7 @@ void SpillStore::HandleCompletion(const IoCompletion& c) {
   chunks_.erase(it);
   Op* op = ref.op;
   --op->in_flight;
+  --files_[op->record.file]->in_flight;
   {
     std::lock_guard lock(mu_);
     SpillFileUsage& u = files_[op->record.file]->usage;

@@ -9,8 +9,8 @@
 // (the host pool is not either), so the files are recreated and, by default, removed at close.
 //
 // I/O: a record is moved in requests of at most `io_bytes`, at most `queue_depth` of them in
-// flight, through an IoQueue (io_uring with registered buffers and files where available, else a
-// thread pool; see io_queue.h). Reads are issued before writes: a reload is what a job waits on.
+// flight per file (device), through one IoQueue for all files (io_uring with registered buffers
+// and files where available, else a thread pool; see io_queue.h). Reads are issued before writes: a reload is what a job waits on.
 // The CRC of a write is computed while its chunks are already on their way to the device; the CRC
 // of a read is extended over each chunk as soon as all chunks before it have arrived.
 //
@@ -81,7 +81,7 @@ struct SpillStoreOptions {
   std::vector<std::string> directories = {};  // one spill file each; they must exist
   uint64_t file_bytes = 0;               // per file; rounded down to 4096; > 0
   uint64_t io_bytes = 1 << 20;           // largest single request; a multiple of 4096
-  uint32_t queue_depth = 16;             // requests in flight, all files together
+  uint32_t queue_depth = 16;             // requests in flight per file (device)
   IoQueueKind io_queue = IoQueueKind::kAuto;
   uint32_t io_threads = 0;               // thread-pool queue only; 0: one per depth slot
   DirectIo direct_io = DirectIo::kAuto;
@@ -157,7 +157,7 @@ class SpillStore {
     bool freed = false;    // Free came while readers > 0: release the extent after the last one
   };
 
-  SpillStore(uint64_t io_bytes, std::vector<std::unique_ptr<File>> files,
+  SpillStore(uint64_t io_bytes, uint32_t file_depth, std::vector<std::unique_ptr<File>> files,
              std::unique_ptr<IoQueue> queue);
   void Post(std::unique_ptr<Op> op);
   void Run();  // the I/O thread
@@ -167,6 +167,7 @@ class SpillStore {
   void ReleaseLocked(File& file, const Extent& extent);
 
   const uint64_t io_bytes_;
+  const uint32_t file_depth_;  // requests in flight per file at most
   std::vector<std::unique_ptr<File>> files_;  // outlives queue_ (declared first, destroyed last)
   std::unique_ptr<IoQueue> queue_;            // I/O thread only (Wake: any thread)
   std::string io_queue_name_;

@@ -22,7 +22,7 @@ std::string Describe(const IoRequest& r) {
 }  // namespace
 
 ThreadPoolIoQueue::ThreadPoolIoQueue(uint32_t depth, uint32_t threads)
-    : depth_(std::clamp<uint32_t>(depth, 1, 4096)) {
+    : depth_(std::clamp<uint32_t>(depth, 1, kMaxIoQueueDepth)) {
   if (threads == 0) threads = std::min<uint32_t>(depth_, 64);
   threads_.reserve(threads);
   for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });

@@ -35,7 +35,9 @@ bool Transient(int err) { return err == EAGAIN || err == EINTR || err == EBUSY; 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UringIoQueue>> UringIoQueue::Create(uint32_t depth) {
-  if (depth == 0 || depth > 4096) return absl::InvalidArgumentError("io queue depth must be 1..4096");
+  if (depth == 0 || depth > kMaxIoQueueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("io queue depth must be 1..", kMaxIoQueueDepth));
+  }
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoStatus("eventfd for the io_uring queue");
   auto queue = std::unique_ptr<UringIoQueue>(new UringIoQueue(depth, std::move(wake)));

@@ -489,6 +489,15 @@ TEST(Finalize, RejectsCrossFieldProblems) {
               HasSubstr("default_quota_bytes (2GiB) exceeds max_quota_bytes (1GiB)"));
 
   config = DefaultConfig(RootEnv());
+  config.pool_bytes = 64 * kMiB;
+  config.spill_queue_depth = 1024;  // per directory: 5 of them need more than one io queue holds
+  config.spill_dirs = {"/nvme0/t", "/nvme1/t", "/nvme2/t", "/nvme3/t", "/nvme4/t"};
+  EXPECT_THAT(std::string(Finalize(&config).message()),
+              HasSubstr("spill_queue_depth (1024) x 5 spill directories exceeds the 4096"));
+  config.spill_dirs.pop_back();
+  EXPECT_TRUE(Finalize(&config).ok());
+
+  config = DefaultConfig(RootEnv());
   config.state_dir = "relative";  // set in code, not parsed: Finalize still checks
   EXPECT_THAT(std::string(Finalize(&config).message()),
               HasSubstr("state_dir: must be an absolute path"));

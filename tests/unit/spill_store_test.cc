@@ -31,6 +31,55 @@ using testing::Countdown;
 using testing::FillPattern;
 using testing::TempDir;
 
+// Passes everything through and counts, per registered file, the requests outstanding and the
+// most seen at once (written on the store's I/O thread, read by the test: atomics).
+class CountingIoQueue final : public IoQueue {
+ public:
+  explicit CountingIoQueue(std::unique_ptr<IoQueue> inner) : inner_(std::move(inner)) {}
+  absl::Status RegisterBuffers(absl::Span<const IoBuffer> buffers) override {
+    return inner_->RegisterBuffers(buffers);
+  }
+  absl::StatusOr<int> RegisterFile(int fd) override { return inner_->RegisterFile(fd); }
+  absl::Status Enqueue(const IoRequest& request) override {
+    absl::Status s = inner_->Enqueue(request);
+    if (s.ok() && request.file >= 0 && request.file < kFiles) {
+      file_of_[request.user_data] = request.file;
+      uint32_t now = ++outstanding_[request.file];
+      if (now > most_[request.file]) most_[request.file] = now;
+      uint32_t all = inner_->outstanding();
+      if (all > most_all_) most_all_ = all;
+    }
+    return s;
+  }
+  int Submit() override { return inner_->Submit(); }
+  int Poll(std::vector<IoCompletion>* out, bool wait) override {
+    size_t before = out->size();
+    int n = inner_->Poll(out, wait);
+    for (size_t i = before; i < out->size(); ++i) {
+      auto it = file_of_.find((*out)[i].user_data);
+      if (it == file_of_.end()) continue;
+      --outstanding_[it->second];
+      file_of_.erase(it);
+    }
+    return n;
+  }
+  void Wake() override { inner_->Wake(); }
+  uint32_t outstanding() const override { return inner_->outstanding(); }
+  uint32_t depth() const override { return inner_->depth(); }
+  std::string_view name() const override { return inner_->name(); }
+
+  static constexpr int kFiles = 4;
+  uint32_t most(int file) const { return most_[file]; }
+  uint32_t most_all() const { return most_all_; }
+
+ private:
+  std::unique_ptr<IoQueue> inner_;
+  std::map<uint64_t, int> file_of_;  // I/O thread only
+  std::atomic<uint32_t> outstanding_[kFiles] = {};
+  std::atomic<uint32_t> most_[kFiles] = {};
+  std::atomic<uint32_t> most_all_{0};
+};
+
 class SpillStoreTest : public ::testing::TestWithParam<IoQueueKind> {
  protected:
   void SetUp() override {
@@ -419,6 +468,60 @@ TEST_P(SpillStoreTest, SpreadsRecordsOverSeveralDirectories) {
   }
 }
 
+// queue_depth is per file: each device gets its own depth, and a file at its depth does not hold
+// back requests for the others (one shared depth would drive N devices at 1/N of it each).
+TEST_P(SpillStoreTest, EachFileGetsItsOwnQueueDepth) {
+  TempDir second;
+  SpillStoreOptions o = Options(16 << 20);
+  o.directories.push_back(second.path());
+  o.queue_depth = 2;
+  CountingIoQueue* counting = nullptr;
+  o.wrap_io_queue = [&counting](std::unique_ptr<IoQueue> inner) {
+    auto queue = std::make_unique<CountingIoQueue>(std::move(inner));
+    counting = queue.get();
+    return queue;
+  };
+  auto store = Make(o);
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(counting, nullptr);
+  EXPECT_EQ(counting->depth(), 4u);  // 2 per file, 2 files
+  // Records of 16 chunks, all submitted at once: each file's requests fill its own depth.
+  constexpr int kRecords = 16;
+  constexpr uint64_t kLen = 1 << 20;
+  std::vector<char*> srcs;
+  for (int i = 0; i < kRecords; ++i) {
+    srcs.push_back(Alloc(kLen));
+    FillPattern(srcs.back(), kLen, 300 + i);
+  }
+  std::vector<SpillRecord> records(kRecords);
+  Countdown written(kRecords);
+  for (int i = 0; i < kRecords; ++i) {
+    ASSERT_TRUE(store
+                    ->Write(srcs[i], kLen,
+                            [&, i](absl::StatusOr<SpillRecord> r) {
+                              EXPECT_TRUE(r.ok()) << r.status();
+                              if (r.ok()) records[i] = *r;
+                              written.Done();
+                            })
+                    .ok());
+  }
+  written.Wait();
+  EXPECT_EQ(counting->most(0), 2u);  // the first record alone has 16 chunks to issue
+  EXPECT_EQ(counting->most(1), 2u);
+  EXPECT_LE(counting->most_all(), 4u);
+  std::vector<SpillFileUsage> u = store->Usage();
+  EXPECT_EQ(u[0].records + u[1].records, static_cast<uint64_t>(kRecords));
+  EXPECT_GT(u[0].records, 0u);
+  EXPECT_GT(u[1].records, 0u);
+  char* out = Alloc(kLen);
+  for (int i = 0; i < kRecords; ++i) {
+    ASSERT_TRUE(store->ReadAndWait(records[i], out).ok()) << i;
+    ASSERT_EQ(std::memcmp(out, srcs[i], kLen), 0) << i;
+  }
+  EXPECT_LE(counting->most(0), 2u);
+  EXPECT_LE(counting->most(1), 2u);
+}
+
 TEST_P(SpillStoreTest, ASecondStoreOnTheSameDirectoryIsRefused) {
   auto store = Make(Options(1 << 20));
   ASSERT_NE(store, nullptr);
@@ -482,6 +585,16 @@ TEST(SpillStoreOptions, RejectsBadOptions) {
           .ok());
   EXPECT_FALSE(SpillStore::Create({.directories = {dir.path() + "/missing"}, .file_bytes = 1 << 20})
                    .ok());
+  EXPECT_FALSE(
+      SpillStore::Create({.directories = {dir.path()}, .file_bytes = 1 << 20, .queue_depth = 0})
+          .ok());
+  // The depth is per file: two files of 4096 each exceed what one io queue holds.
+  TempDir second;
+  absl::StatusOr<std::unique_ptr<SpillStore>> deep = SpillStore::Create(
+      {.directories = {dir.path(), second.path()}, .file_bytes = 1 << 20, .queue_depth = 4096});
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(deep.status().message().find("per file x 2 files"), std::string::npos)
+      << deep.status();
 }
 
 }  // namespace
