@@ -374,7 +374,8 @@ std::vector<Key> BuildKeys() {
                            "spill I/O: auto (io_uring, else a pread/pwrite thread pool), io_uring "
                            "or thread_pool",
                            &Config::spill_io, {"auto", "io_uring", "thread_pool"}));
-  keys.push_back(IntegerKey("spill_queue_depth", kSpill, "spill I/O requests in flight per spill directory (device)",
+  keys.push_back(IntegerKey("spill_queue_depth", kSpill,
+                            "spill I/O requests in flight per spill directory (device)",
                             &Config::spill_queue_depth, 1, 1024));
   keys.push_back(SizeKey("spill_io_bytes", kSpill, "largest single spill I/O (multiple of 4 KiB)",
                          &Config::spill_io_bytes, false, 4096));

@@ -42,8 +42,9 @@ struct SpillerOptions {
   // Prefetch reads in flight at most (0: no prefetching).
   uint32_t max_prefetches = 2;
   // Waiting jobs give up when nothing can be spilled and, although copies are in flight, nothing
-  // changed for this long since the first of them began to wait: those copies may themselves wait on the waiters (a GPU lane holds a
-  // later ticket until the earlier one, which may be a waiting reload, arrives).
+  // changed for this long since the first of them began to wait: those copies may themselves
+  // wait on the waiters (a GPU lane holds a later ticket until the earlier one, which may be a
+  // waiting reload, arrives).
   uint32_t stall_ms = 5000;
 };
 

@@ -10,7 +10,8 @@
 //
 // I/O: a record is moved in requests of at most `io_bytes`, at most `queue_depth` of them in
 // flight per file (device), through one IoQueue for all files (io_uring with registered buffers
-// and files where available, else a thread pool; see io_queue.h). Reads are issued before writes: a reload is what a job waits on.
+// and files where available, else a thread pool; see io_queue.h). Reads are issued before writes:
+// a reload is what a job waits on.
 // The CRC of a write is computed while its chunks are already on their way to the device; the CRC
 // of a read is extended over each chunk as soon as all chunks before it have arrived.
 //
