@@ -21,3 +21,11 @@ endif()
 # The host engine's fed copies (reloads pipelined behind an NVMe read).
 tier_add_test(host_engine_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/host_engine_test.cc LIBS tier_gpu)
+
+# Which CUDA calls wait for GPU work (and block other threads meanwhile) on this driver: the
+# evidence behind gpu/gpu_call_class.h. A program, not a ctest test: run by scripts/gpu-tests.
+if(TIER_GPU_RUNTIME STREQUAL "cuda")
+  add_executable(cuda_blocking_probe gpu/cuda_blocking_probe.cc)
+  target_link_libraries(cuda_blocking_probe PRIVATE tier_cuda_driver tier_common CUDA::cudart
+                        Threads::Threads)
+endif()
