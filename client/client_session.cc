@@ -8,7 +8,10 @@
 
 #include <chrono>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace tier::client {
@@ -32,6 +35,9 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const Session
   SessionOptions options = in;
   if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
   if (options.connect_timeout_ms <= 0) options.connect_timeout_ms = 5000;
+  if (const char* warn = std::getenv("TIER_WAIT_WARN_MS"); warn != nullptr && *warn != '\0') {
+    options.wait_warn_ms = std::strtoll(warn, nullptr, 10);
+  }
   auto control = std::make_unique<ControlClient>(options.socket_path, options.connect_timeout_ms);
   v1::OpenSessionRequest request;
   request.set_name(options.name);
@@ -65,7 +71,8 @@ ClientSession::ClientSession(const SessionOptions& options, std::unique_ptr<Cont
       devices_(std::make_unique<DeviceRegistry>(
           [this](const wire::RegisterBuffer& request, absl::Span<const int> fds) {
             return RegisterRaw(request, fds);
-          })) {}
+          },
+          [this](uint64_t buffer_id) { return UnregisterRaw(buffer_id); }, ring_.tickets())) {}
 
 ClientSession::~ClientSession() {
   // Let the daemon finish what it is doing with our memory before we unmap it, then close: the
@@ -154,6 +161,11 @@ void ClientSession::StartDeathWatch() {
   });
 }
 
+absl::Status ClientSession::UnregisterRaw(uint64_t buffer_id) {
+  std::lock_guard lock(channel_mu_);
+  return channel_.Unregister(buffer_id);
+}
+
 absl::Status ClientSession::UnregisterBuffer(uint64_t buffer_id) {
   // Jobs naming the buffer must be done before it goes; waiting for all is simple and safe.
   if (absl::Status s = WaitAll(-1); !s.ok()) return s;
@@ -209,22 +221,42 @@ void ClientSession::MarkDaemonGoneLocked() {
   cv_.notify_all();
 }
 
-template <typename Pred>
-bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready) {
+template <typename Pred, typename What>
+bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready,
+                               What what) {
   const uint64_t start = NowNs();
   const uint64_t deadline =
       timeout_ms < 0 ? ~uint64_t{0} : start + static_cast<uint64_t>(timeout_ms) * 1000000;
+  const uint64_t warn_at = options_.wait_warn_ms > 0
+                               ? start + static_cast<uint64_t>(options_.wait_warn_ms) * 1000000
+                               : ~uint64_t{0};
+  bool warned = false;
   for (;;) {
     ReapLocked();
-    if (ready() || daemon_gone_) return true;
+    if (ready() || daemon_gone_) {
+      if (warned) {
+        LogWarning("libtierclient: session ", session_id_, ": the wait for ", what(),
+                   " ended after ", (NowNs() - start) / 1000000, " ms");
+      }
+      return true;
+    }
     uint64_t now = NowNs();
     if (now >= deadline) return false;
+    if (!warned && now >= warn_at) {
+      warned = true;
+      LogWarning("libtierclient: session ", session_id_, " (pid ", ::getpid(), ") has waited ",
+                 (now - start) / 1000000, " ms for ", what(), " (", pending_.size(),
+                 " jobs in flight). `tierctl clients` shows what tierd waits for: a lane waiting "
+                 "for this process's ticket means a stream of this process has not reached the "
+                 "job's point; lanes with nothing to wait for mean tierd or the GPU is slow");
+    }
     if (reaper_active_) {
       // Another thread watches the ring; it wakes us when it reaps.
-      if (timeout_ms < 0) {
+      uint64_t until = std::min(deadline, warned ? deadline : warn_at);
+      if (until == ~uint64_t{0}) {
         cv_.wait(lock);
       } else {
-        cv_.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+        cv_.wait_for(lock, std::chrono::nanoseconds(until - std::min(until, now)));
       }
       continue;
     }
@@ -232,7 +264,8 @@ bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeo
     lock.unlock();
     // Poll first: a completion usually comes within microseconds, and sleeping costs more.
     bool seen = false;
-    while (NowNs() - now < options_.spin_ns && NowNs() < deadline) {
+    const uint64_t wake_by = std::min(deadline, warned ? deadline : warn_at);
+    while (NowNs() - now < options_.spin_ns && NowNs() < wake_by) {
       if (!ring_.CompletionsEmpty()) {
         seen = true;
         break;
@@ -241,8 +274,9 @@ bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeo
     }
     JobRing::WaitResult result = JobRing::WaitResult::kReady;
     if (!seen) {
-      uint64_t left_ns = deadline == ~uint64_t{0} ? 0 : deadline - std::min(deadline, NowNs());
-      int64_t sleep_ms = deadline == ~uint64_t{0} ? -1 : static_cast<int64_t>((left_ns + 999999) / 1000000);
+      uint64_t left_ns = wake_by == ~uint64_t{0} ? 0 : wake_by - std::min(wake_by, NowNs());
+      int64_t sleep_ms =
+          wake_by == ~uint64_t{0} ? -1 : static_cast<int64_t>((left_ns + 999999) / 1000000);
       result = ring_.SleepForCompletion(sleep_ms, channel_.fd());
     }
     lock.lock();
@@ -266,7 +300,8 @@ absl::StatusOr<uint64_t> ClientSession::SubmitTicketed(
   if (daemon_gone_) return absl::UnavailableError("tierd went away");
   // At most ring-capacity jobs in flight: then neither queue can overflow.
   if (pending_.size() >= ring_.capacity()) {
-    WaitLocked(lock, -1, [&] { return pending_.size() < ring_.capacity(); });
+    WaitLocked(lock, -1, [&] { return pending_.size() < ring_.capacity(); },
+               [&] { return absl::StrCat("room in the ring (", ring_.capacity(), " jobs)"); });
     if (daemon_gone_) return absl::UnavailableError("tierd went away");
   }
   absl::StatusOr<uint64_t> ticket = take_ticket();
@@ -316,7 +351,8 @@ absl::Status ClientSession::Wait(uint64_t job, int64_t timeout_ms) {
   if (!done_.contains(job) && !pending_.contains(job)) {
     return absl::NotFoundError(absl::StrCat("job ", job, " is unknown or was already waited for"));
   }
-  if (!WaitLocked(lock, timeout_ms, [&] { return done_.contains(job); })) {
+  if (!WaitLocked(lock, timeout_ms, [&] { return done_.contains(job); },
+                  [&] { return absl::StrCat("job ", job); })) {
     return absl::DeadlineExceededError(absl::StrCat("job ", job, " not done within ", timeout_ms, " ms"));
   }
   auto it = done_.find(job);
@@ -338,7 +374,8 @@ std::vector<Completion> ClientSession::Poll(size_t max) {
 
 absl::Status ClientSession::WaitAll(int64_t timeout_ms) {
   std::unique_lock lock(mu_);
-  if (!WaitLocked(lock, timeout_ms, [&] { return pending_.empty(); })) {
+  if (!WaitLocked(lock, timeout_ms, [&] { return pending_.empty(); },
+                  [&] { return std::string("every job in flight"); })) {
     return absl::DeadlineExceededError("jobs still in flight");
   }
   return daemon_gone_ ? absl::UnavailableError("tierd went away") : absl::OkStatus();

@@ -34,6 +34,9 @@ struct SessionOptions {
   uint32_t ring_entries = 0;
   int connect_timeout_ms = 5000;
   uint64_t spin_ns = 50000;  // how long a waiter polls the ring before it sleeps
+  // A call that has waited this long for tierd says so on stderr, once, with what it waits for
+  // (0: never). $TIER_WAIT_WARN_MS overrides the default.
+  int64_t wait_warn_ms = 10000;
 };
 
 struct Completion {
@@ -71,6 +74,9 @@ class ClientSession {
   absl::StatusOr<uint64_t> RegisterRaw(const wire::RegisterBuffer& request,
                                        absl::Span<const int> fds);
   absl::Status UnregisterBuffer(uint64_t buffer_id);
+  // Drops a registration in the daemon without waiting for jobs (the daemon keeps the memory
+  // mapped until the jobs that use it are done). For registrations of memory that is gone.
+  absl::Status UnregisterRaw(uint64_t buffer_id);
 
   // Registers the GPU allocation holding `device_ptr` (once per allocation; see DeviceRegistry).
   // With len > 0 the range [device_ptr, +len) must lie in the registered buffer (VMM pages mapped
@@ -106,8 +112,9 @@ class ClientSession {
   // Moves every posted completion into done_. Caller holds mu_.
   size_t ReapLocked();
   // Blocks until `ready()` holds, the deadline passes, or the daemon is gone. Caller holds `lock`.
-  template <typename Pred>
-  bool WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready);
+  // After wait_warn_ms it logs, once, that it waits for `what()` (called with the lock held).
+  template <typename Pred, typename What>
+  bool WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready, What what);
   void MarkDaemonGoneLocked();
   // GPU sessions: a thread that notices the daemon's death even while no thread of the
   // application waits for a job (its streams may be waiting on the GPU) and releases them.

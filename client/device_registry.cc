@@ -26,7 +26,18 @@ absl::StatusOr<gpu::DeviceSync*> DeviceRegistry::SyncFor(int device) {
     std::lock_guard lock(mu_);
     if (auto it = syncs_.find(device); it != syncs_.end()) return it->second.get();
   }
-  absl::StatusOr<std::unique_ptr<gpu::DeviceSync>> sync = gpu::CreateDeviceSync(device);
+  if (device < 0 || device >= ring::kMaxTicketDevices) {
+    return absl::OutOfRangeError(absl::StrCat("GPU ", device, ": tierd serves GPUs 0 to ",
+                                              ring::kMaxTicketDevices - 1, " of a process"));
+  }
+  if (ticket_registration_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<gpu::TicketPageRegistration>> registration =
+        gpu::RegisterTicketPage(tickets_);
+    if (!registration.ok()) return registration.status();
+    ticket_registration_ = *std::move(registration);
+  }
+  absl::StatusOr<std::unique_ptr<gpu::DeviceSync>> sync =
+      gpu::CreateDeviceSync(device, &tickets_->slots[device]);
   if (!sync.ok()) return sync.status();
   absl::StatusOr<gpu::DeviceAllocation> page = (*sync)->Export();
   if (!page.ok()) return page.status();
@@ -39,30 +50,47 @@ absl::StatusOr<gpu::DeviceSync*> DeviceRegistry::SyncFor(int device) {
   return (syncs_[device] = *std::move(sync)).get();
 }
 
-std::optional<DeviceRegistry::Registered> DeviceRegistry::FindCachedLocked(uint64_t ptr,
-                                                                          uint64_t len) const {
+std::optional<DeviceRegistry::Registered> DeviceRegistry::FindCachedLocked(
+    uint64_t ptr, uint64_t len, std::vector<uint64_t>* stale) {
   auto it = ranges_.upper_bound(ptr);
   if (it == ranges_.begin()) return std::nullopt;
   --it;
   const Range& range = it->second;
-  if (ptr >= range.end || std::max<uint64_t>(len, 1) > range.end - ptr) return std::nullopt;
+  if (ptr >= range.end) return std::nullopt;
   const uint64_t last = ptr + std::max<uint64_t>(len, 1) - 1;
+  bool fits = std::max<uint64_t>(len, 1) <= range.end - ptr;
   for (size_t i = 0; i < range.pages.size(); ++i) {
     uint64_t page_end = i + 1 < range.pages.size() ? range.pages[i + 1].first : range.end;
     if (page_end <= ptr || range.pages[i].first > last) continue;  // not touched by the range
     uint64_t id = gpu::AllocationId(reinterpret_cast<const void*>(range.pages[i].first));
-    if (id == 0 || id != range.pages[i].second) return std::nullopt;  // freed or remapped
+    if (id != range.pages[i].second) {
+      // Freed (or remapped) since it was registered: the registration names memory the client
+      // no longer has there. Drop it here and, once the new one is made, in the daemon.
+      stale->push_back(range.buffer_id);
+      ForgetLocked(range.buffer_id);
+      return std::nullopt;
+    }
   }
+  if (!fits) return std::nullopt;
   return Registered{range.buffer_id, ptr - it->first, range.end - it->first, range.device};
 }
 
 absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* device_ptr,
                                                                      uint64_t len) {
   const auto ptr = reinterpret_cast<uint64_t>(device_ptr);
+  std::vector<uint64_t> stale;
   {
     std::lock_guard lock(mu_);
-    if (std::optional<Registered> cached = FindCachedLocked(ptr, len)) return *cached;
+    if (std::optional<Registered> cached = FindCachedLocked(ptr, len, &stale)) return *cached;
   }
+  // Registrations of memory that is gone go once this call is over, whatever it returns.
+  struct DropStale {
+    DeviceRegistry* registry;
+    std::vector<uint64_t>* ids;
+    ~DropStale() {
+      for (uint64_t id : *ids) (void)registry->unregister_fn_(id);
+    }
+  } drop_stale{this, &stale};
   absl::StatusOr<gpu::DeviceAllocation> allocation = gpu::ExportDeviceRange(device_ptr, len);
   if (!allocation.ok()) return allocation.status();
   // IPC handles and page tables tell allocations at the same address apart; a single VMM page
@@ -118,6 +146,10 @@ gpu::DeviceSync* DeviceRegistry::Sync(int device) const {
 
 void DeviceRegistry::Forget(uint64_t buffer_id) {
   std::lock_guard lock(mu_);
+  ForgetLocked(buffer_id);
+}
+
+void DeviceRegistry::ForgetLocked(uint64_t buffer_id) {
   auto it = by_buffer_.find(buffer_id);
   if (it == by_buffer_.end()) return;
   if (auto cached = by_allocation_.find(it->second);

@@ -5,8 +5,10 @@
 //
 // Registration is once per allocation: a pointer inside an allocation already registered returns
 // the same buffer id (the cache key includes the IPC handle, so a new allocation that happens to
-// reuse an address is registered anew). An allocation freed to the driver must be unregistered
-// first (tier_buffer_unregister): the daemon's mapping would otherwise keep the old memory.
+// reuse an address is registered anew). When a registered range turns out to hold other memory
+// now (the allocator gave it back to the driver and mapped new memory there: CUDA's buffer ids
+// differ), the old registration is dropped in the daemon as the new one is made, so the daemon
+// does not keep freed memory mapped (and alive) for the rest of the session.
 //
 // Thread-safe. Lock order: the registry never holds its own lock while it calls `register_fn`
 // (which takes the session's locks), so the session may call ReleaseWaiters() under its lock.
@@ -36,7 +38,13 @@ class DeviceRegistry {
   // Registers a buffer with the daemon (the session's RegisterRaw); fd -1 when none.
   using RegisterFn = absl::AnyInvocable<absl::StatusOr<uint64_t>(const wire::RegisterBuffer&,
                                                                   absl::Span<const int> fds)>;
-  explicit DeviceRegistry(RegisterFn register_fn) : register_fn_(std::move(register_fn)) {}
+  // Drops a registration in the daemon (no wait for jobs: the daemon keeps the mapping until the
+  // jobs that use it are done).
+  using UnregisterFn = absl::AnyInvocable<absl::Status(uint64_t buffer_id)>;
+  // `tickets`: the session ring's ticket page (tier/ring.h).
+  DeviceRegistry(RegisterFn register_fn, UnregisterFn unregister_fn, ring::TicketPage* tickets)
+      : register_fn_(std::move(register_fn)), unregister_fn_(std::move(unregister_fn)),
+        tickets_(tickets) {}
   DeviceRegistry(const DeviceRegistry&) = delete;
   DeviceRegistry& operator=(const DeviceRegistry&) = delete;
 
@@ -63,8 +71,12 @@ class DeviceRegistry {
   absl::StatusOr<gpu::DeviceSync*> SyncFor(int device);
 
   RegisterFn register_fn_;
+  UnregisterFn unregister_fn_;
+  ring::TicketPage* const tickets_;
   std::mutex create_mu_;  // serializes creating pages (held across register_fn_)
   mutable std::mutex mu_;
+  // Declared before the pages: unregistered after the last DeviceSync is gone.
+  std::unique_ptr<gpu::TicketPageRegistration> ticket_registration_;  // guarded by create_mu_
   std::map<int, std::unique_ptr<gpu::DeviceSync>> syncs_;
   struct Allocation {
     int device;
@@ -86,7 +98,11 @@ class DeviceRegistry {
     int device = -1;
     std::vector<std::pair<uint64_t, uint64_t>> pages;  // (start address, allocation id)
   };
-  std::optional<Registered> FindCachedLocked(uint64_t ptr, uint64_t len) const;
+  // A cached registration holding [ptr, +len) whose memory is still the same; a range found whose
+  // memory changed is dropped from the cache and its buffer id added to *stale.
+  std::optional<Registered> FindCachedLocked(uint64_t ptr, uint64_t len,
+                                             std::vector<uint64_t>* stale);
+  void ForgetLocked(uint64_t buffer_id);
   std::map<uint64_t, Range> ranges_;
 };
 

@@ -25,6 +25,8 @@ class JobRing {
   bool Push(const ring::SubmissionEntry& entry);
   bool Pop(ring::CompletionEntry* entry);
   bool CompletionsEmpty() const { return cq_.Empty(); }
+  // The session's ticket page (tier/ring.h), for the GPU layer; page aligned.
+  ring::TicketPage* tickets() const { return tickets_; }
 
   enum class WaitResult { kReady, kTimeout, kPeerGone };
   // Sleeps until a completion may be there, `timeout_ms` passes (< 0: no limit) or `socket_fd`
@@ -35,6 +37,7 @@ class JobRing {
   JobRing() = default;
   void* base_ = nullptr;
   uint64_t bytes_ = 0;
+  ring::TicketPage* tickets_ = nullptr;
   UniqueFd sq_doorbell_;
   UniqueFd cq_doorbell_;
   ring::Producer<ring::SubmissionEntry> sq_;

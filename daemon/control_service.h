@@ -27,8 +27,8 @@ class ControlService final : public tier::v1::Control::Service {
   // `drain(timeout_ms)` stops admission and waits for in-flight jobs; returns jobs left.
   // `spiller`: the NVMe tier, or null.
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
-                 Spiller* spiller,
-                 DaemonMetrics& metrics, std::function<uint64_t(uint32_t)> drain);
+                 Spiller* spiller, gpu::CopyEngine& engine, DaemonMetrics& metrics,
+                 std::function<uint64_t(uint32_t)> drain);
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
                           v1::GetVersionResponse*) override;
@@ -52,6 +52,7 @@ class ControlService final : public tier::v1::Control::Service {
   SessionRegistry& registry_;
   storage::HostPool& pool_;
   Spiller* spiller_;
+  gpu::CopyEngine& engine_;
   DaemonMetrics& metrics_;
   std::function<uint64_t(uint32_t)> drain_;
 };

@@ -92,6 +92,7 @@ absl::Status Daemon::Init() {
   engine_options.kind = config_.engine;
   engine_options.host_threads = static_cast<int>(config_.host_engine_threads);
   engine_options.copy_delay_us = config_.copy_delay_us;
+  engine_options.lane_wait_warn_ms = config_.lane_wait_warn_ms;
   absl::StatusOr<std::unique_ptr<gpu::CopyEngine>> engine = gpu::MakeCopyEngine(engine_options);
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
@@ -180,7 +181,8 @@ absl::Status Daemon::Init() {
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
                          config_.attach_timeout_ms, started_ms_};
-  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, spiller_.get(), metrics_,
+  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, spiller_.get(), *engine_,
+                                              metrics_,
                                               [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;

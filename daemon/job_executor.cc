@@ -350,12 +350,16 @@ void JobExecutor::UnpinLocked(Session& session, Object& object) {
 }
 
 void JobExecutor::ReleaseAll(Session& session) {
-  std::lock_guard lock(session.mu());
-  for (const std::shared_ptr<Object>& object : session.TakeAllObjects()) {
-    object->dropped = true;
-    ++object->pins;
-    UnpinLocked(session, *object);
+  {
+    std::lock_guard lock(session.mu());
+    for (const std::shared_ptr<Object>& object : session.TakeAllObjects()) {
+      object->dropped = true;
+      ++object->pins;
+      UnpinLocked(session, *object);
+    }
   }
+  // Dropped outside the session's lock: closing client memory is the engine's slow path.
+  session.TakeAllBuffers().clear();
 }
 
 void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,

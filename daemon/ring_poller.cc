@@ -1,4 +1,5 @@
 #include "daemon/ring_poller.h"
+#include "common/thread_role.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -99,6 +100,7 @@ void RingPoller::Sleep(const std::vector<std::shared_ptr<Session>>& sessions, bo
 }
 
 void RingPoller::Run() {
+  SetThreadRole(ThreadRole::kRingPoller);
   std::vector<std::shared_ptr<Session>> sessions;
   uint64_t generation = ~uint64_t{0};
   uint64_t last_work_ns = MonotonicNs();

@@ -16,6 +16,8 @@ Session::Session(uint64_t id, std::string name, const AttachToken& token, uint64
       ring_entries_(ring_entries), created_ms_(MonotonicMs()) {}
 
 Session::~Session() {
+  // The engine session reads the ring's ticket page: it goes first.
+  engine_session_.reset();
   if (ring_base_ != nullptr) ::munmap(ring_base_, ring_bytes_);
 }
 
@@ -26,8 +28,7 @@ bool Session::TokenMatches(const AttachToken& token) const {
   return diff == 0;
 }
 
-absl::Status Session::Attach(const PeerCredentials& peer,
-                             std::unique_ptr<gpu::EngineSession> engine) {
+absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engine) {
   {
     std::lock_guard lock(mu_);
     if (attached_) return absl::AlreadyExistsError("session is already attached");
@@ -53,21 +54,33 @@ absl::Status Session::Attach(const PeerCredentials& peer,
   auto* bytes = static_cast<char*>(ring_base_);
   // Offsets and sizes are the daemon's own copies: the client can scribble on the header.
   sq_ = ring::Consumer<ring::SubmissionEntry>(
-      &header->sq, reinterpret_cast<ring::SubmissionEntry*>(bytes + ring::kHeaderBytes),
+      &header->sq, reinterpret_cast<ring::SubmissionEntry*>(bytes + ring::kQueuesOffset),
       ring_entries_);
   cq_ = ring::Producer<ring::CompletionEntry>(
       &header->cq,
       reinterpret_cast<ring::CompletionEntry*>(
-          bytes + ring::kHeaderBytes + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
+          bytes + ring::kQueuesOffset + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
       ring_entries_);
+  tickets_ = reinterpret_cast<const ring::TicketPage*>(bytes + ring::kTicketPageOffset);
   sq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   cq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!sq_doorbell_.valid() || !cq_doorbell_.valid()) return ErrnoStatus("eventfd");
-  engine_session_ = std::move(engine);
+  gpu::EngineSessionInfo info;
+  info.id = id_;
+  info.label = absl::StrCat("session ", id_, " '", name_, "' (pid ", peer.pid, ")");
+  info.tickets = tickets_;
+  absl::StatusOr<std::unique_ptr<gpu::EngineSession>> engine = open_engine(info);
+  if (!engine.ok()) return engine.status();
+  engine_session_ = *std::move(engine);
   std::lock_guard lock(mu_);
   peer_ = peer;
   attached_ = true;
   return absl::OkStatus();
+}
+
+gpu::EngineSession* Session::engine_session_if_attached() const {
+  std::lock_guard lock(mu_);
+  return attached_ ? engine_session_.get() : nullptr;
 }
 
 bool Session::attached() const {
@@ -165,6 +178,13 @@ std::vector<std::shared_ptr<Object>> Session::TakeAllObjects() {
   all.reserve(objects_.size());
   for (auto& [id, object] : objects_) all.push_back(std::move(object));
   objects_.clear();
+  return all;
+}
+
+std::vector<std::shared_ptr<gpu::ImportedBuffer>> Session::TakeAllBuffers() {
+  std::vector<std::shared_ptr<gpu::ImportedBuffer>> all;
+  std::lock_guard lock(mu_);
+  for (auto& [id, buffer] : buffers_) all.push_back(std::move(buffer));
   buffers_.clear();
   return all;
 }

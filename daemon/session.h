@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
@@ -71,6 +72,7 @@ struct SessionSnapshot {
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_reloaded = 0;
   uint64_t age_ms = 0;
+  std::vector<gpu::LaneStatus> lanes;  // filled by the registry (the engine's view)
 };
 
 class Session {
@@ -88,14 +90,22 @@ class Session {
   uint64_t created_ms() const { return created_ms_; }
   bool TokenMatches(const AttachToken& token) const;
 
-  // Creates the ring segment and doorbells and binds the session to the attaching process.
-  absl::Status Attach(const PeerCredentials& peer, std::unique_ptr<gpu::EngineSession> engine);
+  // Creates the ring segment and doorbells, opens the session in the copy engine (through
+  // `open_engine`, which gets the ring's ticket page) and binds the session to the attaching
+  // process.
+  using EngineOpener = absl::FunctionRef<absl::StatusOr<std::unique_ptr<gpu::EngineSession>>(
+      const gpu::EngineSessionInfo&)>;
+  absl::Status Attach(const PeerCredentials& peer, EngineOpener open_engine);
   bool attached() const;
   int ring_fd() const { return ring_fd_.get(); }
   uint64_t ring_bytes() const { return ring_bytes_; }
   int sq_doorbell_fd() const { return sq_doorbell_.get(); }
   int cq_doorbell_fd() const { return cq_doorbell_.get(); }
+  // The ring's ticket page (tier/ring.h): written by the client's GPU streams, read by the engine.
+  const ring::TicketPage* tickets() const { return tickets_; }
   gpu::EngineSession* engine_session() const { return engine_session_.get(); }
+  // For threads other than the listener's: the engine session once attached, else null.
+  gpu::EngineSession* engine_session_if_attached() const;
 
   // ---- Ring poller thread only ----
   ring::Consumer<ring::SubmissionEntry>& submissions() { return sq_; }
@@ -128,6 +138,8 @@ class Session {
   uint64_t& used_bytes() { return used_bytes_; }
   // Everything the session still holds, for release at close (lock held by caller).
   std::vector<std::shared_ptr<Object>> TakeAllObjects();
+  // Every registered buffer, for release at close (takes the lock itself: drop them outside it).
+  std::vector<std::shared_ptr<gpu::ImportedBuffer>> TakeAllBuffers();
 
   JobCounters& counters() { return counters_; }
   SessionSnapshot Snapshot() const;
@@ -143,6 +155,7 @@ class Session {
   UniqueFd ring_fd_;
   uint64_t ring_bytes_ = 0;
   void* ring_base_ = nullptr;
+  const ring::TicketPage* tickets_ = nullptr;
   UniqueFd sq_doorbell_;
   UniqueFd cq_doorbell_;
   ring::Consumer<ring::SubmissionEntry> sq_;

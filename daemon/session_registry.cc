@@ -79,12 +79,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
     }
     session = it->second;
   }
-  absl::StatusOr<std::unique_ptr<gpu::EngineSession>> engine_session =
-      engine_.OpenSession(session_id);
-  if (!engine_session.ok()) return engine_session.status();
-  if (absl::Status attached = session->Attach(peer, *std::move(engine_session)); !attached.ok()) {
-    return attached;
-  }
+  absl::Status attached = session->Attach(
+      peer, [this](const gpu::EngineSessionInfo& info) { return engine_.OpenSession(info); });
+  if (!attached.ok()) return attached;
   Changed();
   LogInfo("session ", session_id, " '", session->name(), "' attached by pid ", peer.pid, " uid ",
           peer.uid);
@@ -192,7 +189,12 @@ std::vector<SessionSnapshot> SessionRegistry::Snapshots() const {
   }
   std::vector<SessionSnapshot> out;
   out.reserve(all.size());
-  for (auto& session : all) out.push_back(session->Snapshot());
+  for (auto& session : all) {
+    out.push_back(session->Snapshot());
+    if (gpu::EngineSession* engine_session = session->engine_session_if_attached()) {
+      out.back().lanes = engine_.Lanes(engine_session);
+    }
+  }
   return out;
 }
 

@@ -1,45 +1,50 @@
 // The client library's GPU layer (libtierclient links it as tier_client_gpu): exporting device
-// allocations for registration, and the per-GPU semaphore page that orders the client's streams
-// against the daemon's copy streams on the GPU, with no host round trip.
+// allocations for registration, and the per-GPU tickets and semaphore page that order the client's
+// streams against the daemon's copy streams (completion reaches the client's streams on the GPU,
+// with no host round trip).
 //
 // Runtime neutral: no CUDA or HIP type appears here; streams are passed as void* (cudaStream_t or
 // hipStream_t; nullptr = the legacy default stream of the page's GPU). Built for CUDA
 // (client_gpu_cuda.cc), HIP (client_gpu_hip.cc) or nothing (client_gpu_none.cc: UNIMPLEMENTED).
 //
-// THE SEMAPHORE PAGE. Per session and per GPU the client allocates 4 KiB of device memory holding
-// four monotonically increasing 64-bit counters and registers it with the daemon (BufferKind
-// kCudaSemaphores; the daemon opens it by IPC):
+// TICKETS AND THE SEMAPHORE PAGE. Per session and per GPU the client keeps four monotonically
+// increasing 64-bit counters:
 //   produced      client -> daemon  offload sources are written, up to offload ticket k
-//   offload_done  daemon -> client  offload copies finished, up to offload ticket k
 //   reload_ready  client -> daemon  reload destinations may be written, up to reload ticket k
+//   offload_done  daemon -> client  offload copies finished, up to offload ticket k
 //   reload_done   daemon -> client  reload copies finished, up to reload ticket k
+// The two client -> daemon counters live in the session ring's ticket page (tier/ring.h: host
+// memory shared with the daemon, registered with the GPU runtime here so streams can write it):
+// the daemon reads them on the host and issues job k's copy only once its ticket is there. The
+// two daemon -> client counters live in the semaphore page, 4 KiB of device memory the client
+// allocates and registers with the daemon (BufferKind kCudaSemaphores; the daemon opens it by
+// IPC and writes it from its copy streams), so the client's streams wait on them on the GPU.
 // Offloads and reloads are numbered separately, 1, 2, 3, ... (TicketOffload / TicketReload); the
 // ticket travels in the ring entry's `sync` field.
 //
 // Offload k: the client's ticket stream (one internal non-blocking stream per GPU) waits for an
-// event recorded on every producer stream, then writes produced = k. The daemon's D2H stream
-// waits produced >= k, copies, writes offload_done = k. Reload k: the ticket stream waits for an
-// event recorded on the consumer stream (after the destination was allocated there), writes
-// reload_ready = k; the consumer stream then waits reload_done >= k (WaitReloadDone), before
-// tier_reload returns. The daemon's H2D stream waits reload_ready >= k, copies, writes
-// reload_done = k. Because the ticket stream is one in-order stream, produced and reload_ready
-// only grow; the daemon issues each lane's jobs in ticket order, so the done counters only grow.
+// event recorded on every producer stream, then writes produced = k. The daemon issues the D2H
+// copy once it reads produced >= k, then its stream writes offload_done = k. Reload k: the ticket
+// stream waits for an event recorded on the consumer stream (after the destination was allocated
+// there), writes reload_ready = k; the consumer stream then waits reload_done >= k
+// (WaitReloadDone), before tier_reload returns. The daemon issues the H2D copy once it reads
+// reload_ready >= k; its stream writes reload_done = k. Because the ticket stream is one in-order
+// stream, produced and reload_ready only grow; the daemon issues each lane's jobs in ticket
+// order, so the done counters only grow.
 //
-// WHY THIS CANNOT DEADLOCK. (1) Every daemon-side wait targets a value whose write was enqueued
-// before the waiting job was submitted: the client enqueues `produced = k` / `reload_ready = k`
-// on its ticket stream before it pushes job k to the ring. (2) Each daemon lane (stream) issues
-// its jobs in ticket order and a job waits only for its own ticket; the engine holds a job back
-// on the host only until the smaller tickets of its lane arrive, which the client took earlier.
-// (3) The only cross-stream edges are producer/consumer stream -> ticket stream -> daemon stream
-// -> consumer stream (reload_done) or freeing stream (offload_done). A client-side wait on a done
-// counter is satisfied by the daemon's job k, whose own wait is on a ticket enqueued before that
-// client-side wait. So every chain of waits ends at work that was already queued: no cycle.
-// Caveat, kept true by the daemon: where the GPU runs several streams on one hardware queue, an
-// operation also waits for whatever was queued before it on that queue. The argument then needs
-// the daemon to submit jobs in an order consistent with the client's (ring order): a ticketed job
-// must not be held back on the host until some other job of the session completes (the engine
-// itself orders a reload after an offload into the same pool bytes on the GPU; see
-// gpu/stream_engine.h).
+// WHY THIS CANNOT DEADLOCK. (1) No daemon stream waits for a client: the daemon issues a copy only
+// after its ticket is visible, so everything queued on the daemon's streams finishes on its own
+// (gpu/stream_engine.h; the daemon's threads may block in the driver for a bounded time only).
+// (2) The client enqueues `produced = k` / `reload_ready = k` on its ticket stream before it
+// pushes job k, and any wait of a client stream on a done counter is enqueued after that push.
+// So, ordering the client's GPU operations by the time they were enqueued, every wait points at
+// something enqueued earlier: a done value whose daemon copy needs only a ticket enqueued before
+// the wait, or an event of work enqueued before. Induction on enqueue time: the earliest
+// unfinished operation can always run, even where the GPU runs several streams on one hardware
+// queue (an operation then also waits for whatever was enqueued before it on that queue, which
+// is again earlier). (3) No client thread's progress is needed by a GPU stream: the streams wait
+// only on values written by streams. A client thread may block (on tierd's reply, a lock, a
+// synchronizing CUDA call such as cudaFree) without stalling anything a stream waits for.
 //
 // DEAD PEER. If the daemon dies, consumer streams wait on reload_done forever; the client library
 // then calls ReleaseWaiters(), which sets offload_done and reload_done to kReleasedTicket from a
@@ -58,18 +63,18 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
+#include "tier/ring.h"
 #include "tier/session_wire.h"
 
 namespace tier::gpu {
 
-// Layout of the semaphore page: byte offsets of the 64-bit counters (each on its own 64 bytes).
+// Layout of the semaphore page: byte offsets of the 64-bit done counters (each on its own 64
+// bytes).
 inline constexpr uint64_t kSemaphorePageBytes = 4096;
 // What the client allocates for it: a whole 2 MiB allocation, so that the IPC handle names
 // exactly this allocation (small cudaMalloc blocks may share a larger driver allocation).
 inline constexpr uint64_t kSemaphoreAllocBytes = 2 << 20;
-inline constexpr uint64_t kProducedOffset = 0;
 inline constexpr uint64_t kOffloadDoneOffset = 64;
-inline constexpr uint64_t kReloadReadyOffset = 128;
 inline constexpr uint64_t kReloadDoneOffset = 192;
 // Written to a counter to release every wait on it for good (a dead peer). CUDA's wait is a cyclic
 // compare, (int64_t)(*addr - k) >= 0, so the release value is 2^63 - 1, not UINT64_MAX.
@@ -152,14 +157,24 @@ class DeviceSync {
   // Later ticket calls fail with UNAVAILABLE. DEADLINE_EXCEEDED if no write landed within ~2 s.
   virtual absl::Status ReleaseWaiters() = 0;
 
-  // The four counters as the GPU holds them now (a synchronous read on a private stream), in
-  // page order: produced, offload_done, reload_ready, reload_done. For tests and diagnostics.
+  // The four counters as they are now (the done counters by a synchronous read on a private
+  // stream): produced, offload_done, reload_ready, reload_done. For tests and diagnostics.
   virtual absl::StatusOr<std::array<uint64_t, 4>> ReadCounters() = 0;
 };
 
-// Allocates and zeroes a semaphore page on `device` and creates its ticket stream. Fails with
+// The session's ticket page registered with the GPU runtime (pinned and mapped for every GPU), so
+// that this process's streams can write it; unregistered on destruction. Create it before the
+// session's first DeviceSync and destroy it after the last (after the daemon stopped reading).
+class TicketPageRegistration {
+ public:
+  virtual ~TicketPageRegistration() = default;
+};
+absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring::TicketPage* page);
+
+// Allocates and zeroes a semaphore page on `device` and creates its ticket stream, which raises
+// the tickets in `slot` (this GPU's slot of a registered ticket page). Fails with
 // FAILED_PRECONDITION if the GPU lacks 64-bit stream memory operations.
-absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device);
+absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::TicketSlot* slot);
 
 }  // namespace tier::gpu
 

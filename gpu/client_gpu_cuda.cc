@@ -18,9 +18,19 @@ using cuda::Driver;
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+class CudaTicketPage final : public TicketPageRegistration {
+ public:
+  explicit CudaTicketPage(ring::TicketPage* page) : page_(page) {}
+  ~CudaTicketPage() override { (void)cudaHostUnregister(page_); }
+
+ private:
+  ring::TicketPage* page_;
+};
+
 class CudaDeviceSync final : public DeviceSync {
  public:
-  CudaDeviceSync(const Driver& driver, int device) : driver_(driver), device_(device) {}
+  CudaDeviceSync(const Driver& driver, int device, ring::TicketSlot* slot)
+      : driver_(driver), device_(device), slot_(slot) {}
 
   ~CudaDeviceSync() override {
     cuda::DeviceGuard guard(device_);
@@ -57,6 +67,20 @@ class CudaDeviceSync final : public DeviceSync {
         !s.ok()) {
       event_ = nullptr;
       return s;
+    }
+    // The ticket words as this GPU's streams address them (the page is registered mapped and
+    // portable: see RegisterTicketPage).
+    for (auto [word, out] : {std::pair{&slot_->produced.value, &produced_addr_},
+                             std::pair{&slot_->reload_ready.value, &reload_ready_addr_}}) {
+      void* dev = nullptr;
+      if (absl::Status s = CheckRuntime(
+              cudaHostGetDevicePointer(&dev, const_cast<uint64_t*>(
+                                                 reinterpret_cast<const uint64_t*>(word)), 0),
+              "cudaHostGetDevicePointer of the ticket page");
+          !s.ok()) {
+        return s;
+      }
+      *out = reinterpret_cast<CUdeviceptr>(dev);
     }
     // Zeroed on the ticket stream itself and waited for: every later write to the page is
     // ordered after it, and the daemon sees it zero when it opens the page.
@@ -104,7 +128,7 @@ class CudaDeviceSync final : public DeviceSync {
     for (void* producer : producer_streams) {
       if (absl::Status s = FollowStream(producer); !s.ok()) return s;
     }
-    if (absl::Status s = Write(kProducedOffset, ticket); !s.ok()) return s;
+    if (absl::Status s = Write(produced_addr_, ticket); !s.ok()) return s;
     ++next_offload_;  // taken only once its write is queued: a failure leaves no gap
     return ticket;
   }
@@ -116,7 +140,7 @@ class CudaDeviceSync final : public DeviceSync {
     if (!guard.status().ok()) return guard.status();
     uint64_t ticket = next_reload_;
     if (absl::Status s = FollowStream(consumer_stream); !s.ok()) return s;
-    if (absl::Status s = Write(kReloadReadyOffset, ticket); !s.ok()) return s;
+    if (absl::Status s = Write(reload_ready_addr_, ticket); !s.ok()) return s;
     ++next_reload_;
     return ticket;
   }
@@ -189,8 +213,8 @@ class CudaDeviceSync final : public DeviceSync {
         !s.ok()) {
       return s;
     }
-    return std::array<uint64_t, 4>{words[kProducedOffset / 8], words[kOffloadDoneOffset / 8],
-                                   words[kReloadReadyOffset / 8], words[kReloadDoneOffset / 8]};
+    return std::array<uint64_t, 4>{slot_->produced.value.load(), words[kOffloadDoneOffset / 8],
+                                   slot_->reload_ready.value.load(), words[kReloadDoneOffset / 8]};
   }
 
  private:
@@ -212,8 +236,8 @@ class CudaDeviceSync final : public DeviceSync {
     return CheckRuntime(cudaStreamWaitEvent(ticket_, event_, 0), "cudaStreamWaitEvent");
   }
 
-  absl::Status Write(uint64_t offset, uint64_t ticket) {
-    return CheckDriver(driver_.StreamWriteValue64(ticket_, Addr(offset), ticket,
+  absl::Status Write(CUdeviceptr word, uint64_t ticket) {
+    return CheckDriver(driver_.StreamWriteValue64(ticket_, word, ticket,
                                                   CU_STREAM_WRITE_VALUE_DEFAULT),
                        "cuStreamWriteValue64 on the ticket stream");
   }
@@ -232,6 +256,9 @@ class CudaDeviceSync final : public DeviceSync {
 
   const Driver& driver_;
   const int device_;
+  ring::TicketSlot* const slot_;
+  CUdeviceptr produced_addr_ = 0;
+  CUdeviceptr reload_ready_addr_ = 0;
   void* page_ = nullptr;
   cudaStream_t ticket_ = nullptr;
   cudaStream_t read_ = nullptr;
@@ -364,7 +391,21 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device) {
+absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring::TicketPage* page) {
+  if (cuda::DeviceCount() == 0) {
+    return absl::UnavailableError("no CUDA device (or no CUDA driver) found");
+  }
+  // Mapped: streams write it (stream memory operations); portable: for every GPU's context.
+  if (absl::Status s = CheckRuntime(
+          cudaHostRegister(page, sizeof(*page), cudaHostRegisterPortable | cudaHostRegisterMapped),
+          "cudaHostRegister of the session's ticket page");
+      !s.ok()) {
+    return s;
+  }
+  return std::make_unique<CudaTicketPage>(page);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::TicketSlot* slot) {
   int count = cuda::DeviceCount();
   if (count == 0) return absl::UnavailableError("no CUDA device (or no CUDA driver) found");
   if (device < 0 || device >= count) {
@@ -372,7 +413,7 @@ absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device) {
   }
   absl::StatusOr<const Driver*> driver = cuda::GetDriver();
   if (!driver.ok()) return driver.status();
-  auto sync = std::make_unique<CudaDeviceSync>(**driver, device);
+  auto sync = std::make_unique<CudaDeviceSync>(**driver, device, slot);
   if (absl::Status s = sync->Init(); !s.ok()) return s;
   return sync;
 }

@@ -16,9 +16,18 @@ using hip::CheckHip;
 
 hipStream_t AsStream(void* stream) { return static_cast<hipStream_t>(stream); }
 
+class HipTicketPage final : public TicketPageRegistration {
+ public:
+  explicit HipTicketPage(ring::TicketPage* page) : page_(page) {}
+  ~HipTicketPage() override { (void)hipHostUnregister(page_); }
+
+ private:
+  ring::TicketPage* page_;
+};
+
 class HipDeviceSync final : public DeviceSync {
  public:
-  explicit HipDeviceSync(int device) : device_(device) {}
+  HipDeviceSync(int device, ring::TicketSlot* slot) : device_(device), slot_(slot) {}
 
   ~HipDeviceSync() override {
     hip::DeviceGuard guard(device_);
@@ -54,6 +63,16 @@ class HipDeviceSync final : public DeviceSync {
         !s.ok()) {
       event_ = nullptr;
       return s;
+    }
+    // The ticket words as this GPU's streams address them (registered mapped and portable).
+    for (auto [word, out] : {std::pair{&slot_->produced.value, &produced_addr_},
+                             std::pair{&slot_->reload_ready.value, &reload_ready_addr_}}) {
+      if (absl::Status s = CheckHip(
+              hipHostGetDevicePointer(out, const_cast<std::atomic<uint64_t>*>(word), 0),
+              "hipHostGetDevicePointer of the ticket page");
+          !s.ok()) {
+        return s;
+      }
     }
     if (absl::Status s = CheckHip(hipMemsetAsync(page_, 0, kSemaphorePageBytes, ticket_),
                                   "zeroing the semaphore page");
@@ -98,7 +117,7 @@ class HipDeviceSync final : public DeviceSync {
     for (void* producer : producer_streams) {
       if (absl::Status s = FollowStream(producer); !s.ok()) return s;
     }
-    if (absl::Status s = Write(ticket_, kProducedOffset, ticket); !s.ok()) return s;
+    if (absl::Status s = WriteAt(ticket_, produced_addr_, ticket); !s.ok()) return s;
     ++next_offload_;
     return ticket;
   }
@@ -110,7 +129,7 @@ class HipDeviceSync final : public DeviceSync {
     if (!guard.status().ok()) return guard.status();
     uint64_t ticket = next_reload_;
     if (absl::Status s = FollowStream(consumer_stream); !s.ok()) return s;
-    if (absl::Status s = Write(ticket_, kReloadReadyOffset, ticket); !s.ok()) return s;
+    if (absl::Status s = WriteAt(ticket_, reload_ready_addr_, ticket); !s.ok()) return s;
     ++next_reload_;
     return ticket;
   }
@@ -174,8 +193,8 @@ class HipDeviceSync final : public DeviceSync {
         !s.ok()) {
       return s;
     }
-    return std::array<uint64_t, 4>{words[kProducedOffset / 8], words[kOffloadDoneOffset / 8],
-                                   words[kReloadReadyOffset / 8], words[kReloadDoneOffset / 8]};
+    return std::array<uint64_t, 4>{slot_->produced.value.load(), words[kOffloadDoneOffset / 8],
+                                   slot_->reload_ready.value.load(), words[kReloadDoneOffset / 8]};
   }
 
  private:
@@ -193,7 +212,10 @@ class HipDeviceSync final : public DeviceSync {
   }
 
   absl::Status Write(hipStream_t stream, uint64_t offset, uint64_t value) {
-    return CheckHip(hipStreamWriteValue64(stream, Addr(offset), value, 0), "hipStreamWriteValue64");
+    return WriteAt(stream, Addr(offset), value);
+  }
+  absl::Status WriteAt(hipStream_t stream, void* addr, uint64_t value) {
+    return CheckHip(hipStreamWriteValue64(stream, addr, value, 0), "hipStreamWriteValue64");
   }
 
   absl::Status WaitOn(void* stream, uint64_t offset, uint64_t ticket) {
@@ -208,6 +230,9 @@ class HipDeviceSync final : public DeviceSync {
   }
 
   const int device_;
+  ring::TicketSlot* const slot_;
+  void* produced_addr_ = nullptr;
+  void* reload_ready_addr_ = nullptr;
   void* page_ = nullptr;
   hipStream_t ticket_ = nullptr;
   hipStream_t read_ = nullptr;
@@ -264,13 +289,24 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device) {
+absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring::TicketPage* page) {
+  if (hip::DeviceCount() == 0) return absl::UnavailableError("no HIP device (or no ROCm driver) found");
+  if (absl::Status s = CheckHip(
+          hipHostRegister(page, sizeof(*page), hipHostRegisterPortable | hipHostRegisterMapped),
+          "hipHostRegister of the session's ticket page");
+      !s.ok()) {
+    return s;
+  }
+  return std::make_unique<HipTicketPage>(page);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::TicketSlot* slot) {
   int count = hip::DeviceCount();
   if (count == 0) return absl::UnavailableError("no HIP device (or no ROCm driver) found");
   if (device < 0 || device >= count) {
     return absl::InvalidArgumentError(absl::StrCat("no GPU ", device, " (", count, " visible)"));
   }
-  auto sync = std::make_unique<HipDeviceSync>(device);
+  auto sync = std::make_unique<HipDeviceSync>(device, slot);
   if (absl::Status s = sync->Init(); !s.ok()) return s;
   return sync;
 }

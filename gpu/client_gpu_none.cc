@@ -12,7 +12,11 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void*) {
   return absl::UnimplementedError("this client library was built without GPU support");
 }
 
-absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int) {
+absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring::TicketPage*) {
+  return absl::UnimplementedError("this client library was built without GPU support");
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int, ring::TicketSlot*) {
   return absl::UnimplementedError("this client library was built without GPU support");
 }
 

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 
@@ -20,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "common/unique_fd.h"
 #include "gpu/source_feed.h"
+#include "tier/ring.h"
 #include "tier/session_wire.h"
 
 namespace tier::gpu {
@@ -47,9 +49,19 @@ struct BufferImport {
   std::vector<uint64_t> page_bytes;
 };
 
+// What the engine is told of a session when it opens.
+struct EngineSessionInfo {
+  uint64_t id = 0;
+  std::string label;  // for logs, e.g. "session 5 'train' (pid 1234)"
+  // The session ring's ticket page (tier/ring.h), where the client's GPU streams raise their
+  // tickets; GPU engines read it, the host engine ignores it. Untrusted; must stay mapped until
+  // the EngineSession is destroyed.
+  const ring::TicketPage* tickets = nullptr;
+};
+
 // Per-session engine state. GPU engines keep here the session's own D2H/H2D streams (so a client
-// that never writes a ticket stalls only its own streams, never another session's) and its
-// semaphore page. The host engine keeps nothing.
+// that never writes a ticket stalls only its own lanes, never another session's) and its
+// semaphore page. The host engine keeps nothing. Destroying it abandons the session (below).
 class EngineSession {
  public:
   virtual ~EngineSession() = default;
@@ -58,6 +70,25 @@ class EngineSession {
 enum class Direction {
   kToPool,    // offload: client buffer -> pool extent (device to host on a GPU)
   kFromPool,  // reload: pool extent -> client buffer (host to device on a GPU)
+};
+
+// One lane (GPU, direction) of a session as the engine sees it now, for diagnostics.
+struct LaneStatus {
+  int device = -1;
+  Direction direction = Direction::kToPool;
+  uint64_t queued = 0;          // accepted, not yet issued to the GPU
+  uint64_t held = 0;            // arrived ahead of a smaller ticket that has not arrived yet
+  uint64_t in_flight = 0;       // issued, not yet complete
+  uint64_t waiting_ticket = 0;  // the ticket the lane waits for from the client (0: none)
+  uint64_t client_ticket = 0;   // the client's counter as last read (what it reported so far)
+  uint64_t waiting_ms = 0;      // how long the lane has waited for that ticket
+};
+
+// Engine-wide counts, to check that nothing is left behind.
+struct EngineCounts {
+  uint64_t buffers = 0;           // imported client buffers not yet closed
+  uint64_t lanes = 0;             // per-session GPU lanes (streams) alive
+  uint64_t pending_releases = 0;  // mappings and streams queued for release
 };
 
 struct CopyJob {
@@ -104,10 +135,11 @@ class CopyEngine {
   virtual bool orders_pool_reads() const { return false; }
   // Pins the host pool for this engine (cudaHostRegister on GPUs; nothing for the host engine).
   virtual absl::Status RegisterPool(char* base, uint64_t bytes) = 0;
-  virtual absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t session_id) = 0;
+  virtual absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(
+      const EngineSessionInfo& info) = 0;
   // The client is gone or closing: release anything of the session's that waits on the client
-  // (GPU: write the session's semaphores so its streams cannot hang). Queued jobs still complete
-  // (or fail) through their callbacks. The EngineSession is destroyed only after that.
+  // (GPU: jobs not yet issued fail with CANCELLED; copies already issued finish, since a tierd
+  // stream never waits for a client). Every job's callback still runs once.
   virtual void AbandonSession(EngineSession* session) = 0;
   virtual absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(EngineSession* session,
                                                                  BufferImport import) = 0;
@@ -116,6 +148,12 @@ class CopyEngine {
   virtual void Submit(CopyJob job) = 0;
   // Finishes every queued job (their callbacks run), then stops accepting work.
   virtual void Shutdown() = 0;
+  // Diagnostics: the session's lanes (GPU engines; empty for the host engine) and the counts.
+  virtual std::vector<LaneStatus> Lanes(EngineSession* session) {
+    (void)session;
+    return {};
+  }
+  virtual EngineCounts Counts() const = 0;
 };
 
 struct HostEngineOptions {
@@ -128,18 +166,22 @@ std::unique_ptr<CopyEngine> MakeHostEngine(const HostEngineOptions& options);
 
 // The GPU engines (CUDA, HIP): see gpu/stream_engine.h.
 struct GpuEngineOptions {
-  // Test-only delay injection: every copy starts this long after its ticket wait passed (a GPU
-  // side delay: the stream waits on a word the engine opens after the delay), so a client that
-  // uses data before the completion value, or frees a source early, sees a mismatch every time.
+  // Test-only delay injection: every copy is issued this long after its ticket arrived, so a
+  // client that uses data before the completion value, or frees a source early, sees a mismatch
+  // every time.
   uint64_t copy_delay_us = 0;
-  // Completion polling: the poller thread spins this long after the last progress, then sleeps
-  // in growing steps up to poll_max_sleep_us while jobs are in flight.
+  // The device workers (one thread per GPU: issue and completion) spin this long after the last
+  // progress, then sleep in growing steps up to poll_max_sleep_us while a lane has work (a job
+  // waiting for its ticket, or copies in flight); with none, they block.
   uint32_t poll_spin_us = 50;
-  uint32_t poll_max_sleep_us = 200;
-  // A lane whose jobs made no progress for this long has its stream queried for errors.
+  uint32_t poll_max_sleep_us = 50;
+  // A lane whose issued jobs made no progress for this long has its stream queried for errors.
   uint32_t watchdog_ms = 100;
-  // Shutdown: how long to wait for in-flight jobs before releasing every session's semaphores,
-  // and again before failing what is left.
+  // A lane that has waited this long for a client's ticket logs it once (session, GPU, ticket,
+  // what the client reported); tierctl clients shows every lane's wait at any time.
+  uint32_t lane_wait_warn_ms = 10000;
+  // Shutdown: how long to wait for in-flight jobs before cancelling what waits for a client, and
+  // again before failing what is left.
   uint32_t shutdown_grace_ms = 5000;
 };
 

@@ -25,6 +25,7 @@ constexpr const char* kGpuRuntime =
 absl::StatusOr<std::unique_ptr<CopyEngine>> MakeGpuEngine(const EngineOptions& options) {
   GpuEngineOptions gpu;
   gpu.copy_delay_us = options.copy_delay_us;
+  gpu.lane_wait_warn_ms = options.lane_wait_warn_ms;
 #if defined(TIER_HAVE_CUDA)
   return MakeCudaEngine(gpu);
 #elif defined(TIER_HAVE_HIP)

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -23,12 +24,17 @@ namespace {
 
 class MappedMemfd final : public ImportedBuffer {
  public:
-  explicit MappedMemfd(std::unique_ptr<MemfdMapping> mapping) : mapping_(std::move(mapping)) {}
+  MappedMemfd(std::unique_ptr<MemfdMapping> mapping, std::atomic<uint64_t>& live)
+      : mapping_(std::move(mapping)), live_(live) {
+    live_.fetch_add(1);
+  }
+  ~MappedMemfd() override { live_.fetch_sub(1); }
   char* base() const override { return mapping_->base(); }
   uint64_t bytes() const override { return mapping_->bytes(); }
 
  private:
   std::unique_ptr<MemfdMapping> mapping_;
+  std::atomic<uint64_t>& live_;
 };
 
 class HostSession final : public EngineSession {};
@@ -212,7 +218,7 @@ class HostEngine final : public CopyEngine {
 
   absl::Status RegisterPool(char*, uint64_t) override { return absl::OkStatus(); }
 
-  absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t) override {
+  absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(const EngineSessionInfo&) override {
     return std::make_unique<HostSession>();
   }
   void AbandonSession(EngineSession*) override {}
@@ -226,7 +232,7 @@ class HostEngine final : public CopyEngine {
     absl::StatusOr<std::unique_ptr<MemfdMapping>> mapping =
         MemfdMapping::Map(import.fd, import.bytes);
     if (!mapping.ok()) return mapping.status();
-    return std::make_unique<MappedMemfd>(*std::move(mapping));
+    return std::make_unique<MappedMemfd>(*std::move(mapping), live_buffers_);
   }
 
   void Submit(CopyJob job) override {
@@ -238,7 +244,14 @@ class HostEngine final : public CopyEngine {
     from_pool_.Shutdown();
   }
 
+  EngineCounts Counts() const override {
+    EngineCounts c;
+    c.buffers = live_buffers_.load();
+    return c;
+  }
+
  private:
+  std::atomic<uint64_t> live_buffers_{0};
   CopyLane to_pool_;
   CopyLane from_pool_;
 };

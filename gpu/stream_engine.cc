@@ -1,6 +1,6 @@
 #include "gpu/stream_engine.h"
 
-#include "gpu/memfd_mapping.h"
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "gpu/client_gpu.h"
+#include "gpu/memfd_mapping.h"
+#include "gpu/release_thread.h"
+#include "common/thread_role.h"
 
 namespace tier::gpu {
 namespace {
@@ -29,33 +32,37 @@ uint64_t NowNs() {
                                    .count());
 }
 
-// The host words of one lane, in pinned host memory every GPU can address. The stream writes
-// `completed` and `reached`; the engine writes `gate` (on its own cache line).
-struct alignas(64) LaneWords {
-  uint64_t completed;  // seq of the last job the stream finished
-  uint64_t reached;    // delay injection: seq of the last job that passed its ticket wait
-  uint64_t pad0[6];
-  uint64_t gate;       // delay injection: jobs up to this seq may copy
-  uint64_t pad1[7];
+// The rule of stream_engine.h, checked where the engine calls the runtime. A violation is a bug
+// in tierd: logged once per role and class (tests run the fake runtime, which fails on it).
+void CheckCall(GpuCallClass call) {
+  ThreadRole role = CurrentThreadRole();
+  if (MayCall(role, call)) return;
+  static std::atomic<uint32_t> warned{0};
+  uint32_t bit = 1u << (static_cast<uint32_t>(role) * 3 + static_cast<uint32_t>(call));
+  if ((warned.fetch_or(bit) & bit) == 0) {
+    LogError("internal: a ", GpuCallClassName(call), " GPU runtime call on a ", ThreadRoleName(role),
+             " thread (see gpu/stream_engine.h)");
+  }
+}
+
+// A lane's completion word, in pinned host memory every GPU can address: the stream writes the
+// seq of each job it finished; the worker reads it (no runtime call).
+struct alignas(64) LaneWord {
+  uint64_t completed;
+  uint64_t pad[7];
 };
-static_assert(sizeof(LaneWords) == 128);
-constexpr uint64_t kCompletedOffset = offsetof(LaneWords, completed);
-constexpr uint64_t kReachedOffset = offsetof(LaneWords, reached);
-constexpr uint64_t kGateOffset = offsetof(LaneWords, gate);
+static_assert(sizeof(LaneWord) == 64);
 
-uint64_t LoadWord(uint64_t& word) {
-  return std::atomic_ref<uint64_t>(word).load(std::memory_order_acquire);
-}
-void StoreWord(uint64_t& word, uint64_t value) {
-  std::atomic_ref<uint64_t>(word).store(value, std::memory_order_release);
+uint64_t LoadWord(const uint64_t& word) {
+  return std::atomic_ref<const uint64_t>(word).load(std::memory_order_acquire);
 }
 
-// Hands out LaneWords slots from mapped host blocks (a cudaHostAlloc per lane would cost far more
+// Hands out LaneWord slots from mapped host blocks (a cudaHostAlloc per lane would cost far more
 // than the lane). Blocks live as long as the engine.
 class HostWordPool {
  public:
   struct Slot {
-    LaneWords* host = nullptr;
+    LaneWord* host = nullptr;
     uint64_t device_addr = 0;
   };
 
@@ -67,17 +74,18 @@ class HostWordPool {
   absl::StatusOr<Slot> Take() {
     std::lock_guard lock(mu_);
     if (free_.empty()) {
+      CheckCall(GpuCallClass::kSetup);
       absl::StatusOr<MappedHost> block = runtime_.AllocMappedHost(kBlockBytes);
       if (!block.ok()) return block.status();
       blocks_.push_back(block->host);
-      for (uint64_t off = 0; off < kBlockBytes; off += sizeof(LaneWords)) {
-        free_.push_back(Slot{reinterpret_cast<LaneWords*>(static_cast<char*>(block->host) + off),
+      for (uint64_t off = 0; off < kBlockBytes; off += sizeof(LaneWord)) {
+        free_.push_back(Slot{reinterpret_cast<LaneWord*>(static_cast<char*>(block->host) + off),
                              block->device_addr + off});
       }
     }
     Slot slot = free_.back();
     free_.pop_back();
-    new (slot.host) LaneWords{};  // zero: no job done, gate closed
+    new (slot.host) LaneWord{};  // zero: no job done
     return slot;
   }
 
@@ -94,15 +102,33 @@ class HostWordPool {
   std::vector<Slot> free_;
 };
 
+// A fed reload's progress: chunks in place in the pool, raised by the feed's callback (on the
+// spill I/O path) and read by the worker.
+struct FeedProgress {
+  std::atomic<uint64_t> ready_chunks{0};
+};
+
+// A job accepted on its lane, in ticket order, not yet (fully) issued.
+struct QueuedJob {
+  CopyJob job;
+  bool host = false;             // host-to-host: copied by the runtime's host-function thread
+  uint64_t pool_write = 0;       // kToPool: id of its entry in the engine's pool writes
+  uint64_t writes_before = 0;    // kFromPool: newest pool write registered before it
+  uint64_t eligible_ns = 0;      // delay injection: when its ticket was first seen
+  bool started = false;          // fed: its first chunk (and the pool waits) are issued
+  uint64_t chunks_issued = 0;    // fed
+  std::shared_ptr<FeedProgress> progress;  // fed
+  absl::Status status;           // a failure while issuing, reported at completion
+};
+
+// A job issued on the stream, waiting for its `completed` write.
 struct PendingJob {
   uint64_t seq = 0;
   absl::AnyInvocable<void(absl::Status) &&> done;
-  absl::Status status;       // a failure found while queueing, reported when the stream passes it
-  char* pool_write = nullptr;  // kToPool: key of the engine's pool-write entry, dropped at the end
-  // A fed reload (CopyJob::feed): the feed, and the host word its chunks wait on (`gate` of a
-  // LaneWords slot: the number of chunks in place), returned when the job is done.
+  absl::Status status;
+  uint64_t pool_write = 0;  // kToPool: its entry in the engine's pool writes (0: none)
+  char* pool = nullptr;
   std::shared_ptr<SourceFeed> feed;
-  std::optional<HostWordPool::Slot> feed_word;
 };
 
 struct FailedJob {
@@ -110,43 +136,66 @@ struct FailedJob {
   absl::Status status;
 };
 
-// One direction of one session on one GPU: its own stream, its jobs in order.
+void RunFailed(std::vector<FailedJob>& failed) {
+  for (FailedJob& f : failed) std::move(f.done)(std::move(f.status));
+  failed.clear();
+}
+
+class StreamEngine;
+class DeviceWorker;
+
+// One direction of one session on one GPU: its own stream, its jobs in ticket order.
 struct Lane {
-  Lane(GpuRuntime& runtime, HostWordPool& pool, int device, Direction direction, GpuStream stream,
-       HostWordPool::Slot words)
-      : runtime(runtime), pool(pool), device(device), direction(direction), stream(stream),
-        words(words) {}
-  ~Lane() {
-    runtime.DestroyStream(device, stream);
-    pool.Give(words);
+  Lane(GpuRuntime& runtime, HostWordPool& pool, std::shared_ptr<ReleaseThread> releaser,
+       std::atomic<uint64_t>& live, DeviceWorker& worker, std::string label, int device,
+       Direction direction, GpuStream stream, HostWordPool::Slot word)
+      : runtime(runtime), pool(pool), releaser(std::move(releaser)), live(live), worker(worker),
+        label(std::move(label)), device(device), direction(direction), stream(stream),
+        word(word) {
+    live.fetch_add(1);
   }
-  uint64_t completed_addr() const { return words.device_addr + kCompletedOffset; }
+  ~Lane() {
+    // Every job issued on the stream completed (a lane goes only when idle), so nothing will
+    // write the word again; the stream is destroyed on the release thread.
+    pool.Give(word);
+    releaser->Post([&runtime = runtime, device = device, stream = stream, &live = live] {
+      runtime.DestroyStream(device, stream);
+      live.fetch_sub(1);
+    });
+  }
+  uint64_t completed_addr() const { return word.device_addr + offsetof(LaneWord, completed); }
+  const char* name() const { return direction == Direction::kToPool ? "D2H" : "H2D"; }
 
   GpuRuntime& runtime;
   HostWordPool& pool;
+  const std::shared_ptr<ReleaseThread> releaser;
+  std::atomic<uint64_t>& live;
+  DeviceWorker& worker;     // the GPU's worker (lives as long as the engine)
+  const std::string label;  // the session, for logs
   const int device;
   const Direction direction;
   const GpuStream stream;
-  const HostWordPool::Slot words;
+  const HostWordPool::Slot word;
 
   std::mutex mu;
-  // The semaphore page's counters this lane waits on and signals (0 until the page registers).
-  uint64_t ready_addr = 0;  // produced (D2H) or reload_ready (H2D)
-  uint64_t done_addr = 0;   // offload_done (D2H) or reload_done (H2D)
+  // The client's ticket counter of this lane in the session's ticket page (host memory, written
+  // by the client's GPU stream, untrusted) and the done counter in its semaphore page (device
+  // memory). Both unset until the session registered its semaphore page for this GPU.
+  const std::atomic<uint64_t>* ready = nullptr;
+  uint64_t done_addr = 0;
   uint64_t next_seq = 1;
   uint64_t next_ticket = 1;
   std::map<uint64_t, CopyJob> held;  // tickets waiting for a smaller one to arrive
-  std::deque<PendingJob> pending;    // queued on the stream, in seq order
+  std::deque<QueuedJob> queue;       // accepted in ticket order, not yet issued
+  std::deque<PendingJob> pending;    // issued on the stream, in seq order
   bool abandoned = false;
-
-  bool in_active = false;  // guarded by the engine's mu_
-
-  uint64_t progress_ns = 0;  // last completion, or when the first pending job was queued
-
-  // Poller thread only.
-  uint64_t delay_seq = 0;
-  uint64_t delay_since_ns = 0;
+  uint64_t progress_ns = 0;    // last completion, or when the first pending job was issued
+  uint64_t wait_since_ns = 0;  // when the head job began to wait for its ticket (0: not)
+  uint64_t client_ticket = 0;  // the ticket counter as last read
+  bool warned_wait = false;
   bool warned_idle = false;
+
+  bool busy() const { return !queue.empty() || !pending.empty(); }
 };
 
 struct DeviceLanes {
@@ -157,8 +206,11 @@ struct DeviceLanes {
 int LaneIndex(Direction direction) { return direction == Direction::kToPool ? 0 : 1; }
 
 struct SessionState {
-  explicit SessionState(uint64_t id) : id(id) {}
+  SessionState(const EngineSessionInfo& info) : id(info.id), label(info.label),
+                                                tickets(info.tickets) {}
   const uint64_t id;
+  const std::string label;
+  const ring::TicketPage* const tickets;
   std::atomic<bool> abandoned{false};
   std::mutex mu;
   struct Range {
@@ -193,30 +245,45 @@ struct SessionState {
     }
     return found;
   }
+
+  std::shared_ptr<Lane> FindLane(int device, Direction direction) {
+    std::lock_guard lock(mu);
+    auto it = devices.find(device);
+    return it == devices.end() ? nullptr : it->second.lanes[LaneIndex(direction)];
+  }
+
+  std::vector<std::shared_ptr<Lane>> AllLanes() {
+    std::vector<std::shared_ptr<Lane>> all;
+    std::lock_guard lock(mu);
+    for (auto& [device, d] : devices) {
+      for (auto& lane : d.lanes) {
+        if (lane != nullptr) all.push_back(lane);
+      }
+    }
+    return all;
+  }
 };
 
-class GpuSession final : public EngineSession {
- public:
-  explicit GpuSession(std::shared_ptr<SessionState> state) : state_(std::move(state)) {}
-  SessionState& state() { return *state_; }
-  const std::shared_ptr<SessionState>& shared() { return state_; }
-
- private:
-  std::shared_ptr<SessionState> state_;
-};
-
-// A client buffer: its mapping and its entry in the session's range map.
+// A client buffer: its mapping and its entry in the session's range map. Its mapping is closed on
+// the release thread.
 class GpuBuffer final : public ImportedBuffer {
  public:
-  GpuBuffer(std::unique_ptr<DeviceMapping> mapping, std::shared_ptr<SessionState> session)
-      : mapping_(std::move(mapping)), session_(std::move(session)) {}
+  GpuBuffer(std::unique_ptr<DeviceMapping> mapping, std::shared_ptr<SessionState> session,
+            std::shared_ptr<ReleaseThread> releaser, std::atomic<uint64_t>& live)
+      : mapping_(std::move(mapping)), session_(std::move(session)),
+        releaser_(std::move(releaser)), live_(live) {
+    live_.fetch_add(1);
+  }
   ~GpuBuffer() override {
     {
       std::lock_guard lock(session_->mu);
       auto it = session_->ranges.find(reinterpret_cast<uintptr_t>(mapping_->base()));
       if (it != session_->ranges.end() && --it->second.refs == 0) session_->ranges.erase(it);
     }
-    mapping_.reset();  // unmaps
+    releaser_->Post([mapping = std::move(mapping_), &live = live_]() mutable {
+      mapping.reset();  // closes the IPC handle / unmaps / unpins
+      live.fetch_sub(1);
+    });
   }
   char* base() const override { return mapping_->base(); }
   uint64_t bytes() const override { return mapping_->bytes(); }
@@ -225,6 +292,8 @@ class GpuBuffer final : public ImportedBuffer {
  private:
   std::unique_ptr<DeviceMapping> mapping_;
   std::shared_ptr<SessionState> session_;
+  std::shared_ptr<ReleaseThread> releaser_;
+  std::atomic<uint64_t>& live_;
 };
 
 // The semaphore page as the daemon's session sees it: zero bytes, so no job can name it. The
@@ -240,23 +309,6 @@ class SemaphoreBuffer final : public ImportedBuffer {
   char* base_;
   int device_;
 };
-
-// Writing kReleasedTicket into a page's client -> daemon counters after the client died, from a
-// fresh stream. A fresh stream can share a hardware queue with a stream that is blocked on a
-// wait the dead client will never satisfy; then the write sits behind it, so after a while the
-// poller tries again from another fresh stream (the runtime spreads streams over its queues).
-struct Release {
-  int device = -1;
-  std::shared_ptr<DeviceMapping> page;  // kept mapped until every release stream finished
-  std::vector<uint64_t> addrs;
-  std::vector<GpuStream> streams;
-  uint64_t last_try_ns = 0;
-  int tries = 0;
-  bool landed = false;
-};
-
-constexpr int kMaxReleaseTries = 8;
-constexpr uint64_t kReleaseRetryNs = 200 * 1000 * 1000;
 
 // A registered (pinned) client memfd, unpinned and unmapped on destruction.
 class HostMapping final : public DeviceMapping {
@@ -274,33 +326,177 @@ class HostMapping final : public DeviceMapping {
   int device_;
 };
 
+// Copies queued into the pool (offloads), so that a reload of the same pool bytes is ordered
+// after them on the GPU. Registered when the offload is accepted; the reload is issued only once
+// every overlapping write is issued, and then waits on the GPU for the writer lane's `completed`
+// word: a wait for a tierd copy already issued, the one kind of GPU wait the rule allows.
+class PoolWrites {
+ public:
+  struct Write {
+    char* end = nullptr;
+    uint64_t id = 0;
+    bool issued = false;
+    uint64_t completed_addr = 0;
+    uint64_t seq = 0;
+  };
+
+  uint64_t Add(char* pool, uint64_t len) {
+    std::lock_guard lock(mu_);
+    uint64_t id = next_id_++;
+    writes_.emplace(pool, Write{pool + len, id, false, 0, 0});
+    return id;
+  }
+  // The id of the newest write registered so far: a reload is ordered after the writes up to it.
+  uint64_t Newest() {
+    std::lock_guard lock(mu_);
+    return next_id_ - 1;
+  }
+  void Issued(uint64_t id, char* pool, uint64_t completed_addr, uint64_t seq) {
+    std::lock_guard lock(mu_);
+    for (auto it = writes_.lower_bound(pool); it != writes_.end() && it->first == pool; ++it) {
+      if (it->second.id == id) {
+        it->second.issued = true;
+        it->second.completed_addr = completed_addr;
+        it->second.seq = seq;
+      }
+    }
+  }
+  void End(uint64_t id, char* pool) {
+    if (id == 0) return;
+    std::lock_guard lock(mu_);
+    for (auto it = writes_.lower_bound(pool); it != writes_.end() && it->first == pool; ++it) {
+      if (it->second.id == id) {
+        writes_.erase(it);
+        return;
+      }
+    }
+  }
+  // The writes up to id `newest` overlapping [pool, +len); false if one of them is not issued
+  // yet. (Pool extents in use are disjoint, so of the writes that start before `pool` only the
+  // last can overlap.)
+  bool Overlapping(char* pool, uint64_t len, uint64_t newest, std::vector<Write>* out) {
+    std::lock_guard lock(mu_);
+    out->clear();
+    auto take = [&](const Write& w) {
+      if (w.id > newest) return true;  // registered after the reload: not its business
+      if (!w.issued) return false;
+      out->push_back(w);
+      return true;
+    };
+    auto it = writes_.lower_bound(pool);
+    if (it != writes_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second.end > pool && !take(prev->second)) return false;
+    }
+    for (; it != writes_.end() && it->first < pool + len; ++it) {
+      if (!take(it->second)) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  uint64_t next_id_ = 1;
+  std::multimap<char*, Write> writes_;
+};
+
+// One GPU's worker: issues the jobs of that GPU's lanes as their tickets arrive, and completes
+// them as their `completed` words move. Owns no lane; holds the busy ones.
+class DeviceWorker {
+ public:
+  DeviceWorker(StreamEngine& engine, GpuRuntime& runtime, int device, uint32_t spin_us,
+               uint32_t max_sleep_us)
+      : engine_(engine), runtime_(runtime), device_(device), spin_us_(spin_us),
+        max_sleep_us_(std::max<uint32_t>(max_sleep_us, 1)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~DeviceWorker() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // The lane has work: look at it now.
+  void Wake(const std::shared_ptr<Lane>& lane) {
+    {
+      std::lock_guard lock(mu_);
+      if (std::find(active_.begin(), active_.end(), lane) == active_.end()) {
+        active_.push_back(lane);
+      }
+      woken_.store(true);
+    }
+    cv_.notify_all();
+  }
+  // Something moved for a lane already active (a feed): look again soon. Takes no lock, so any
+  // thread may call it holding anything; a lost wake-up costs at most one backoff sleep.
+  void Poke() {
+    woken_.store(true);
+    cv_.notify_all();
+  }
+
+  bool Idle(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return idle_cv_.wait_for(lock, timeout, [this] { return active_.empty(); });
+  }
+
+  std::vector<std::shared_ptr<Lane>> Active() {
+    std::lock_guard lock(mu_);
+    return active_;
+  }
+
+ private:
+  void Run();
+
+  StreamEngine& engine_;
+  GpuRuntime& runtime_;
+  const int device_;
+  const uint32_t spin_us_;
+  const uint32_t max_sleep_us_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::vector<std::shared_ptr<Lane>> active_;  // lanes with queued or issued jobs
+  std::atomic<bool> woken_{false};
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class GpuSession final : public EngineSession {
+ public:
+  GpuSession(StreamEngine& engine, std::shared_ptr<SessionState> state)
+      : engine_(engine), state_(std::move(state)) {}
+  ~GpuSession() override;
+  SessionState& state() { return *state_; }
+  const std::shared_ptr<SessionState>& shared() { return state_; }
+
+ private:
+  StreamEngine& engine_;
+  std::shared_ptr<SessionState> state_;
+};
+
 class StreamEngine final : public CopyEngine {
  public:
   StreamEngine(std::unique_ptr<GpuRuntime> runtime, const GpuEngineOptions& options)
-      : runtime_(std::move(runtime)), options_(options), words_(*runtime_),
-        poller_([this] { PollLoop(); }) {}
+      : runtime_(std::move(runtime)), options_(options),
+        releaser_(std::make_shared<ReleaseThread>()), words_(*runtime_) {}
 
   ~StreamEngine() override {
     Shutdown();
-    // Let semaphore releases land before their pages are unmapped (bounded: a release that
-    // cannot land is logged by the poller and its page leaked rather than unmapped under it).
-    for (int i = 0; i < 1000; ++i) {
-      {
-        std::lock_guard lock(mu_);
-        if (releases_.empty()) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
     {
       std::lock_guard lock(mu_);
-      stop_poller_ = true;
+      workers_.clear();  // joins the workers
     }
-    cv_.notify_all();
-    poller_.join();
-    if (pool_base_ != nullptr) runtime_->UnregisterHost(pool_base_);
+    if (pool_base_ != nullptr) {
+      releaser_->Post([this] { runtime_->UnregisterHost(pool_base_); });
+    }
+    releaser_->Drain();
   }
 
   absl::string_view name() const override { return runtime_->name(); }
+  bool orders_pool_reads() const override { return true; }
 
   absl::Status RegisterPool(char* base, uint64_t bytes) override {
     if (pool_base_ != nullptr) return absl::FailedPreconditionError("host pool already registered");
@@ -309,13 +505,14 @@ class StreamEngine final : public CopyEngine {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(uint64_t session_id) override {
-    auto state = std::make_shared<SessionState>(session_id);
+  absl::StatusOr<std::unique_ptr<EngineSession>> OpenSession(
+      const EngineSessionInfo& info) override {
+    auto state = std::make_shared<SessionState>(info);
     std::lock_guard lock(mu_);
     if (stopping_) return absl::UnavailableError("copy engine is shut down");
     std::erase_if(sessions_, [](const std::weak_ptr<SessionState>& s) { return s.expired(); });
     sessions_.push_back(state);
-    return std::make_unique<GpuSession>(std::move(state));
+    return std::make_unique<GpuSession>(*this, std::move(state));
   }
 
   absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(EngineSession* engine_session,
@@ -336,20 +533,35 @@ class StreamEngine final : public CopyEngine {
             absl::StrCat("unknown buffer kind ", static_cast<uint32_t>(import.kind)));
     }
     bool semaphores = import.kind == wire::BufferKind::kCudaSemaphores;
-    if (semaphores && import.bytes < kSemaphorePageBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("semaphore page of ", import.bytes,
-                                                     " bytes; it must hold ",
-                                                     kSemaphorePageBytes));
+    if (semaphores) {
+      if (import.bytes < kSemaphorePageBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("semaphore page of ", import.bytes,
+                                                       " bytes; it must hold ",
+                                                       kSemaphorePageBytes));
+      }
+      if (import.device < 0 || import.device >= ring::kMaxTicketDevices) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "semaphore page for GPU ", import.device, ": tickets exist for GPUs 0 to ",
+            ring::kMaxTicketDevices - 1, " of the client"));
+      }
+      if (state.tickets == nullptr) {
+        return absl::FailedPreconditionError("the session has no ticket page");
+      }
     }
+    const int client_device = import.device;
+    CheckCall(GpuCallClass::kSetup);
     absl::StatusOr<std::unique_ptr<DeviceMapping>> mapping = runtime_->Open(import);
     if (!mapping.ok()) return mapping.status();
     int device = (*mapping)->device();
-    // Both lanes of the GPU now, so that Submit rarely creates a stream.
+    // Both lanes of the GPU now, so that Submit never creates a stream.
     for (Direction direction : {Direction::kToPool, Direction::kFromPool}) {
-      absl::StatusOr<std::shared_ptr<Lane>> lane = GetLane(state, device, direction);
-      if (!lane.ok()) return lane.status();
+      absl::Status s = EnsureLane(state, device, direction);
+      if (!s.ok()) {
+        Release(std::move(*mapping));
+        return s;
+      }
     }
-    if (semaphores) return AttachSemaphores(state, std::move(*mapping));
+    if (semaphores) return AttachSemaphores(state, std::move(*mapping), client_device);
 
     char* base = (*mapping)->base();
     {
@@ -359,10 +571,9 @@ class StreamEngine final : public CopyEngine {
       range.device = device;
       ++range.refs;
     }
-    return std::make_unique<GpuBuffer>(std::move(*mapping), session->shared());
+    return std::make_unique<GpuBuffer>(std::move(*mapping), session->shared(), releaser_,
+                                       live_buffers_);
   }
-
-  bool orders_pool_reads() const override { return true; }
 
   // A client's host memory (CPU tensors, the demo): mapped, pinned for the GPUs (portable), and
   // copied by GPU 0's lanes like device memory. Jobs on it carry no tickets.
@@ -372,18 +583,19 @@ class StreamEngine final : public CopyEngine {
     absl::StatusOr<std::unique_ptr<MemfdMapping>> mapped =
         MemfdMapping::Map(import.fd, import.bytes);
     if (!mapped.ok()) return mapped.status();
+    CheckCall(GpuCallClass::kSetup);
     if (absl::Status s = runtime_->RegisterHost((*mapped)->base(), (*mapped)->bytes()); !s.ok()) {
       return s;
     }
     constexpr int kDevice = 0;
+    auto mapping = std::make_unique<HostMapping>(*runtime_, *std::move(mapped), kDevice);
     for (Direction direction : {Direction::kToPool, Direction::kFromPool}) {
-      absl::StatusOr<std::shared_ptr<Lane>> lane = GetLane(state, kDevice, direction);
-      if (!lane.ok()) {
-        runtime_->UnregisterHost((*mapped)->base());
-        return lane.status();
+      absl::Status s = EnsureLane(state, kDevice, direction);
+      if (!s.ok()) {
+        Release(std::move(mapping));
+        return s;
       }
     }
-    auto mapping = std::make_unique<HostMapping>(*runtime_, *std::move(mapped), kDevice);
     char* base = mapping->base();
     {
       std::lock_guard lock(state.mu);
@@ -393,9 +605,11 @@ class StreamEngine final : public CopyEngine {
       range.host = true;
       ++range.refs;
     }
-    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared());
+    return std::make_unique<GpuBuffer>(std::move(mapping), session->shared(), releaser_,
+                                       live_buffers_);
   }
 
+  // Queues the job on its lane; never calls the runtime (the ring poller calls this).
   void Submit(CopyJob job) override {
     auto* session = static_cast<GpuSession*>(job.session);
     SessionState& state = session->state();
@@ -411,7 +625,7 @@ class StreamEngine final : public CopyEngine {
       return;
     }
     int device = job.device;
-    bool host = false;  // host-to-host: copied by the runtime's host-function thread
+    bool host = false;
     if (job.client != nullptr) {
       int found = state.FindDevice(job.client, job.len, &host);
       if (device < 0) device = found;
@@ -430,20 +644,21 @@ class StreamEngine final : public CopyEngine {
           absl::InvalidArgumentError(absl::StrCat("ticket ", job.sync, " is out of range")));
       return;
     }
-    absl::StatusOr<std::shared_ptr<Lane>> found = GetLane(state, device, job.direction);
-    if (!found.ok()) {
-      std::move(job.done)(found.status());
+    std::shared_ptr<Lane> found = state.FindLane(device, job.direction);
+    if (found == nullptr) {
+      std::move(job.done)(absl::FailedPreconditionError(
+          absl::StrCat("the session registered no memory on GPU ", device)));
       return;
     }
-    Lane& lane = **found;
+    Lane& lane = *found;
     std::vector<FailedJob> failed;
     {
       std::lock_guard lock(lane.mu);
       if (lane.abandoned) {
         failed.push_back({std::move(job.done), absl::CancelledError("session is ending")});
       } else if (job.sync == 0) {
-        Issue(lane, job, failed, host);
-      } else if (lane.ready_addr == 0) {
+        Enqueue(lane, std::move(job), host);
+      } else if (lane.ready == nullptr) {
         failed.push_back({std::move(job.done),
                           absl::FailedPreconditionError(absl::StrCat(
                               "job carries ticket ", job.sync, " but the session registered no "
@@ -454,41 +669,35 @@ class StreamEngine final : public CopyEngine {
                               "ticket ", job.sync, " was already used on this GPU and direction"))});
       } else if (job.sync > lane.next_ticket) {
         // A smaller ticket has not arrived yet (the daemon may hold a job back, e.g. a reload of
-        // an object still being filled). Issuing this one first would signal done = sync while
-        // the smaller job has not copied, so it waits here, on the host, not on the GPU.
-        lane.held.emplace(job.sync, std::move(job));
+        // a spilled object). Issuing this one first would signal done = sync while the smaller
+        // job has not copied, so it waits here, on the host.
+        uint64_t ticket = job.sync;
+        lane.held.emplace(ticket, std::move(job));
       } else {
-        Issue(lane, job, failed);
+        Enqueue(lane, std::move(job), host);
         ++lane.next_ticket;
         while (!lane.held.empty() && lane.held.begin()->first == lane.next_ticket) {
-          Issue(lane, lane.held.begin()->second, failed);
+          Enqueue(lane, std::move(lane.held.begin()->second), false);
           lane.held.erase(lane.held.begin());
           ++lane.next_ticket;
         }
       }
     }
-    for (FailedJob& f : failed) std::move(f.done)(std::move(f.status));
-    Activate(*found);
+    RunFailed(failed);
+    lane.worker.Wake(found);
   }
 
   void AbandonSession(EngineSession* engine_session) override {
-    SessionState& state = static_cast<GpuSession*>(engine_session)->state();
+    Abandon(static_cast<GpuSession*>(engine_session)->state());
+  }
+
+  void Abandon(SessionState& state) {
     if (state.abandoned.exchange(true)) return;
-    std::vector<std::shared_ptr<Lane>> lanes;
-    std::vector<std::pair<int, std::shared_ptr<DeviceMapping>>> pages;
-    {
-      std::lock_guard lock(state.mu);
-      for (auto& [device, d] : state.devices) {
-        for (auto& lane : d.lanes) {
-          if (lane != nullptr) lanes.push_back(lane);
-        }
-        if (d.semaphores != nullptr) pages.emplace_back(device, d.semaphores);
-      }
-    }
     std::vector<FailedJob> failed;
+    std::vector<std::shared_ptr<Lane>> lanes = state.AllLanes();
     for (auto& lane : lanes) {
       std::lock_guard lock(lane->mu);
-      lane->abandoned = true;
+      lane->abandoned = true;  // the worker cancels what is queued; it reads no ticket any more
       for (auto& [ticket, job] : lane->held) {
         failed.push_back({std::move(job.done),
                           absl::CancelledError(absl::StrCat(
@@ -496,27 +705,9 @@ class StreamEngine final : public CopyEngine {
                               lane->next_ticket))});
       }
       lane->held.clear();
-      // Delay injection: let queued jobs copy now.
-      StoreWord(lane->words.host->gate, kReleasedTicket);
     }
-    // The client will not write its tickets any more: release the session's streams waiting on
-    // produced / reload_ready. Their copies then run on memory of a process that may be gone;
-    // its IPC mappings stay valid until we close them, which happens only after these jobs ended.
-    for (auto& [device, page] : pages) {
-      Release release;
-      release.device = device;
-      release.page = page;
-      uint64_t base = reinterpret_cast<uint64_t>(page->base());
-      release.addrs = {base + kProducedOffset, base + kReloadReadyOffset};
-      TryRelease(release);
-      {
-        std::lock_guard lock(mu_);
-        releases_.push_back(std::move(release));
-      }
-      cv_.notify_all();
-    }
-    for (FailedJob& f : failed) std::move(f.done)(std::move(f.status));
-    for (auto& lane : lanes) Activate(lane);
+    RunFailed(failed);
+    for (auto& lane : lanes) lane->worker.Wake(lane);
   }
 
   void Shutdown() override {
@@ -527,8 +718,8 @@ class StreamEngine final : public CopyEngine {
     }
     auto grace = std::chrono::milliseconds(options_.shutdown_grace_ms);
     if (WaitIdle(grace)) return;
-    LogWarning(runtime_->name(), " engine: jobs still in flight after ",
-               options_.shutdown_grace_ms, " ms; releasing every session's semaphores");
+    LogWarning(runtime_->name(), " engine: jobs still queued after ", options_.shutdown_grace_ms,
+               " ms; cancelling what waits for a client");
     std::vector<std::shared_ptr<SessionState>> sessions;
     {
       std::lock_guard lock(mu_);
@@ -536,16 +727,12 @@ class StreamEngine final : public CopyEngine {
         if (auto s = weak.lock()) sessions.push_back(std::move(s));
       }
     }
-    for (auto& s : sessions) {
-      GpuSession view(s);
-      AbandonSession(&view);
-    }
+    for (auto& s : sessions) Abandon(*s);
     if (WaitIdle(grace)) return;
-    // Nothing more to wait for: fail what is left, so every callback runs once.
+    // Issued copies that never completed (a broken stream): fail them, so every callback runs.
     std::vector<FailedJob> failed;
-    {
-      std::lock_guard lock(mu_);
-      for (auto& lane : active_) {
+    for (auto& worker : WorkersSnapshot()) {
+      for (auto& lane : worker->Active()) {
         std::lock_guard lane_lock(lane->mu);
         for (PendingJob& p : lane->pending) {
           if (p.feed != nullptr) p.feed->Unsubscribe();
@@ -556,41 +743,78 @@ class StreamEngine final : public CopyEngine {
       }
     }
     LogError(runtime_->name(), " engine: ", failed.size(), " jobs failed at shutdown");
-    for (FailedJob& f : failed) std::move(f.done)(std::move(f.status));
+    RunFailed(failed);
   }
+
+  std::vector<LaneStatus> Lanes(EngineSession* engine_session) override {
+    std::vector<LaneStatus> out;
+    uint64_t now = NowNs();
+    for (auto& lane : static_cast<GpuSession*>(engine_session)->state().AllLanes()) {
+      std::lock_guard lock(lane->mu);
+      LaneStatus s;
+      s.device = lane->device;
+      s.direction = lane->direction;
+      s.queued = lane->queue.size();
+      s.held = lane->held.size();
+      s.in_flight = lane->pending.size();
+      s.client_ticket = lane->client_ticket;
+      if (lane->wait_since_ns != 0 && !lane->queue.empty()) {
+        s.waiting_ticket = lane->queue.front().job.sync;
+        s.waiting_ms = (now - lane->wait_since_ns) / 1000000;
+      }
+      out.push_back(s);
+    }
+    return out;
+  }
+
+  EngineCounts Counts() const override {
+    EngineCounts c;
+    c.buffers = live_buffers_.load();
+    c.lanes = live_lanes_.load();
+    c.pending_releases = releaser_->pending();
+    return c;
+  }
+
+  // ---- the device workers' side ----
+
+  // Issues what is ready on `lane` and completes what finished. True if anything moved; *busy:
+  // whether the lane still has work.
+  bool Step(Lane& lane, uint64_t now, bool* busy);
 
  private:
-  absl::StatusOr<std::shared_ptr<Lane>> GetLane(SessionState& state, int device,
-                                                Direction direction) {
-    std::lock_guard lock(state.mu);
-    DeviceLanes& d = state.devices[device];
-    std::shared_ptr<Lane>& lane = d.lanes[LaneIndex(direction)];
-    if (lane != nullptr) return lane;
+  friend class GpuSession;
+
+  absl::Status EnsureLane(SessionState& state, int device, Direction direction) {
+    {
+      std::lock_guard lock(state.mu);
+      if (state.devices[device].lanes[LaneIndex(direction)] != nullptr) return absl::OkStatus();
+    }
+    // Created outside the session's lock: the job path takes it.
+    CheckCall(GpuCallClass::kSetup);
     absl::StatusOr<GpuStream> stream = runtime_->CreateStream(device, /*high_priority=*/false);
     if (!stream.ok()) return stream.status();
-    absl::StatusOr<HostWordPool::Slot> words = words_.Take();
-    if (!words.ok()) {
-      runtime_->DestroyStream(device, *stream);
-      return words.status();
+    absl::StatusOr<HostWordPool::Slot> word = words_.Take();
+    if (!word.ok()) {
+      releaser_->Post([this, device, s = *stream] { runtime_->DestroyStream(device, s); });
+      return word.status();
     }
-    lane = std::make_shared<Lane>(*runtime_, words_, device, direction, *stream, *words);
-    if (d.semaphores != nullptr) SetSemaphoreAddrs(*lane, *d.semaphores);
-    return lane;
-  }
-
-  static void SetSemaphoreAddrs(Lane& lane, const DeviceMapping& page) {
-    uint64_t base = reinterpret_cast<uint64_t>(page.base());
-    std::lock_guard lock(lane.mu);
-    bool d2h = lane.direction == Direction::kToPool;
-    lane.ready_addr = base + (d2h ? kProducedOffset : kReloadReadyOffset);
-    lane.done_addr = base + (d2h ? kOffloadDoneOffset : kReloadDoneOffset);
+    auto lane = std::make_shared<Lane>(*runtime_, words_, releaser_, live_lanes_, Worker(device),
+                                       state.label, device, direction, *stream, *word);
+    std::lock_guard lock(state.mu);
+    DeviceLanes& d = state.devices[device];
+    std::shared_ptr<Lane>& slot = d.lanes[LaneIndex(direction)];
+    if (slot == nullptr) slot = std::move(lane);  // else a concurrent import made it first
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<ImportedBuffer>> AttachSemaphores(
-      SessionState& state, std::unique_ptr<DeviceMapping> mapping) {
+      SessionState& state, std::unique_ptr<DeviceMapping> mapping, int client_device) {
     int device = mapping->device();
     char* base = mapping->base();
-    std::shared_ptr<DeviceMapping> page(std::move(mapping));
+    // Closed on the release thread, wherever the last reference goes.
+    std::shared_ptr<DeviceMapping> page(mapping.release(), [r = releaser_](DeviceMapping* m) {
+      r->Post([m] { delete m; });
+    });
     std::lock_guard lock(state.mu);
     DeviceLanes& d = state.devices[device];
     if (d.semaphores != nullptr) {
@@ -598,70 +822,79 @@ class StreamEngine final : public CopyEngine {
           absl::StrCat("the session already registered a semaphore page for GPU ", device));
     }
     d.semaphores = page;
-    for (auto& lane : d.lanes) SetSemaphoreAddrs(*lane, *page);
+    const ring::TicketSlot& slot = state.tickets->slots[client_device];
+    uint64_t page_base = reinterpret_cast<uint64_t>(page->base());
+    for (auto& lane : d.lanes) {
+      std::lock_guard lane_lock(lane->mu);
+      bool d2h = lane->direction == Direction::kToPool;
+      lane->ready = d2h ? &slot.produced.value : &slot.reload_ready.value;
+      lane->done_addr = page_base + (d2h ? kOffloadDoneOffset : kReloadDoneOffset);
+    }
     return std::make_unique<SemaphoreBuffer>(base, device);
   }
 
-  // Queues one job on its lane's stream. Called with lane.mu held, in ticket order. host: the
-  // client memory is host memory (jobs on it carry no tickets, so never wait in `held`).
-  void Issue(Lane& lane, CopyJob& job, std::vector<FailedJob>& failed, bool host = false) {
-    GpuStream stream = lane.stream;
-    uint64_t seq = lane.next_seq;
-    bool copy = job.len > 0;
-    absl::Status status = runtime_->SetDevice(lane.device);
-    // The client's ticket: its producers (offload) or its consumer's allocation point (reload)
-    // were enqueued on its ticket stream before it pushed this job, so the write this waits for
-    // is already queued on the GPU (see the deadlock argument in gpu/client_gpu.h).
-    if (status.ok() && job.sync != 0) status = runtime_->WaitValue64(stream, lane.ready_addr, job.sync);
-    if (status.ok() && copy && options_.copy_delay_us > 0) {
-      // Delay injection on the GPU: announce that the ticket wait passed, then wait for the gate
-      // the poller opens copy_delay_us later. The copy thus starts late relative to the client's
-      // producer/consumer work, whatever the host did meanwhile.
-      status = runtime_->WriteValue64(stream, lane.words.device_addr + kReachedOffset, seq);
-      if (status.ok()) {
-        status = runtime_->WaitValue64(stream, lane.words.device_addr + kGateOffset, seq);
-      }
-    }
-    char* pool_write = nullptr;
-    std::optional<HostWordPool::Slot> feed_word;
-    if (status.ok() && copy) {
-      // A reload may read pool bytes an offload on another lane is still writing (the daemon may
-      // submit the reload of an object right after its offload): wait for those copies on the
-      // GPU. The writer's `completed` word only grows, and the writer's job was queued earlier.
-      if (job.direction == Direction::kFromPool) status = WaitForPoolWrites(stream, job.pool, job.len);
-      if (status.ok() && job.feed != nullptr && job.direction == Direction::kFromPool) {
-        status = IssueFed(stream, job, host, &feed_word);
-      } else if (status.ok()) {
-        status = Copy(stream, job.direction, host, job.client, job.pool, job.len);
-      }
-      if (status.ok() && job.direction == Direction::kToPool) {
-        pool_write = job.pool;
-        std::lock_guard lock(pool_mu_);
-        pool_writes_[job.pool] = PoolWrite{job.pool + job.len, lane.completed_addr(), seq};
-      }
-    }
-    // Whatever failed above, the ticket is still signalled: the client's streams wait on it and
-    // must not hang. The failure reaches the client through the job's completion.
-    absl::Status signal;
-    if (job.sync != 0) signal = runtime_->WriteValue64(stream, lane.done_addr, job.sync);
-    absl::Status mark = runtime_->WriteValue64(stream, lane.completed_addr(), seq);
-    if (!mark.ok()) {
-      if (pool_write != nullptr) EndPoolWrite(pool_write, lane.completed_addr(), seq);
-      // (A fed job's word stays taken: chunk waits may be queued on it on a broken stream.)
-      if (job.feed != nullptr) job.feed->Unsubscribe();
-      failed.push_back({std::move(job.done), status.ok() ? mark : status});
-      return;
-    }
-    ++lane.next_seq;
-    if (status.ok()) status = signal;
-    if (lane.pending.empty()) lane.progress_ns = NowNs();  // the watchdog counts from here
-    lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), pool_write,
-                                      std::move(job.feed), feed_word});
+  // Closes a mapping on the release thread.
+  template <typename Mapping>
+  void Release(Mapping mapping) {
+    releaser_->Post([m = std::move(mapping)]() mutable { m.reset(); });
   }
 
-  // A reload whose pool bytes are still arriving: chunk i is copied after the feed's word reaches
-  // i + 1 (the feed raises it as chunks land, and to the last chunk when it ends, with the bytes
-  // it could not deliver zeroed), so the NVMe read and the copy to the GPU overlap.
+  // Called with lane.mu held, in ticket order.
+  void Enqueue(Lane& lane, CopyJob job, bool host) {
+    QueuedJob q;
+    q.host = host;
+    if (job.direction == Direction::kToPool && job.len > 0) {
+      q.pool_write = pool_writes_.Add(job.pool, job.len);
+    } else if (job.direction == Direction::kFromPool) {
+      q.writes_before = pool_writes_.Newest();
+    }
+    if (job.feed != nullptr && job.direction == Direction::kFromPool && job.len > 0) {
+      auto progress = std::make_shared<FeedProgress>();
+      const uint64_t chunks = job.feed->chunks();
+      SourceFeed* raw = job.feed.get();
+      DeviceWorker* worker = &lane.worker;
+      // Subscribed now, so that no chunk is missed; the worker issues each chunk as it lands.
+      // (Runs on the spill I/O path, under the feed's lock: no lock taken, no runtime call.)
+      job.feed->Subscribe([progress, chunks, raw, worker](uint64_t ready, bool ended,
+                                                          const absl::Status&) {
+        progress->ready_chunks.store(ended ? chunks : raw->ChunksIn(ready));
+        worker->Poke();
+      });
+      q.progress = std::move(progress);
+    }
+    q.job = std::move(job);
+    lane.queue.push_back(std::move(q));
+  }
+
+  DeviceWorker& Worker(int device) {
+    std::lock_guard lock(mu_);
+    std::unique_ptr<DeviceWorker>& w = workers_[device];
+    if (w == nullptr) {
+      w = std::make_unique<DeviceWorker>(*this, *runtime_, device, options_.poll_spin_us,
+                                         options_.poll_max_sleep_us);
+    }
+    return *w;
+  }
+
+  std::vector<DeviceWorker*> WorkersSnapshot() {
+    std::vector<DeviceWorker*> out;
+    std::lock_guard lock(mu_);
+    for (auto& [device, w] : workers_) out.push_back(w.get());
+    return out;
+  }
+
+  bool WaitIdle(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (DeviceWorker* w : WorkersSnapshot()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (!w->Idle(std::max(left, std::chrono::milliseconds(0)))) return false;
+    }
+    return true;
+  }
+
+  bool IssueHead(Lane& lane, QueuedJob& q, uint64_t now, std::vector<FailedJob>& failed);
+  bool Complete(Lane& lane, uint64_t now);
   absl::Status Copy(GpuStream stream, Direction direction, bool host, char* client, char* pool,
                     uint64_t len) {
     if (!host) return runtime_->CopyAsync(stream, direction, client, pool, len);
@@ -669,274 +902,262 @@ class StreamEngine final : public CopyEngine {
                                            : runtime_->HostCopyAsync(stream, client, pool, len);
   }
 
-  absl::Status IssueFed(GpuStream stream, CopyJob& job, bool host_memory,
-                        std::optional<HostWordPool::Slot>* word) {
-    absl::StatusOr<HostWordPool::Slot> slot = words_.Take();
-    if (!slot.ok()) return slot.status();
-    *word = *slot;
-    LaneWords* host = slot->host;
-    const uint64_t chunks = job.feed->chunks();
-    // Subscribed before any wait is queued, so every wait queued is eventually released.
-    std::shared_ptr<SourceFeed> feed = job.feed;
-    feed->Subscribe([host, chunks, raw = feed.get()](uint64_t ready, bool ended,
-                                                     const absl::Status&) {
-      StoreWord(host->gate, ended ? chunks : raw->ChunksIn(ready));
-    });
-    const uint64_t chunk = feed->chunk_bytes();
-    for (uint64_t i = 0; i < chunks; ++i) {
-      uint64_t off = i * chunk;
-      uint64_t n = std::min(chunk, job.len - off);
-      absl::Status s = runtime_->WaitValue64(stream, slot->device_addr + kGateOffset, i + 1);
-      if (s.ok()) {
-        s = Copy(stream, job.direction, host_memory, job.client + off, job.pool + off, n);
-      }
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-
-  // A finished job's fed-reload state: the word goes back, and a feed that ended in an error is
-  // the job's result.
-  void EndFed(PendingJob& p) {
-    if (p.feed == nullptr) return;
-    p.feed->Unsubscribe();
-    if (p.feed_word) words_.Give(*p.feed_word);
-    if (absl::Status fed = p.feed->status(); !fed.ok() && p.status.ok()) p.status = fed;
-  }
-
-  struct PoolWrite {
-    char* end = nullptr;
-    uint64_t completed_addr = 0;
-    uint64_t seq = 0;
-  };
-
-  absl::Status WaitForPoolWrites(GpuStream stream, char* pool, uint64_t len) {
-    std::vector<PoolWrite> writes;
-    {
-      std::lock_guard lock(pool_mu_);
-      auto it = pool_writes_.upper_bound(pool);
-      if (it != pool_writes_.begin()) {
-        auto prev = std::prev(it);
-        if (prev->second.end > pool) writes.push_back(prev->second);
-      }
-      for (; it != pool_writes_.end() && it->first < pool + len; ++it) writes.push_back(it->second);
-    }
-    for (const PoolWrite& w : writes) {
-      if (absl::Status s = runtime_->WaitValue64(stream, w.completed_addr, w.seq); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-
-  void EndPoolWrite(char* pool, uint64_t completed_addr, uint64_t seq) {
-    std::lock_guard lock(pool_mu_);
-    auto it = pool_writes_.find(pool);
-    if (it != pool_writes_.end() && it->second.completed_addr == completed_addr &&
-        it->second.seq == seq) {
-      pool_writes_.erase(it);
-    }
-  }
-
-  void Activate(const std::shared_ptr<Lane>& lane) {
-    {
-      std::lock_guard lock(mu_);
-      if (lane->in_active) return;
-      lane->in_active = true;
-      active_.push_back(lane);
-    }
-    cv_.notify_all();
-  }
-
-  void TryRelease(Release& release) {
-    release.last_try_ns = NowNs();
-    ++release.tries;
-    absl::StatusOr<GpuStream> stream = runtime_->CreateStream(release.device, /*high_priority=*/true);
-    if (!stream.ok()) {
-      LogError("releasing semaphores on GPU ", release.device, ": ", stream.status().message());
-      return;
-    }
-    absl::Status status;
-    for (uint64_t addr : release.addrs) {
-      if (status.ok()) status = runtime_->WriteValue64(*stream, addr, kReleasedTicket);
-    }
-    if (!status.ok()) {
-      LogError("releasing semaphores on GPU ", release.device, ": ", status.message());
-    }
-    release.streams.push_back(*stream);
-  }
-
-  // True once no lane has jobs on its stream.
-  bool WaitIdle(std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu_);
-    return idle_cv_.wait_for(lock, timeout, [this] { return active_.empty(); });
-  }
-
-  void PollLoop() {
-    uint64_t idle_since_ns = NowNs();
-    uint64_t sleep_us = 1;
-    for (;;) {
-      std::vector<std::shared_ptr<Lane>> lanes;
-      std::vector<Release> releases;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [this] { return stop_poller_ || !active_.empty() || !releases_.empty(); });
-        if (stop_poller_) {
-          // Pages of releases that have not landed stay mapped for good (never unmapped under a
-          // stream that may still write them).
-          for (Release& r : releases_) new std::shared_ptr<DeviceMapping>(std::move(r.page));
-          releases_.clear();
-          return;
-        }
-        lanes = active_;
-        releases.swap(releases_);
-      }
-      uint64_t now = NowNs();
-      bool progress = false;
-      for (auto& lane : lanes) progress |= PollLane(*lane, now);
-      PollReleases(releases, now);
-      {
-        std::lock_guard lock(mu_);
-        for (Release& r : releases) releases_.push_back(std::move(r));
-        std::erase_if(active_, [](const std::shared_ptr<Lane>& lane) {
-          std::lock_guard lane_lock(lane->mu);
-          if (!lane->pending.empty()) return false;
-          lane->in_active = false;
-          return true;
-        });
-        if (active_.empty()) idle_cv_.notify_all();
-      }
-      lanes.clear();  // may destroy lanes of ended sessions (their streams) here
-      // Spin right after progress (back-to-back small jobs complete microseconds apart), then
-      // back off so a lane waiting for a slow producer does not burn a core.
-      if (progress) {
-        idle_since_ns = now;
-        sleep_us = 1;
-        continue;
-      }
-      if (now - idle_since_ns < uint64_t{options_.poll_spin_us} * 1000) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      sleep_us = std::min<uint64_t>(sleep_us * 2, std::max<uint32_t>(options_.poll_max_sleep_us, 1));
-    }
-  }
-
-  // Completes the lane's finished jobs; true if any.
-  bool PollLane(Lane& lane, uint64_t now) {
-    uint64_t completed = LoadWord(lane.words.host->completed);
-    std::vector<PendingJob> finished;
-    std::vector<PendingJob> broken;
-    absl::Status broken_status;
-    bool check_stream = false;
-    uint64_t issued = 0;
-    {
-      std::lock_guard lock(lane.mu);
-      while (!lane.pending.empty() && lane.pending.front().seq <= completed) {
-        finished.push_back(std::move(lane.pending.front()));
-        lane.pending.pop_front();
-      }
-      if (options_.copy_delay_us > 0) OpenGate(lane, now);
-      if (!finished.empty() || lane.pending.empty()) {
-        lane.progress_ns = now;
-      } else if (now - lane.progress_ns > uint64_t{options_.watchdog_ms} * 1000000) {
-        check_stream = true;
-        issued = lane.next_seq - 1;
-        lane.progress_ns = now;
-      }
-    }
-    if (check_stream) {
-      // No progress for a while: usually a client that has not written its ticket yet (nothing
-      // wrong), but a failed stream never writes `completed`, so ask the runtime.
-      absl::StatusOr<bool> done = runtime_->StreamDone(lane.device, lane.stream);
-      if (!done.ok() || *done) {
-        if (done.ok() && LoadWord(lane.words.host->completed) < issued && !lane.warned_idle) {
-          lane.warned_idle = true;
-          LogError(runtime_->name(), " engine: GPU ", lane.device,
-                   " stream idle but its completion word did not move; completing by stream "
-                   "query (slow path)");
-        }
-        std::lock_guard lock(lane.mu);
-        while (!lane.pending.empty() && lane.pending.front().seq <= issued) {
-          (done.ok() ? finished : broken).push_back(std::move(lane.pending.front()));
-          lane.pending.pop_front();
-        }
-        if (!done.ok()) broken_status = done.status();
-      }
-    }
-    for (PendingJob& p : finished) {
-      if (p.pool_write != nullptr) EndPoolWrite(p.pool_write, lane.completed_addr(), p.seq);
-      EndFed(p);
-      std::move(p.done)(std::move(p.status));
-    }
-    for (PendingJob& p : broken) {
-      if (p.pool_write != nullptr) EndPoolWrite(p.pool_write, lane.completed_addr(), p.seq);
-      if (p.feed != nullptr) p.feed->Unsubscribe();  // (its word stays taken: the stream broke)
-      std::move(p.done)(broken_status);
-    }
-    return !finished.empty() || !broken.empty();
-  }
-
-  // Delay injection: opens the gate for the job that passed its ticket wait copy_delay_us ago.
-  // Called with lane.mu held. Jobs of a lane reach the gate one at a time (the stream is in
-  // order), so one timer per lane suffices.
-  void OpenGate(Lane& lane, uint64_t now) {
-    uint64_t reached = LoadWord(lane.words.host->reached);
-    uint64_t gate = LoadWord(lane.words.host->gate);
-    if (reached <= gate) return;
-    if (reached != lane.delay_seq) {
-      lane.delay_seq = reached;
-      lane.delay_since_ns = now;
-    } else if (now - lane.delay_since_ns >= options_.copy_delay_us * 1000) {
-      StoreWord(lane.words.host->gate, reached);
-    }
-  }
-
-  void PollReleases(std::vector<Release>& releases, uint64_t now) {
-    for (Release& r : releases) {
-      std::erase_if(r.streams, [&](GpuStream stream) {
-        absl::StatusOr<bool> done = runtime_->StreamDone(r.device, stream);
-        if (done.ok() && !*done) return false;
-        if (done.ok()) {
-          r.landed = true;
-        } else {
-          LogError("semaphore release stream on GPU ", r.device, " failed: ",
-                   done.status().message());
-        }
-        runtime_->DestroyStream(r.device, stream);
-        return true;
-      });
-      if (!r.landed && r.tries < kMaxReleaseTries &&
-          (r.streams.empty() || now - r.last_try_ns > kReleaseRetryNs)) {
-        TryRelease(r);
-      } else if (!r.landed && r.tries >= kMaxReleaseTries && r.streams.empty()) {
-        LogError("could not release the semaphores of an ended session on GPU ", r.device,
-                 "; its streams may stay blocked");
-        r.landed = true;  // give up; nothing left queued on the page
-      }
-    }
-    // A release is done when its write landed and no release stream can still touch the page.
-    std::erase_if(releases, [](const Release& r) { return r.landed && r.streams.empty(); });
-  }
-
   const std::unique_ptr<GpuRuntime> runtime_;
   const GpuEngineOptions options_;
+  const std::shared_ptr<ReleaseThread> releaser_;
   HostWordPool words_;
+  PoolWrites pool_writes_;
   char* pool_base_ = nullptr;
+  std::atomic<uint64_t> live_buffers_{0};
+  std::atomic<uint64_t> live_lanes_{0};
 
-  std::mutex mu_;  // lock order: mu_ before any Lane::mu; never held while calling callbacks
-  std::condition_variable cv_;
-  std::condition_variable idle_cv_;
-  std::vector<std::shared_ptr<Lane>> active_;  // lanes with jobs on their stream
-  std::vector<Release> releases_;
+  std::mutex mu_;  // lock order: mu_, a DeviceWorker's, a Lane's; none held calling callbacks
   std::vector<std::weak_ptr<SessionState>> sessions_;
+  std::map<int, std::unique_ptr<DeviceWorker>> workers_;
   bool stopping_ = false;
-  bool stop_poller_ = false;
-
-  std::mutex pool_mu_;  // taken under Lane::mu
-  std::map<char*, PoolWrite> pool_writes_;  // queued copies into the pool, by start
-
-  std::thread poller_;  // last: starts after everything above exists
 };
+
+GpuSession::~GpuSession() { engine_.Abandon(*state_); }
+
+// Issues the lane's head job if it is ready, or as much of it as is ready (fed reloads). True if
+// the job was fully issued (then the caller pops it). Called by the worker with lane.mu held.
+bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
+                             std::vector<FailedJob>& failed) {
+  CopyJob& job = q.job;
+  if (job.sync != 0) {
+    // The client's ticket: its ticket stream raised it after the job's producers (offload) or
+    // its consumer's allocation point (reload). Until it is here nothing is queued on the GPU.
+    uint64_t seen = lane.ready->load(std::memory_order_acquire);
+    lane.client_ticket = seen;
+    if (seen < job.sync) {
+      if (lane.wait_since_ns == 0) lane.wait_since_ns = now;
+      if (!lane.warned_wait &&
+          now - lane.wait_since_ns > uint64_t{options_.lane_wait_warn_ms} * 1000000) {
+        lane.warned_wait = true;
+        LogWarning(lane.label, ": GPU ", lane.device, " ", lane.name(), " lane has waited ",
+                   (now - lane.wait_since_ns) / 1000000, " ms for the client's ticket ", job.sync,
+                   " (the client has reported tickets up to ", seen, "; ", lane.queue.size(),
+                   " jobs queued behind it): the client's ",
+                   lane.direction == Direction::kToPool ? "producer" : "consumer",
+                   " stream has not reached the job's point yet, or the client stopped");
+      }
+      return false;
+    }
+    if (lane.wait_since_ns != 0 && lane.warned_wait) {
+      LogInfo(lane.label, ": GPU ", lane.device, " ", lane.name(), " lane: ticket ", job.sync,
+              " arrived after ", (now - lane.wait_since_ns) / 1000000, " ms");
+    }
+    lane.wait_since_ns = 0;
+    lane.warned_wait = false;
+  }
+  const bool copy = job.len > 0;
+  if (copy && options_.copy_delay_us > 0) {
+    // Delay injection: the copy is issued copy_delay_us after its ticket arrived, late relative
+    // to the client's producer/consumer work, whatever the host did meanwhile.
+    if (q.eligible_ns == 0) q.eligible_ns = now;
+    if (now - q.eligible_ns < options_.copy_delay_us * 1000) return false;
+  }
+  GpuStream stream = lane.stream;
+  if (copy && !q.started) {
+    if (job.direction == Direction::kFromPool) {
+      // A reload may read pool bytes an offload is still writing (the daemon submits the reload
+      // of an object right after its offload): issue it only after those copies are issued, and
+      // order it after them on the GPU.
+      std::vector<PoolWrites::Write> writes;
+      if (!pool_writes_.Overlapping(job.pool, job.len, q.writes_before, &writes)) return false;
+      for (const PoolWrites::Write& w : writes) {
+        if (q.status.ok()) q.status = runtime_->WaitValue64(stream, w.completed_addr, w.seq);
+      }
+    }
+    q.started = true;
+  }
+  if (copy && q.status.ok()) {
+    if (q.progress != nullptr) {
+      // Fed: chunk i goes once the feed has it in place (all of them once it ended; the bytes it
+      // could not deliver are zeroed first). The lane's later jobs wait behind this one.
+      const uint64_t chunk = job.feed->chunk_bytes();
+      const uint64_t chunks = job.feed->chunks();
+      uint64_t ready = std::min(q.progress->ready_chunks.load(), chunks);
+      while (q.chunks_issued < ready && q.status.ok()) {
+        uint64_t off = q.chunks_issued * chunk;
+        uint64_t n = std::min(chunk, job.len - off);
+        q.status = Copy(stream, job.direction, q.host, job.client + off, job.pool + off, n);
+        ++q.chunks_issued;
+      }
+      if (q.status.ok() && q.chunks_issued < chunks) return false;
+    } else {
+      q.status = Copy(stream, job.direction, q.host, job.client, job.pool, job.len);
+    }
+  }
+  const uint64_t seq = lane.next_seq;
+  if (q.pool_write != 0 && q.status.ok()) {
+    pool_writes_.Issued(q.pool_write, job.pool, lane.completed_addr(), seq);
+  }
+  // Whatever failed above, the ticket is still signalled: the client's streams wait on it and
+  // must not hang. The failure reaches the client through the job's completion.
+  absl::Status signal;
+  if (job.sync != 0) signal = runtime_->WriteValue64(stream, lane.done_addr, job.sync);
+  absl::Status mark = runtime_->WriteValue64(stream, lane.completed_addr(), seq);
+  if (!mark.ok()) {
+    pool_writes_.End(q.pool_write, job.pool);
+    if (job.feed != nullptr) job.feed->Unsubscribe();
+    failed.push_back({std::move(job.done), q.status.ok() ? mark : q.status});
+    return true;
+  }
+  ++lane.next_seq;
+  absl::Status status = q.status.ok() ? signal : q.status;
+  if (lane.pending.empty()) lane.progress_ns = now;  // the watchdog counts from here
+  lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), q.pool_write,
+                                    job.pool, std::move(job.feed)});
+  return true;
+}
+
+bool StreamEngine::Step(Lane& lane, uint64_t now, bool* busy) {
+  std::vector<FailedJob> failed;
+  bool moved = false;
+  {
+    std::lock_guard lock(lane.mu);
+    if (lane.abandoned) {
+      // Nothing queued may wait for this client any more; what is issued finishes on its own.
+      for (QueuedJob& q : lane.queue) {
+        pool_writes_.End(q.pool_write, q.job.pool);
+        if (q.job.feed != nullptr) q.job.feed->Unsubscribe();
+        failed.push_back({std::move(q.job.done), absl::CancelledError("session is ending")});
+      }
+      moved = !lane.queue.empty();
+      lane.queue.clear();
+      lane.wait_since_ns = 0;
+    }
+    while (!lane.queue.empty()) {
+      if (!IssueHead(lane, lane.queue.front(), now, failed)) break;
+      lane.queue.pop_front();
+      moved = true;
+    }
+  }
+  RunFailed(failed);
+  moved |= Complete(lane, now);
+  std::lock_guard lock(lane.mu);
+  *busy = lane.busy();
+  return moved;
+}
+
+// Completes the lane's finished jobs; true if any.
+bool StreamEngine::Complete(Lane& lane, uint64_t now) {
+  uint64_t completed = LoadWord(lane.word.host->completed);
+  std::vector<PendingJob> finished;
+  std::vector<PendingJob> broken;
+  absl::Status broken_status;
+  bool check_stream = false;
+  uint64_t issued = 0;
+  {
+    std::lock_guard lock(lane.mu);
+    while (!lane.pending.empty() && lane.pending.front().seq <= completed) {
+      finished.push_back(std::move(lane.pending.front()));
+      lane.pending.pop_front();
+    }
+    if (!finished.empty() || lane.pending.empty()) {
+      lane.progress_ns = now;
+    } else if (now - lane.progress_ns > uint64_t{options_.watchdog_ms} * 1000000) {
+      check_stream = true;
+      issued = lane.next_seq - 1;
+      lane.progress_ns = now;
+    }
+  }
+  if (check_stream) {
+    // Issued copies made no progress for a while: usually a long copy (nothing wrong), but a
+    // failed stream never writes `completed`, so ask the runtime.
+    absl::StatusOr<bool> done = runtime_->StreamDone(lane.device, lane.stream);
+    if (!done.ok() || *done) {
+      if (done.ok() && LoadWord(lane.word.host->completed) < issued && !lane.warned_idle) {
+        lane.warned_idle = true;
+        LogError(runtime_->name(), " engine: GPU ", lane.device,
+                 " stream idle but its completion word did not move; completing by stream "
+                 "query (slow path)");
+      }
+      std::lock_guard lock(lane.mu);
+      while (!lane.pending.empty() && lane.pending.front().seq <= issued) {
+        (done.ok() ? finished : broken).push_back(std::move(lane.pending.front()));
+        lane.pending.pop_front();
+      }
+      if (!done.ok()) broken_status = done.status();
+    }
+  }
+  for (PendingJob& p : finished) {
+    if (p.feed != nullptr) {
+      p.feed->Unsubscribe();
+      if (absl::Status fed = p.feed->status(); !fed.ok() && p.status.ok()) p.status = fed;
+    }
+    pool_writes_.End(p.pool_write, p.pool);
+    std::move(p.done)(std::move(p.status));
+  }
+  for (PendingJob& p : broken) {
+    if (p.feed != nullptr) p.feed->Unsubscribe();
+    pool_writes_.End(p.pool_write, p.pool);
+    std::move(p.done)(broken_status);
+  }
+  return !finished.empty() || !broken.empty();
+}
+
+void DeviceWorker::Run() {
+  SetThreadRole(ThreadRole::kDeviceWorker);
+  // Sleeps of a few microseconds must be that short: the default timer slack is 50 us.
+  (void)::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  if (absl::Status s = runtime_.SetDevice(device_); !s.ok()) {
+    LogError(runtime_.name(), " engine: GPU ", device_, " worker: ", s.message());
+  }
+  uint64_t last_progress_ns = NowNs();
+  uint64_t sleep_us = 1;
+  for (;;) {
+    std::vector<std::shared_ptr<Lane>> lanes;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !active_.empty(); });
+      if (stop_) return;
+      lanes = active_;
+      woken_.store(false);
+    }
+    uint64_t now = NowNs();
+    bool progress = false;
+    std::vector<Lane*> idle;
+    // D2H lanes first: a reload issued in this pass may wait for an offload issued in it.
+    std::stable_sort(lanes.begin(), lanes.end(), [](const auto& a, const auto& b) {
+      return LaneIndex(a->direction) < LaneIndex(b->direction);
+    });
+    for (auto& lane : lanes) {
+      bool busy = false;
+      progress |= engine_.Step(*lane, now, &busy);
+      if (!busy) idle.push_back(lane.get());
+    }
+    bool any_active;
+    {
+      std::lock_guard lock(mu_);
+      std::erase_if(active_, [&](const std::shared_ptr<Lane>& lane) {
+        if (std::find(idle.begin(), idle.end(), lane.get()) == idle.end()) return false;
+        std::lock_guard lane_lock(lane->mu);
+        return !lane->busy();  // a Submit may have queued meanwhile
+      });
+      any_active = !active_.empty();
+      if (!any_active) idle_cv_.notify_all();
+    }
+    lanes.clear();  // may destroy lanes of ended sessions (their streams go on the release thread)
+    if (progress) {
+      last_progress_ns = now;
+      sleep_us = 1;
+      continue;
+    }
+    if (!any_active) continue;  // blocks in cv_.wait above
+    // Lanes wait for tickets or copies: spin right after progress (tickets and completions come
+    // microseconds apart), then back off, waking at once for a Submit.
+    if (now - last_progress_ns < uint64_t{spin_us_} * 1000) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::microseconds(sleep_us),
+                 [this] { return stop_ || woken_.load(); });
+    sleep_us = std::min<uint64_t>(sleep_us * 2, max_sleep_us_);
+  }
+}
 
 }  // namespace
 

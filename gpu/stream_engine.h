@@ -1,23 +1,45 @@
 // The GPU copy engine's runtime-neutral core, shared by CUDA (cuda_engine.cc) and HIP
-// (hip_engine.cc). It holds what is the same on both: per-session streams, ticket ordering,
-// completion detection, delay injection, abandoning sessions. The runtime behind it is reached
-// only through GpuRuntime, so this header and stream_engine.cc include no GPU header.
+// (hip_engine.cc). It holds what is the same on both: per-session lanes, ticket ordering, issue
+// and completion, delay injection, abandoning sessions. The runtime behind it is reached only
+// through GpuRuntime, so this header and stream_engine.cc include no GPU header.
 //
 // Per session and per GPU the engine keeps two lanes (D2H = kToPool, H2D = kFromPool), each an
-// own non-blocking stream, so a client that never writes its tickets stalls only its own lanes.
-// For job k of a lane the stream runs, with no host synchronization between jobs:
-//   wait(semaphore[ready] >= k)                 the client's ticket (skipped when sync == 0)
-//   [write(reached = seq); wait(gate >= seq)]   delay injection only (see GpuEngineOptions)
-//   [wait(writer lane completed >= s)]          H2D only: a D2H copy into the same pool bytes
-//   copy
-//   write(semaphore[done] = k)                  releases the client's streams (sync != 0)
-//   write(completed = seq)                      host-mapped word the poller thread reads
-// `seq` is the lane's own job counter. Completion detection: one poller thread reads each busy
-// lane's `completed` word (pinned host memory written by the stream: no CUDA call, no driver
-// lock, a few hundred ns after the GPU wrote it), runs the callbacks of jobs up to it, spins
-// briefly after progress and then backs off to short sleeps. A lane stuck for watchdog_ms has its
-// stream queried, which turns a stream error into failed jobs (and an idle stream whose word did
-// not move into completed jobs, logged: a safety net, not the normal path).
+// own non-blocking stream. One worker thread per GPU issues and completes the jobs of that GPU's
+// lanes; Submit (the ring poller) only queues. Job k of a lane is issued once the client's ticket
+// for it is in the session's ticket page (tier/ring.h: host memory the client's ticket stream
+// writes after the job's producers, or its consumer's allocation point), and then, with no host
+// synchronization between jobs, the lane's stream runs
+//   [wait(writer lane completed >= s)]   H2D only: a D2H copy into the same pool bytes, issued
+//   copy                                 (fed reloads: one copy per chunk, issued as chunks land)
+//   write(semaphore[done] = k)           device memory of the client: releases its streams
+//   write(completed = seq)               host-mapped word the worker reads for completion
+// `seq` is the lane's own job counter.
+//
+// WHY TIERD CANNOT DEADLOCK ON THE GPU (the rule, checked by the tests). A tierd stream waits on
+// the GPU only for copies tierd has already issued (the pool-write wait above). Nothing queued on
+// a tierd stream waits for a client, for a client's ticket, or for a word a tierd host thread is
+// yet to write. So everything on tierd's streams finishes on its own in bounded time, whatever
+// any client or tierd thread does. That matters because some runtime calls synchronize
+// implicitly: closing an IPC mapping (cudaIpcCloseMemHandle), unmapping VMM memory, unpinning
+// host memory wait until the device's queued work is done, and meanwhile hold a driver lock that
+// every other runtime call of the process needs (measured: tests/gpu/cuda_blocking_probe.cc).
+// Before, copies waited on the GPU for client tickets and delay-injection gates; a session's end
+// closed its IPC mappings, which waited for those copies while holding the driver lock; the ring
+// poller (issuing the reloads the clients' tickets waited behind) and the poller (opening the
+// gates) blocked on that lock: a cycle, and every client hung in registration (issue 10). With
+// the rule, such a call waits at most for copies already running.
+// Which thread makes which runtime call (gpu/thread_role.h, MayCall): device workers only
+// enqueue (copies, value writes, queries); setup calls (streams, opening client memory, pinning)
+// come from registration, outside any lock the job path takes; release calls (closing client
+// memory, unpinning, destroying streams) run on the engine's release thread only; the ring poller
+// and the spill I/O threads make none. A blocked runtime call then delays only what it is for.
+//
+// Completion detection: the worker reads each busy lane's `completed` word (pinned host memory
+// written by the stream: no runtime call, no driver lock), runs the callbacks of jobs up to it,
+// spins briefly after progress and then backs off to short sleeps while its lanes have work. A
+// lane whose issued jobs make no progress for watchdog_ms has its stream queried, which turns a
+// stream error into failed jobs. A lane that waits lane_wait_warn_ms for a client's ticket logs
+// it once; Lanes() reports every lane's wait (tierctl clients).
 #ifndef TIER_GPU_STREAM_ENGINE_H_
 #define TIER_GPU_STREAM_ENGINE_H_
 
@@ -56,35 +78,37 @@ struct HostCopyTask {
   static void Run(void* task);
 };
 
-// What the core needs from CUDA or HIP. Calls that take a device make it current first.
+// What the core needs from CUDA or HIP. Calls that take a device make it current first. Each
+// call's class (gpu/thread_role.h) is in its comment.
 class GpuRuntime {
  public:
   virtual ~GpuRuntime() = default;
   virtual absl::string_view name() const = 0;
-  virtual absl::Status SetDevice(int device) = 0;
-  virtual absl::StatusOr<GpuStream> CreateStream(int device, bool high_priority) = 0;
-  virtual void DestroyStream(int device, GpuStream stream) = 0;
+  virtual absl::Status SetDevice(int device) = 0;                                   // enqueue
+  virtual absl::StatusOr<GpuStream> CreateStream(int device, bool high_priority) = 0;  // setup
+  virtual void DestroyStream(int device, GpuStream stream) = 0;                      // release
   // true: everything queued on the stream has finished; false: still running; error: it failed.
-  virtual absl::StatusOr<bool> StreamDone(int device, GpuStream stream) = 0;
+  virtual absl::StatusOr<bool> StreamDone(int device, GpuStream stream) = 0;         // enqueue
   // Stream memory operations on a GPU address (device memory or mapped host memory). The wait
-  // passes once *addr >= value (cyclic on CUDA: tickets stay below kMaxTicket).
+  // passes once *addr >= value (cyclic on CUDA: tickets stay below kMaxTicket). Enqueue.
   virtual absl::Status WaitValue64(GpuStream stream, uint64_t addr, uint64_t value) = 0;
   virtual absl::Status WriteValue64(GpuStream stream, uint64_t addr, uint64_t value) = 0;
   virtual absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
-                                 uint64_t len) = 0;
+                                 uint64_t len) = 0;  // enqueue
   // A copy between two host buffers, in stream order, that does not block the caller: a memcpy
   // run by the runtime's host-function thread when the stream reaches it. (A host-to-host
   // cudaMemcpyAsync is synchronous with the calling thread: it would wait there for everything
   // queued before it, ticket waits included.)
-  // (Runtimes hand a HostCopyTask to their host-callback API.)
+  // (Runtimes hand a HostCopyTask to their host-callback API.) Enqueue.
   virtual absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src,
                                      uint64_t len) = 0;
   // Pinned host memory every device can address (portable, mapped).
-  virtual absl::StatusOr<MappedHost> AllocMappedHost(uint64_t bytes) = 0;
-  virtual void FreeMappedHost(void* host) = 0;
-  virtual absl::Status RegisterHost(char* base, uint64_t bytes) = 0;
-  virtual void UnregisterHost(char* base) = 0;
+  virtual absl::StatusOr<MappedHost> AllocMappedHost(uint64_t bytes) = 0;  // setup
+  virtual void FreeMappedHost(void* host) = 0;                            // release
+  virtual absl::Status RegisterHost(char* base, uint64_t bytes) = 0;      // setup
+  virtual void UnregisterHost(char* base) = 0;                            // release
   // Opens client memory: kCudaIpc, kCudaVmmFd, kCudaSemaphores. Validates device and size.
+  // Setup; destroying the DeviceMapping is a release call.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) = 0;
 };
 

@@ -1,4 +1,5 @@
 #include "storage/spill_store.h"
+#include "common/thread_role.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -375,6 +376,7 @@ std::vector<SpillFileUsage> SpillStore::Usage() const {
 // ---- The I/O thread ----
 
 void SpillStore::Run() {
+  SetThreadRole(ThreadRole::kSpillIo);
   std::vector<std::unique_ptr<Op>> incoming;
   std::vector<IoCompletion> completions;
   while (true) {

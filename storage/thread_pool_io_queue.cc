@@ -1,4 +1,5 @@
 #include "storage/thread_pool_io_queue.h"
+#include "common/thread_role.h"
 
 #include <unistd.h>
 
@@ -106,6 +107,7 @@ void ThreadPoolIoQueue::Wake() {
 }
 
 void ThreadPoolIoQueue::WorkerLoop() {
+  SetThreadRole(ThreadRole::kSpillIo);
   std::unique_lock lock(mu_);
   while (true) {
     work_cv_.wait(lock, [&] { return stop_ || !work_.empty(); });

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "tierctl/format.h"
 #include "tierctl/json_writer.h"
@@ -188,7 +189,10 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                                       status.jobs_failed(), " failed")},
                 {"Offloaded", FormatBytes(status.bytes_offloaded())},
                 {"Reloaded", FormatBytes(status.bytes_reloaded())},
-                {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())}};
+                {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())},
+                {"Client memory", absl::StrCat(status.buffers(), " buffers mapped, ",
+                                               status.gpu_lanes(), " GPU lanes, ",
+                                               status.pending_releases(), " releases pending")}};
   if (!status.spill_io().empty()) {  // an NVMe tier exists
     fields.push_back({"NVMe I/O", status.spill_io()});
     fields.push_back({"Spilled", absl::StrCat(FormatBytes(status.bytes_spilled()), " (now ",
@@ -242,6 +246,19 @@ void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& o
   table.Render(out);
 }
 
+// What a session's GPU lanes wait for: "gpu0 D2H ticket 5 (client at 4) 12s" for each lane that
+// waits for the client (the client's stream has not reached the job's point), "-" when none.
+std::string WaitSummary(const v1::SessionInfo& s) {
+  std::vector<std::string> waits;
+  for (const v1::LaneInfo& lane : s.lanes()) {
+    if (lane.waiting_ticket() == 0) continue;
+    waits.push_back(absl::StrCat("gpu", lane.gpu(), " ", lane.direction(), " ticket ",
+                                 lane.waiting_ticket(), " (client at ", lane.client_ticket(),
+                                 ") ", FormatDuration(lane.waiting_ms())));
+  }
+  return waits.empty() ? "-" : absl::StrJoin(waits, "; ");
+}
+
 void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out) {
   if (json) return PrintJson(sessions, out);
   if (sessions.sessions().empty()) {
@@ -252,7 +269,7 @@ void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::os
   Table table({{"ID", kR}, {"NAME"}, {"PID", kR}, {"UID", kR}, {"ATTACHED"}, {"QUOTA", kR},
                {"USED", kR}, {"OBJECTS", kR}, {"BUFFERS", kR}, {"IN-FLIGHT", kR},
                {"COMPLETED", kR}, {"FAILED", kR}, {"OFFLOADED", kR}, {"RELOADED", kR},
-               {"AGE", kR}});
+               {"AGE", kR}, {"WAITING FOR THE CLIENT"}});
   for (const auto& s : sessions.sessions()) {
     // A pending session has no peer yet, so no credentials to show.
     table.AddRow({absl::StrCat(s.session_id()), s.name().empty() ? "-" : s.name(),
@@ -262,7 +279,7 @@ void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::os
                   absl::StrCat(s.objects()), absl::StrCat(s.buffers()),
                   absl::StrCat(s.jobs_in_flight()), absl::StrCat(s.jobs_completed()),
                   absl::StrCat(s.jobs_failed()), FormatBytes(s.bytes_offloaded()),
-                  FormatBytes(s.bytes_reloaded()), FormatDuration(s.age_ms())});
+                  FormatBytes(s.bytes_reloaded()), FormatDuration(s.age_ms()), WaitSummary(s)});
   }
   table.Render(out);
 }

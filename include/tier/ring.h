@@ -26,7 +26,7 @@
 namespace tier::ring {
 
 inline constexpr uint32_t kMagic = 0x54524e47;  // "TRNG"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: the ticket page after the header
 inline constexpr uint32_t kMinEntries = 8;
 inline constexpr uint32_t kMaxEntries = 1u << 16;
 
@@ -89,9 +89,33 @@ struct alignas(64) RingHeader {
 inline constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(RingHeader) <= kHeaderBytes);
 
+// THE TICKET PAGE (GPU sessions; see gpu/client_gpu.h). The page after the header holds, for each
+// GPU of the client (by the client's ordinal), the two counters its ticket stream raises: offload
+// tickets whose producers finished, and reload tickets whose destinations may be written. The
+// client registers the page with its GPU runtime so its streams write it (stream memory
+// operations); the daemon reads it from the host and issues a job's copy only once its ticket is
+// here. So no daemon stream ever waits on the GPU for a client. The daemon treats the words as
+// untrusted: a wrong value can only make that client's own copies start early or never.
+struct alignas(64) TicketWord {
+  std::atomic<uint64_t> value{0};
+};
+struct TicketSlot {
+  TicketWord produced;      // offload tickets up to this one: sources written
+  TicketWord reload_ready;  // reload tickets up to this one: destinations may be written
+};
+inline constexpr size_t kTicketPageOffset = kHeaderBytes;
+inline constexpr size_t kTicketPageBytes = 4096;
+inline constexpr int kMaxTicketDevices = static_cast<int>(kTicketPageBytes / sizeof(TicketSlot));
+struct TicketPage {
+  TicketSlot slots[kMaxTicketDevices];
+};
+static_assert(sizeof(TicketPage) == kTicketPageBytes);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+inline constexpr size_t kQueuesOffset = kTicketPageOffset + kTicketPageBytes;
+
 // Bytes of a segment holding `entries` submissions and as many completions, page aligned.
 constexpr size_t SegmentBytes(uint32_t entries) {
-  size_t bytes = kHeaderBytes + size_t{entries} * sizeof(SubmissionEntry) +
+  size_t bytes = kQueuesOffset + size_t{entries} * sizeof(SubmissionEntry) +
                  size_t{entries} * sizeof(CompletionEntry);
   return (bytes + 4095) & ~size_t{4095};
 }
@@ -103,8 +127,9 @@ inline RingHeader* InitSegment(void* base, uint32_t entries, uint64_t session_id
   header->version = kVersion;
   header->sq_entries = entries;
   header->cq_entries = entries;
-  header->sq_offset = kHeaderBytes;
-  header->cq_offset = kHeaderBytes + size_t{entries} * sizeof(SubmissionEntry);
+  header->sq_offset = kQueuesOffset;
+  header->cq_offset = kQueuesOffset + size_t{entries} * sizeof(SubmissionEntry);
+  new (static_cast<char*>(base) + kTicketPageOffset) TicketPage();
   header->session_id = session_id;
   return header;
 }
@@ -203,6 +228,7 @@ class Consumer {
 // sizes must fit the mapping) before building these.
 struct SegmentView {
   RingHeader* header = nullptr;
+  TicketPage* tickets = nullptr;
   SubmissionEntry* sq = nullptr;
   CompletionEntry* cq = nullptr;
 };
@@ -214,13 +240,14 @@ inline std::optional<SegmentView> ViewSegment(void* base, size_t mapped_bytes) {
   uint32_t n = header->sq_entries;
   if (header->magic != kMagic || header->version != kVersion || n != header->cq_entries ||
       n < kMinEntries || n > kMaxEntries || (n & (n - 1)) != 0 ||
-      header->sq_offset != kHeaderBytes ||
-      header->cq_offset != kHeaderBytes + size_t{n} * sizeof(SubmissionEntry) ||
+      header->sq_offset != kQueuesOffset ||
+      header->cq_offset != kQueuesOffset + size_t{n} * sizeof(SubmissionEntry) ||
       SegmentBytes(n) > mapped_bytes) {
     return std::nullopt;
   }
   auto* bytes = static_cast<char*>(base);
-  return SegmentView{header, reinterpret_cast<SubmissionEntry*>(bytes + header->sq_offset),
+  return SegmentView{header, reinterpret_cast<TicketPage*>(bytes + kTicketPageOffset),
+                     reinterpret_cast<SubmissionEntry*>(bytes + header->sq_offset),
                      reinterpret_cast<CompletionEntry*>(bytes + header->cq_offset)};
 }
 

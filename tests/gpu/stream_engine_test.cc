@@ -1,20 +1,32 @@
 // The GPU engine's runtime-neutral core (gpu/stream_engine.h) over a fake runtime whose streams
 // are host threads running stream memory operations and copies on host memory, in order. This
-// runs everywhere (label unit) and checks what does not depend on the GPU: ticket waits and
-// signals, ticket ordering, completion detection, delay injection, reload-after-offload on pool
-// bytes, ticket-only jobs, abandoning a session.
+// runs everywhere (label unit) and checks what does not depend on the GPU: tickets (read from the
+// session's ticket page), ticket ordering, completion detection, delay injection,
+// reload-after-offload on pool bytes, fed reloads, ticket-only jobs, abandoning a session.
+//
+// The fake also models what blocks on a real GPU (tests/gpu/cuda_blocking_probe.cc measured it
+// on the H100): closing client memory waits until every stream of the process is idle and holds
+// the "driver lock" meanwhile, which every other runtime call takes too. With it, the deadlock of
+// issue 10 is a CPU test (DeadlockModel below), and every runtime call is checked against the
+// thread rule of gpu/stream_engine.h (which thread may make which call).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "common/thread_role.h"
 #include "gpu/client_gpu.h"
 #include "gpu/copy_engine.h"
 #include "gpu/stream_engine.h"
@@ -32,6 +44,13 @@ void Store(uint64_t addr, uint64_t value) {
 // Fake copies and the tests' writes to client memory while jobs run take this, as a stand-in for
 // the memory system (the order between them is set by timing, as between a GPU and its host).
 std::mutex memory_mu;
+
+// What the fake runtime saw; checked after every test.
+struct Observed {
+  std::mutex mu;
+  std::vector<std::string> rule_violations;
+  std::set<uint64_t> wait_targets;  // addresses streams were made to wait on
+};
 
 // One in-order stream: a thread executing queued operations.
 class FakeStream {
@@ -83,14 +102,19 @@ class FakeStream {
   std::thread thread_;
 };
 
+class FakeRuntime;
+
 class FakeMapping final : public DeviceMapping {
  public:
-  FakeMapping(char* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
+  FakeMapping(FakeRuntime& runtime, char* base, uint64_t bytes)
+      : runtime_(runtime), base_(base), bytes_(bytes) {}
+  ~FakeMapping() override;  // closing client memory synchronizes implicitly (see FakeRuntime)
   char* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
   int device() const override { return 0; }
 
  private:
+  FakeRuntime& runtime_;
   char* base_;
   uint64_t bytes_;
 };
@@ -98,18 +122,43 @@ class FakeMapping final : public DeviceMapping {
 // "Device" memory is host memory; an IPC handle carries the pointer.
 class FakeRuntime final : public GpuRuntime {
  public:
+  explicit FakeRuntime(Observed& observed) : observed_(observed) {}
+
   absl::string_view name() const override { return "fake"; }
-  absl::Status SetDevice(int) override { return absl::OkStatus(); }
-  absl::StatusOr<GpuStream> CreateStream(int, bool) override { return new FakeStream(); }
-  void DestroyStream(int, GpuStream stream) override { delete static_cast<FakeStream*>(stream); }
+  absl::Status SetDevice(int) override {
+    Call call(*this, GpuCallClass::kEnqueue, "SetDevice");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<GpuStream> CreateStream(int, bool) override {
+    Call call(*this, GpuCallClass::kSetup, "CreateStream");
+    auto* stream = new FakeStream();
+    std::lock_guard lock(streams_mu_);
+    streams_.insert(stream);
+    return stream;
+  }
+  void DestroyStream(int, GpuStream stream) override {
+    Call call(*this, GpuCallClass::kRelease, "DestroyStream");
+    {
+      std::lock_guard lock(streams_mu_);
+      streams_.erase(static_cast<FakeStream*>(stream));
+    }
+    delete static_cast<FakeStream*>(stream);
+  }
   absl::StatusOr<bool> StreamDone(int, GpuStream stream) override {
+    Call call(*this, GpuCallClass::kEnqueue, "StreamDone");
     return static_cast<FakeStream*>(stream)->Idle();
   }
   absl::Status WaitValue64(GpuStream stream, uint64_t addr, uint64_t value) override {
+    Call call(*this, GpuCallClass::kEnqueue, "WaitValue64");
+    {
+      std::lock_guard lock(observed_.mu);
+      observed_.wait_targets.insert(addr);
+    }
     static_cast<FakeStream*>(stream)->Push([addr, value] { return Load(addr) >= value; });
     return absl::OkStatus();
   }
   absl::Status WriteValue64(GpuStream stream, uint64_t addr, uint64_t value) override {
+    Call call(*this, GpuCallClass::kEnqueue, "WriteValue64");
     static_cast<FakeStream*>(stream)->Push([addr, value] {
       Store(addr, value);
       return true;
@@ -118,6 +167,7 @@ class FakeRuntime final : public GpuRuntime {
   }
   absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
                          uint64_t len) override {
+    Call call(*this, GpuCallClass::kEnqueue, "CopyAsync");
     static_cast<FakeStream*>(stream)->Push([=] {
       std::lock_guard lock(memory_mu);
       if (direction == Direction::kToPool) {
@@ -130,6 +180,7 @@ class FakeRuntime final : public GpuRuntime {
     return absl::OkStatus();
   }
   absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src, uint64_t len) override {
+    Call call(*this, GpuCallClass::kEnqueue, "HostCopyAsync");
     static_cast<FakeStream*>(stream)->Push([=] {
       std::lock_guard lock(memory_mu);
       std::memcpy(dst, src, len);
@@ -138,20 +189,68 @@ class FakeRuntime final : public GpuRuntime {
     return absl::OkStatus();
   }
   absl::StatusOr<MappedHost> AllocMappedHost(uint64_t bytes) override {
+    Call call(*this, GpuCallClass::kSetup, "AllocMappedHost");
     void* p = std::aligned_alloc(4096, bytes);
     std::memset(p, 0, bytes);
     return MappedHost{p, reinterpret_cast<uint64_t>(p)};
   }
-  void FreeMappedHost(void* host) override { std::free(host); }
-  absl::Status RegisterHost(char*, uint64_t) override { return absl::OkStatus(); }
-  void UnregisterHost(char*) override {}
+  void FreeMappedHost(void* host) override { std::free(host); }  // engine teardown only
+  absl::Status RegisterHost(char*, uint64_t) override {
+    Call call(*this, GpuCallClass::kSetup, "RegisterHost");
+    return absl::OkStatus();
+  }
+  void UnregisterHost(char*) override { ImplicitSync("UnregisterHost"); }
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
+    Call call(*this, GpuCallClass::kSetup, "Open");
     char* base = nullptr;
     std::memcpy(&base, import.ipc_handle.data(), sizeof(base));
     if (base == nullptr) return absl::InvalidArgumentError("bad fake handle");
-    return std::make_unique<FakeMapping>(base, import.bytes);
+    return std::make_unique<FakeMapping>(*this, base, import.bytes);
   }
+
+  // As cudaIpcCloseMemHandle on the H100: takes the driver lock exclusively and waits until every
+  // stream of the process is idle.
+  void ImplicitSync(const char* what) {
+    Check(GpuCallClass::kRelease, what);
+    std::unique_lock lock(driver_);
+    for (;;) {
+      bool idle = true;
+      {
+        std::lock_guard streams(streams_mu_);
+        for (FakeStream* s : streams_) idle = idle && s->Idle();
+      }
+      if (idle) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+ private:
+  // Every call holds the driver lock shared, and is checked against the thread rule.
+  class Call {
+   public:
+    Call(FakeRuntime& runtime, GpuCallClass cls, const char* what) : lock_(runtime.driver_) {
+      runtime.Check(cls, what);
+    }
+
+   private:
+    std::shared_lock<std::shared_mutex> lock_;
+  };
+
+  void Check(GpuCallClass cls, const char* what) {
+    ThreadRole role = CurrentThreadRole();
+    if (MayCall(role, cls)) return;
+    std::lock_guard lock(observed_.mu);
+    observed_.rule_violations.push_back(absl::StrCat(what, " (", GpuCallClassName(cls),
+                                                     ") on a ", ThreadRoleName(role), " thread"));
+  }
+
+  Observed& observed_;
+  std::shared_mutex driver_;
+  std::mutex streams_mu_;
+  std::set<FakeStream*> streams_;
 };
+
+FakeMapping::~FakeMapping() { runtime_.ImplicitSync("closing client memory"); }
 
 constexpr uint64_t kLen = 1 << 16;
 
@@ -166,180 +265,238 @@ struct Completion {
   }
 };
 
+// Runs `fn` on a thread that takes `role`, as the daemon's threads do, and waits for it.
+template <typename Fn>
+void OnThread(ThreadRole role, Fn fn) {
+  std::thread([&] {
+    SetThreadRole(role);
+    fn();
+  }).join();
+}
+
+// One client session as the engine sees it: ticket page, semaphore page, three buffers.
+struct FakeClient {
+  ring::TicketPage tickets;
+  std::vector<uint64_t> page = std::vector<uint64_t>(kSemaphorePageBytes / 8, 0);
+  std::vector<char> memory[3];
+  std::unique_ptr<EngineSession> session;
+  std::unique_ptr<ImportedBuffer> semaphores;
+  std::vector<std::unique_ptr<ImportedBuffer>> buffers;
+
+  void SetTicket(Direction d, uint64_t v) {
+    (d == Direction::kToPool ? tickets.slots[0].produced : tickets.slots[0].reload_ready)
+        .value.store(v);
+  }
+  uint64_t Done(Direction d) {
+    return Load(reinterpret_cast<uint64_t>(page.data()) +
+                (d == Direction::kToPool ? kOffloadDoneOffset : kReloadDoneOffset));
+  }
+};
+
 class StreamEngineTest : public ::testing::Test {
  protected:
-  void Start(uint64_t delay_us = 0) {
+  void Start(uint64_t delay_us = 0, uint32_t lane_wait_warn_ms = 10000) {
     GpuEngineOptions options;
     options.copy_delay_us = delay_us;
     options.shutdown_grace_ms = 2000;
-    engine_ = MakeStreamEngine(std::make_unique<FakeRuntime>(), options);
-    session_ = *engine_->OpenSession(7);
-    page_.assign(kSemaphorePageBytes / 8, 0);
-    ASSERT_TRUE(Import(wire::BufferKind::kCudaSemaphores, reinterpret_cast<char*>(page_.data()),
-                       kSemaphorePageBytes)
-                    .ok());
-    for (auto& b : client_) b.assign(kLen, 0);
-    for (auto& b : client_) {
-      absl::StatusOr<std::unique_ptr<ImportedBuffer>> imported =
-          Import(wire::BufferKind::kCudaIpc, b.data(), kLen);
-      ASSERT_TRUE(imported.ok()) << imported.status();
-      buffers_.push_back(*std::move(imported));
-    }
+    options.lane_wait_warn_ms = lane_wait_warn_ms;
+    auto runtime = std::make_unique<FakeRuntime>(observed_);
+    runtime_ = runtime.get();
+    engine_ = MakeStreamEngine(std::move(runtime), options);
     pool_.assign(4 * kLen, 0);
+    ASSERT_NO_FATAL_FAILURE(Open(a_, 7));
+  }
+
+  void Open(FakeClient& c, uint64_t id, bool semaphores = true) {
+    EngineSessionInfo info;
+    info.id = id;
+    info.label = absl::StrCat("session ", id);
+    info.tickets = &c.tickets;
+    c.session = *engine_->OpenSession(info);
+    if (semaphores) {
+      absl::StatusOr<std::unique_ptr<ImportedBuffer>> page =
+          Import(c, wire::BufferKind::kCudaSemaphores, reinterpret_cast<char*>(c.page.data()),
+                 kSemaphorePageBytes);
+      ASSERT_TRUE(page.ok()) << page.status();
+      c.semaphores = *std::move(page);
+    }
+    for (auto& m : c.memory) {
+      m.assign(kLen, 0);
+      absl::StatusOr<std::unique_ptr<ImportedBuffer>> b =
+          Import(c, wire::BufferKind::kCudaIpc, m.data(), kLen);
+      ASSERT_TRUE(b.ok()) << b.status();
+      c.buffers.push_back(*std::move(b));
+    }
+  }
+
+  void Close(FakeClient& c) {
+    if (c.session) engine_->AbandonSession(c.session.get());
+    c.buffers.clear();
+    c.semaphores.reset();
+    c.session.reset();
   }
 
   void TearDown() override {
-    if (session_) engine_->AbandonSession(session_.get());
-    buffers_.clear();
-    semaphores_.reset();
-    session_.reset();
+    Close(a_);
+    Close(b_);
     engine_.reset();
+    std::lock_guard lock(observed_.mu);
+    for (const std::string& v : observed_.rule_violations) ADD_FAILURE() << "rule: " << v;
+    // The rule that keeps tierd out of deadlocks: no stream waits on a client's words.
+    for (FakeClient* c : {&a_, &b_}) {
+      auto lo = reinterpret_cast<uint64_t>(&c->tickets);
+      auto plo = reinterpret_cast<uint64_t>(c->page.data());
+      for (uint64_t addr : observed_.wait_targets) {
+        EXPECT_FALSE(addr >= lo && addr < lo + sizeof(c->tickets))
+            << "a tierd stream waited on a client's ticket page";
+        EXPECT_FALSE(addr >= plo && addr < plo + kSemaphorePageBytes)
+            << "a tierd stream waited on a client's semaphore page";
+      }
+    }
   }
 
-  absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(wire::BufferKind kind, char* base,
-                                                         uint64_t bytes) {
+  absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(FakeClient& c, wire::BufferKind kind,
+                                                         char* base, uint64_t bytes) {
     BufferImport import;
     import.kind = kind;
     import.device = 0;
     import.bytes = bytes;
     std::memcpy(import.ipc_handle.data(), &base, sizeof(base));
-    absl::StatusOr<std::unique_ptr<ImportedBuffer>> b =
-        engine_->Import(session_.get(), std::move(import));
-    if (b.ok() && kind == wire::BufferKind::kCudaSemaphores) {
-      semaphores_ = *std::move(b);
-      return std::unique_ptr<ImportedBuffer>();
-    }
-    return b;
+    return engine_->Import(c.session.get(), std::move(import));
   }
 
-  uint64_t Counter(uint64_t offset) { return Load(reinterpret_cast<uint64_t>(page_.data()) + offset); }
-  void SetCounter(uint64_t offset, uint64_t v) {
-    Store(reinterpret_cast<uint64_t>(page_.data()) + offset, v);
-  }
-
-  CopyJob Job(Direction d, int buffer, int slot, uint64_t sync, Completion& done) {
+  CopyJob Job(FakeClient& c, Direction d, int buffer, int slot, uint64_t sync, Completion& done) {
     CopyJob job;
     job.direction = d;
-    job.client = client_[buffer].data();
+    job.client = c.memory[buffer].data();
     job.pool = pool_.data() + slot * kLen;
     job.len = kLen;
-    job.session = session_.get();
+    job.session = c.session.get();
     job.sync = sync;
     job.done = done.Callback();
     return job;
   }
 
+  // Submits as the daemon does: from the ring poller, which may make no runtime call.
+  void Submit(CopyJob job) {
+    OnThread(ThreadRole::kRingPoller, [&] { engine_->Submit(std::move(job)); });
+  }
+
   bool PoolHolds(int slot, char byte) {
+    std::lock_guard lock(memory_mu);
     for (uint64_t i = 0; i < kLen; ++i) {
       if (pool_[slot * kLen + i] != byte) return false;
     }
     return true;
   }
 
+  Observed observed_;
+  FakeRuntime* runtime_ = nullptr;
   std::unique_ptr<CopyEngine> engine_;
-  std::unique_ptr<EngineSession> session_;
-  std::vector<uint64_t> page_;
-  std::vector<char> client_[3];
   std::vector<char> pool_;
-  std::unique_ptr<ImportedBuffer> semaphores_;
-  std::vector<std::unique_ptr<ImportedBuffer>> buffers_;
+  FakeClient a_;
+  FakeClient b_;
 };
 
 TEST_F(StreamEngineTest, OffloadWaitsForTicketAndSignalsDone) {
   Start();
-  std::memset(client_[0].data(), 0x11, kLen);
+  std::memset(a_.memory[0].data(), 0x11, kLen);
   Completion done;
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 1, done));
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, done));
   EXPECT_FALSE(done.Ready(50));  // produced is still 0
   {
     std::lock_guard lock(memory_mu);
-    std::memset(client_[0].data(), 0x77, kLen);  // the producer finishes...
+    std::memset(a_.memory[0].data(), 0x77, kLen);  // the producer finishes...
   }
-  SetCounter(kProducedOffset, 1);               // ...and its ticket lands
+  a_.SetTicket(Direction::kToPool, 1);  // ...and its ticket lands
   ASSERT_TRUE(done.Ready(5000));
   EXPECT_TRUE(done.future.get().ok());
   EXPECT_TRUE(PoolHolds(0, 0x77));
-  EXPECT_EQ(Counter(kOffloadDoneOffset), 1u);
+  EXPECT_EQ(a_.Done(Direction::kToPool), 1u);
 }
 
 TEST_F(StreamEngineTest, ReloadSignalsReloadDone) {
   Start();
   std::memset(pool_.data(), 0x5C, kLen);
-  SetCounter(kReloadReadyOffset, 1);
+  a_.SetTicket(Direction::kFromPool, 1);
   Completion done;
-  engine_->Submit(Job(Direction::kFromPool, 1, 0, 1, done));
+  Submit(Job(a_, Direction::kFromPool, 1, 0, 1, done));
   ASSERT_TRUE(done.Ready(5000));
   EXPECT_TRUE(done.future.get().ok());
-  EXPECT_EQ(Counter(kReloadDoneOffset), 1u);
-  EXPECT_EQ(client_[1][kLen - 1], 0x5C);
+  EXPECT_EQ(a_.Done(Direction::kFromPool), 1u);
+  EXPECT_EQ(a_.memory[1][kLen - 1], 0x5C);
 }
 
 TEST_F(StreamEngineTest, LaterTicketIsHeldUntilEarlierArrives) {
   Start();
-  SetCounter(kProducedOffset, 2);
-  std::memset(client_[0].data(), 0x01, kLen);
-  std::memset(client_[1].data(), 0x02, kLen);
+  a_.SetTicket(Direction::kToPool, 2);
+  std::memset(a_.memory[0].data(), 0x01, kLen);
+  std::memset(a_.memory[1].data(), 0x02, kLen);
   Completion first, second;
-  engine_->Submit(Job(Direction::kToPool, 1, 1, 2, second));
+  Submit(Job(a_, Direction::kToPool, 1, 1, 2, second));
   EXPECT_FALSE(second.Ready(50));
-  EXPECT_EQ(Counter(kOffloadDoneOffset), 0u);  // done = 2 would claim ticket 1 done too
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 1, first));
+  EXPECT_EQ(a_.Done(Direction::kToPool), 0u);  // done = 2 would claim ticket 1 done too
+  std::vector<LaneStatus> lanes = engine_->Lanes(a_.session.get());
+  ASSERT_EQ(lanes.size(), 2u);
+  EXPECT_EQ(lanes[0].held, 1u);
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, first));
   ASSERT_TRUE(first.Ready(5000));
   ASSERT_TRUE(second.Ready(5000));
   EXPECT_TRUE(PoolHolds(0, 0x01));
   EXPECT_TRUE(PoolHolds(1, 0x02));
-  EXPECT_EQ(Counter(kOffloadDoneOffset), 2u);
+  EXPECT_EQ(a_.Done(Direction::kToPool), 2u);
 
   Completion again;
-  engine_->Submit(Job(Direction::kToPool, 0, 2, 2, again));  // a ticket used twice
+  Submit(Job(a_, Direction::kToPool, 0, 2, 2, again));  // a ticket used twice
   ASSERT_TRUE(again.Ready(1000));
   EXPECT_EQ(again.future.get().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StreamEngineTest, TicketOnlyJobSignals) {
   Start();
-  SetCounter(kReloadReadyOffset, 1);
+  a_.SetTicket(Direction::kFromPool, 1);
   Completion done;
   CopyJob job;
   job.direction = Direction::kFromPool;
   job.len = 0;
-  job.session = session_.get();
+  job.session = a_.session.get();
   job.sync = 1;
   job.done = done.Callback();
-  engine_->Submit(std::move(job));
+  Submit(std::move(job));
   ASSERT_TRUE(done.Ready(5000));
   EXPECT_TRUE(done.future.get().ok());
-  EXPECT_EQ(Counter(kReloadDoneOffset), 1u);
+  EXPECT_EQ(a_.Done(Direction::kFromPool), 1u);
 }
 
-// A reload of pool bytes an offload is still filling waits for that offload, on the "GPU".
+// A reload of pool bytes an offload is still filling waits for that offload: on the host until
+// the offload is issued, then on the "GPU" for its copy.
 TEST_F(StreamEngineTest, ReloadWaitsForOffloadIntoSamePoolBytes) {
   Start();
-  std::memset(client_[0].data(), 0x42, kLen);
+  std::memset(a_.memory[0].data(), 0x42, kLen);
   Completion offload, reload;
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 1, offload));  // blocked: produced = 0
-  engine_->Submit(Job(Direction::kFromPool, 1, 0, 0, reload));
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, offload));  // waits: produced = 0
+  Submit(Job(a_, Direction::kFromPool, 1, 0, 0, reload));
   EXPECT_FALSE(reload.Ready(50));
-  SetCounter(kProducedOffset, 1);
+  a_.SetTicket(Direction::kToPool, 1);
   ASSERT_TRUE(offload.Ready(5000));
   ASSERT_TRUE(reload.Ready(5000));
-  EXPECT_EQ(client_[1][0], 0x42);
-  EXPECT_EQ(client_[1][kLen - 1], 0x42);
+  EXPECT_EQ(a_.memory[1][0], 0x42);
+  EXPECT_EQ(a_.memory[1][kLen - 1], 0x42);
 }
 
-// Delay injection: the copy starts copy_delay_us after its ticket passed, so a client that
+// Delay injection: the copy is issued copy_delay_us after its ticket arrived, so a client that
 // overwrites the source without waiting for offload_done deterministically changes the result.
 TEST_F(StreamEngineTest, DelayStartsCopyLate) {
   Start(/*delay_us=*/100000);
-  std::memset(client_[0].data(), 0x10, kLen);
-  SetCounter(kProducedOffset, 1);
+  std::memset(a_.memory[0].data(), 0x10, kLen);
+  a_.SetTicket(Direction::kToPool, 1);
   Completion done;
   auto start = std::chrono::steady_clock::now();
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 1, done));
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, done));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // well inside the delay
   {
     std::lock_guard lock(memory_mu);
-    std::memset(client_[0].data(), 0x20, kLen);  // the early reuse a missing wait would allow
+    std::memset(a_.memory[0].data(), 0x20, kLen);  // the early reuse a missing wait would allow
   }
   ASSERT_TRUE(done.Ready(5000));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
@@ -364,27 +521,27 @@ bool Eventually(Pred pred) {
 TEST_F(StreamEngineTest, FedReloadCopiesEachChunkAsItArrives) {
   Start();
   constexpr uint64_t kChunk = kLen / 4;
-  SetCounter(kReloadReadyOffset, 1);
+  a_.SetTicket(Direction::kFromPool, 1);
   auto feed = std::make_shared<SourceFeed>(kLen, kChunk);
   Completion done;
-  CopyJob job = Job(Direction::kFromPool, 0, 0, 1, done);
+  CopyJob job = Job(a_, Direction::kFromPool, 0, 0, 1, done);
   job.feed = feed;
-  engine_->Submit(std::move(job));
+  Submit(std::move(job));
   EXPECT_FALSE(done.Ready(30));
   for (uint64_t i = 0; i < 3; ++i) {
     std::memset(pool_.data() + i * kChunk, 0x40 + static_cast<int>(i), kChunk);
-    feed->Advance((i + 1) * kChunk);
-    ASSERT_TRUE(Eventually([&] { return client_[0][i * kChunk + kChunk - 1] == 0x40 + int(i); }))
+    OnThread(ThreadRole::kSpillIo, [&] { feed->Advance((i + 1) * kChunk); });
+    ASSERT_TRUE(Eventually([&] { return a_.memory[0][i * kChunk + kChunk - 1] == 0x40 + int(i); }))
         << "chunk " << i << " was not copied on arrival";
-    EXPECT_EQ(client_[0][(i + 1) * kChunk], 0) << "chunk " << i + 1 << " copied before it arrived";
+    EXPECT_EQ(a_.memory[0][(i + 1) * kChunk], 0) << "chunk " << i + 1 << " copied before it arrived";
     EXPECT_FALSE(done.Ready(0));
   }
   std::memset(pool_.data() + 3 * kChunk, 0x43, kChunk);
-  feed->End(absl::OkStatus());
+  OnThread(ThreadRole::kSpillIo, [&] { feed->End(absl::OkStatus()); });
   ASSERT_TRUE(done.Ready(5000));
   EXPECT_TRUE(done.future.get().ok());
-  EXPECT_EQ(client_[0][kLen - 1], 0x43);
-  EXPECT_EQ(Counter(kReloadDoneOffset), 1u);
+  EXPECT_EQ(a_.memory[0][kLen - 1], 0x43);
+  EXPECT_EQ(a_.Done(Direction::kFromPool), 1u);
 }
 
 // The feed ends in an error half way: the job fails with it, the client's stream is still
@@ -393,62 +550,201 @@ TEST_F(StreamEngineTest, FedReloadCopiesEachChunkAsItArrives) {
 TEST_F(StreamEngineTest, FedReloadEndingInAnErrorFailsButReleasesTheTicket) {
   Start();
   constexpr uint64_t kChunk = kLen / 4;
-  std::memset(client_[1].data(), 0x7F, kLen);
-  SetCounter(kReloadReadyOffset, 1);
+  std::memset(a_.memory[1].data(), 0x7F, kLen);
+  a_.SetTicket(Direction::kFromPool, 1);
   auto feed = std::make_shared<SourceFeed>(kLen, kChunk);
   Completion done;
-  CopyJob job = Job(Direction::kFromPool, 1, 1, 1, done);
+  CopyJob job = Job(a_, Direction::kFromPool, 1, 1, 1, done);
   job.feed = feed;
-  engine_->Submit(std::move(job));
+  Submit(std::move(job));
   std::memset(pool_.data() + kLen, 0x21, kChunk);
   feed->Advance(kChunk);
   feed->End(absl::DataLossError("checksum mismatch in chunk 1"));  // pool past chunk 0 is zero
   ASSERT_TRUE(done.Ready(5000));
   absl::Status status = done.future.get();
   EXPECT_TRUE(absl::IsDataLoss(status)) << status;
-  EXPECT_EQ(Counter(kReloadDoneOffset), 1u);
-  EXPECT_EQ(client_[1][0], 0x21);
-  EXPECT_EQ(client_[1][kChunk], 0);
-  EXPECT_EQ(client_[1][kLen - 1], 0);
+  EXPECT_EQ(a_.Done(Direction::kFromPool), 1u);
+  EXPECT_EQ(a_.memory[1][0], 0x21);
+  EXPECT_EQ(a_.memory[1][kChunk], 0);
+  EXPECT_EQ(a_.memory[1][kLen - 1], 0);
   // The lane goes on.
   Completion next;
-  SetCounter(kReloadReadyOffset, 2);
-  engine_->Submit(Job(Direction::kFromPool, 1, 1, 2, next));
+  a_.SetTicket(Direction::kFromPool, 2);
+  Submit(Job(a_, Direction::kFromPool, 1, 1, 2, next));
   ASSERT_TRUE(next.Ready(5000));
   EXPECT_TRUE(next.future.get().ok());
 }
 
-TEST_F(StreamEngineTest, AbandonReleasesWaitsAndCancelsHeldJobs) {
+TEST_F(StreamEngineTest, AbandonCancelsQueuedAndHeldJobs) {
   Start();
   Completion waiting, held;
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 1, waiting));  // ticket never written
-  engine_->Submit(Job(Direction::kToPool, 1, 1, 3, held));     // ticket 2 never arrives
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, waiting));  // ticket never written
+  Submit(Job(a_, Direction::kToPool, 1, 1, 3, held));     // ticket 2 never arrives
   EXPECT_FALSE(waiting.Ready(50));
-  engine_->AbandonSession(session_.get());
+  engine_->AbandonSession(a_.session.get());
   ASSERT_TRUE(held.Ready(5000));
   EXPECT_EQ(held.future.get().code(), absl::StatusCode::kCancelled);
   ASSERT_TRUE(waiting.Ready(5000));
-  EXPECT_EQ(Counter(kProducedOffset), kReleasedTicket);
-  EXPECT_EQ(Counter(kReloadReadyOffset), kReleasedTicket);
+  EXPECT_EQ(waiting.future.get().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(PoolHolds(0, 0));  // nothing was copied for a client that is gone
   Completion late;
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 0, late));
+  Submit(Job(a_, Direction::kToPool, 0, 0, 0, late));
   ASSERT_TRUE(late.Ready(1000));
   EXPECT_EQ(late.future.get().code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(StreamEngineTest, TicketWithoutSemaphorePageFails) {
-  engine_ = MakeStreamEngine(std::make_unique<FakeRuntime>(), GpuEngineOptions{});
-  session_ = *engine_->OpenSession(8);
-  client_[0].assign(kLen, 0);
-  pool_.assign(kLen, 0);
-  absl::StatusOr<std::unique_ptr<ImportedBuffer>> b =
-      Import(wire::BufferKind::kCudaIpc, client_[0].data(), kLen);
-  ASSERT_TRUE(b.ok());
-  buffers_.push_back(*std::move(b));
+  Start();
+  Open(b_, 8, /*semaphores=*/false);
   Completion done;
-  engine_->Submit(Job(Direction::kToPool, 0, 0, 1, done));
+  Submit(Job(b_, Direction::kToPool, 0, 0, 1, done));
   ASSERT_TRUE(done.Ready(1000));
   EXPECT_EQ(done.future.get().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// What tierctl clients shows: a lane waiting for a client's ticket says which, and what the
+// client reported so far.
+TEST_F(StreamEngineTest, LanesReportWhatTheyWaitFor) {
+  Start();
+  a_.SetTicket(Direction::kToPool, 4);
+  Completion jobs[5];
+  for (uint64_t t = 1; t <= 5; ++t) Submit(Job(a_, Direction::kToPool, 0, t % 4, t, jobs[t - 1]));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(jobs[i].Ready(5000));
+  LaneStatus d2h;
+  for (int i = 0; i < 500; ++i) {
+    d2h = engine_->Lanes(a_.session.get())[0];
+    if (d2h.waiting_ms >= 20) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(d2h.direction, Direction::kToPool);
+  EXPECT_EQ(d2h.queued, 1u);
+  EXPECT_EQ(d2h.waiting_ticket, 5u);
+  EXPECT_EQ(d2h.client_ticket, 4u);
+  EXPECT_GE(d2h.waiting_ms, 20u);
+  a_.SetTicket(Direction::kToPool, 5);
+  ASSERT_TRUE(jobs[4].Ready(5000));
+  EXPECT_EQ(engine_->Lanes(a_.session.get())[0].waiting_ticket, 0u);
+}
+
+// Issue 10, on the CPU. Session A has an offload whose ticket comes only after a reload of A
+// completed (backward: the producer of the next saved tensor waits for a reloaded activation).
+// Meanwhile session B ends and its memory is closed, which waits for every stream of the process
+// to go idle while holding the driver lock (as cudaIpcCloseMemHandle does). Before the fix the
+// offload waited for its ticket on the GPU, so the streams never went idle; the close held the
+// driver lock; the reload could not be issued; the ticket never came: a deadlock. Now the
+// offload is issued only once its ticket is here, so the close finds idle streams.
+TEST_F(StreamEngineTest, DeadlockModel_ClosingMemoryWhileAClientTicketIsOutstanding) {
+  Start();
+  Open(b_, 8);
+  std::memset(a_.memory[0].data(), 0x61, kLen);
+  std::memset(pool_.data() + 2 * kLen, 0x62, kLen);
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 2000 && !finished.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!finished.load()) {
+      std::fprintf(stderr, "DEADLOCK: the offload, the reload and session B's close did not "
+                           "finish within 20 s (issue 10's cycle)\n");
+      std::fflush(stderr);
+      std::_Exit(1);  // the engine's threads are stuck: no orderly teardown is possible
+    }
+  });
+  Completion offload, reload;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, offload));  // ticket 1 comes after the reload
+  // The client: its producer stream runs only once the reload landed, then raises ticket 1.
+  std::thread client([&] {
+    while (a_.Done(Direction::kFromPool) < 1) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    a_.SetTicket(Direction::kToPool, 1);
+  });
+  // The session reaper drops B's buffers (closing them synchronizes implicitly).
+  std::thread reaper([&] { Close(b_); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  a_.SetTicket(Direction::kFromPool, 1);
+  Submit(Job(a_, Direction::kFromPool, 1, 2, 1, reload));
+  EXPECT_TRUE(reload.Ready(20000));
+  EXPECT_TRUE(offload.Ready(20000));
+  reaper.join();
+  client.join();
+  finished = true;
+  watchdog.join();
+  EXPECT_TRUE(reload.future.get().ok());
+  EXPECT_TRUE(offload.future.get().ok());
+  EXPECT_EQ(a_.memory[1][0], 0x62);
+  EXPECT_TRUE(PoolHolds(0, 0x61));
+}
+
+// Closing memory, destroying lanes and unpinning happen on the engine's release thread (the fake
+// fails any other thread that tries: see TearDown), and Counts() shows them go.
+TEST_F(StreamEngineTest, ReleasesRunOnTheReleaseThreadAndCountsReturnToZero) {
+  Start();
+  Open(b_, 8);
+  EXPECT_EQ(engine_->Counts().buffers, 6u);
+  EXPECT_EQ(engine_->Counts().lanes, 4u);
+  Close(b_);
+  Close(a_);
+  EngineCounts counts;
+  for (int i = 0; i < 2000; ++i) {
+    counts = engine_->Counts();
+    if (counts.buffers == 0 && counts.lanes == 0 && counts.pending_releases == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(counts.buffers, 0u);
+  EXPECT_EQ(counts.lanes, 0u);
+  EXPECT_EQ(counts.pending_releases, 0u);
+}
+
+// Many sessions and threads at once, jobs in random order of arrival across lanes, tickets raised
+// late by "client" threads, sessions closing while others run: everything completes, in ticket
+// order per lane, with the rule checks of TearDown.
+TEST_F(StreamEngineTest, ManySessionsAndThreadsNoHang) {
+  Start(/*delay_us=*/200);
+  constexpr int kClients = 4;
+  constexpr uint64_t kJobs = 60;
+  std::vector<std::unique_ptr<FakeClient>> clients;
+  std::vector<std::vector<char>> pools(kClients, std::vector<char>(kLen));
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<FakeClient>());
+    ASSERT_NO_FATAL_FAILURE(Open(*clients.back(), 100 + i));
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      FakeClient& c = *clients[i];
+      std::vector<Completion> done(2 * kJobs);
+      for (uint64_t t = 1; t <= kJobs; ++t) {
+        for (Direction d : {Direction::kToPool, Direction::kFromPool}) {
+          CopyJob job;
+          job.direction = d;
+          job.client = c.memory[t % 3].data();
+          job.pool = pools[i].data();
+          job.len = kLen / 8;
+          job.session = c.session.get();
+          job.sync = t;
+          job.done = done[2 * (t - 1) + (d == Direction::kToPool ? 0 : 1)].Callback();
+          SetThreadRole(ThreadRole::kRingPoller);
+          engine_->Submit(std::move(job));
+          SetThreadRole(ThreadRole::kOther);
+        }
+        if (t % 7 == 0) {  // the client's streams catch up now and then
+          c.SetTicket(Direction::kToPool, t);
+          c.SetTicket(Direction::kFromPool, t);
+        }
+      }
+      c.SetTicket(Direction::kToPool, kJobs);
+      c.SetTicket(Direction::kFromPool, kJobs);
+      for (Completion& d : done) {
+        if (!d.Ready(20000) || !d.future.get().ok()) ++failures;
+      }
+      if (c.Done(Direction::kToPool) != kJobs || c.Done(Direction::kFromPool) != kJobs) {
+        ++failures;
+      }
+      Close(c);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 }  // namespace

@@ -71,6 +71,8 @@ class FakeControl final : public v1::Control::Service {
     response->set_bytes_reloaded(768ull << 20);
     response->set_recent_bandwidth_bytes_per_s(23.4e9);
     response->set_pool_locked(true);
+    response->set_buffers(5);
+    response->set_gpu_lanes(2);
     response->set_spill_io("io_uring");
     response->set_bytes_spilled(3 * kGiB);
     response->set_bytes_fetched(1 * kGiB);
@@ -115,6 +117,17 @@ class FakeControl final : public v1::Control::Service {
     trainer->set_bytes_offloaded(1024 * kGiB);
     trainer->set_bytes_reloaded(768ull << 20);
     trainer->set_age_ms(3'723'000);
+    v1::LaneInfo* d2h = trainer->add_lanes();
+    d2h->set_gpu(0);
+    d2h->set_direction("D2H");
+    d2h->set_queued(2);
+    d2h->set_waiting_ticket(41);
+    d2h->set_client_ticket(40);
+    d2h->set_waiting_ms(12'000);
+    v1::LaneInfo* h2d = trainer->add_lanes();
+    h2d->set_gpu(0);
+    h2d->set_direction("H2D");
+    h2d->set_in_flight(1);
     v1::SessionInfo* pending = response->add_sessions();
     pending->set_session_id(12);
     pending->set_quota_bytes(8 * kGiB);
@@ -258,6 +271,7 @@ TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
             "Offloaded:         1.5 TiB\n"
             "Reloaded:          768.0 MiB\n"
             "Recent bandwidth:  23.4 GB/s\n"
+            "Client memory:     5 buffers mapped, 2 GPU lanes, 0 releases pending\n"
             "NVMe I/O:          io_uring\n"
             "Spilled:           3.0 GiB (now 2.5 GB/s)\n"
             "Fetched:           1.0 GiB (now 3.1 GB/s)\n"
@@ -317,11 +331,13 @@ TEST_F(TierctlCommandsTest, ClientsShowsOneAlignedRowPerSession) {
   // A pending session has no peer credentials yet: PID and UID show "-".
   EXPECT_EQ(run.out,
             "ID  NAME            PID   UID  ATTACHED     QUOTA      USED  OBJECTS  BUFFERS  "
-            "IN-FLIGHT  COMPLETED  FAILED  OFFLOADED   RELOADED       AGE\n"
+            "IN-FLIGHT  COMPLETED  FAILED  OFFLOADED   RELOADED       AGE  "
+            "WAITING FOR THE CLIENT\n"
             " 7  llama \"rank0\"  4242  1000  yes       32.0 GiB  12.5 GiB       96        4  "
-            "        3      10000       1    1.0 TiB  768.0 MiB  1h02m03s\n"
+            "        3      10000       1    1.0 TiB  768.0 MiB  1h02m03s  "
+            "gpu0 D2H ticket 41 (client at 40) 12s\n"
             "12  -                 -     -  no         8.0 GiB       0 B        0        0  "
-            "        0          0       0        0 B        0 B        1s\n");
+            "        0          0       0        0 B        0 B        1s  -\n");
   EXPECT_EQ(RunInProcess("sessions", false).out, run.out);
 }
 
@@ -345,7 +361,13 @@ TEST_F(TierctlCommandsTest, ClientsJsonIsValidWithStableNames) {
             (std::set<std::string>{"session_id", "name", "attached", "pid", "uid", "gid",
                                    "quota_bytes", "used_bytes", "objects", "buffers",
                                    "jobs_in_flight", "jobs_completed", "jobs_failed",
-                                   "bytes_offloaded", "bytes_reloaded", "age_ms"}));
+                                   "bytes_offloaded", "bytes_reloaded", "age_ms", "lanes"}));
+  const auto& lanes = first.fields().at("lanes").list_value();
+  ASSERT_EQ(lanes.values_size(), 2);
+  EXPECT_EQ(Keys(lanes.values(0).struct_value()),
+            (std::set<std::string>{"gpu", "direction", "queued", "held", "in_flight",
+                                   "waiting_ticket", "client_ticket", "waiting_ms"}));
+  EXPECT_EQ(lanes.values(0).struct_value().fields().at("waiting_ticket").number_value(), 41);
   EXPECT_EQ(first.fields().at("name").string_value(), "llama \"rank0\"");
   EXPECT_EQ(first.fields().at("pid").number_value(), 4242);
   EXPECT_TRUE(first.fields().at("attached").bool_value());
@@ -397,7 +419,8 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "spill_read_errors", "checksum_failures",
                                    "spill_bandwidth_bytes_per_s", "fetch_bandwidth_bytes_per_s",
                                    "prefetches", "bytes_prefetched", "prefetch_hits",
-                                   "prefetch_misses", "spill_files"}));
+                                   "prefetch_misses", "spill_files", "buffers", "gpu_lanes",
+                                   "pending_releases"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
