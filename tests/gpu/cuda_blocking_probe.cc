@@ -139,6 +139,7 @@ class Probe {
     std::promise<void> done_promise;
     std::future<void> done = done_promise.get_future();
     std::thread t([&] {
+      (void)cudaSetDevice(0);  // the primary context current, also for driver API calls
       call();
       done_promise.set_value();
     });
@@ -198,7 +199,10 @@ class Probe {
     for (Op& op : ops) {
       auto task = std::make_shared<std::packaged_task<void()>>(op.fn);
       std::future<void> f = task->get_future();
-      std::thread([task] { (*task)(); }).detach();
+      std::thread([task] {
+        (void)cudaSetDevice(0);
+        (*task)();
+      }).detach();
       bool ok = f.wait_for(std::chrono::milliseconds(200)) == std::future_status::ready;
       if (!ok) {
         *any = true;

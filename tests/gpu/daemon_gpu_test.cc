@@ -642,6 +642,57 @@ TEST(DaemonGpuBadInput, ClearErrorsAndTheSessionKeepsWorking) {
   cudaStreamDestroy(stream);
 }
 
+// Issue 10 on the GPU. Session b ends (tierd closes its IPC mappings, which waits for the device
+// while holding a driver lock) while session a's offload depends on a's reload (backward: the
+// next saved tensor is produced after a reloaded one is used), so a's ticket comes only once
+// tierd issued and finished the reload. Before the fix tierd's copy waited on the GPU for that
+// ticket, the close waited for the copy, and the reload could not be issued: a hang. Twenty
+// rounds, each with a fresh session b; a watchdog fails the test instead of hanging it.
+TEST(DaemonGpuManySessions, SessionEndsWhileAnotherWaitsForItsTicket) {
+  TierdProcess tierd({"--engine=cuda", "--copy_delay_us=2000"});
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 6000 && !finished.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!finished.load()) {
+      std::fprintf(stderr, "HANG: a session's end and another's ticket deadlocked tierd\n");
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  });
+  Session a(tierd);
+  DeviceMemory memory(Alloc::kCudaMalloc, 4 * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = a.Register(memory.get());
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaMemsetAsync(memory.get(), 0x21, kMiB, stream));
+  auto [saved, first] = a.Offload(buffer, base, kMiB, {stream});
+  ASSERT_EQ(a.Wait(first), TIER_OK) << tier_last_error();
+  for (int round = 0; round < 20; ++round) {
+    auto b = std::make_unique<Session>(tierd);
+    DeviceMemory other(Alloc::kCudaMalloc, 2 * kMiB);
+    (void)b->Register(other.get());
+    // The reload, then the next "activation" produced on the same stream after it, offloaded.
+    tier_job_id reload = a.Reload(saved, buffer, base + kMiB, kMiB, stream);
+    uint8_t value = static_cast<uint8_t>(0x40 + round);
+    CUDA_OK(cudaMemsetAsync(memory.get() + 2 * kMiB, value, kMiB, stream));
+    auto [next, offload] = a.Offload(buffer, base + 2 * kMiB, kMiB, {stream});
+    std::thread closer([&] { b.reset(); });  // tierd closes b's IPC mapping now
+    EXPECT_EQ(a.Wait(reload), TIER_OK) << "round " << round << ": " << tier_last_error();
+    EXPECT_EQ(a.Wait(offload), TIER_OK) << "round " << round << ": " << tier_last_error();
+    closer.join();
+    tier_job_id check = a.Reload(next, buffer, base + 3 * kMiB, kMiB, stream, true);
+    EXPECT_TRUE(DeviceHolds(memory.get() + 3 * kMiB, kMiB, value, stream)) << "round " << round;
+    EXPECT_TRUE(DeviceHolds(memory.get() + kMiB, kMiB, 0x21, stream)) << "round " << round;
+    EXPECT_EQ(a.Wait(check), TIER_OK);
+  }
+  finished = true;
+  watchdog.join();
+  cudaStreamDestroy(stream);
+}
+
 // The daemon dies while a consumer stream waits for a reload: the stream is released (nothing
 // hangs) and the job fails with UNAVAILABLE.
 TEST(DaemonGpuDeath, ConsumerStreamIsReleasedWhenTheDaemonDies) {
