@@ -286,6 +286,8 @@ class Client:
         self._session = session
         self._closed = False
         self._lock = threading.Lock()
+        self._unlocked_calls = 0  # library calls made without the lock (register_device)
+        self._unlocked_done = threading.Condition(self._lock)
         self._inflight = {}     # job id -> _Job: submitted, result not yet taken from the library
         self._unwaited = {}     # job id -> _Job: user jobs, finished, result not yet taken
         self._deferred = collections.deque()  # callables queued by finalizers (run under the lock)
@@ -329,6 +331,8 @@ class Client:
                 self._closed = True
                 self._session = None
                 return
+            while self._unlocked_calls:
+                self._unlocked_done.wait()
             # Take every result, so each job's owner learns its status and its source is released.
             for job in list(self._inflight.values()):
                 try:
@@ -417,15 +421,26 @@ class Client:
         offset = ctypes.c_uint64()
         with self._lock:
             self._check_locked()
+            session = self._session
+            self._unlocked_calls += 1
+        # Outside the lock: the library is thread-safe, and a registration may take a round trip
+        # to tierd (export, IPC open there) that other threads of this client need not wait for.
+        # close() waits for calls like this one before it closes the session.
+        try:
             if nbytes is None:
                 status = self._c.tier_buffer_register_device(
-                    self._session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
+                    session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
                     ctypes.byref(offset))
             else:
                 status = self._c.tier_buffer_register_device_range(
-                    self._session, ctypes.c_void_p(int(device_ptr)), ctypes.c_uint64(int(nbytes)),
+                    session, ctypes.c_void_p(int(device_ptr)), ctypes.c_uint64(int(nbytes)),
                     ctypes.byref(buffer_id), ctypes.byref(offset))
             _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+        finally:
+            with self._lock:
+                self._unlocked_calls -= 1
+                self._unlocked_done.notify_all()
+        with self._lock:
             # The library owns the registrations (it unregisters them at close); we only count.
             self._device_buffers[buffer_id.value] = self._device_buffers.get(buffer_id.value, 0) + 1
         return buffer_id.value, offset.value
