@@ -155,6 +155,8 @@ grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSe
       out->set_waiting_ticket(lane.waiting_ticket);
       out->set_client_ticket(lane.client_ticket);
       out->set_waiting_ms(lane.waiting_ms);
+      out->set_blocked_on(lane.blocked_on);
+      out->set_active(lane.active);
     }
   }
   return grpc::Status::OK;

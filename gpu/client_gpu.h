@@ -112,9 +112,10 @@ struct DeviceAllocation {
 // exported (e.g. from a stream-ordered pool); UNIMPLEMENTED without a GPU runtime.
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr);
 
-// A cheap identity of the allocation mapped at `device_ptr` (CUDA's buffer id: unique for the
-// life of the process, so a freed and reallocated range gets a new one); 0 where there is none or
-// the runtime cannot tell. Lets the client reuse a registration without exporting again.
+// A cheap identity of the physical allocation mapped at `device_ptr` (CUDA's memory block id,
+// unique for the life of the process, so freed memory and memory mapped anew at the same address
+// get new ones; the buffer id where the driver lacks it); 0 where there is none or the runtime
+// cannot tell. Lets the client reuse a registration without exporting again.
 uint64_t AllocationId(const void* device_ptr);
 
 // ExportDeviceAllocation for a range: the allocation holding `device_ptr`, which must also hold

@@ -277,9 +277,17 @@ int GpuDeviceCount() { return cuda::DeviceCount(); }
 uint64_t AllocationId(const void* device_ptr) {
   absl::StatusOr<const Driver*> driver = cuda::GetDriver();
   if (!driver.ok() || (*driver)->PointerGetAttribute == nullptr) return 0;
+  auto ptr = reinterpret_cast<CUdeviceptr>(device_ptr);
+  // The physical allocation's id: for VMM memory (PyTorch's expandable segments) the buffer id
+  // names the address range, which stays the same when the allocator unmaps a page and maps new
+  // memory there (empty_cache), so it cannot tell the new page from the old one.
   unsigned long long id = 0;
-  if ((*driver)->PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                     reinterpret_cast<CUdeviceptr>(device_ptr)) != CUDA_SUCCESS) {
+  if ((*driver)->PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, ptr) ==
+          CUDA_SUCCESS &&
+      id != 0) {
+    return id;
+  }
+  if ((*driver)->PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS) {
     return 0;
   }
   return id;

@@ -82,6 +82,10 @@ struct LaneStatus {
   uint64_t waiting_ticket = 0;  // the ticket the lane waits for from the client (0: none)
   uint64_t client_ticket = 0;   // the client's counter as last read (what it reported so far)
   uint64_t waiting_ms = 0;      // how long the lane has waited for that ticket
+  // What the lane's first queued job waits for on the host ("" when nothing is queued or it is
+  // being issued), and whether the engine is looking at the lane (false with jobs queued is a bug).
+  std::string blocked_on;
+  bool active = false;
 };
 
 // Engine-wide counts, to check that nothing is left behind.

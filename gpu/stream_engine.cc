@@ -192,8 +192,10 @@ struct Lane {
   uint64_t progress_ns = 0;    // last completion, or when the first pending job was issued
   uint64_t wait_since_ns = 0;  // when the head job began to wait for its ticket (0: not)
   uint64_t client_ticket = 0;  // the ticket counter as last read
+  const char* blocked = "";    // what the head job waits for on the host (diagnostics)
   bool warned_wait = false;
   bool warned_idle = false;
+  std::atomic<bool> in_worker{false};  // in its worker's active list
 
   bool busy() const { return !queue.empty() || !pending.empty(); }
 };
@@ -425,6 +427,7 @@ class DeviceWorker {
       std::lock_guard lock(mu_);
       if (std::find(active_.begin(), active_.end(), lane) == active_.end()) {
         active_.push_back(lane);
+        lane->in_worker.store(true);
       }
       woken_.store(true);
     }
@@ -758,6 +761,8 @@ class StreamEngine final : public CopyEngine {
       s.held = lane->held.size();
       s.in_flight = lane->pending.size();
       s.client_ticket = lane->client_ticket;
+      if (!lane->queue.empty()) s.blocked_on = lane->blocked;
+      s.active = lane->in_worker.load();
       if (lane->wait_since_ns != 0 && !lane->queue.empty()) {
         s.waiting_ticket = lane->queue.front().job.sync;
         s.waiting_ms = (now - lane->wait_since_ns) / 1000000;
@@ -776,6 +781,27 @@ class StreamEngine final : public CopyEngine {
   }
 
   // ---- the device workers' side ----
+
+  // Lanes of `device` with work that their worker is not looking at. There should be none (Submit
+  // wakes the worker); the worker checks now and then and logs any it finds.
+  std::vector<std::shared_ptr<Lane>> StrandedLanes(int device) {
+    std::vector<std::shared_ptr<SessionState>> sessions;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& weak : sessions_) {
+        if (auto s = weak.lock()) sessions.push_back(std::move(s));
+      }
+    }
+    std::vector<std::shared_ptr<Lane>> stranded;
+    for (auto& session : sessions) {
+      for (auto& lane : session->AllLanes()) {
+        if (lane->device != device || lane->in_worker.load()) continue;
+        std::lock_guard lock(lane->mu);
+        if (lane->busy()) stranded.push_back(lane);
+      }
+    }
+    return stranded;
+  }
 
   // Issues what is ready on `lane` and completes what finished. True if anything moved; *busy:
   // whether the lane still has work.
@@ -930,6 +956,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
     uint64_t seen = lane.ready->load(std::memory_order_acquire);
     lane.client_ticket = seen;
     if (seen < job.sync) {
+      lane.blocked = "the client's ticket";
       if (lane.wait_since_ns == 0) lane.wait_since_ns = now;
       if (!lane.warned_wait &&
           now - lane.wait_since_ns > uint64_t{options_.lane_wait_warn_ms} * 1000000) {
@@ -955,7 +982,10 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
     // Delay injection: the copy is issued copy_delay_us after its ticket arrived, late relative
     // to the client's producer/consumer work, whatever the host did meanwhile.
     if (q.eligible_ns == 0) q.eligible_ns = now;
-    if (now - q.eligible_ns < options_.copy_delay_us * 1000) return false;
+    if (now - q.eligible_ns < options_.copy_delay_us * 1000) {
+      lane.blocked = "delay injection";
+      return false;
+    }
   }
   GpuStream stream = lane.stream;
   if (copy && !q.started) {
@@ -964,7 +994,10 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
       // of an object right after its offload): issue it only after those copies are issued, and
       // order it after them on the GPU.
       std::vector<PoolWrites::Write> writes;
-      if (!pool_writes_.Overlapping(job.pool, job.len, q.writes_before, &writes)) return false;
+      if (!pool_writes_.Overlapping(job.pool, job.len, q.writes_before, &writes)) {
+        lane.blocked = "an offload into the same pool bytes to be issued";
+        return false;
+      }
       for (const PoolWrites::Write& w : writes) {
         if (q.status.ok()) q.status = runtime_->WaitValue64(stream, w.completed_addr, w.seq);
       }
@@ -984,11 +1017,15 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
         q.status = Copy(stream, job.direction, q.host, job.client + off, job.pool + off, n);
         ++q.chunks_issued;
       }
-      if (q.status.ok() && q.chunks_issued < chunks) return false;
+      if (q.status.ok() && q.chunks_issued < chunks) {
+        lane.blocked = "NVMe chunks";
+        return false;
+      }
     } else {
       q.status = Copy(stream, job.direction, q.host, job.client, job.pool, job.len);
     }
   }
+  lane.blocked = "";
   const uint64_t seq = lane.next_seq;
   if (q.pool_write != 0 && q.status.ok()) {
     pool_writes_.Issued(q.pool_write, job.pool, lane.completed_addr(), seq);
@@ -1111,7 +1148,20 @@ void DeviceWorker::Run() {
     std::vector<std::shared_ptr<Lane>> lanes;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !active_.empty(); });
+      // Idle: sleep until a Submit wakes us, looking every second for a lane with work that no
+      // one woke us for (a safety net: it logs, and the lane is served).
+      while (!stop_ && active_.empty()) {
+        if (cv_.wait_for(lock, std::chrono::seconds(1)) == std::cv_status::timeout) {
+          lock.unlock();
+          std::vector<std::shared_ptr<Lane>> stranded = engine_.StrandedLanes(device_);
+          for (auto& lane : stranded) {
+            LogError(lane->label, ": GPU ", device_, " ", lane->name(),
+                     " lane had jobs its worker was not told of (a lost wake-up); serving it");
+            Wake(lane);
+          }
+          lock.lock();
+        }
+      }
       if (stop_) return;
       lanes = active_;
       woken_.store(false);
@@ -1134,7 +1184,9 @@ void DeviceWorker::Run() {
       std::erase_if(active_, [&](const std::shared_ptr<Lane>& lane) {
         if (std::find(idle.begin(), idle.end(), lane.get()) == idle.end()) return false;
         std::lock_guard lane_lock(lane->mu);
-        return !lane->busy();  // a Submit may have queued meanwhile
+        if (lane->busy()) return false;  // a Submit queued meanwhile
+        lane->in_worker.store(false);
+        return true;
       });
       any_active = !active_.empty();
       if (!any_active) idle_cv_.notify_all();

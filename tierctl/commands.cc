@@ -246,15 +246,21 @@ void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& o
   table.Render(out);
 }
 
-// What a session's GPU lanes wait for: "gpu0 D2H ticket 5 (client at 4) 12s" for each lane that
-// waits for the client (the client's stream has not reached the job's point), "-" when none.
+// What a session's GPU lanes wait for: "client: gpu0 D2H ticket 5 (at 4) 12s" for a lane that
+// waits for the client (a stream of the client has not reached the job's point), "tierd: gpu0
+// H2D ..." for one that waits on tierd's side; "-" when none waits.
 std::string WaitSummary(const v1::SessionInfo& s) {
   std::vector<std::string> waits;
   for (const v1::LaneInfo& lane : s.lanes()) {
-    if (lane.waiting_ticket() == 0) continue;
-    waits.push_back(absl::StrCat("gpu", lane.gpu(), " ", lane.direction(), " ticket ",
-                                 lane.waiting_ticket(), " (client at ", lane.client_ticket(),
-                                 ") ", FormatDuration(lane.waiting_ms())));
+    std::string where = absl::StrCat("gpu", lane.gpu(), " ", lane.direction());
+    if (lane.waiting_ticket() != 0) {
+      waits.push_back(absl::StrCat("client: ", where, " ticket ", lane.waiting_ticket(), " (at ",
+                                   lane.client_ticket(), ") ", FormatDuration(lane.waiting_ms())));
+    } else if (lane.queued() > 0) {
+      waits.push_back(absl::StrCat("tierd: ", where, " ", lane.queued(), " queued",
+                                   lane.blocked_on().empty() ? "" : ", for ", lane.blocked_on(),
+                                   lane.active() ? "" : " (NOT SERVED)"));
+    }
   }
   return waits.empty() ? "-" : absl::StrJoin(waits, "; ");
 }
@@ -269,7 +275,7 @@ void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::os
   Table table({{"ID", kR}, {"NAME"}, {"PID", kR}, {"UID", kR}, {"ATTACHED"}, {"QUOTA", kR},
                {"USED", kR}, {"OBJECTS", kR}, {"BUFFERS", kR}, {"IN-FLIGHT", kR},
                {"COMPLETED", kR}, {"FAILED", kR}, {"OFFLOADED", kR}, {"RELOADED", kR},
-               {"AGE", kR}, {"WAITING FOR THE CLIENT"}});
+               {"AGE", kR}, {"WAITING ON"}});
   for (const auto& s : sessions.sessions()) {
     // A pending session has no peer yet, so no credentials to show.
     table.AddRow({absl::StrCat(s.session_id()), s.name().empty() ? "-" : s.name(),

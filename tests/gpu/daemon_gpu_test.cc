@@ -588,6 +588,79 @@ TEST(DaemonGpuVmmPages, JobsCrossPagesOfOneReservation) {
   d->MemAddressFree(va, total);
 }
 
+// PyTorch's expandable segments after torch.cuda.empty_cache(): a page is unmapped and released,
+// and later new physical memory is mapped at the same address. A registration of the old page
+// must not be reused for it: the daemon's mapping still holds the old memory, so jobs would copy
+// to and from memory the client no longer sees (found by scripts/gpu-stress: wrong gradients,
+// then illegal addresses from reloaded index tensors). The registry tells pages apart by the
+// physical allocation's id.
+TEST(DaemonGpuVmmPages, RemappedPageIsRegisteredAnew) {
+  const gpu::cuda::Driver* d = *gpu::cuda::GetDriver();
+  int supported = 0;
+  d->DeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                        0);
+  if (!supported) GTEST_SKIP() << "VMM POSIX fd handles unsupported on this GPU";
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t page = 0;
+  ASSERT_EQ(d->MemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(d->MemAddressReserve(&va, page, page, 0, 0), CUDA_SUCCESS);
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  auto map_new_page = [&] {
+    CUmemGenericAllocationHandle handle = 0;
+    ASSERT_EQ(d->MemCreate(&handle, page, &prop, 0), CUDA_SUCCESS);
+    ASSERT_EQ(d->MemMap(va, page, 0, handle, 0), CUDA_SUCCESS);
+    d->MemRelease(handle);
+    ASSERT_EQ(d->MemSetAccess(va, page, &access, 1), CUDA_SUCCESS);
+  };
+  auto ids = [&] {
+    unsigned long long buffer_id = 0, block_id = 0;
+    d->PointerGetAttribute(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, va);
+    d->PointerGetAttribute(&block_id, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, va);
+    return std::pair{buffer_id, block_id};
+  };
+  char* base = reinterpret_cast<char*>(va);
+  TierdProcess tierd({"--engine=cuda"});
+  DeviceMemory check(Alloc::kCudaMalloc, page);
+  {
+    Session session(tierd);
+    auto [check_buffer, check_base] = session.Register(check.get());
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    uint8_t value = 0x11;
+    for (int round = 0; round < 3; ++round, value += 0x11) {
+      map_new_page();
+      auto [buffer_id, block_id] = ids();
+      std::printf("round %d: CU_POINTER_ATTRIBUTE_BUFFER_ID %llu, MEMORY_BLOCK_ID %llu\n", round,
+                  buffer_id, block_id);
+      CUDA_OK(cudaMemsetAsync(base, value, page, stream));
+      auto [buffer, at] = session.Register(base);
+      auto [object, offload] = session.Offload(buffer, at, page, {stream});
+      ASSERT_EQ(session.Wait(offload), TIER_OK) << tier_last_error();
+      tier_job_id reload = session.Reload(object, check_buffer, check_base, page, stream, true);
+      EXPECT_TRUE(DeviceHolds(check.get(), page, value, stream))
+          << "round " << round << ": tierd copied from a page the client unmapped";
+      EXPECT_EQ(session.Wait(reload), TIER_OK);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      ASSERT_EQ(d->MemUnmap(va, page), CUDA_SUCCESS);  // empty_cache
+    }
+    cudaStreamDestroy(stream);
+  }
+  d->MemAddressFree(va, page);
+  // Every stale registration was dropped as the new one was made, and the session's end dropped
+  // the rest: tierd holds no client memory.
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.buffers() == 0 && s.gpu_lanes() == 0 && s.pending_releases() == 0;
+  }));
+}
+
 // Host memory (CPU tensors, the demo client) through the CUDA engine: pinned by the daemon and
 // copied by a GPU lane; the bytes come back intact.
 TEST(DaemonGpuHostMemory, HostBuffersRoundTripThroughTheCudaEngine) {

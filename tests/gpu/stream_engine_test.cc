@@ -17,6 +17,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <random>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -745,6 +746,75 @@ TEST_F(StreamEngineTest, ManySessionsAndThreadsNoHang) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+// As the daemon drives the engine: a ring-poller thread submits offloads and reloads (tickets
+// raised by "client" threads a little later, as streams reach them), completion callbacks (on the
+// worker) submit reloads of what just filled, as the executor does, and the jobs must all end.
+TEST_F(StreamEngineTest, CallbacksThatSubmitAndLateTicketsNeverStrandALane) {
+  Start();
+  constexpr uint64_t kRounds = 400;
+  std::atomic<uint64_t> ended{0};
+  std::atomic<uint64_t> offload_tickets{0};
+  std::atomic<uint64_t> reload_tickets{0};
+  std::mutex submit_mu;  // one submitter at a time per lane, as the ring poller
+  std::function<void(int, uint64_t)> submit_reload;
+  submit_reload = [&](int slot, uint64_t) {
+    std::lock_guard lock(submit_mu);
+    CopyJob job;
+    job.direction = Direction::kFromPool;
+    job.client = a_.memory[1].data();
+    job.pool = pool_.data() + slot * kLen;
+    job.len = kLen / 16;
+    job.session = a_.session.get();
+    job.sync = ++reload_tickets;
+    job.done = [&](absl::Status) { ++ended; };
+    engine_->Submit(std::move(job));
+  };
+  std::atomic<bool> stop{false};
+  std::thread client([&] {  // the client's streams reach the tickets, in bursts
+    std::mt19937 rng(1);
+    while (!stop.load()) {
+      a_.SetTicket(Direction::kToPool, offload_tickets.load());
+      if (rng() % 3 == 0) a_.SetTicket(Direction::kFromPool, reload_tickets.load());
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+    }
+  });
+  std::thread poller([&] {
+    SetThreadRole(ThreadRole::kRingPoller);
+    for (uint64_t i = 0; i < kRounds; ++i) {
+      int slot = static_cast<int>(i % 4);
+      {
+        std::lock_guard lock(submit_mu);
+        CopyJob job;
+        job.direction = Direction::kToPool;
+        job.client = a_.memory[0].data();
+        job.pool = pool_.data() + slot * kLen;
+        job.len = kLen / 16;
+        job.session = a_.session.get();
+        job.sync = ++offload_tickets;
+        // Its completion submits a reload of what it filled (from the worker thread).
+        job.done = [&, slot, i](absl::Status) {
+          ++ended;
+          std::thread([&, slot, i] { submit_reload(slot, i); }).detach();
+        };
+        engine_->Submit(std::move(job));
+      }
+      if (i % 5 == 0) submit_reload(slot, i);
+    }
+  });
+  poller.join();
+  bool all = false;
+  for (int i = 0; i < 10000 && !all; ++i) {
+    a_.SetTicket(Direction::kFromPool, reload_tickets.load());
+    all = ended.load() == kRounds + kRounds + kRounds / 5;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  client.join();
+  EXPECT_TRUE(all) << ended.load() << " of " << kRounds * 2 + kRounds / 5
+                   << " jobs ended; lanes: " << engine_->Lanes(a_.session.get())[1].queued
+                   << " reloads queued";
 }
 
 }  // namespace

@@ -266,7 +266,7 @@ class Run:
                     leaks.append("%s: %d bytes used" % (tier_["name"], tier_["used_bytes"]))
                 if tier_.get("objects", 0):
                     leaks.append("%s: %d objects" % (tier_["name"], tier_["objects"]))
-            for key in ("buffers", "gpu_mappings", "objects"):
+            for key in ("buffers", "gpu_lanes", "pending_releases", "jobs_in_flight"):
                 if s.get(key, 0):
                     leaks.append("%d %s" % (s[key], key))
             if not leaks:

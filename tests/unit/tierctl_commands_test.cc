@@ -121,6 +121,8 @@ class FakeControl final : public v1::Control::Service {
     d2h->set_gpu(0);
     d2h->set_direction("D2H");
     d2h->set_queued(2);
+    d2h->set_active(true);
+    d2h->set_blocked_on("the client's ticket");
     d2h->set_waiting_ticket(41);
     d2h->set_client_ticket(40);
     d2h->set_waiting_ms(12'000);
@@ -128,6 +130,8 @@ class FakeControl final : public v1::Control::Service {
     h2d->set_gpu(0);
     h2d->set_direction("H2D");
     h2d->set_in_flight(1);
+    h2d->set_queued(3);
+    h2d->set_blocked_on("delay injection");  // and not served: shown as such
     v1::SessionInfo* pending = response->add_sessions();
     pending->set_session_id(12);
     pending->set_quota_bytes(8 * kGiB);
@@ -332,10 +336,11 @@ TEST_F(TierctlCommandsTest, ClientsShowsOneAlignedRowPerSession) {
   EXPECT_EQ(run.out,
             "ID  NAME            PID   UID  ATTACHED     QUOTA      USED  OBJECTS  BUFFERS  "
             "IN-FLIGHT  COMPLETED  FAILED  OFFLOADED   RELOADED       AGE  "
-            "WAITING FOR THE CLIENT\n"
+            "WAITING ON\n"
             " 7  llama \"rank0\"  4242  1000  yes       32.0 GiB  12.5 GiB       96        4  "
             "        3      10000       1    1.0 TiB  768.0 MiB  1h02m03s  "
-            "gpu0 D2H ticket 41 (client at 40) 12s\n"
+            "client: gpu0 D2H ticket 41 (at 40) 12s; tierd: gpu0 H2D 3 queued, for delay "
+            "injection (NOT SERVED)\n"
             "12  -                 -     -  no         8.0 GiB       0 B        0        0  "
             "        0          0       0        0 B        0 B        1s  -\n");
   EXPECT_EQ(RunInProcess("sessions", false).out, run.out);
@@ -366,7 +371,8 @@ TEST_F(TierctlCommandsTest, ClientsJsonIsValidWithStableNames) {
   ASSERT_EQ(lanes.values_size(), 2);
   EXPECT_EQ(Keys(lanes.values(0).struct_value()),
             (std::set<std::string>{"gpu", "direction", "queued", "held", "in_flight",
-                                   "waiting_ticket", "client_ticket", "waiting_ms"}));
+                                   "waiting_ticket", "client_ticket", "waiting_ms", "blocked_on",
+                                   "active"}));
   EXPECT_EQ(lanes.values(0).struct_value().fields().at("waiting_ticket").number_value(), 41);
   EXPECT_EQ(first.fields().at("name").string_value(), "llama \"rank0\"");
   EXPECT_EQ(first.fields().at("pid").number_value(), 4242);
