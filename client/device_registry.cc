@@ -93,12 +93,27 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   } drop_stale{this, &stale};
   absl::StatusOr<gpu::DeviceAllocation> allocation = gpu::ExportDeviceRange(device_ptr, len);
   if (!allocation.ok()) return allocation.status();
-  // IPC handles and page tables tell allocations at the same address apart; a single VMM page
-  // is known by its address and size.
-  Allocation key{allocation->device, allocation->base, allocation->bytes,
-                 allocation->kind == wire::BufferKind::kCudaVmmFd ? std::array<uint8_t, 64>{}
-                                                                 : allocation->ipc_handle};
-  {
+  // The physical allocations under the range, by id (gpu::AllocationId), read right after the
+  // export took its handles: they tell memory mapped anew at the same address (a VMM page after
+  // empty_cache, a cudaMalloc block after a free) from the memory registered before. Pages in
+  // address order; one unless kCudaVmmPages.
+  Range range{allocation->base + allocation->bytes, 0, allocation->device, {}};
+  if (allocation->page_bytes.empty()) {
+    range.pages.push_back({allocation->base, gpu::AllocationId(device_ptr)});
+  } else {
+    uint64_t at = allocation->base;
+    for (uint64_t bytes : allocation->page_bytes) {
+      range.pages.push_back({at, gpu::AllocationId(reinterpret_cast<const void*>(at))});
+      at += bytes;
+    }
+  }
+  bool identified = true;
+  for (const auto& page : range.pages) identified = identified && page.second != 0;
+  // Without ids nothing is reused: every call registers anew (correct, just slower).
+  Allocation key{allocation->device, allocation->base, allocation->bytes, allocation->ipc_handle,
+                 {}};
+  for (const auto& page : range.pages) key.ids.push_back(page.second);
+  if (identified) {
     std::lock_guard lock(mu_);
     if (auto it = by_allocation_.find(key); it != by_allocation_.end()) {
       return Registered{it->second, allocation->offset, allocation->bytes, allocation->device};
@@ -111,24 +126,15 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   for (const UniqueFd& fd : allocation->page_fds) fds.push_back(fd.get());
   absl::StatusOr<uint64_t> id = register_fn_(Describe(*allocation), fds);
   if (!id.ok()) return id.status();
-  // Page identities for the fast path (the pages in address order; one page unless kCudaVmmPages).
-  Range range{allocation->base + allocation->bytes, *id, allocation->device, {}};
-  if (allocation->page_bytes.empty()) {
-    range.pages.push_back({allocation->base, gpu::AllocationId(device_ptr)});
-  } else {
-    uint64_t at = allocation->base;
-    for (uint64_t bytes : allocation->page_bytes) {
-      range.pages.push_back({at, gpu::AllocationId(reinterpret_cast<const void*>(at))});
-      at += bytes;
-    }
-  }
+  range.buffer_id = *id;
   std::lock_guard lock(mu_);
-  // Two threads may register one allocation at once; both ids stay valid, the later one is cached.
-  by_allocation_[key] = *id;
   by_buffer_[*id] = key;
-  bool identified = true;
-  for (const auto& page : range.pages) identified = identified && page.second != 0;
-  if (identified) ranges_[allocation->base] = std::move(range);
+  if (identified) {
+    // Two threads may register one allocation at once; both ids stay valid, the later one is
+    // cached.
+    by_allocation_[key] = *id;
+    ranges_[allocation->base] = std::move(range);
+  }
   return Registered{*id, allocation->offset, allocation->bytes, allocation->device};
 }
 

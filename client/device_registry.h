@@ -78,12 +78,14 @@ class DeviceRegistry {
   // Declared before the pages: unregistered after the last DeviceSync is gone.
   std::unique_ptr<gpu::TicketPageRegistration> ticket_registration_;  // guarded by create_mu_
   std::map<int, std::unique_ptr<gpu::DeviceSync>> syncs_;
+  // What a registration names: the address range and the physical allocations under it.
   struct Allocation {
     int device;
     uint64_t base;
     uint64_t bytes;
-    std::array<uint8_t, 64> handle;
-    auto key() const { return std::tie(device, base, bytes, handle); }
+    std::array<uint8_t, 64> handle;  // the IPC handle, or the pages' sizes
+    std::vector<uint64_t> ids;       // gpu::AllocationId of each page, in address order
+    auto key() const { return std::tie(device, base, bytes, handle, ids); }
     bool operator<(const Allocation& other) const { return key() < other.key(); }
   };
   std::map<Allocation, uint64_t> by_allocation_;  // -> buffer id

@@ -157,6 +157,10 @@ grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSe
       out->set_waiting_ms(lane.waiting_ms);
       out->set_blocked_on(lane.blocked_on);
       out->set_active(lane.active);
+      out->set_issued_seq(lane.issued_seq);
+      out->set_completed_seq(lane.completed_seq);
+      out->set_oldest_in_flight_ms(lane.oldest_in_flight_ms);
+      out->set_gpu_waits(lane.gpu_waits);
     }
   }
   return grpc::Status::OK;

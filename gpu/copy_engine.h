@@ -86,6 +86,12 @@ struct LaneStatus {
   // being issued), and whether the engine is looking at the lane (false with jobs queued is a bug).
   std::string blocked_on;
   bool active = false;
+  // The stream: seq of the last job issued and of the last completed; the oldest job in flight's
+  // age and the GPU-side waits it is behind that are not met yet ("" when none).
+  uint64_t issued_seq = 0;
+  uint64_t completed_seq = 0;
+  uint64_t oldest_in_flight_ms = 0;
+  std::string gpu_waits;
 };
 
 // Engine-wide counts, to check that nothing is left behind.

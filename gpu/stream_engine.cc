@@ -108,12 +108,19 @@ struct FeedProgress {
   std::atomic<uint64_t> ready_chunks{0};
 };
 
+// A GPU-side wait a job was issued behind: the writer lane's completion word reaching `seq`.
+struct GpuWait {
+  const uint64_t* word = nullptr;  // host view of the word
+  uint64_t seq = 0;
+};
+
 // A job accepted on its lane, in ticket order, not yet (fully) issued.
 struct QueuedJob {
   CopyJob job;
   bool host = false;             // host-to-host: copied by the runtime's host-function thread
   uint64_t pool_write = 0;       // kToPool: id of its entry in the engine's pool writes
   uint64_t writes_before = 0;    // kFromPool: newest pool write registered before it
+  std::vector<GpuWait> gpu_waits;  // kFromPool: the pool writes it was ordered after
   uint64_t eligible_ns = 0;      // delay injection: when its ticket was first seen
   bool started = false;          // fed: its first chunk (and the pool waits) are issued
   uint64_t chunks_issued = 0;    // fed
@@ -129,7 +136,20 @@ struct PendingJob {
   uint64_t pool_write = 0;  // kToPool: its entry in the engine's pool writes (0: none)
   char* pool = nullptr;
   std::shared_ptr<SourceFeed> feed;
+  std::vector<GpuWait> gpu_waits;  // for diagnostics
+  uint64_t issued_ns = 0;
 };
+
+// The GPU-side waits of a job not yet done, as "pool write seq S (word at V)"; "" for none.
+std::string DescribeGpuWaits(const PendingJob& p) {
+  std::string out;
+  for (const GpuWait& w : p.gpu_waits) {
+    uint64_t at = LoadWord(*w.word);
+    if (at >= w.seq) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", "pool write seq ", w.seq, " (word at ", at, ")");
+  }
+  return out;
+}
 
 struct FailedJob {
   absl::AnyInvocable<void(absl::Status) &&> done;
@@ -194,6 +214,7 @@ struct Lane {
   uint64_t client_ticket = 0;  // the ticket counter as last read
   const char* blocked = "";    // what the head job waits for on the host (diagnostics)
   bool warned_wait = false;
+  bool warned_stuck = false;
   bool warned_idle = false;
   std::atomic<bool> in_worker{false};  // in its worker's active list
 
@@ -339,6 +360,7 @@ class PoolWrites {
     uint64_t id = 0;
     bool issued = false;
     uint64_t completed_addr = 0;
+    const uint64_t* completed_host = nullptr;
     uint64_t seq = 0;
   };
 
@@ -353,12 +375,14 @@ class PoolWrites {
     std::lock_guard lock(mu_);
     return next_id_ - 1;
   }
-  void Issued(uint64_t id, char* pool, uint64_t completed_addr, uint64_t seq) {
+  void Issued(uint64_t id, char* pool, uint64_t completed_addr, const uint64_t* completed_host,
+              uint64_t seq) {
     std::lock_guard lock(mu_);
     for (auto it = writes_.lower_bound(pool); it != writes_.end() && it->first == pool; ++it) {
       if (it->second.id == id) {
         it->second.issued = true;
         it->second.completed_addr = completed_addr;
+        it->second.completed_host = completed_host;
         it->second.seq = seq;
       }
     }
@@ -763,6 +787,13 @@ class StreamEngine final : public CopyEngine {
       s.client_ticket = lane->client_ticket;
       if (!lane->queue.empty()) s.blocked_on = lane->blocked;
       s.active = lane->in_worker.load();
+      s.completed_seq = LoadWord(lane->word.host->completed);
+      s.issued_seq = lane->next_seq - 1;
+      if (!lane->pending.empty()) {
+        const PendingJob& oldest = lane->pending.front();
+        s.oldest_in_flight_ms = (now - oldest.issued_ns) / 1000000;
+        s.gpu_waits = DescribeGpuWaits(oldest);
+      }
       if (lane->wait_since_ns != 0 && !lane->queue.empty()) {
         s.waiting_ticket = lane->queue.front().job.sync;
         s.waiting_ms = (now - lane->wait_since_ns) / 1000000;
@@ -1000,6 +1031,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
       }
       for (const PoolWrites::Write& w : writes) {
         if (q.status.ok()) q.status = runtime_->WaitValue64(stream, w.completed_addr, w.seq);
+        q.gpu_waits.push_back(GpuWait{w.completed_host, w.seq});
       }
     }
     q.started = true;
@@ -1028,7 +1060,8 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
   lane.blocked = "";
   const uint64_t seq = lane.next_seq;
   if (q.pool_write != 0 && q.status.ok()) {
-    pool_writes_.Issued(q.pool_write, job.pool, lane.completed_addr(), seq);
+    pool_writes_.Issued(q.pool_write, job.pool, lane.completed_addr(), &lane.word.host->completed,
+                        seq);
   }
   // Whatever failed above, the ticket is still signalled: the client's streams wait on it and
   // must not hang. The failure reaches the client through the job's completion.
@@ -1045,7 +1078,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
   absl::Status status = q.status.ok() ? signal : q.status;
   if (lane.pending.empty()) lane.progress_ns = now;  // the watchdog counts from here
   lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), q.pool_write,
-                                    job.pool, std::move(job.feed)});
+                                    job.pool, std::move(job.feed), std::move(q.gpu_waits), now});
   return true;
 }
 
@@ -1104,6 +1137,20 @@ bool StreamEngine::Complete(Lane& lane, uint64_t now) {
     // Issued copies made no progress for a while: usually a long copy (nothing wrong), but a
     // failed stream never writes `completed`, so ask the runtime.
     absl::StatusOr<bool> done = runtime_->StreamDone(lane.device, lane.stream);
+    if (done.ok() && !*done) {
+      std::lock_guard lock(lane.mu);
+      if (!lane.pending.empty() && !lane.warned_stuck &&
+          now - lane.pending.front().issued_ns > uint64_t{options_.lane_wait_warn_ms} * 1000000) {
+        lane.warned_stuck = true;
+        const PendingJob& oldest = lane.pending.front();
+        std::string waits = DescribeGpuWaits(oldest);
+        LogError(lane.label, ": GPU ", lane.device, " ", lane.name(), " lane: job seq ",
+                 oldest.seq, " issued ", (now - oldest.issued_ns) / 1000000,
+                 " ms ago has not completed (completion word at ",
+                 LoadWord(lane.word.host->completed), ", ", lane.pending.size(),
+                 " in flight); GPU waits not met: ", waits.empty() ? "none" : waits);
+      }
+    }
     if (!done.ok() || *done) {
       if (done.ok() && LoadWord(lane.word.host->completed) < issued && !lane.warned_idle) {
         lane.warned_idle = true;

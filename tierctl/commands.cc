@@ -260,6 +260,11 @@ std::string WaitSummary(const v1::SessionInfo& s) {
       waits.push_back(absl::StrCat("tierd: ", where, " ", lane.queued(), " queued",
                                    lane.blocked_on().empty() ? "" : ", for ", lane.blocked_on(),
                                    lane.active() ? "" : " (NOT SERVED)"));
+    } else if (lane.in_flight() > 0 && lane.oldest_in_flight_ms() >= 1000) {
+      waits.push_back(absl::StrCat("GPU: ", where, " ", lane.in_flight(), " copies in flight for ",
+                                   FormatDuration(lane.oldest_in_flight_ms()),
+                                   lane.gpu_waits().empty() ? "" : ", behind ",
+                                   lane.gpu_waits()));
     }
   }
   return waits.empty() ? "-" : absl::StrJoin(waits, "; ");

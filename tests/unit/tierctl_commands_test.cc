@@ -372,7 +372,8 @@ TEST_F(TierctlCommandsTest, ClientsJsonIsValidWithStableNames) {
   EXPECT_EQ(Keys(lanes.values(0).struct_value()),
             (std::set<std::string>{"gpu", "direction", "queued", "held", "in_flight",
                                    "waiting_ticket", "client_ticket", "waiting_ms", "blocked_on",
-                                   "active"}));
+                                   "active", "issued_seq", "completed_seq",
+                                   "oldest_in_flight_ms", "gpu_waits"}));
   EXPECT_EQ(lanes.values(0).struct_value().fields().at("waiting_ticket").number_value(), 41);
   EXPECT_EQ(first.fields().at("name").string_value(), "llama \"rank0\"");
   EXPECT_EQ(first.fields().at("pid").number_value(), 4242);
