@@ -46,8 +46,10 @@ class Trainer:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if expandable:
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        # A trainer started in place of a killed one runs only until the run's end.
+        minutes = max(0.2, (run.deadline - now()) / 60)
         cmd = [sys.executable, TRAINER, "--socket", run.socket, "--rank", str(rank),
-               "--seed", str(seed), "--minutes", str(run.args.run_minutes),
+               "--seed", str(seed), "--minutes", "%.2f" % minutes,
                "--status", self.status_path]
         if scenario:
             cmd += ["--scenario", scenario, "--steps", str(run.args.steps)]
@@ -176,6 +178,7 @@ class Run:
 
     def execute(self):
         args = self.args
+        self.deadline = now() + args.run_minutes * 60
         for rank in range(args.procs):
             self.start_trainer(rank)
         end = now() + args.run_minutes * 60 + args.grace_s
@@ -226,7 +229,7 @@ class Run:
                 hung = True
                 self.dump("the run outlasted its time")
                 break
-            if next_kill is not None and now() >= next_kill and now() < end - 20:
+            if next_kill is not None and now() >= next_kill and now() < self.deadline - 20:
                 busy = [t for t in live if t.progress()[1] is not None]
                 if busy:
                     victim = random.choice(busy)
