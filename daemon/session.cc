@@ -1,8 +1,8 @@
 #include "daemon/session.h"
 
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -60,14 +60,27 @@ absl::Status Session::Attach(const PeerCredentials& peer,
       reinterpret_cast<ring::CompletionEntry*>(
           bytes + ring::kHeaderBytes + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
       ring_entries_);
-  sq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  cq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!sq_doorbell_.valid() || !cq_doorbell_.valid()) return ErrnoStatus("eventfd");
+  int sq[2], cq[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sq) != 0) {
+    return ErrnoStatus("socketpair for the submission doorbell");
+  }
+  sq_doorbell_.reset(sq[0]);
+  client_sq_doorbell_.reset(sq[1]);
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, cq) != 0) {
+    return ErrnoStatus("socketpair for the completion doorbell");
+  }
+  cq_doorbell_.reset(cq[0]);
+  client_cq_doorbell_.reset(cq[1]);
   engine_session_ = std::move(engine);
   std::lock_guard lock(mu_);
   peer_ = peer;
   attached_ = true;
   return absl::OkStatus();
+}
+
+void Session::ReleaseClientDoorbells() {
+  client_sq_doorbell_.reset();
+  client_cq_doorbell_.reset();
 }
 
 bool Session::attached() const {
@@ -104,8 +117,11 @@ bool Session::PostCompletion(const ring::CompletionEntry& entry) {
   }
   if (wake) {
     uint64_t one = 1;
-    // EAGAIN only if the counter is saturated, which already means "wake up".
-    [[maybe_unused]] ssize_t n = ::write(cq_doorbell_.get(), &one, sizeof(one));
+    // Never blocks: MSG_DONTWAIT holds for this call whatever the descriptor's flags. EAGAIN: the
+    // client has not read the wake-ups already sent, which already means "wake up". EPIPE: the
+    // client shut its end; it cannot sleep on it then.
+    [[maybe_unused]] ssize_t n =
+        ::send(cq_doorbell_.get(), &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL);
   }
   return true;
 }

@@ -93,8 +93,20 @@ class Session {
   bool attached() const;
   int ring_fd() const { return ring_fd_.get(); }
   uint64_t ring_bytes() const { return ring_bytes_; }
-  int sq_doorbell_fd() const { return sq_doorbell_.get(); }
-  int cq_doorbell_fd() const { return cq_doorbell_.get(); }
+  // Doorbells are Unix socket pairs, not eventfds: O_NONBLOCK belongs to an open file
+  // description, and an eventfd has only one, shared with the client, which could clear the flag
+  // and make the daemon's read or write block every session (found by a hostile client). A socket
+  // pair has two ends, two files: the client only ever holds its own, and the daemon reads and
+  // writes its end with MSG_DONTWAIT, which no flag of anyone's can turn into a blocking call.
+  // (Sockets rather than pipes: a client writing to a daemon that died gets EPIPE from
+  // send(MSG_NOSIGNAL), not a SIGPIPE that kills the trainer.) sq: the client rings, the daemon
+  // reads; cq: the daemon rings, the client reads. Clients written for eventfds work unchanged:
+  // they write and read 8 bytes.
+  int sq_doorbell_fd() const { return sq_doorbell_.get(); }  // the daemon's end
+  // The client's ends, sent with the attach reply and then closed here (ReleaseClientDoorbells).
+  int client_sq_doorbell_fd() const { return client_sq_doorbell_.get(); }
+  int client_cq_doorbell_fd() const { return client_cq_doorbell_.get(); }
+  void ReleaseClientDoorbells();
   gpu::EngineSession* engine_session() const { return engine_session_.get(); }
 
   // ---- Ring poller thread only ----
@@ -143,8 +155,10 @@ class Session {
   UniqueFd ring_fd_;
   uint64_t ring_bytes_ = 0;
   void* ring_base_ = nullptr;
-  UniqueFd sq_doorbell_;
+  UniqueFd sq_doorbell_;         // the daemon's ends of the doorbell socket pairs
   UniqueFd cq_doorbell_;
+  UniqueFd client_sq_doorbell_;  // the client's ends, until sent
+  UniqueFd client_cq_doorbell_;
   ring::Consumer<ring::SubmissionEntry> sq_;
   std::mutex cq_mu_;
   ring::Producer<ring::CompletionEntry> cq_;  // guarded by cq_mu_

@@ -193,8 +193,13 @@ void SessionListener::HandleAttach(Connection& c, const std::vector<char>& data)
   reply.ring_entries = session->ring_entries();
   absl::string_view engine = engine_.name();
   std::memcpy(reply.engine, engine.data(), std::min(engine.size(), sizeof(reply.engine) - 1));
-  int fds[] = {session->ring_fd(), session->sq_doorbell_fd(), session->cq_doorbell_fd()};
-  if (absl::Status sent = SendMessage(c.fd.get(), &reply, sizeof(reply), fds); !sent.ok()) {
+  int fds[] = {session->ring_fd(), session->client_sq_doorbell_fd(),
+               session->client_cq_doorbell_fd()};
+  absl::Status sent = SendMessage(c.fd.get(), &reply, sizeof(reply), fds);
+  // The client's doorbell ends are the client's alone from now on (a client that dies closes
+  // them, and the daemon's ends then see the hang-up).
+  session->ReleaseClientDoorbells();
+  if (!sent.ok()) {
     registry_.End(session, "attach reply could not be sent");
     return;
   }

@@ -94,6 +94,23 @@ int TierdProcess::Stop() {
   return WEXITSTATUS(status);
 }
 
+int TierdProcess::StopWithin(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int status = 0;
+  while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      Kill();
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pid_ = -1;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
 void TierdProcess::Kill() {
   if (pid_ <= 0) return;
   ::kill(pid_, SIGKILL);

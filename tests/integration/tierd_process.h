@@ -25,6 +25,8 @@ class TierdProcess {
 
   // SIGTERM, then the exit status (as from waitpid's WEXITSTATUS, or 128+signal).
   int Stop();
+  // Stop(), but -1 (and SIGKILL) when it has not exited within timeout_ms.
+  int StopWithin(int timeout_ms);
   void Kill();
 
   v1::GetStatusResponse Status();

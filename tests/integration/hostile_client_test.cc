@@ -1,0 +1,123 @@
+// Issue 16: one hostile or careless client must not stop the node. One scenario per finding of
+// the hostile-client campaign, each against a real tierd, each with a well-behaved session (or
+// the daemon's own health) as the witness that the node still serves.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/unix_socket.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "raw_session.h"
+#include "tier/client.hpp"
+#include "tier/ring.h"
+#include "tier/session_wire.h"
+#include "tierd_process.h"
+
+namespace tier {
+namespace {
+
+using testing::RawSession;
+using testing::TierdProcess;
+
+Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name = "good") {
+  Session::Options options;
+  options.socket_path = tierd.socket();
+  options.name = name;
+  return options;
+}
+
+v1::HealthResponse Health(TierdProcess& tierd) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::HealthResponse response;
+  EXPECT_TRUE(tierd.stub().Health(&context, v1::HealthRequest(), &response).ok());
+  return response;
+}
+
+// Offloads and reloads `bytes` through `session` and checks the bytes came back.
+void RoundTrip(Session& session, uint64_t bytes, int64_t timeout_ms, TierdProcess& tierd) {
+  HostBuffer buffer = session.AllocHost(bytes);
+  std::memset(buffer.data, 0x5a, bytes);
+  auto [object, offload] = session.Offload(buffer.id, 0, bytes);
+  tier_status status = session.TryWait(offload, timeout_ms);
+  // A daemon that stopped serving would keep the session's destructor waiting for ever: kill it,
+  // so the test fails instead of hanging.
+  if (status != TIER_OK) tierd.Kill();
+  ASSERT_EQ(status, TIER_OK) << "offload did not complete: " << tier_last_error();
+  std::memset(buffer.data, 0, bytes);
+  status = session.TryWait(session.Reload(object, buffer.id, 0, bytes), timeout_ms);
+  if (status != TIER_OK) tierd.Kill();
+  ASSERT_EQ(status, TIER_OK) << "reload did not complete: " << tier_last_error();
+  EXPECT_EQ(static_cast<unsigned char*>(buffer.data)[bytes - 1], 0x5a);
+}
+
+// Whether the peer closed `fd` within timeout_ms (EOF readable).
+bool ClosedByPeer(int fd, int timeout_ms) {
+  pollfd pfd{fd, POLLIN, 0};
+  if (::poll(&pfd, 1, timeout_ms) <= 0) return false;
+  char byte;
+  return ::recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
+}
+
+// ---- Finding 1: doorbells ---------------------------------------------------------------------
+
+// The doorbells were eventfds shared with the client, O_NONBLOCK included: a client that cleared
+// the flag made the poller's read block (every session stopped, SIGTERM hung in
+// RingPoller::Stop), and one that also filled its completion counter made the daemon's write
+// block. Now they are the client's ends of socket pairs.
+TEST(HostileClient, DoorbellsMadeBlockingStopNoOtherSession) {
+  TierdProcess tierd;
+  Session good(OptionsFor(tierd));
+  RoundTrip(good, 64 << 10, 10000, tierd);
+
+  RawSession hostile(tierd);
+  for (int fd : {hostile.attached.sq_doorbell.get(), hostile.attached.cq_doorbell.get()}) {
+    ASSERT_EQ(::fcntl(fd, F_SETFL, 0), 0);
+  }
+  // The completion variant: the counter one short of overflowing (an eventfd would then block
+  // the daemon's next wake-up), need_wakeup set, and jobs that complete.
+  uint64_t almost_full = 0xfffffffffffffffe;
+  (void)!::send(hostile.attached.cq_doorbell.get(), &almost_full, sizeof(almost_full),
+                MSG_DONTWAIT | MSG_NOSIGNAL);
+  hostile.view.header->cq.need_wakeup.value.store(1);
+  // Let the poller go to sleep on the doorbells (it spins 50 us after the last job).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (uint64_t job = 1; job <= 4; ++job) {
+    hostile.Push(ring::SubmissionEntry{.job_id = job, .opcode = 4});
+  }
+  // The well-behaved session rings its doorbell, which wakes the poller; then it goes round all
+  // sessions' doorbells, the hostile one's included.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  RoundTrip(good, 64 << 10, 10000, tierd);
+  if (HasFatalFailure()) return;  // (tierd is killed: waiting on the hostile ring is pointless)
+  EXPECT_EQ(hostile.Next().status, 0);
+  EXPECT_EQ(Health(tierd).state(), v1::HealthResponse::SERVING);
+  // A SIGTERM still stops the daemon (it hung in RingPoller::Stop).
+  EXPECT_EQ(tierd.StopWithin(20000), 0);
+}
+
+// A client that closes its submission doorbell but keeps its session would keep the poller's
+// epoll from sleeping (a hang-up is reported for ever): the session ends instead.
+TEST(HostileClient, ClosingTheDoorbellEndsOnlyThatSession) {
+  TierdProcess tierd;
+  Session good(OptionsFor(tierd));
+  RawSession hostile(tierd);
+  hostile.attached.sq_doorbell.reset();
+  EXPECT_TRUE(ClosedByPeer(hostile.channel->fd(), 10000));
+  RoundTrip(good, 4096, 10000, tierd);
+  EXPECT_EQ(tierd.StopWithin(20000), 0);
+}
+
+}  // namespace
+}  // namespace tier
