@@ -64,6 +64,9 @@ struct Config {
   // Service.
   std::string log_level = "info";    // log_level: debug | info | warning | error
   uint32_t drain_timeout_ms = 30000; // drain_timeout_ms: SIGTERM waits this long for jobs
+  // health_stall_ms: Health says NOT_SERVING when jobs the daemon alone must finish are in
+  // flight and none completed for this long (0: only the ring poller is watched).
+  uint32_t health_stall_ms = 60000;
 
   // Files the settings came from, for the log.
   std::string config_file;           // config (flag only)

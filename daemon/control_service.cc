@@ -10,13 +10,22 @@ grpc::Status ToGrpc(const absl::Status& status) {
 }
 
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
-                               storage::HostPool& pool, Spiller* spiller,
-                               DaemonMetrics& metrics, std::function<uint64_t(uint32_t)> drain)
+                               storage::HostPool& pool, Spiller* spiller, DaemonMetrics& metrics,
+                               const HealthMonitor& health,
+                               std::function<uint64_t(uint32_t)> drain)
     : context_(std::move(context)), registry_(registry), pool_(pool), spiller_(spiller),
-      metrics_(metrics), drain_(std::move(drain)) {}
+      metrics_(metrics), health_(health), drain_(std::move(drain)) {}
 
-v1::HealthResponse::State ControlService::State() const {
-  return registry_.draining() ? v1::HealthResponse::DRAINING : v1::HealthResponse::SERVING;
+v1::HealthResponse::State ControlService::State(std::string* reason) const {
+  if (registry_.draining()) {
+    if (reason != nullptr) *reason = "draining: no new sessions or jobs";
+    return v1::HealthResponse::DRAINING;
+  }
+  if (absl::Status moving = health_.Check(MonotonicMs()); !moving.ok()) {
+    if (reason != nullptr) *reason = std::string(moving.message());
+    return v1::HealthResponse::NOT_SERVING;
+  }
+  return v1::HealthResponse::SERVING;
 }
 
 grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
@@ -30,7 +39,9 @@ grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersi
 
 grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthRequest*,
                                     v1::HealthResponse* response) {
-  response->set_state(State());
+  std::string reason;
+  response->set_state(State(&reason));
+  response->set_reason(reason);
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "daemon/health_monitor.h"
 #include "daemon/metrics.h"
 #include "daemon/session_registry.h"
 #include "daemon/spiller.h"
@@ -27,8 +28,8 @@ class ControlService final : public tier::v1::Control::Service {
   // `drain(timeout_ms)` stops admission and waits for in-flight jobs; returns jobs left.
   // `spiller`: the NVMe tier, or null.
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
-                 Spiller* spiller,
-                 DaemonMetrics& metrics, std::function<uint64_t(uint32_t)> drain);
+                 Spiller* spiller, DaemonMetrics& metrics, const HealthMonitor& health,
+                 std::function<uint64_t(uint32_t)> drain);
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
                           v1::GetVersionResponse*) override;
@@ -46,13 +47,15 @@ class ControlService final : public tier::v1::Control::Service {
                      v1::DrainResponse*) override;
 
  private:
-  v1::HealthResponse::State State() const;
+  // The state, and why it is not SERVING (empty when it is).
+  v1::HealthResponse::State State(std::string* reason = nullptr) const;
 
   const ControlContext context_;
   SessionRegistry& registry_;
   storage::HostPool& pool_;
   Spiller* spiller_;
   DaemonMetrics& metrics_;
+  const HealthMonitor& health_;
   std::function<uint64_t(uint32_t)> drain_;
 };
 

@@ -180,8 +180,12 @@ absl::Status Daemon::Init() {
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
                          config_.attach_timeout_ms, started_ms_};
-  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, spiller_.get(), metrics_,
-                                              [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
+  health_ = std::make_unique<HealthMonitor>(
+      metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
+      config_.health_stall_ms);
+  service_ = std::make_unique<ControlService>(
+      context, *registry_, *pool_, spiller_.get(), metrics_, *health_,
+      [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());

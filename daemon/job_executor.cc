@@ -14,7 +14,7 @@ using ring::Opcode;
 void JobExecutor::Start(const std::shared_ptr<Session>& session,
                         const ring::SubmissionEntry& entry) {
   if (!session->BeginJob()) return;  // closing: the client is gone or going
-  metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
+  CountStart(entry);
   absl::Status status;
   switch (static_cast<Opcode>(entry.opcode)) {
     case Opcode::kOffload:
@@ -41,8 +41,16 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
 void JobExecutor::Reject(const std::shared_ptr<Session>& session,
                          const ring::SubmissionEntry& entry, absl::Status status) {
   if (!session->BeginJob()) return;
-  metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
+  CountStart(entry);
   Fail(session, entry, std::move(status));
+}
+
+void JobExecutor::CountStart(const ring::SubmissionEntry& entry) {
+  if (metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed) == 0) {
+    // The stall clock of health starts no earlier than the work: an idle daemon has not stalled.
+    metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
+  }
+  if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_add(1, std::memory_order_relaxed);
 }
 
 void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
@@ -383,6 +391,10 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
     counters.jobs_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.totals.jobs_failed.fetch_add(1, std::memory_order_relaxed);
   }
+  // Progress is noted before the client can see the completion, so that a client that asks for
+  // health right after its job completed never finds that job still counted as stuck.
+  metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
+  if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_sub(1, std::memory_order_relaxed);
   session.PostCompletion(c);
   metrics_.jobs_in_flight.fetch_sub(1, std::memory_order_relaxed);
   session.EndJob();

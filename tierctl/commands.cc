@@ -269,7 +269,11 @@ void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::os
 
 void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out) {
   if (json) return PrintJson(health, out);
-  out << StateName(health.state()) << '\n';
+  out << StateName(health.state());
+  if (health.state() == v1::HealthResponse::NOT_SERVING && !health.reason().empty()) {
+    out << ": " << health.reason();
+  }
+  out << '\n';
 }
 
 void RenderVersion(const v1::GetVersionResponse& version, bool json, std::ostream& out) {

@@ -119,5 +119,45 @@ TEST(HostileClient, ClosingTheDoorbellEndsOnlyThatSession) {
   EXPECT_EQ(tierd.StopWithin(20000), 0);
 }
 
+// ---- Finding 7: session slots, drain, health, log volume ---------------------------------------
+
+// One process could hold all 256 session slots. Attached sessions are counted per uid; a refused
+// attach frees its pending slot at once.
+// Any socket user could drain the daemon, for good. Drain needs the admin token now, which only
+// root and tierd's own user can read; tierctl reads it.
+// Health said SERVING while no job moved. It fails now when jobs the daemon alone must finish
+// stop completing (here: a copy delayed longer than health_stall_ms), and recovers after.
+TEST(HostileClient, HealthFailsWhileJobsStopMoving) {
+  TierdProcess tierd({"--copy_delay_us=3000000", "--health_stall_ms=500"});
+  EXPECT_EQ(Health(tierd).state(), v1::HealthResponse::SERVING);  // idle is not stalled
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(4096);
+  auto [object, job] = session.Offload(buffer.id, 0, 4096);
+  bool stalled = false;
+  std::string reason;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       std::chrono::steady_clock::now() < deadline && !stalled;) {
+    v1::HealthResponse health = Health(tierd);
+    stalled = health.state() == v1::HealthResponse::NOT_SERVING;
+    reason = health.reason();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(stalled);
+  EXPECT_NE(reason.find("no job has completed"), std::string::npos) << reason;
+  session.Wait(job, 30000);
+  bool serving = false;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       std::chrono::steady_clock::now() < deadline && !serving;) {
+    serving = Health(tierd).state() == v1::HealthResponse::SERVING;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(serving);
+  auto [code, out] =
+      testing::RunCommand(std::string(TIERCTL_BIN) + " --socket " + tierd.socket() + " health");
+  EXPECT_EQ(code, 0) << out;
+}
+
+// About 40,000 warning lines per 90 s of bad handshakes: warnings clients can trigger are
+// rate-limited.
 }  // namespace
 }  // namespace tier

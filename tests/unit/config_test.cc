@@ -74,6 +74,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.poll_idle_us, b.poll_idle_us);
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.drain_timeout_ms, b.drain_timeout_ms);
+  EXPECT_EQ(a.health_stall_ms, b.health_stall_ms);
 }
 
 // The `key` of every `key = value` line of DescribeConfig, in order.
