@@ -62,6 +62,14 @@ void RoundTrip(Session& session, uint64_t bytes, int64_t timeout_ms, TierdProces
   EXPECT_EQ(static_cast<unsigned char*>(buffer.data)[bytes - 1], 0x5a);
 }
 
+uint64_t MeminfoValue(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1));
+  }
+  return 0;
+}
+
 // Whether the peer closed `fd` within timeout_ms (EOF readable).
 bool ClosedByPeer(int fd, int timeout_ms) {
   pollfd pfd{fd, POLLIN, 0};
@@ -117,6 +125,87 @@ TEST(HostileClient, ClosingTheDoorbellEndsOnlyThatSession) {
   EXPECT_TRUE(ClosedByPeer(hostile.channel->fd(), 10000));
   RoundTrip(good, 4096, 10000, tierd);
   EXPECT_EQ(tierd.StopWithin(20000), 0);
+}
+
+// ---- Finding 2: SIGBUS from a hugetlb memfd ----------------------------------------------------
+
+// A sealed MFD_HUGETLB memfd whose page the client punched out cannot always be faulted back (no
+// free huge pages): the daemon's copy into it died of SIGBUS. No seal stops a punch made after
+// registration, so tierd does not map hugetlb memfds at all.
+TEST(HostileClient, HugetlbMemfdsAreRefusedSoAPunchedPageCannotKillTierd) {
+  const uint64_t huge = MeminfoValue("Hugepagesize") << 10;
+  int fd = ::memfd_create("hostile-huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (fd < 0) GTEST_SKIP() << "this kernel has no hugetlbfs for memfds: " << std::strerror(errno);
+  const uint64_t free_pages = MeminfoValue("HugePages_Free");
+  if (free_pages < 2 || huge == 0) {
+    ::close(fd);
+    GTEST_SKIP() << "needs 2 free huge pages (HugePages_Free is " << free_pages
+                 << "; e.g. sysctl vm.nr_hugepages=4): without them the mapping is refused "
+                    "anyway and the SIGBUS cannot be set up";
+  }
+  TierdProcess tierd;
+  Session hostile(OptionsFor(tierd, "hostile"));
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * huge)), 0);
+  void* mapped = ::mmap(nullptr, 2 * huge, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  std::memset(mapped, 1, 2 * huge);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  tier_buffer_id id = 0;
+  tier_status registered = tier_buffer_register_fd(hostile.get(), fd, 2 * huge, &id);
+  EXPECT_EQ(registered, TIER_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tier_last_error()).find("hugetlbfs"), std::string::npos)
+      << tier_last_error();
+  if (registered == TIER_OK) {
+    // What the campaign did next: punch the second page out, take every free huge page, and
+    // have the daemon copy into the hole.
+    ASSERT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          static_cast<off_t>(huge), static_cast<off_t>(huge)),
+              0);
+    int hog = ::memfd_create("hog", MFD_CLOEXEC | MFD_HUGETLB);
+    uint64_t pages = MeminfoValue("HugePages_Free");
+    ASSERT_EQ(::ftruncate(hog, static_cast<off_t>(pages * huge)), 0);
+    void* held = ::mmap(nullptr, pages * huge, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_POPULATE, hog, 0);
+    HostBuffer source = hostile.AllocHost(huge);
+    auto [object, offload] = hostile.Offload(source.id, 0, huge);
+    hostile.TryWait(offload, 10000);
+    hostile.TryWait(hostile.Reload(object, id, huge, huge), 10000);
+    if (held != MAP_FAILED) ::munmap(held, pages * huge);
+    ::close(hog);
+  }
+  ::munmap(mapped, 2 * huge);
+  ::close(fd);
+  // The daemon is alive and serves.
+  Session good(OptionsFor(tierd));
+  RoundTrip(good, 4096, 10000, tierd);
+  EXPECT_EQ(tierd.StopWithin(20000), 0);
+}
+
+// ---- Finding 4: client memory charged to tierd -------------------------------------------------
+
+// Reloads into the holes of a sparse memfd made tierd fault the pages in, charged to its memory
+// cgroup (OOM-killed in 1.3 s in a 512 MiB cgroup). A memfd is registered only when populated,
+// so its pages are the client's; the library's own host buffers are.
+TEST(HostileClient, SparseMemfdsAreRefusedPopulatedOnesAccepted) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kBytes = 8 << 20;
+  int fd = ::memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(fd, kBytes), 0);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  tier_buffer_id id = 0;
+  EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tier_last_error()).find("not populated"), std::string::npos)
+      << tier_last_error();
+  // Populated all but its last page: still refused.
+  testing::PopulateMemfd(fd, kBytes - 4096);
+  EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_INVALID_ARGUMENT);
+  // The populated part alone is fine, and so is the whole once populated.
+  EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes - 4096, &id), TIER_OK);
+  testing::PopulateMemfd(fd, kBytes);
+  EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_OK);
+  ::close(fd);
+  RoundTrip(session, 1 << 20, 10000, tierd);  // tier_buffer_alloc_host populates its memfds
 }
 
 // ---- Finding 7: session slots, drain, health, log volume ---------------------------------------

@@ -69,6 +69,7 @@ TEST(Protocol, UnsealedOrShortMemfdsAreRefused) {
   Session session(OptionsFor(tierd));
   int fd = ::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  testing::PopulateMemfd(fd, 1 << 20);  // (tierd refuses sparse memfds: hostile_client_test)
   tier_buffer_id id;
   EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, 1 << 20, &id), TIER_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tier_last_error()).find("F_SEAL_SHRINK"), std::string::npos);
@@ -85,6 +86,7 @@ TEST(Protocol, MalformedRingEntriesGetClearCodes) {
   RawSession raw(tierd);
   int fd = ::memfd_create("buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  testing::PopulateMemfd(fd, 1 << 20);
   ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
   wire::RegisterBuffer reg{};
   reg.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);

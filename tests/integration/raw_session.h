@@ -28,6 +28,14 @@ inline v1::OpenSessionResponse OpenRaw(const TierdProcess& tierd,
   return *opened;
 }
 
+// Writes the first `bytes` of a memfd, as a client does before registering it (tierd refuses
+// memfds with holes).
+inline void PopulateMemfd(int fd, uint64_t bytes) {
+  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  ::munmap(mapped, bytes);
+}
+
 // A raw session: attached by hand, its ring mapped by the test.
 struct RawSession {
   explicit RawSession(const TierdProcess& tierd) {
