@@ -413,6 +413,27 @@ std::vector<Key> BuildKeys() {
                             "time a new session has to attach on the session socket",
                             &Config::attach_timeout_ms, 1, 3600 * 1000));
 
+  constexpr absl::string_view kLimits = "Client limits";
+  keys.push_back(IntegerKey("max_sessions_per_uid", kLimits,
+                            "most attached sessions of one user (uid)",
+                            &Config::max_sessions_per_uid, 1, 65536));
+  keys.push_back(IntegerKey("max_buffers_per_session", kLimits,
+                            "most buffers one session may have registered",
+                            &Config::max_buffers_per_session, 1, 1 << 20));
+  keys.push_back(IntegerKey("max_buffers_per_uid", kLimits,
+                            "most buffers the sessions of one user may have registered",
+                            &Config::max_buffers_per_uid, 1, 1 << 20));
+  keys.push_back(IntegerKey("max_buffers", kLimits,
+                            "most buffers registered in all (each is a mapping: keep it well "
+                            "below vm.max_map_count)",
+                            &Config::max_buffers, 1, 1 << 20));
+  keys.push_back(SizeKey("max_mapped_bytes_per_session", kLimits,
+                         "most bytes of host memory one session may have registered",
+                         &Config::max_mapped_bytes_per_session, false, 4096));
+  keys.push_back(SizeKey("max_mapped_bytes_per_uid", kLimits,
+                         "most bytes of host memory the sessions of one user may have registered",
+                         &Config::max_mapped_bytes_per_uid, false, 4096));
+
   keys.push_back(ChoiceKey("engine", kEngine,
                            "copy engine: auto (GPU if present, else host), host, cuda or hip",
                            &Config::engine, {"auto", "host", "cuda", "hip"}));

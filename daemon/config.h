@@ -55,6 +55,15 @@ struct Config {
   uint32_t max_sessions = 256;       // max_sessions
   uint32_t attach_timeout_ms = 10000;  // attach_timeout_ms
 
+  // Limits on what clients may hold in the daemon (RESOURCE_EXHAUSTED beyond them, naming the
+  // setting), so that one careless or hostile client cannot take the node (issue 16).
+  uint32_t max_sessions_per_uid = 64;         // max_sessions_per_uid (attached sessions)
+  uint32_t max_buffers_per_session = 4096;    // max_buffers_per_session
+  uint32_t max_buffers_per_uid = 16384;       // max_buffers_per_uid
+  uint32_t max_buffers = 32768;               // max_buffers (all sessions; vm.max_map_count)
+  uint64_t max_mapped_bytes_per_session = 64ull << 30;  // max_mapped_bytes_per_session (host)
+  uint64_t max_mapped_bytes_per_uid = 256ull << 30;     // max_mapped_bytes_per_uid (host)
+
   // Copy engine.
   std::string engine = "auto";       // engine: auto | host | cuda | hip
   uint32_t host_engine_threads = 2;  // host_engine_threads (per direction)

@@ -125,6 +125,12 @@ absl::Status Daemon::Init() {
   limits.default_ring_entries = config_.ring_entries;
   limits.max_sessions = config_.max_sessions;
   limits.attach_timeout_ms = config_.attach_timeout_ms;
+  limits.client.max_sessions_per_uid = config_.max_sessions_per_uid;
+  limits.client.max_buffers_per_session = config_.max_buffers_per_session;
+  limits.client.max_buffers_per_uid = config_.max_buffers_per_uid;
+  limits.client.max_buffers = config_.max_buffers;
+  limits.client.max_mapped_bytes_per_session = config_.max_mapped_bytes_per_session;
+  limits.client.max_mapped_bytes_per_uid = config_.max_mapped_bytes_per_uid;
 
   executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
   if (config_.spill_bytes > 0) {

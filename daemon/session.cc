@@ -88,6 +88,11 @@ bool Session::attached() const {
   return attached_;
 }
 
+PeerCredentials Session::peer() const {
+  std::lock_guard lock(mu_);
+  return peer_;
+}
+
 bool Session::CanAdmit() {
   uint64_t in_flight;
   {
@@ -126,9 +131,39 @@ bool Session::PostCompletion(const ring::CompletionEntry& entry) {
   return true;
 }
 
+namespace {
+
+// Host memory the daemon maps for a buffer (GPU memory costs it address space only).
+uint64_t MappedBytes(const gpu::ImportedBuffer& buffer) {
+  return buffer.device() < 0 ? buffer.bytes() : 0;
+}
+
+}  // namespace
+
+absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
+  std::lock_guard lock(mu_);
+  if (ledger_ == nullptr) return absl::OkStatus();
+  const ClientLimits& limits = ledger_->limits();
+  if (buffers_.size() >= limits.max_buffers_per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session ", id_, " already has ", limits.max_buffers_per_session,
+                     " buffers registered (max_buffers_per_session)"));
+  }
+  if (mapped_bytes > limits.max_mapped_bytes_per_session - mapped_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", id_, " has ", mapped_bytes_, " bytes of host memory registered; ",
+        mapped_bytes, " more would pass ", limits.max_mapped_bytes_per_session,
+        " (max_mapped_bytes_per_session)"));
+  }
+  return ledger_->CheckBuffer(peer_.uid, mapped_bytes);
+}
+
 uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
   std::lock_guard lock(mu_);
   uint64_t id = next_buffer_id_++;
+  const uint64_t mapped = MappedBytes(*buffer);
+  mapped_bytes_ += mapped;
+  if (ledger_ != nullptr) ledger_->AddBuffer(peer_.uid, mapped);
   buffers_.emplace(id, std::move(buffer));
   return id;
 }
@@ -140,6 +175,10 @@ bool Session::RemoveBuffer(uint64_t buffer_id) {
   if (it == buffers_.end()) return false;
   doomed = std::move(it->second);
   buffers_.erase(it);
+  const uint64_t mapped = MappedBytes(*doomed);
+  mapped_bytes_ -= mapped;
+  // Counted free at once, though a job that still copies keeps the mapping a moment longer.
+  if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, mapped);
   return true;
 }
 
@@ -181,7 +220,11 @@ std::vector<std::shared_ptr<Object>> Session::TakeAllObjects() {
   all.reserve(objects_.size());
   for (auto& [id, object] : objects_) all.push_back(std::move(object));
   objects_.clear();
+  if (ledger_ != nullptr) {
+    for (auto& [id, buffer] : buffers_) ledger_->RemoveBuffer(peer_.uid, MappedBytes(*buffer));
+  }
   buffers_.clear();
+  mapped_bytes_ = 0;
   return all;
 }
 

@@ -21,6 +21,7 @@
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/metrics.h"
+#include "daemon/usage_ledger.h"
 #include "gpu/copy_engine.h"
 #include "storage/extent_allocator.h"
 #include "storage/spill_store.h"
@@ -91,6 +92,7 @@ class Session {
   // Creates the ring segment and doorbells and binds the session to the attaching process.
   absl::Status Attach(const PeerCredentials& peer, std::unique_ptr<gpu::EngineSession> engine);
   bool attached() const;
+  PeerCredentials peer() const;  // the attaching process (zeros until attached)
   int ring_fd() const { return ring_fd_.get(); }
   uint64_t ring_bytes() const { return ring_bytes_; }
   // Doorbells are Unix socket pairs, not eventfds: O_NONBLOCK belongs to an open file
@@ -121,7 +123,12 @@ class Session {
   bool PostCompletion(const ring::CompletionEntry& entry);
   bool broken() const { return broken_.load(std::memory_order_relaxed); }
 
-  // Buffers.
+  // Buffers. Each counts against the session's limits and, through the ledger (set before the
+  // session attaches; none in unit tests), its user's and the node's.
+  void set_ledger(UsageLedger* ledger) { ledger_ = ledger; }
+  // Whether one more buffer mapping `mapped_bytes` of host memory (0 for GPU memory) fits:
+  // RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one adding).
+  absl::Status CheckBufferLimits(uint64_t mapped_bytes) const;
   uint64_t AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer);
   bool RemoveBuffer(uint64_t buffer_id);
   std::shared_ptr<gpu::ImportedBuffer> FindBuffer(uint64_t buffer_id);
@@ -138,7 +145,8 @@ class Session {
   std::mutex& mu() { return mu_; }
   std::unordered_map<uint64_t, std::shared_ptr<Object>>& objects() { return objects_; }
   uint64_t& used_bytes() { return used_bytes_; }
-  // Everything the session still holds, for release at close (lock held by caller).
+  // Everything the session still holds, for release at close (lock held by caller); its buffers
+  // go too.
   std::vector<std::shared_ptr<Object>> TakeAllObjects();
 
   JobCounters& counters() { return counters_; }
@@ -173,6 +181,8 @@ class Session {
   uint64_t jobs_in_flight_ = 0;
   uint64_t next_buffer_id_ = 1;
   std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_;
+  uint64_t mapped_bytes_ = 0;  // host memory of buffers_
+  UsageLedger* ledger_ = nullptr;
   std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_;
   uint64_t used_bytes_ = 0;  // extent bytes held against the quota
   JobCounters counters_;

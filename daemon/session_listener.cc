@@ -218,6 +218,12 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     status = absl::FailedPreconditionError("session is ending");
   } else if (!parsed) {
     status = absl::InvalidArgumentError("malformed register request");
+  } else if (absl::Status room = c.session->CheckBufferLimits(
+                 request.kind == static_cast<uint32_t>(wire::BufferKind::kHostMemfd)
+                     ? request.bytes
+                     : 0);
+             !room.ok()) {
+    status = std::move(room);
   } else if (request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages) &&
              fds.size() > 1) {
     status = absl::InvalidArgumentError("register carries more than one descriptor");

@@ -62,6 +62,15 @@ void RoundTrip(Session& session, uint64_t bytes, int64_t timeout_ms, TierdProces
   EXPECT_EQ(static_cast<unsigned char*>(buffer.data)[bytes - 1], 0x5a);
 }
 
+// A sealed, populated memfd of `bytes`.
+int PopulatedMemfd(uint64_t bytes) {
+  int fd = ::memfd_create("test-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  testing::PopulateMemfd(fd, bytes);
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  return fd;
+}
+
 uint64_t MeminfoValue(const std::string& key) {
   std::ifstream in("/proc/meminfo");
   for (std::string line; std::getline(in, line);) {
@@ -208,10 +217,98 @@ TEST(HostileClient, SparseMemfdsAreRefusedPopulatedOnesAccepted) {
   RoundTrip(session, 1 << 20, 10000, tierd);  // tier_buffer_alloc_host populates its memfds
 }
 
+// ---- Finding 3: limits on registrations --------------------------------------------------------
+
+// 65 k registrations of a 4 KiB memfd exhausted vm.max_map_count and then tierd itself; a sparse
+// 4 TiB memfd registered again and again, its address space. Buffers and mapped bytes are
+// limited per session, per uid and (buffers) node-wide, each with an error naming the setting.
+TEST(HostileClient, BufferCountsAreLimitedPerSessionUidAndNode) {
+  TierdProcess tierd({"--max_buffers_per_session=3", "--max_buffers_per_uid=5",
+                      "--max_buffers=6"});
+  int fd = PopulatedMemfd(64 << 10);
+  Session a(OptionsFor(tierd, "a"));
+  std::vector<tier_buffer_id> ids(3);
+  for (tier_buffer_id& id : ids) ASSERT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_OK);
+  tier_buffer_id extra = 0;
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &extra), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(tier_last_error()).find("max_buffers_per_session"), std::string::npos)
+      << tier_last_error();
+  ASSERT_EQ(tier_buffer_unregister(a.get(), ids[0]), TIER_OK);
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &ids[0]), TIER_OK);
+
+  {
+    Session b(OptionsFor(tierd, "b"));
+    tier_buffer_id id = 0;
+    EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 4096, &id), TIER_OK);
+    EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 4096, &id), TIER_OK);
+    EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
+    EXPECT_NE(std::string(tier_last_error()).find("max_buffers_per_uid"), std::string::npos)
+        << tier_last_error();
+  }
+  // b's buffers went with it.
+  Session c(OptionsFor(tierd, "c"));
+  tier_buffer_id id = 0;
+  EXPECT_EQ(tier_buffer_register_fd(c.get(), fd, 4096, &id), TIER_OK);
+  ::close(fd);
+  RoundTrip(c, 4096, 10000, tierd);  // its fifth buffer: still within every limit
+}
+
+TEST(HostileClient, NodeWideBufferLimitHoldsAcrossUsers) {
+  TierdProcess tierd({"--max_buffers=2"});
+  int fd = PopulatedMemfd(4096);
+  Session a(OptionsFor(tierd, "a"));
+  tier_buffer_id id = 0;
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_OK);
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_OK);
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(tier_last_error()).find("(max_buffers)"), std::string::npos)
+      << tier_last_error();
+  ::close(fd);
+}
+
+TEST(HostileClient, MappedBytesAreLimitedPerSessionAndUid) {
+  TierdProcess tierd({"--max_mapped_bytes_per_session=1M", "--max_mapped_bytes_per_uid=3M"});
+  int fd = PopulatedMemfd(2 << 20);
+  tier_buffer_id id = 0;
+  Session a(OptionsFor(tierd, "a"));
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 2 << 20, &id), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(tier_last_error()).find("max_mapped_bytes_per_session"), std::string::npos)
+      << tier_last_error();
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 1 << 20, &id), TIER_OK);
+  EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
+  Session b(OptionsFor(tierd, "b"));
+  Session c(OptionsFor(tierd, "c"));
+  EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 1 << 20, &id), TIER_OK);
+  EXPECT_EQ(tier_buffer_register_fd(c.get(), fd, 1 << 20, &id), TIER_OK);
+  Session d(OptionsFor(tierd, "d"));
+  EXPECT_EQ(tier_buffer_register_fd(d.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(tier_last_error()).find("max_mapped_bytes_per_uid"), std::string::npos)
+      << tier_last_error();
+  ::close(fd);
+}
+
 // ---- Finding 7: session slots, drain, health, log volume ---------------------------------------
 
 // One process could hold all 256 session slots. Attached sessions are counted per uid; a refused
 // attach frees its pending slot at once.
+TEST(HostileClient, OneUserCannotHoldEverySessionSlot) {
+  TierdProcess tierd({"--max_sessions_per_uid=2"});
+  std::vector<Session> sessions;
+  sessions.emplace_back(OptionsFor(tierd, "one"));
+  sessions.emplace_back(OptionsFor(tierd, "two"));
+  tier_session_options options;
+  tier_session_options_init(&options);
+  options.socket_path = tierd.socket().c_str();
+  tier_session* third = nullptr;
+  EXPECT_EQ(tier_session_open(&options, &third), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(tier_last_error()).find("max_sessions_per_uid"), std::string::npos)
+      << tier_last_error();
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 2; }));
+  sessions.pop_back();
+  Session again(OptionsFor(tierd, "again"));
+  RoundTrip(again, 4096, 10000, tierd);
+}
+
 // Any socket user could drain the daemon, for good. Drain needs the admin token now, which only
 // root and tierd's own user can read; tierctl reads it.
 // Health said SERVING while no job moved. It fails now when jobs the daemon alone must finish

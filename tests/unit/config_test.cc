@@ -68,6 +68,12 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.ring_entries, b.ring_entries);
   EXPECT_EQ(a.max_sessions, b.max_sessions);
   EXPECT_EQ(a.attach_timeout_ms, b.attach_timeout_ms);
+  EXPECT_EQ(a.max_sessions_per_uid, b.max_sessions_per_uid);
+  EXPECT_EQ(a.max_buffers_per_session, b.max_buffers_per_session);
+  EXPECT_EQ(a.max_buffers_per_uid, b.max_buffers_per_uid);
+  EXPECT_EQ(a.max_buffers, b.max_buffers);
+  EXPECT_EQ(a.max_mapped_bytes_per_session, b.max_mapped_bytes_per_session);
+  EXPECT_EQ(a.max_mapped_bytes_per_uid, b.max_mapped_bytes_per_uid);
   EXPECT_EQ(a.engine, b.engine);
   EXPECT_EQ(a.host_engine_threads, b.host_engine_threads);
   EXPECT_EQ(a.copy_delay_us, b.copy_delay_us);
