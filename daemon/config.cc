@@ -410,7 +410,8 @@ std::vector<Key> BuildKeys() {
   keys.push_back(IntegerKey("max_sessions", kSessions, "most sessions at once",
                             &Config::max_sessions, 1, 65536));
   keys.push_back(IntegerKey("attach_timeout_ms", kSessions,
-                            "time a new session has to attach on the session socket",
+                            "time a new session, or a new connection to the session socket, has "
+                            "to attach",
                             &Config::attach_timeout_ms, 1, 3600 * 1000));
 
   constexpr absl::string_view kLimits = "Client limits";
@@ -433,6 +434,12 @@ std::vector<Key> BuildKeys() {
   keys.push_back(SizeKey("max_mapped_bytes_per_uid", kLimits,
                          "most bytes of host memory the sessions of one user may have registered",
                          &Config::max_mapped_bytes_per_uid, false, 4096));
+  keys.push_back(IntegerKey("max_connections", kLimits,
+                            "most connections to the session socket at once",
+                            &Config::max_connections, 1, 1 << 20));
+  keys.push_back(IntegerKey("max_connections_per_uid", kLimits,
+                            "most connections of one user to the session socket at once",
+                            &Config::max_connections_per_uid, 1, 1 << 20));
 
   keys.push_back(ChoiceKey("engine", kEngine,
                            "copy engine: auto (GPU if present, else host), host, cuda or hip",

@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -64,6 +65,28 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
   return entry->gr_gid;
 }
 
+// Every session holds a few descriptors (its connection, ring and doorbells), and so does every
+// gRPC connection: take the hard limit, not the soft one (often 1024), and say so when
+// max_connections cannot be served with what is left.
+void RaiseOpenFileLimit(uint32_t max_connections) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &limit);
+    (void)::getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  constexpr uint64_t kPerConnection = 4;  // connection, ring memfd, two doorbells
+  constexpr uint64_t kReserve = 256;      // gRPC, spill files, epoll, logs
+  if (limit.rlim_cur != RLIM_INFINITY &&
+      uint64_t{max_connections} * kPerConnection + kReserve > limit.rlim_cur) {
+    LogWarning("max_connections (", max_connections, ") needs about ",
+               uint64_t{max_connections} * kPerConnection + kReserve,
+               " descriptors, but RLIMIT_NOFILE is ", limit.rlim_cur,
+               ": raise LimitNOFILE= or lower max_connections");
+  }
+}
+
 storage::LockMode ParseLockMode(const std::string& mode) {
   if (mode == "off") return storage::LockMode::kOff;
   if (mode == "required") return storage::LockMode::kRequired;
@@ -84,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config) {
 
 absl::Status Daemon::Init() {
   if (absl::Status s = CheckNotRunning(config_.socket_path); !s.ok()) return s;
+  RaiseOpenFileLimit(config_.max_connections);
   absl::StatusOr<gid_t> gid = ResolveGroup(config_.socket_group);
   if (!gid.ok()) return gid.status();
 
@@ -178,7 +202,10 @@ absl::Status Daemon::Init() {
   for (const std::string* path : {&config_.socket_path, &config_.session_socket_path}) {
     if (absl::Status s = MakeParentDir(*path); !s.ok()) return s;
   }
-  listener_ = std::make_unique<SessionListener>(*registry_, *engine_);
+  listener_ = std::make_unique<SessionListener>(
+      *registry_, *engine_,
+      ListenerLimits{config_.max_connections, config_.max_connections_per_uid,
+                     config_.attach_timeout_ms});
   if (absl::Status s = listener_->Start(config_.session_socket_path, config_.socket_mode, *gid);
       !s.ok()) {
     return s;

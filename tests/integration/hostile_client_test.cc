@@ -28,6 +28,7 @@ namespace tier {
 namespace {
 
 using testing::RawSession;
+using testing::TierdOptions;
 using testing::TierdProcess;
 
 Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name = "good") {
@@ -36,6 +37,8 @@ Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name =
   options.name = name;
   return options;
 }
+
+std::string SessionSocket(const TierdProcess& tierd) { return tierd.dir() + "/tierd.session.sock"; }
 
 v1::HealthResponse Health(TierdProcess& tierd) {
   grpc::ClientContext context;
@@ -287,6 +290,76 @@ TEST(HostileClient, MappedBytesAreLimitedPerSessionAndUid) {
   ::close(fd);
 }
 
+// ---- Finding 6: connections --------------------------------------------------------------------
+
+// Connections that never attach used to stay for ever.
+TEST(HostileClient, ConnectionsThatNeverAttachAreClosed) {
+  TierdProcess tierd({"--attach_timeout_ms=500"});
+  absl::StatusOr<UniqueFd> idle = ConnectSeqpacket(SessionSocket(tierd), 5000);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(ClosedByPeer(idle->get(), 15000));
+}
+
+TEST(HostileClient, ConnectionsBeyondTheLimitsAreClosedAtOnce) {
+  {
+    TierdProcess tierd({"--max_connections_per_uid=3", "--attach_timeout_ms=60000"});
+    std::vector<UniqueFd> kept;
+    for (int i = 0; i < 3; ++i) {
+      absl::StatusOr<UniqueFd> fd = ConnectSeqpacket(SessionSocket(tierd), 5000);
+      ASSERT_TRUE(fd.ok());
+      kept.push_back(*std::move(fd));
+    }
+    absl::StatusOr<UniqueFd> refused = ConnectSeqpacket(SessionSocket(tierd), 5000);
+    ASSERT_TRUE(refused.ok());
+    EXPECT_TRUE(ClosedByPeer(refused->get(), 10000));
+    for (UniqueFd& fd : kept) EXPECT_FALSE(ClosedByPeer(fd.get(), 0));
+    // Closing one makes room again.
+    kept.pop_back();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the daemon notices the close
+    Session good(OptionsFor(tierd));
+    RoundTrip(good, 4096, 10000, tierd);
+  }
+  TierdProcess tierd({"--max_connections=2", "--attach_timeout_ms=60000"});
+  absl::StatusOr<UniqueFd> first = ConnectSeqpacket(SessionSocket(tierd), 5000);
+  absl::StatusOr<UniqueFd> second = ConnectSeqpacket(SessionSocket(tierd), 5000);
+  absl::StatusOr<UniqueFd> third = ConnectSeqpacket(SessionSocket(tierd), 5000);
+  ASSERT_TRUE(first.ok() && second.ok() && third.ok());
+  EXPECT_TRUE(ClosedByPeer(third->get(), 10000));
+  EXPECT_FALSE(ClosedByPeer(first->get(), 0));
+}
+
+// With its descriptors exhausted by idle connections, the listener spun on accept4's EMFILE
+// (190% CPU, 11 M log lines in 225 s, attaches blocked). It backs off now, logs once per
+// interval, and serves again once connections go.
+TEST(HostileClient, AcceptFailuresBackOffAndAreLoggedOncePerInterval) {
+  TierdOptions options;
+  options.max_open_files = 96;
+  options.capture_log = true;
+  TierdProcess tierd({"--attach_timeout_ms=60000", "--log_level=warning"}, options);
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 150; ++i) {
+    absl::StatusOr<UniqueFd> fd = ConnectSeqpacket(SessionSocket(tierd), 200);
+    if (!fd.ok()) break;  // the backlog is full too
+    idle.push_back(*std::move(fd));
+  }
+  ASSERT_GT(idle.size(), 96u) << "the daemon's descriptors were not exhausted";
+  const uint64_t cpu_before = tierd.CpuMs();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const uint64_t cpu_ms = tierd.CpuMs() - cpu_before;
+  EXPECT_LT(cpu_ms, 500u) << "the listener spins";
+  const std::string log = tierd.Log();
+  size_t lines = 0;
+  for (size_t at = log.find("accept on the session socket"); at != std::string::npos;
+       at = log.find("accept on the session socket", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 2u) << log;
+  idle.clear();
+  Session good(OptionsFor(tierd));
+  RoundTrip(good, 4096, 10000, tierd);
+}
+
 // ---- Finding 7: session slots, drain, health, log volume ---------------------------------------
 
 // One process could hold all 256 session slots. Attached sessions are counted per uid; a refused
@@ -345,5 +418,30 @@ TEST(HostileClient, HealthFailsWhileJobsStopMoving) {
 
 // About 40,000 warning lines per 90 s of bad handshakes: warnings clients can trigger are
 // rate-limited.
+TEST(HostileClient, BadHandshakeWarningsAreRateLimited) {
+  TierdOptions options;
+  options.capture_log = true;
+  TierdProcess tierd({"--log_level=warning"}, options);
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<UniqueFd> fd = ConnectSeqpacket(SessionSocket(tierd), 5000);
+    ASSERT_TRUE(fd.ok());
+    wire::AttachRequest request{};
+    request.header.type = static_cast<uint32_t>(wire::MessageType::kAttachRequest);
+    request.header.version = 99;
+    ASSERT_TRUE(SendMessage(fd->get(), &request, sizeof(request)).ok());
+    EXPECT_TRUE(ClosedByPeer(fd->get(), 10000));
+  }
+  Session good(OptionsFor(tierd));
+  RoundTrip(good, 4096, 10000, tierd);
+  const std::string log = tierd.Log();
+  size_t lines = 0;
+  for (size_t at = log.find("speaks session protocol"); at != std::string::npos;
+       at = log.find("speaks session protocol", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 40u) << "warnings are not rate-limited";
+}
+
 }  // namespace
 }  // namespace tier

@@ -74,6 +74,8 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.max_buffers, b.max_buffers);
   EXPECT_EQ(a.max_mapped_bytes_per_session, b.max_mapped_bytes_per_session);
   EXPECT_EQ(a.max_mapped_bytes_per_uid, b.max_mapped_bytes_per_uid);
+  EXPECT_EQ(a.max_connections, b.max_connections);
+  EXPECT_EQ(a.max_connections_per_uid, b.max_connections_per_uid);
   EXPECT_EQ(a.engine, b.engine);
   EXPECT_EQ(a.host_engine_threads, b.host_engine_threads);
   EXPECT_EQ(a.copy_delay_us, b.copy_delay_us);
