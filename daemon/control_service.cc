@@ -1,5 +1,7 @@
 #include "daemon/control_service.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/admin_token.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
@@ -157,6 +159,12 @@ grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSe
 
 grpc::Status ControlService::Drain(grpc::ServerContext*, const v1::DrainRequest* request,
                                    v1::DrainResponse* response) {
+  // Permanent for this daemon's life: root and tierd's own user only (common/admin_token.h).
+  if (!AdminTokenMatches(context_.admin_token, request->admin_token())) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("drain is for root and tierd's own user: the request must "
+                                     "carry the token in ", context_.admin_token_path));
+  }
   response->set_jobs_in_flight(drain_(request->timeout_ms()));
   return grpc::Status::OK;
 }

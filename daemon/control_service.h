@@ -21,6 +21,9 @@ struct ControlContext {
   std::string session_socket;
   uint32_t attach_timeout_ms = 0;
   uint64_t started_ms = 0;
+  // Drain needs it (common/admin_token.h); admin_token_path is named in the refusal.
+  std::string admin_token;
+  std::string admin_token_path;
 };
 
 class ControlService final : public tier::v1::Control::Service {

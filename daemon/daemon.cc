@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/admin_token.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/unix_socket.h"
@@ -212,7 +213,11 @@ absl::Status Daemon::Init() {
   }
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
-                         config_.attach_timeout_ms, started_ms_};
+                         config_.attach_timeout_ms, started_ms_, "",
+                         AdminTokenPath(config_.socket_path)};
+  absl::StatusOr<std::string> token = WriteAdminToken(context.admin_token_path);
+  if (!token.ok()) return token.status();
+  context.admin_token = *std::move(token);
   health_ = std::make_unique<HealthMonitor>(
       metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
       config_.health_stall_ms);
@@ -295,6 +300,7 @@ void Daemon::Shutdown() {
   if (spiller_) spiller_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());
+  ::unlink(AdminTokenPath(config_.socket_path).c_str());
 }
 
 }  // namespace tier::daemon

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/admin_token.h"
 #include "common/unix_socket.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -384,6 +385,27 @@ TEST(HostileClient, OneUserCannotHoldEverySessionSlot) {
 
 // Any socket user could drain the daemon, for good. Drain needs the admin token now, which only
 // root and tierd's own user can read; tierctl reads it.
+TEST(HostileClient, DrainIsForRootAndTierdsOwnUser) {
+  TierdProcess tierd;
+  struct stat st {};
+  ASSERT_EQ(::stat(AdminTokenPath(tierd.socket()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  for (const std::string& token : {std::string(), std::string(64, '0')}) {
+    grpc::ClientContext context;
+    v1::DrainRequest request;
+    request.set_admin_token(token);
+    v1::DrainResponse response;
+    grpc::Status status = tierd.stub().Drain(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  }
+  EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::SERVING);
+  auto [code, out] = testing::RunCommand(std::string(TIERCTL_BIN) + " --socket " +
+                                         tierd.socket() + " drain --timeout-ms 5000");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::DRAINING);
+}
+
 // Health said SERVING while no job moved. It fails now when jobs the daemon alone must finish
 // stop completing (here: a copy delayed longer than health_stall_ms), and recovers after.
 TEST(HostileClient, HealthFailsWhileJobsStopMoving) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "client/control_client.h"
+#include "common/admin_token.h"
 #include "client/session_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -147,6 +148,9 @@ TEST(Protocol, DrainRefusesNewWorkAndReportsIdle) {
   grpc::ClientContext context;
   v1::DrainRequest request;
   request.set_timeout_ms(5000);
+  absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(tierd.socket()));
+  ASSERT_TRUE(token.ok()) << token.status();
+  request.set_admin_token(*token);
   v1::DrainResponse response;
   ASSERT_TRUE(tierd.stub().Drain(&context, request, &response).ok());
   EXPECT_EQ(response.jobs_in_flight(), 0u);
