@@ -99,6 +99,15 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
   if (e.object_id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
   absl::StatusOr<Range> range = CheckRange(*session, e);
   if (!range.ok()) return range.status();
+  // Every offload is copied into host memory first (the NVMe tier only takes what was there), so
+  // one larger than the whole pool can never run. Refused at once: parked, it waited for room
+  // that could not come while every later offload of every session queued behind it, and the
+  // spiller pushed other sessions' objects to NVMe trying to make that room.
+  if (e.len > pool_.bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat("an offload of ", e.len,
+                                                     " bytes can never fit: the host pool holds ",
+                                                     pool_.bytes(), " bytes"));
+  }
 
   auto object = std::make_shared<Object>();
   {
@@ -143,6 +152,7 @@ void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
                               const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
                               Range range) {
   spiller_->WaitForRoom(
+      session->id(),
       [this, session, e, object, range]() {
         {
           std::lock_guard lock(session->mu());

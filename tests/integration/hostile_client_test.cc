@@ -291,6 +291,34 @@ TEST(HostileClient, MappedBytesAreLimitedPerSessionAndUid) {
   ::close(fd);
 }
 
+// ---- Finding 5: one impossible offload ---------------------------------------------------------
+
+// With the NVMe tier on, an offload larger than the host pool (within quota) was parked: every
+// later offload of every session queued behind it, the spiller pushed the other sessions'
+// objects to NVMe to make room for it, and then failed every waiter. It is refused at once now.
+TEST(HostileClient, AnOffloadLargerThanThePoolIsRefusedAtOnce) {
+  TierdProcess tierd({"--pool_bytes=16M", "--spill_bytes=64M", "--spill_io=thread_pool"});
+  Session good(OptionsFor(tierd));
+  HostBuffer small = good.AllocHost(1 << 20);
+  std::vector<std::pair<tier_object_id, tier_job_id>> offloads;
+  for (int i = 0; i < 4; ++i) offloads.push_back(good.Offload(small.id, 0, 1 << 20));
+  for (auto& [object, job] : offloads) good.Wait(job, 10000);
+
+  Session hostile(OptionsFor(tierd, "hostile"));
+  HostBuffer huge = hostile.AllocHost(24 << 20);
+  auto start = std::chrono::steady_clock::now();
+  auto [object, job] = hostile.Offload(huge.id, 0, huge.bytes);
+  // The good session keeps offloading meanwhile, and nothing waits behind the big one.
+  for (int i = 0; i < 4; ++i) good.Wait(good.Offload(small.id, 0, 1 << 20).second, 10000);
+  EXPECT_EQ(hostile.TryWait(job, 10000), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // Nobody's objects went to NVMe for it.
+  EXPECT_EQ(tierd.Status().bytes_spilled(), 0u);
+  for (auto& [good_object, good_job] : offloads) {
+    good.Wait(good.Reload(good_object, small.id, 0, 1 << 20), 10000);
+  }
+}
+
 // ---- Finding 6: connections --------------------------------------------------------------------
 
 // Connections that never attach used to stay for ever.
