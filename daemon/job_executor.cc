@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "daemon/entry_validator.h"
 #include "daemon/object_memory.h"
 
 namespace tier::daemon {
@@ -15,7 +16,11 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
                         const ring::SubmissionEntry& entry) {
   if (!session->BeginJob()) return;  // closing: the client is gone or going
   CountStart(entry);
-  absl::Status status;
+  absl::Status status = ValidateEntry(entry);
+  if (!status.ok()) {
+    Fail(session, entry, std::move(status));
+    return;
+  }
   switch (static_cast<Opcode>(entry.opcode)) {
     case Opcode::kOffload:
       status = Offload(session, entry);
@@ -30,8 +35,6 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
     case Opcode::kNop:
       Complete(*session, entry, absl::OkStatus());
       break;
-    default:
-      status = absl::InvalidArgumentError(absl::StrCat("unknown opcode ", entry.opcode));
   }
   // Offload and reload complete from the copy's callback when they start; a failure to start
   // completes here.
@@ -79,16 +82,13 @@ void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::Subm
 
 absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
                                                            const ring::SubmissionEntry& e) {
-  if (e.len == 0) return absl::InvalidArgumentError("job length is 0");
   std::shared_ptr<gpu::ImportedBuffer> buffer = session.FindBuffer(e.buffer_id);
   if (buffer == nullptr) {
     return absl::NotFoundError(absl::StrCat("no buffer ", e.buffer_id, " in this session"));
   }
-  // Written so that no sum can overflow: offset <= bytes, then len <= bytes - offset.
-  if (e.offset > buffer->bytes() || e.len > buffer->bytes() - e.offset) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", e.offset, ", +", e.len,
-                                              ") lie outside buffer ", e.buffer_id, " (",
-                                              buffer->bytes(), " bytes)"));
+  if (absl::Status in_range = CheckBufferRange(e.offset, e.len, buffer->bytes(), e.buffer_id);
+      !in_range.ok()) {
+    return in_range;
   }
   char* data = buffer->base() + e.offset;
   return Range{std::move(buffer), data};
@@ -96,7 +96,6 @@ absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
 
 absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
                                   const ring::SubmissionEntry& e) {
-  if (e.object_id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
   absl::StatusOr<Range> range = CheckRange(*session, e);
   if (!range.ok()) return range.status();
   // Every offload is copied into host memory first (the NVMe tier only takes what was there), so

@@ -12,19 +12,13 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/metrics.h"
+#include "daemon/session_message.h"
 #include "tier/session_wire.h"
 
 namespace tier::daemon {
 namespace {
 
 constexpr int kTickMs = 200;  // how often pending sessions are checked for the attach timeout
-
-template <typename Message>
-bool ParseMessage(const std::vector<char>& data, Message* out) {
-  if (data.size() != sizeof(Message)) return false;
-  std::memcpy(out, data.data(), sizeof(Message));
-  return true;
-}
 
 void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
                const absl::Status& status) {
@@ -218,15 +212,12 @@ bool SessionListener::Serve(Connection& c) {
     return false;
   }
   if (message->data.empty()) return false;  // orderly close, or the process died
-  if (message->data.size() < sizeof(wire::MessageHeader)) return false;
-  wire::MessageHeader header;
-  std::memcpy(&header, message->data.data(), sizeof(header));
-  if (header.version != wire::kProtocolVersion) {
-    LogWarningLimited(client_log_, "pid ", c.peer.pid, " speaks session protocol ",
-                      header.version, ", not ", wire::kProtocolVersion);
+  absl::StatusOr<wire::MessageHeader> header = ParseRequestHeader(message->data);
+  if (!header.ok()) {
+    LogWarningLimited(client_log_, "pid ", c.peer.pid, " ", header.status().message());
     return false;
   }
-  switch (static_cast<wire::MessageType>(header.type)) {
+  switch (static_cast<wire::MessageType>(header->type)) {
     case wire::MessageType::kAttachRequest:
       HandleAttach(c, message->data);
       return c.session != nullptr;  // a failed attach ends the connection
@@ -236,9 +227,7 @@ bool SessionListener::Serve(Connection& c) {
     case wire::MessageType::kUnregisterBuffer:
       HandleUnregister(c, message->data);
       return true;
-    default:
-      LogWarningLimited(client_log_, "pid ", c.peer.pid, " sent unknown message type ",
-                        header.type);
+    default:  // (ParseRequestHeader let no other type through)
       return false;
   }
 }
