@@ -240,6 +240,23 @@ Key ChoiceKey(absl::string_view name, absl::string_view section, absl::string_vi
   return key;
 }
 
+// A path must survive as a C string and as a config line: no NUL or other control characters
+// (the system calls would see a shorter path than the one printed), no blank at either end (a
+// config line loses it; found by tests/fuzz/config_fuzzer.cc).
+absl::Status CheckPathText(absl::string_view path) {
+  for (char c : path) {
+    if (absl::ascii_iscntrl(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError("a path must not hold control characters");
+    }
+  }
+  if (!path.empty() && (absl::ascii_isspace(static_cast<unsigned char>(path.front())) ||
+                        absl::ascii_isspace(static_cast<unsigned char>(path.back())))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "': a path must not begin or end with a blank"));
+  }
+  return absl::OkStatus();
+}
+
 // Absolute paths; empty only where the key has a derived default.
 // "a,b,c": absolute paths, none empty, none twice (after dropping a trailing '/'); "" is none.
 absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value) {
@@ -252,6 +269,7 @@ absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value) 
           absl::StrCat("must be absolute paths, comma-separated, got '", part, "'"));
     }
     while (part.size() > 1 && absl::EndsWith(part, "/")) part.remove_suffix(1);
+    if (absl::Status text = CheckPathText(part); !text.ok()) return text;
     std::string path(part);
     if (std::find(paths.begin(), paths.end(), path) != paths.end()) {
       return absl::InvalidArgumentError(absl::StrCat("'", path, "' is named twice"));
@@ -268,6 +286,7 @@ Key PathKey(absl::string_view name, absl::string_view section, absl::string_view
     if (value.empty() ? !allow_empty : !absl::StartsWith(value, "/")) {
       return KeyError(name, absl::StrCat("must be an absolute path, got '", value, "'"));
     }
+    if (absl::Status text = CheckPathText(value); !text.ok()) return KeyError(name, text);
     config.*field = std::string(value);
     return absl::OkStatus();
   };

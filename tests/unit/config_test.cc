@@ -284,6 +284,31 @@ TEST(ConfigText, BadInputNamesTheLine) {
   }
 }
 
+// Found by tests/fuzz/config_fuzzer.cc: a path with a NUL in it (the system calls would see a
+// shorter one than the printed one), or one that ends in a blank once its trailing '/' is dropped
+// (a config line loses the blank), was accepted and did not survive --print-config.
+TEST(ConfigText, PathsThatWouldNotRoundTripAreRefused) {
+  const std::pair<std::string, std::string> kCases[] = {
+      {"spill_dir = /nvme0/ti /",
+       "spill_dir: '/nvme0/ti ': a path must not begin or end with a blank"},
+      {std::string("spill_dir = /nvme0/t\0x", 22),
+       "spill_dir: a path must not hold control characters"},
+      {std::string("state_dir = /var/\0lib", 21),
+       "state_dir: a path must not hold control characters"},
+      {"socket = /run/\ttierd.sock", "socket: a path must not hold control characters"},
+  };
+  for (const auto& [line, message] : kCases) {
+    Config config = DefaultConfig(RootEnv());
+    absl::Status status = ApplyConfigText(line, "t", &config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << line;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(message)) << line;
+  }
+  Config config = DefaultConfig(RootEnv());
+  EXPECT_EQ(LoadConfig({"--socket=/run/tierd/tierd.sock "}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ApplyConfigText("spill_dir = /nvme0/t /nvme1", "t", &config).ok());  // inner blank
+}
+
 TEST(ConfigFile, AppliesFileAndRecordsIt) {
   TempDir dir;
   std::string path = dir.Write("tierd.conf", "ring_entries = 256\n");
