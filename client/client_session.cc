@@ -119,7 +119,9 @@ absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** p
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     return ErrnoStatus("sealing the buffer");
   }
-  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  // Populated here, so the memory is charged to this process: tierd refuses sparse memfds.
+  void* base =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (base == MAP_FAILED) return ErrnoStatus("mmap of the buffer");
   absl::StatusOr<uint64_t> id = RegisterFd(fd.get(), bytes);
   if (!id.ok()) {

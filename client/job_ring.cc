@@ -1,7 +1,9 @@
 #include "client/job_ring.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,7 +52,13 @@ bool JobRing::Push(const ring::SubmissionEntry& entry) {
   if (!sq_.TryPush(entry)) return false;
   if (sq_.ConsumerWantsWakeup()) {
     uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(sq_doorbell_.get(), &one, sizeof(one));
+    // The doorbell is a socket: send with MSG_NOSIGNAL, so a daemon that died costs an EPIPE
+    // (the jobs then fail through the session socket's hang-up), not a SIGPIPE that kills the
+    // process. (A daemon from before handed out an eventfd: write to that.)
+    if (::send(sq_doorbell_.get(), &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+        errno == ENOTSOCK) {
+      [[maybe_unused]] ssize_t n = ::write(sq_doorbell_.get(), &one, sizeof(one));
+    }
   }
   return true;
 }
@@ -68,8 +76,9 @@ JobRing::WaitResult JobRing::SleepForCompletion(int64_t timeout_ms, int socket_f
   int n = ::poll(fds, 2, timeout_ms < 0 ? -1 : static_cast<int>(std::min<int64_t>(timeout_ms, 1 << 30)));
   cq_.CancelSleep();
   if (n > 0 && (fds[0].revents & POLLIN)) {
-    uint64_t value;
-    [[maybe_unused]] ssize_t r = ::read(cq_doorbell_.get(), &value, sizeof(value));
+    // Every wake-up sent so far (a stream of 8-byte rings; an eventfd returns its counter).
+    char rings[512];
+    [[maybe_unused]] ssize_t r = ::read(cq_doorbell_.get(), rings, sizeof(rings));
   }
   if (n > 0 && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
     // Completions posted before the daemon died are still good; report them first.

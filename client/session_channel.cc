@@ -14,10 +14,18 @@ wire::MessageHeader Header(wire::MessageType type, uint64_t request_id) {
 }
 
 // Receives a reply of type Reply, checking its type and the request it answers.
+// timeout_ms < 0: waits as long as it takes.
 template <typename Reply>
 absl::StatusOr<Reply> ReceiveReply(int fd, wire::MessageType type, uint64_t request_id,
-                                   std::vector<UniqueFd>* fds) {
-  absl::StatusOr<ReceivedMessage> message = ReceiveMessage(fd, wire::kMaxMessageBytes, wire::kMaxFds);
+                                   std::vector<UniqueFd>* fds, int timeout_ms = -1) {
+  if (timeout_ms >= 0) {
+    if (absl::Status ready = WaitReadable(fd, timeout_ms, "tierd's reply on the session socket");
+        !ready.ok()) {
+      return ready;
+    }
+  }
+  absl::StatusOr<ReceivedMessage> message =
+      ReceiveMessage(fd, wire::kMaxMessageBytes, wire::kMaxFds);
   if (!message.ok()) return message.status();
   if (message->data.empty()) return absl::UnavailableError("tierd closed the session socket");
   if (message->data.size() != sizeof(Reply)) {
@@ -39,16 +47,21 @@ absl::StatusOr<Reply> ReceiveReply(int fd, wire::MessageType type, uint64_t requ
 
 }  // namespace
 
-absl::StatusOr<SessionChannel> SessionChannel::Connect(const std::string& path) {
-  absl::StatusOr<UniqueFd> fd = ConnectSeqpacket(path);
+absl::StatusOr<SessionChannel> SessionChannel::Connect(const std::string& path,
+                                                       int timeout_ms) {
+  absl::StatusOr<UniqueFd> fd = ConnectSeqpacket(path, timeout_ms);
   if (!fd.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach tierd's session socket: ", fd.status().message()));
+    return absl::Status(absl::IsDeadlineExceeded(fd.status())
+                            ? absl::StatusCode::kDeadlineExceeded
+                            : absl::StatusCode::kUnavailable,
+                        absl::StrCat("cannot reach tierd's session socket: ",
+                                     fd.status().message()));
   }
   return SessionChannel(*std::move(fd));
 }
 
-absl::StatusOr<AttachResult> SessionChannel::Attach(uint64_t session_id, const std::string& token) {
+absl::StatusOr<AttachResult> SessionChannel::Attach(uint64_t session_id, const std::string& token,
+                                                    int timeout_ms) {
   wire::AttachRequest request{};
   uint64_t id = next_request_++;
   request.header = Header(wire::MessageType::kAttachRequest, id);
@@ -58,7 +71,8 @@ absl::StatusOr<AttachResult> SessionChannel::Attach(uint64_t session_id, const s
   if (absl::Status s = SendMessage(fd_.get(), &request, sizeof(request)); !s.ok()) return s;
   std::vector<UniqueFd> fds;
   absl::StatusOr<wire::AttachReply> reply =
-      ReceiveReply<wire::AttachReply>(fd_.get(), wire::MessageType::kAttachReply, id, &fds);
+      ReceiveReply<wire::AttachReply>(fd_.get(), wire::MessageType::kAttachReply, id, &fds,
+                                      timeout_ms);
   if (!reply.ok()) return reply.status();
   if (fds.size() != 3) return absl::InternalError("attach reply without the ring descriptors");
   AttachResult result;

@@ -26,10 +26,18 @@ struct AttachResult {
 
 class SessionChannel {
  public:
-  static absl::StatusOr<SessionChannel> Connect(const std::string& path);
+  // How long connecting and waiting for the attach reply may take, unless the caller says.
+  // Without a limit tier_session_open blocked for ever on a daemon that accepted nothing
+  // (backlog full, descriptors exhausted) or never answered.
+  static constexpr int kDefaultTimeoutMs = 10000;
+
+  // timeout_ms < 0: no limit. DEADLINE_EXCEEDED when it passes.
+  static absl::StatusOr<SessionChannel> Connect(const std::string& path,
+                                                int timeout_ms = kDefaultTimeoutMs);
   SessionChannel(SessionChannel&&) = default;
 
-  absl::StatusOr<AttachResult> Attach(uint64_t session_id, const std::string& token);
+  absl::StatusOr<AttachResult> Attach(uint64_t session_id, const std::string& token,
+                                      int timeout_ms = kDefaultTimeoutMs);
   // `fds`: none, one, or one per page (kCudaVmmPages).
   absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, absl::Span<const int> fds);
   absl::Status Unregister(uint64_t buffer_id);

@@ -1,10 +1,14 @@
 #include "common/unix_socket.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -40,15 +44,50 @@ absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, i
   return fd;
 }
 
-absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path) {
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path, int timeout_ms) {
   absl::StatusOr<sockaddr_un> addr = MakeAddress(path);
   if (!addr.ok()) return addr.status();
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket");
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
-    return ErrnoStatus(absl::StrCat("connect ", path));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  // A Unix socket connects at once or fails with EAGAIN while the listener's backlog is full
+  // (there is no EINPROGRESS to wait on): try again every few milliseconds until the deadline.
+  for (;;) {
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0) break;
+    if (errno != EAGAIN && errno != EINTR) return ErrnoStatus(absl::StrCat("connect ", path));
+    if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "connect ", path, ": not accepted within ", timeout_ms, " ms (backlog full)"));
+    }
+    ::poll(nullptr, 0, 5);
+  }
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoStatus("fcntl on the session socket");
   }
   return fd;
+}
+
+absl::Status WaitReadable(int fd, int timeout_ms, absl::string_view what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int left = -1;
+    if (timeout_ms >= 0) {
+      left = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                 deadline - std::chrono::steady_clock::now())
+                 .count()));
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    int n = ::poll(&pfd, 1, left);
+    if (n > 0) return absl::OkStatus();  // readable, or hung up / in error: the read says which
+    if (n < 0 && errno != EINTR) return ErrnoStatus("poll");
+    if (n == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": no answer within ", timeout_ms, " ms"));
+    }
+  }
 }
 
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd) {

@@ -23,7 +23,14 @@ struct PeerCredentials {
 
 // Binds and listens on `path` (an existing socket file there is replaced), mode `mode`.
 absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, int backlog = 64);
-absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path);
+// Connects within timeout_ms (< 0: no limit). A Unix socket whose listener does not accept
+// (a hung or overloaded daemon, a full backlog) makes a plain connect() wait for ever: the socket
+// connects non-blocking and retries until the deadline instead (DEADLINE_EXCEEDED). The returned
+// socket is blocking.
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path, int timeout_ms = -1);
+// Waits until `fd` is readable (or hung up) for at most timeout_ms (< 0: no limit);
+// DEADLINE_EXCEEDED naming `what` when the time passes.
+absl::Status WaitReadable(int fd, int timeout_ms, absl::string_view what);
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int fd);
 
 // Sends one message with up to wire::kMaxFds descriptors attached.

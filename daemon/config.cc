@@ -240,6 +240,23 @@ Key ChoiceKey(absl::string_view name, absl::string_view section, absl::string_vi
   return key;
 }
 
+// A path must survive as a C string and as a config line: no NUL or other control characters
+// (the system calls would see a shorter path than the one printed), no blank at either end (a
+// config line loses it; found by tests/fuzz/config_fuzzer.cc).
+absl::Status CheckPathText(absl::string_view path) {
+  for (char c : path) {
+    if (absl::ascii_iscntrl(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError("a path must not hold control characters");
+    }
+  }
+  if (!path.empty() && (absl::ascii_isspace(static_cast<unsigned char>(path.front())) ||
+                        absl::ascii_isspace(static_cast<unsigned char>(path.back())))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "': a path must not begin or end with a blank"));
+  }
+  return absl::OkStatus();
+}
+
 // Absolute paths; empty only where the key has a derived default.
 // "a,b,c": absolute paths, none empty, none twice (after dropping a trailing '/'); "" is none.
 absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value) {
@@ -252,6 +269,7 @@ absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value) 
           absl::StrCat("must be absolute paths, comma-separated, got '", part, "'"));
     }
     while (part.size() > 1 && absl::EndsWith(part, "/")) part.remove_suffix(1);
+    if (absl::Status text = CheckPathText(part); !text.ok()) return text;
     std::string path(part);
     if (std::find(paths.begin(), paths.end(), path) != paths.end()) {
       return absl::InvalidArgumentError(absl::StrCat("'", path, "' is named twice"));
@@ -268,6 +286,7 @@ Key PathKey(absl::string_view name, absl::string_view section, absl::string_view
     if (value.empty() ? !allow_empty : !absl::StartsWith(value, "/")) {
       return KeyError(name, absl::StrCat("must be an absolute path, got '", value, "'"));
     }
+    if (absl::Status text = CheckPathText(value); !text.ok()) return KeyError(name, text);
     config.*field = std::string(value);
     return absl::OkStatus();
   };
@@ -410,8 +429,36 @@ std::vector<Key> BuildKeys() {
   keys.push_back(IntegerKey("max_sessions", kSessions, "most sessions at once",
                             &Config::max_sessions, 1, 65536));
   keys.push_back(IntegerKey("attach_timeout_ms", kSessions,
-                            "time a new session has to attach on the session socket",
+                            "time a new session, or a new connection to the session socket, has "
+                            "to attach",
                             &Config::attach_timeout_ms, 1, 3600 * 1000));
+
+  constexpr absl::string_view kLimits = "Client limits";
+  keys.push_back(IntegerKey("max_sessions_per_uid", kLimits,
+                            "most attached sessions of one user (uid)",
+                            &Config::max_sessions_per_uid, 1, 65536));
+  keys.push_back(IntegerKey("max_buffers_per_session", kLimits,
+                            "most buffers one session may have registered",
+                            &Config::max_buffers_per_session, 1, 1 << 20));
+  keys.push_back(IntegerKey("max_buffers_per_uid", kLimits,
+                            "most buffers the sessions of one user may have registered",
+                            &Config::max_buffers_per_uid, 1, 1 << 20));
+  keys.push_back(IntegerKey("max_buffers", kLimits,
+                            "most buffers registered in all (each is a mapping: keep it well "
+                            "below vm.max_map_count)",
+                            &Config::max_buffers, 1, 1 << 20));
+  keys.push_back(SizeKey("max_mapped_bytes_per_session", kLimits,
+                         "most bytes of host memory one session may have registered",
+                         &Config::max_mapped_bytes_per_session, false, 4096));
+  keys.push_back(SizeKey("max_mapped_bytes_per_uid", kLimits,
+                         "most bytes of host memory the sessions of one user may have registered",
+                         &Config::max_mapped_bytes_per_uid, false, 4096));
+  keys.push_back(IntegerKey("max_connections", kLimits,
+                            "most connections to the session socket at once",
+                            &Config::max_connections, 1, 1 << 20));
+  keys.push_back(IntegerKey("max_connections_per_uid", kLimits,
+                            "most connections of one user to the session socket at once",
+                            &Config::max_connections_per_uid, 1, 1 << 20));
 
   keys.push_back(ChoiceKey("engine", kEngine,
                            "copy engine: auto (GPU if present, else host), host, cuda or hip",
@@ -447,6 +494,10 @@ std::vector<Key> BuildKeys() {
   keys.push_back(IntegerKey("drain_timeout_ms", kService,
                             "on SIGTERM, wait this long for in-flight jobs; 0: no limit",
                             &Config::drain_timeout_ms, 0, 3600 * 1000));
+  keys.push_back(IntegerKey("health_stall_ms", kService,
+                            "health fails when jobs without a GPU ticket are in flight and none "
+                            "completed for this long; 0: watch the ring poller only",
+                            &Config::health_stall_ms, 0, 3600 * 1000));
   {
     Key key{"config",
             kService,

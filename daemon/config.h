@@ -55,6 +55,17 @@ struct Config {
   uint32_t max_sessions = 256;       // max_sessions
   uint32_t attach_timeout_ms = 10000;  // attach_timeout_ms
 
+  // Limits on what clients may hold in the daemon (RESOURCE_EXHAUSTED beyond them, naming the
+  // setting), so that one careless or hostile client cannot take the node (issue 16).
+  uint32_t max_sessions_per_uid = 64;         // max_sessions_per_uid (attached sessions)
+  uint32_t max_buffers_per_session = 4096;    // max_buffers_per_session
+  uint32_t max_buffers_per_uid = 16384;       // max_buffers_per_uid
+  uint32_t max_buffers = 32768;               // max_buffers (all sessions; vm.max_map_count)
+  uint64_t max_mapped_bytes_per_session = 64ull << 30;  // max_mapped_bytes_per_session (host)
+  uint64_t max_mapped_bytes_per_uid = 256ull << 30;     // max_mapped_bytes_per_uid (host)
+  uint32_t max_connections = 1024;            // max_connections (session socket)
+  uint32_t max_connections_per_uid = 128;     // max_connections_per_uid
+
   // Copy engine.
   std::string engine = "auto";       // engine: auto | host | cuda | hip
   uint32_t host_engine_threads = 2;  // host_engine_threads (per direction)
@@ -65,6 +76,9 @@ struct Config {
   // Service.
   std::string log_level = "info";    // log_level: debug | info | warning | error
   uint32_t drain_timeout_ms = 30000; // drain_timeout_ms: SIGTERM waits this long for jobs
+  // health_stall_ms: Health says NOT_SERVING when jobs the daemon alone must finish are in
+  // flight and none completed for this long (0: only the ring poller is watched).
+  uint32_t health_stall_ms = 60000;
 
   // Files the settings came from, for the log.
   std::string config_file;           // config (flag only)

@@ -1,5 +1,7 @@
 #include "daemon/control_service.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/admin_token.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
@@ -12,12 +14,21 @@ grpc::Status ToGrpc(const absl::Status& status) {
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
                                storage::HostPool& pool, Spiller* spiller,
                                gpu::CopyEngine& engine, DaemonMetrics& metrics,
+                               const HealthMonitor& health,
                                std::function<uint64_t(uint32_t)> drain)
     : context_(std::move(context)), registry_(registry), pool_(pool), spiller_(spiller),
-      engine_(engine), metrics_(metrics), drain_(std::move(drain)) {}
+      engine_(engine), metrics_(metrics), health_(health), drain_(std::move(drain)) {}
 
-v1::HealthResponse::State ControlService::State() const {
-  return registry_.draining() ? v1::HealthResponse::DRAINING : v1::HealthResponse::SERVING;
+v1::HealthResponse::State ControlService::State(std::string* reason) const {
+  if (registry_.draining()) {
+    if (reason != nullptr) *reason = "draining: no new sessions or jobs";
+    return v1::HealthResponse::DRAINING;
+  }
+  if (absl::Status moving = health_.Check(MonotonicMs()); !moving.ok()) {
+    if (reason != nullptr) *reason = std::string(moving.message());
+    return v1::HealthResponse::NOT_SERVING;
+  }
+  return v1::HealthResponse::SERVING;
 }
 
 grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
@@ -31,7 +42,9 @@ grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersi
 
 grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthRequest*,
                                     v1::HealthResponse* response) {
-  response->set_state(State());
+  std::string reason;
+  response->set_state(State(&reason));
+  response->set_reason(reason);
   return grpc::Status::OK;
 }
 
@@ -168,6 +181,12 @@ grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSe
 
 grpc::Status ControlService::Drain(grpc::ServerContext*, const v1::DrainRequest* request,
                                    v1::DrainResponse* response) {
+  // Permanent for this daemon's life: root and tierd's own user only (common/admin_token.h).
+  if (!AdminTokenMatches(context_.admin_token, request->admin_token())) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("drain is for root and tierd's own user: the request must "
+                                     "carry the token in ", context_.admin_token_path));
+  }
   response->set_jobs_in_flight(drain_(request->timeout_ms()));
   return grpc::Status::OK;
 }

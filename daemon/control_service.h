@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "daemon/health_monitor.h"
 #include "daemon/metrics.h"
 #include "daemon/session_registry.h"
 #include "daemon/spiller.h"
@@ -20,6 +21,9 @@ struct ControlContext {
   std::string session_socket;
   uint32_t attach_timeout_ms = 0;
   uint64_t started_ms = 0;
+  // Drain needs it (common/admin_token.h); admin_token_path is named in the refusal.
+  std::string admin_token;
+  std::string admin_token_path;
 };
 
 class ControlService final : public tier::v1::Control::Service {
@@ -28,6 +32,7 @@ class ControlService final : public tier::v1::Control::Service {
   // `spiller`: the NVMe tier, or null.
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
                  Spiller* spiller, gpu::CopyEngine& engine, DaemonMetrics& metrics,
+                 const HealthMonitor& health,
                  std::function<uint64_t(uint32_t)> drain);
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
@@ -46,7 +51,8 @@ class ControlService final : public tier::v1::Control::Service {
                      v1::DrainResponse*) override;
 
  private:
-  v1::HealthResponse::State State() const;
+  // The state, and why it is not SERVING (empty when it is).
+  v1::HealthResponse::State State(std::string* reason = nullptr) const;
 
   const ControlContext context_;
   SessionRegistry& registry_;
@@ -54,6 +60,7 @@ class ControlService final : public tier::v1::Control::Service {
   Spiller* spiller_;
   gpu::CopyEngine& engine_;
   DaemonMetrics& metrics_;
+  const HealthMonitor& health_;
   std::function<uint64_t(uint32_t)> drain_;
 };
 

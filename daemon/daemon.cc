@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/admin_token.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/unix_socket.h"
@@ -64,6 +66,28 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
   return entry->gr_gid;
 }
 
+// Every session holds a few descriptors (its connection, ring and doorbells), and so does every
+// gRPC connection: take the hard limit, not the soft one (often 1024), and say so when
+// max_connections cannot be served with what is left.
+void RaiseOpenFileLimit(uint32_t max_connections) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &limit);
+    (void)::getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  constexpr uint64_t kPerConnection = 4;  // connection, ring memfd, two doorbells
+  constexpr uint64_t kReserve = 256;      // gRPC, spill files, epoll, logs
+  if (limit.rlim_cur != RLIM_INFINITY &&
+      uint64_t{max_connections} * kPerConnection + kReserve > limit.rlim_cur) {
+    LogWarning("max_connections (", max_connections, ") needs about ",
+               uint64_t{max_connections} * kPerConnection + kReserve,
+               " descriptors, but RLIMIT_NOFILE is ", limit.rlim_cur,
+               ": raise LimitNOFILE= or lower max_connections");
+  }
+}
+
 storage::LockMode ParseLockMode(const std::string& mode) {
   if (mode == "off") return storage::LockMode::kOff;
   if (mode == "required") return storage::LockMode::kRequired;
@@ -84,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config) {
 
 absl::Status Daemon::Init() {
   if (absl::Status s = CheckNotRunning(config_.socket_path); !s.ok()) return s;
+  RaiseOpenFileLimit(config_.max_connections);
   absl::StatusOr<gid_t> gid = ResolveGroup(config_.socket_group);
   if (!gid.ok()) return gid.status();
 
@@ -126,6 +151,12 @@ absl::Status Daemon::Init() {
   limits.default_ring_entries = config_.ring_entries;
   limits.max_sessions = config_.max_sessions;
   limits.attach_timeout_ms = config_.attach_timeout_ms;
+  limits.client.max_sessions_per_uid = config_.max_sessions_per_uid;
+  limits.client.max_buffers_per_session = config_.max_buffers_per_session;
+  limits.client.max_buffers_per_uid = config_.max_buffers_per_uid;
+  limits.client.max_buffers = config_.max_buffers;
+  limits.client.max_mapped_bytes_per_session = config_.max_mapped_bytes_per_session;
+  limits.client.max_mapped_bytes_per_uid = config_.max_mapped_bytes_per_uid;
 
   executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
   if (config_.spill_bytes > 0) {
@@ -173,17 +204,27 @@ absl::Status Daemon::Init() {
   for (const std::string* path : {&config_.socket_path, &config_.session_socket_path}) {
     if (absl::Status s = MakeParentDir(*path); !s.ok()) return s;
   }
-  listener_ = std::make_unique<SessionListener>(*registry_, *engine_);
+  listener_ = std::make_unique<SessionListener>(
+      *registry_, *engine_,
+      ListenerLimits{config_.max_connections, config_.max_connections_per_uid,
+                     config_.attach_timeout_ms});
   if (absl::Status s = listener_->Start(config_.session_socket_path, config_.socket_mode, *gid);
       !s.ok()) {
     return s;
   }
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
-                         config_.attach_timeout_ms, started_ms_};
-  service_ = std::make_unique<ControlService>(context, *registry_, *pool_, spiller_.get(), *engine_,
-                                              metrics_,
-                                              [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
+                         config_.attach_timeout_ms, started_ms_, "",
+                         AdminTokenPath(config_.socket_path)};
+  absl::StatusOr<std::string> token = WriteAdminToken(context.admin_token_path);
+  if (!token.ok()) return token.status();
+  context.admin_token = *std::move(token);
+  health_ = std::make_unique<HealthMonitor>(
+      metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
+      config_.health_stall_ms);
+  service_ = std::make_unique<ControlService>(
+      context, *registry_, *pool_, spiller_.get(), *engine_, metrics_, *health_,
+      [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
@@ -260,6 +301,7 @@ void Daemon::Shutdown() {
   if (spiller_) spiller_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());
+  ::unlink(AdminTokenPath(config_.socket_path).c_str());
 }
 
 }  // namespace tier::daemon

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/health_monitor.h"
 #include "daemon/job_executor.h"
 #include "daemon/spiller.h"
 #include "daemon/metrics.h"
@@ -54,6 +55,7 @@ class Daemon {
   std::unique_ptr<SessionRegistry> registry_;
   std::unique_ptr<RingPoller> poller_;
   std::unique_ptr<SessionListener> listener_;
+  std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<ControlService> service_;
   std::unique_ptr<grpc::Server> server_;
   SystemdNotifier notifier_;

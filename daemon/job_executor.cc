@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "daemon/entry_validator.h"
 #include "daemon/object_memory.h"
 
 namespace tier::daemon {
@@ -14,8 +15,12 @@ using ring::Opcode;
 void JobExecutor::Start(const std::shared_ptr<Session>& session,
                         const ring::SubmissionEntry& entry) {
   if (!session->BeginJob()) return;  // closing: the client is gone or going
-  metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
-  absl::Status status;
+  CountStart(entry);
+  absl::Status status = ValidateEntry(entry);
+  if (!status.ok()) {
+    Fail(session, entry, std::move(status));
+    return;
+  }
   switch (static_cast<Opcode>(entry.opcode)) {
     case Opcode::kOffload:
       status = Offload(session, entry);
@@ -30,8 +35,6 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
     case Opcode::kNop:
       Complete(*session, entry, absl::OkStatus());
       break;
-    default:
-      status = absl::InvalidArgumentError(absl::StrCat("unknown opcode ", entry.opcode));
   }
   // Offload and reload complete from the copy's callback when they start; a failure to start
   // completes here.
@@ -41,8 +44,16 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
 void JobExecutor::Reject(const std::shared_ptr<Session>& session,
                          const ring::SubmissionEntry& entry, absl::Status status) {
   if (!session->BeginJob()) return;
-  metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed);
+  CountStart(entry);
   Fail(session, entry, std::move(status));
+}
+
+void JobExecutor::CountStart(const ring::SubmissionEntry& entry) {
+  if (metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed) == 0) {
+    // The stall clock of health starts no earlier than the work: an idle daemon has not stalled.
+    metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
+  }
+  if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_add(1, std::memory_order_relaxed);
 }
 
 void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
@@ -71,16 +82,13 @@ void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::Subm
 
 absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
                                                            const ring::SubmissionEntry& e) {
-  if (e.len == 0) return absl::InvalidArgumentError("job length is 0");
   std::shared_ptr<gpu::ImportedBuffer> buffer = session.FindBuffer(e.buffer_id);
   if (buffer == nullptr) {
     return absl::NotFoundError(absl::StrCat("no buffer ", e.buffer_id, " in this session"));
   }
-  // Written so that no sum can overflow: offset <= bytes, then len <= bytes - offset.
-  if (e.offset > buffer->bytes() || e.len > buffer->bytes() - e.offset) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", e.offset, ", +", e.len,
-                                              ") lie outside buffer ", e.buffer_id, " (",
-                                              buffer->bytes(), " bytes)"));
+  if (absl::Status in_range = CheckBufferRange(e.offset, e.len, buffer->bytes(), e.buffer_id);
+      !in_range.ok()) {
+    return in_range;
   }
   char* data = buffer->base() + e.offset;
   return Range{std::move(buffer), data};
@@ -88,9 +96,17 @@ absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
 
 absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
                                   const ring::SubmissionEntry& e) {
-  if (e.object_id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
   absl::StatusOr<Range> range = CheckRange(*session, e);
   if (!range.ok()) return range.status();
+  // Every offload is copied into host memory first (the NVMe tier only takes what was there), so
+  // one larger than the whole pool can never run. Refused at once: parked, it waited for room
+  // that could not come while every later offload of every session queued behind it, and the
+  // spiller pushed other sessions' objects to NVMe trying to make that room.
+  if (e.len > pool_.bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat("an offload of ", e.len,
+                                                     " bytes can never fit: the host pool holds ",
+                                                     pool_.bytes(), " bytes"));
+  }
 
   auto object = std::make_shared<Object>();
   {
@@ -135,6 +151,7 @@ void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
                               const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
                               Range range) {
   spiller_->WaitForRoom(
+      session->id(),
       [this, session, e, object, range]() {
         {
           std::lock_guard lock(session->mu());
@@ -387,6 +404,10 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
     counters.jobs_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.totals.jobs_failed.fetch_add(1, std::memory_order_relaxed);
   }
+  // Progress is noted before the client can see the completion, so that a client that asks for
+  // health right after its job completed never finds that job still counted as stuck.
+  metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
+  if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_sub(1, std::memory_order_relaxed);
   session.PostCompletion(c);
   metrics_.jobs_in_flight.fetch_sub(1, std::memory_order_relaxed);
   session.EndJob();

@@ -78,6 +78,8 @@ class JobExecutor {
   void Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
             absl::Status status);
   void Complete(Session& session, const ring::SubmissionEntry& entry, const absl::Status& status);
+  // The daemon-wide counts of a job accepted (Complete undoes them).
+  void CountStart(const ring::SubmissionEntry& entry);
 
   storage::HostPool& pool_;
   gpu::CopyEngine& engine_;

@@ -35,6 +35,11 @@ struct JobCounters {
 struct DaemonMetrics {
   JobCounters totals;
   std::atomic<uint64_t> jobs_in_flight{0};
+  // Jobs in flight that wait for nothing a client holds (no GPU ticket): only the daemon can be
+  // holding them up, so when they stop completing, the daemon has stopped serving (health).
+  std::atomic<uint64_t> unticketed_in_flight{0};
+  // When a job last completed, or when jobs_in_flight last rose from 0 (MonotonicMs).
+  std::atomic<uint64_t> last_progress_ms{0};
   BandwidthMeter bandwidth;
 };
 

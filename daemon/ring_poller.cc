@@ -3,6 +3,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/status.h"
@@ -15,6 +16,18 @@ constexpr int kBatch = 64;  // entries per session per pass, so one busy client 
 void DrainEventfd(int fd) {
   uint64_t value;
   [[maybe_unused]] ssize_t n = ::read(fd, &value, sizeof(value));
+}
+
+// Empties a session's doorbell (the daemon's end of a socket pair: MSG_DONTWAIT, so this cannot
+// block whatever the client does to its own end). Bounded, so a client that keeps ringing costs
+// the poller a few reads per pass, not a loop; what is left wakes the next epoll_wait at once.
+void DrainDoorbell(int fd) {
+  char bytes[4096];
+  for (int i = 0; i < 4; ++i) {
+    if (::recv(fd, bytes, sizeof(bytes), MSG_DONTWAIT) < static_cast<ssize_t>(sizeof(bytes))) {
+      return;
+    }
+  }
 }
 
 inline void CpuRelax() {
@@ -77,10 +90,29 @@ bool RingPoller::Drain(const std::shared_ptr<Session>& session, bool* blocked) {
 void RingPoller::RebuildEpoll(const std::vector<std::shared_ptr<Session>>& sessions) {
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
   epoll_event ev{};
-  ev.events = EPOLLIN;
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = 0;  // the wake-up eventfd; sessions are 1 + their index in `sessions`
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
-  for (const auto& session : sessions) {
-    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, session->sq_doorbell_fd(), &ev);
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    ev.data.u64 = i + 1;
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, sessions[i]->sq_doorbell_fd(), &ev);
+  }
+}
+
+void RingPoller::WaitForDoorbells(const std::vector<std::shared_ptr<Session>>& sessions,
+                                  int timeout_ms) {
+  epoll_event events[16];
+  int n = ::epoll_wait(epoll_fd_.get(), events, 16, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    uint64_t index = events[i].data.u64;
+    if (index == 0 || index > sessions.size()) continue;
+    // The client closed or shut down its end of the doorbell (it exits, or it is hostile): the
+    // daemon's end now reports it for ever, which would keep every epoll_wait from sleeping. A
+    // client without its doorbell cannot go on; end the session (the listener then drops its
+    // socket).
+    if ((events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) {
+      registry_.End(sessions[index - 1], "client closed its submission doorbell");
+    }
   }
 }
 
@@ -91,10 +123,9 @@ void RingPoller::Sleep(const std::vector<std::shared_ptr<Session>>& sessions, bo
   for (const auto& session : sessions) pending |= session->submissions().PrepareSleep();
   if (!pending) {
     // A session that is blocked on a full completion queue does not ring; look again soon.
-    epoll_event events[16];
-    ::epoll_wait(epoll_fd_.get(), events, 16, any_blocked ? 1 : 500);
+    WaitForDoorbells(sessions, any_blocked ? 1 : 500);
     DrainEventfd(wake_fd_.get());
-    for (const auto& session : sessions) DrainEventfd(session->sq_doorbell_fd());
+    for (const auto& session : sessions) DrainDoorbell(session->sq_doorbell_fd());
   }
   for (const auto& session : sessions) session->submissions().CancelSleep();
 }
@@ -128,8 +159,7 @@ void RingPoller::Run() {
     }
     if (any_blocked) {
       // Blocked sessions keep entries in their queue; sleeping on them would spin. Nap briefly.
-      epoll_event events[1];
-      ::epoll_wait(epoll_fd_.get(), events, 1, 1);
+      WaitForDoorbells(sessions, 1);
       continue;
     }
     Sleep(sessions, any_blocked);

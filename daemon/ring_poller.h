@@ -1,6 +1,10 @@
 // The thread that drains every session's submission queue. While jobs keep coming it polls
 // (no system call per job); after poll_idle_us without work it sets each ring's need_wakeup flag
-// and sleeps on the sessions' doorbell eventfds (see the wake-up protocol in tier/ring.h).
+// and sleeps on the sessions' doorbells (see the wake-up protocol in tier/ring.h).
+//
+// It never blocks on anything a client holds: the doorbells it reads are the daemon's own ends of
+// pipes (daemon/session.h), so a client cannot stop every session's jobs by making a read block,
+// and SIGTERM's Stop() always finds the thread going round.
 #ifndef TIER_DAEMON_RING_POLLER_H_
 #define TIER_DAEMON_RING_POLLER_H_
 
@@ -35,6 +39,8 @@ class RingPoller {
   bool Drain(const std::shared_ptr<Session>& session, bool* blocked);
   void Sleep(const std::vector<std::shared_ptr<Session>>& sessions, bool any_blocked);
   void RebuildEpoll(const std::vector<std::shared_ptr<Session>>& sessions);
+  // epoll_wait on the doorbells; ends the sessions whose client closed its doorbell.
+  void WaitForDoorbells(const std::vector<std::shared_ptr<Session>>& sessions, int timeout_ms);
 
   SessionRegistry& registry_;
   JobExecutor& executor_;

@@ -1,8 +1,8 @@
 #include "daemon/session.h"
 
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -62,9 +62,17 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
           bytes + ring::kQueuesOffset + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
       ring_entries_);
   tickets_ = reinterpret_cast<const ring::TicketPage*>(bytes + ring::kTicketPageOffset);
-  sq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  cq_doorbell_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!sq_doorbell_.valid() || !cq_doorbell_.valid()) return ErrnoStatus("eventfd");
+  int sq[2], cq[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sq) != 0) {
+    return ErrnoStatus("socketpair for the submission doorbell");
+  }
+  sq_doorbell_.reset(sq[0]);
+  client_sq_doorbell_.reset(sq[1]);
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, cq) != 0) {
+    return ErrnoStatus("socketpair for the completion doorbell");
+  }
+  cq_doorbell_.reset(cq[0]);
+  client_cq_doorbell_.reset(cq[1]);
   gpu::EngineSessionInfo info;
   info.id = id_;
   info.label = absl::StrCat("session ", id_, " '", name_, "' (pid ", peer.pid, ")");
@@ -83,9 +91,19 @@ gpu::EngineSession* Session::engine_session_if_attached() const {
   return attached_ ? engine_session_.get() : nullptr;
 }
 
+void Session::ReleaseClientDoorbells() {
+  client_sq_doorbell_.reset();
+  client_cq_doorbell_.reset();
+}
+
 bool Session::attached() const {
   std::lock_guard lock(mu_);
   return attached_;
+}
+
+PeerCredentials Session::peer() const {
+  std::lock_guard lock(mu_);
+  return peer_;
 }
 
 bool Session::CanAdmit() {
@@ -117,15 +135,48 @@ bool Session::PostCompletion(const ring::CompletionEntry& entry) {
   }
   if (wake) {
     uint64_t one = 1;
-    // EAGAIN only if the counter is saturated, which already means "wake up".
-    [[maybe_unused]] ssize_t n = ::write(cq_doorbell_.get(), &one, sizeof(one));
+    // Never blocks: MSG_DONTWAIT holds for this call whatever the descriptor's flags. EAGAIN: the
+    // client has not read the wake-ups already sent, which already means "wake up". EPIPE: the
+    // client shut its end; it cannot sleep on it then.
+    [[maybe_unused]] ssize_t n =
+        ::send(cq_doorbell_.get(), &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL);
   }
   return true;
+}
+
+namespace {
+
+// Host memory the daemon maps for a buffer (GPU memory costs it address space only).
+uint64_t MappedBytes(const gpu::ImportedBuffer& buffer) {
+  return buffer.device() < 0 ? buffer.bytes() : 0;
+}
+
+}  // namespace
+
+absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
+  std::lock_guard lock(mu_);
+  if (ledger_ == nullptr) return absl::OkStatus();
+  const ClientLimits& limits = ledger_->limits();
+  if (buffers_.size() >= limits.max_buffers_per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session ", id_, " already has ", limits.max_buffers_per_session,
+                     " buffers registered (max_buffers_per_session)"));
+  }
+  if (mapped_bytes > limits.max_mapped_bytes_per_session - mapped_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", id_, " has ", mapped_bytes_, " bytes of host memory registered; ",
+        mapped_bytes, " more would pass ", limits.max_mapped_bytes_per_session,
+        " (max_mapped_bytes_per_session)"));
+  }
+  return ledger_->CheckBuffer(peer_.uid, mapped_bytes);
 }
 
 uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
   std::lock_guard lock(mu_);
   uint64_t id = next_buffer_id_++;
+  const uint64_t mapped = MappedBytes(*buffer);
+  mapped_bytes_ += mapped;
+  if (ledger_ != nullptr) ledger_->AddBuffer(peer_.uid, mapped);
   buffers_.emplace(id, std::move(buffer));
   return id;
 }
@@ -137,6 +188,10 @@ bool Session::RemoveBuffer(uint64_t buffer_id) {
   if (it == buffers_.end()) return false;
   doomed = std::move(it->second);
   buffers_.erase(it);
+  const uint64_t mapped = MappedBytes(*doomed);
+  mapped_bytes_ -= mapped;
+  // Counted free at once, though a job that still copies keeps the mapping a moment longer.
+  if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, mapped);
   return true;
 }
 
@@ -184,8 +239,12 @@ std::vector<std::shared_ptr<Object>> Session::TakeAllObjects() {
 std::vector<std::shared_ptr<gpu::ImportedBuffer>> Session::TakeAllBuffers() {
   std::vector<std::shared_ptr<gpu::ImportedBuffer>> all;
   std::lock_guard lock(mu_);
-  for (auto& [id, buffer] : buffers_) all.push_back(std::move(buffer));
+  for (auto& [id, buffer] : buffers_) {
+    if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, MappedBytes(*buffer));
+    all.push_back(std::move(buffer));
+  }
   buffers_.clear();
+  mapped_bytes_ = 0;
   return all;
 }
 

@@ -22,6 +22,7 @@
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/metrics.h"
+#include "daemon/usage_ledger.h"
 #include "gpu/copy_engine.h"
 #include "storage/extent_allocator.h"
 #include "storage/spill_store.h"
@@ -97,10 +98,23 @@ class Session {
       const gpu::EngineSessionInfo&)>;
   absl::Status Attach(const PeerCredentials& peer, EngineOpener open_engine);
   bool attached() const;
+  PeerCredentials peer() const;  // the attaching process (zeros until attached)
   int ring_fd() const { return ring_fd_.get(); }
   uint64_t ring_bytes() const { return ring_bytes_; }
-  int sq_doorbell_fd() const { return sq_doorbell_.get(); }
-  int cq_doorbell_fd() const { return cq_doorbell_.get(); }
+  // Doorbells are Unix socket pairs, not eventfds: O_NONBLOCK belongs to an open file
+  // description, and an eventfd has only one, shared with the client, which could clear the flag
+  // and make the daemon's read or write block every session (found by a hostile client). A socket
+  // pair has two ends, two files: the client only ever holds its own, and the daemon reads and
+  // writes its end with MSG_DONTWAIT, which no flag of anyone's can turn into a blocking call.
+  // (Sockets rather than pipes: a client writing to a daemon that died gets EPIPE from
+  // send(MSG_NOSIGNAL), not a SIGPIPE that kills the trainer.) sq: the client rings, the daemon
+  // reads; cq: the daemon rings, the client reads. Clients written for eventfds work unchanged:
+  // they write and read 8 bytes.
+  int sq_doorbell_fd() const { return sq_doorbell_.get(); }  // the daemon's end
+  // The client's ends, sent with the attach reply and then closed here (ReleaseClientDoorbells).
+  int client_sq_doorbell_fd() const { return client_sq_doorbell_.get(); }
+  int client_cq_doorbell_fd() const { return client_cq_doorbell_.get(); }
+  void ReleaseClientDoorbells();
   // The ring's ticket page (tier/ring.h): written by the client's GPU streams, read by the engine.
   const ring::TicketPage* tickets() const { return tickets_; }
   gpu::EngineSession* engine_session() const { return engine_session_.get(); }
@@ -119,7 +133,12 @@ class Session {
   bool PostCompletion(const ring::CompletionEntry& entry);
   bool broken() const { return broken_.load(std::memory_order_relaxed); }
 
-  // Buffers.
+  // Buffers. Each counts against the session's limits and, through the ledger (set before the
+  // session attaches; none in unit tests), its user's and the node's.
+  void set_ledger(UsageLedger* ledger) { ledger_ = ledger; }
+  // Whether one more buffer mapping `mapped_bytes` of host memory (0 for GPU memory) fits:
+  // RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one adding).
+  absl::Status CheckBufferLimits(uint64_t mapped_bytes) const;
   uint64_t AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer);
   bool RemoveBuffer(uint64_t buffer_id);
   std::shared_ptr<gpu::ImportedBuffer> FindBuffer(uint64_t buffer_id);
@@ -136,7 +155,8 @@ class Session {
   std::mutex& mu() { return mu_; }
   std::unordered_map<uint64_t, std::shared_ptr<Object>>& objects() { return objects_; }
   uint64_t& used_bytes() { return used_bytes_; }
-  // Everything the session still holds, for release at close (lock held by caller).
+  // Everything the session still holds, for release at close (lock held by caller); its buffers
+  // go too.
   std::vector<std::shared_ptr<Object>> TakeAllObjects();
   // Every registered buffer, for release at close (takes the lock itself: drop them outside it).
   std::vector<std::shared_ptr<gpu::ImportedBuffer>> TakeAllBuffers();
@@ -156,8 +176,10 @@ class Session {
   uint64_t ring_bytes_ = 0;
   void* ring_base_ = nullptr;
   const ring::TicketPage* tickets_ = nullptr;
-  UniqueFd sq_doorbell_;
+  UniqueFd sq_doorbell_;         // the daemon's ends of the doorbell socket pairs
   UniqueFd cq_doorbell_;
+  UniqueFd client_sq_doorbell_;  // the client's ends, until sent
+  UniqueFd client_cq_doorbell_;
   ring::Consumer<ring::SubmissionEntry> sq_;
   std::mutex cq_mu_;
   ring::Producer<ring::CompletionEntry> cq_;  // guarded by cq_mu_
@@ -172,6 +194,8 @@ class Session {
   uint64_t jobs_in_flight_ = 0;
   uint64_t next_buffer_id_ = 1;
   std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_;
+  uint64_t mapped_bytes_ = 0;  // host memory of buffers_
+  UsageLedger* ledger_ = nullptr;
   std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_;
   uint64_t used_bytes_ = 0;  // extent bytes held against the quota
   JobCounters counters_;

@@ -5,24 +5,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/metrics.h"
+#include "daemon/session_message.h"
 #include "tier/session_wire.h"
 
 namespace tier::daemon {
 namespace {
 
 constexpr int kTickMs = 200;  // how often pending sessions are checked for the attach timeout
-
-template <typename Message>
-bool ParseMessage(const std::vector<char>& data, Message* out) {
-  if (data.size() != sizeof(Message)) return false;
-  std::memcpy(out, data.data(), sizeof(Message));
-  return true;
-}
 
 void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
                const absl::Status& status) {
@@ -38,8 +34,9 @@ void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
 
 }  // namespace
 
-SessionListener::SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine)
-    : registry_(registry), engine_(engine) {}
+SessionListener::SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine,
+                                 ListenerLimits limits)
+    : registry_(registry), engine_(engine), limits_(limits) {}
 
 SessionListener::~SessionListener() { Stop(); }
 
@@ -80,18 +77,28 @@ void SessionListener::Stop() {
 void SessionListener::Run() {
   epoll_event events[32];
   while (!stop_) {
-    int n = ::epoll_wait(epoll_fd_.get(), events, 32, kTickMs);
+    int timeout_ms = kTickMs;
+    if (!accepting_) {
+      uint64_t now = MonotonicMs();
+      timeout_ms = resume_accept_ms_ <= now
+                       ? 0
+                       : static_cast<int>(std::min<uint64_t>(kTickMs, resume_accept_ms_ - now));
+    }
+    int n = ::epoll_wait(epoll_fd_.get(), events, 32, timeout_ms);
+    const uint64_t now = MonotonicMs();
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;
       if (fd == wake_fd_.get()) continue;
       if (fd == listen_fd_.get()) {
-        Accept();
+        Accept(now);
         continue;
       }
       auto it = connections_.find(fd);
       if (it == connections_.end()) continue;
       if (!Serve(it->second)) Drop(fd, "client disconnected");
     }
+    ResumeAcceptingIfDue(now);
+    DropIdle(now);
     registry_.ExpirePending();
     // A session the daemon ended (corrupt ring, CloseSession, shutdown) loses its connection too,
     // so its client sees the hang-up and fails its pending jobs instead of waiting for ever.
@@ -103,23 +110,84 @@ void SessionListener::Run() {
   }
 }
 
-void SessionListener::Accept() {
+void SessionListener::Accept(uint64_t now_ms) {
   int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) {
-    if (errno != EAGAIN && errno != EINTR) LogWarning(ErrnoStatus("accept").message());
+    int error = errno;
+    if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
+      PauseAccepting(now_ms, error);
+    } else if (error != EAGAIN && error != EINTR && error != ECONNABORTED) {
+      LogWarningLimited(accept_log_, ErrnoStatus("accept on the session socket", error).message());
+    }
     return;
   }
+  accept_backoff_ms_ = 0;
   UniqueFd conn(fd);
   absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(fd);
   if (!peer.ok()) {
-    LogWarning("session socket: ", peer.status().message());
+    LogWarningLimited(client_log_, "session socket: ", peer.status().message());
+    return;
+  }
+  // Over a limit: closed at once (the client's attach sees the hang-up), so idle connections
+  // cannot use up the daemon's descriptors and keep everyone else out.
+  if (connections_.size() >= limits_.max_connections) {
+    LogWarningLimited(client_log_, "session socket: refused a connection of pid ", peer->pid,
+                      " uid ", peer->uid, ": ", limits_.max_connections,
+                      " connections open (max_connections)");
+    return;
+  }
+  uint32_t& of_uid = connections_per_uid_[peer->uid];
+  if (of_uid >= limits_.max_connections_per_uid) {
+    LogWarningLimited(client_log_, "session socket: refused a connection of pid ", peer->pid,
+                      ": uid ", peer->uid, " has ", limits_.max_connections_per_uid,
+                      " connections open (max_connections_per_uid)");
     return;
   }
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
   ev.data.fd = fd;
-  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return;
-  connections_.emplace(fd, Connection{std::move(conn), *peer, nullptr});
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (of_uid == 0) connections_per_uid_.erase(peer->uid);
+    return;
+  }
+  ++of_uid;
+  connections_.emplace(fd, Connection{std::move(conn), *peer, nullptr, now_ms});
+}
+
+void SessionListener::PauseAccepting(uint64_t now_ms, int error) {
+  accept_backoff_ms_ =
+      accept_backoff_ms_ == 0 ? 10 : std::min<uint64_t>(accept_backoff_ms_ * 2, 1000);
+  if (accepting_) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
+    accepting_ = false;
+  }
+  resume_accept_ms_ = now_ms + accept_backoff_ms_;
+  LogWarningLimited(accept_log_, ErrnoStatus("accept on the session socket", error).message(),
+                    " with ", connections_.size(), " connections open: not accepting for ",
+                    accept_backoff_ms_, " ms");
+}
+
+void SessionListener::ResumeAcceptingIfDue(uint64_t now_ms) {
+  if (accepting_ || now_ms < resume_accept_ms_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_.get();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev) == 0) {
+    accepting_ = true;
+  } else {
+    PauseAccepting(now_ms, errno);  // (ENOMEM: try again later)
+  }
+}
+
+void SessionListener::DropIdle(uint64_t now_ms) {
+  std::vector<int> idle;
+  for (const auto& [fd, connection] : connections_) {
+    if (connection.session == nullptr &&
+        now_ms - connection.accepted_ms > limits_.attach_timeout_ms) {
+      idle.push_back(fd);
+    }
+  }
+  for (int fd : idle) Drop(fd, "did not attach in time");
 }
 
 void SessionListener::Drop(int fd, absl::string_view reason) {
@@ -127,6 +195,10 @@ void SessionListener::Drop(int fd, absl::string_view reason) {
   if (it == connections_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   if (it->second.session) registry_.End(it->second.session, reason);
+  if (auto of_uid = connections_per_uid_.find(it->second.peer.uid);
+      of_uid != connections_per_uid_.end() && --of_uid->second == 0) {
+    connections_per_uid_.erase(of_uid);
+  }
   connections_.erase(it);
 }
 
@@ -135,19 +207,17 @@ bool SessionListener::Serve(Connection& c) {
       ReceiveMessage(c.fd.get(), wire::kMaxMessageBytes, wire::kMaxFds);
   if (!message.ok()) {
     if (absl::IsUnavailable(message.status())) return true;  // EAGAIN: spurious wake-up
-    LogWarning("session socket of pid ", c.peer.pid, ": ", message.status().message());
+    LogWarningLimited(client_log_, "session socket of pid ", c.peer.pid, ": ",
+                      message.status().message());
     return false;
   }
   if (message->data.empty()) return false;  // orderly close, or the process died
-  if (message->data.size() < sizeof(wire::MessageHeader)) return false;
-  wire::MessageHeader header;
-  std::memcpy(&header, message->data.data(), sizeof(header));
-  if (header.version != wire::kProtocolVersion) {
-    LogWarning("pid ", c.peer.pid, " speaks session protocol ", header.version, ", not ",
-               wire::kProtocolVersion);
+  absl::StatusOr<wire::MessageHeader> header = ParseRequestHeader(message->data);
+  if (!header.ok()) {
+    LogWarningLimited(client_log_, "pid ", c.peer.pid, " ", header.status().message());
     return false;
   }
-  switch (static_cast<wire::MessageType>(header.type)) {
+  switch (static_cast<wire::MessageType>(header->type)) {
     case wire::MessageType::kAttachRequest:
       HandleAttach(c, message->data);
       return c.session != nullptr;  // a failed attach ends the connection
@@ -157,8 +227,7 @@ bool SessionListener::Serve(Connection& c) {
     case wire::MessageType::kUnregisterBuffer:
       HandleUnregister(c, message->data);
       return true;
-    default:
-      LogWarning("pid ", c.peer.pid, " sent unknown message type ", header.type);
+    default:  // (ParseRequestHeader let no other type through)
       return false;
   }
 }
@@ -193,8 +262,13 @@ void SessionListener::HandleAttach(Connection& c, const std::vector<char>& data)
   reply.ring_entries = session->ring_entries();
   absl::string_view engine = engine_.name();
   std::memcpy(reply.engine, engine.data(), std::min(engine.size(), sizeof(reply.engine) - 1));
-  int fds[] = {session->ring_fd(), session->sq_doorbell_fd(), session->cq_doorbell_fd()};
-  if (absl::Status sent = SendMessage(c.fd.get(), &reply, sizeof(reply), fds); !sent.ok()) {
+  int fds[] = {session->ring_fd(), session->client_sq_doorbell_fd(),
+               session->client_cq_doorbell_fd()};
+  absl::Status sent = SendMessage(c.fd.get(), &reply, sizeof(reply), fds);
+  // The client's doorbell ends are the client's alone from now on (a client that dies closes
+  // them, and the daemon's ends then see the hang-up).
+  session->ReleaseClientDoorbells();
+  if (!sent.ok()) {
     registry_.End(session, "attach reply could not be sent");
     return;
   }
@@ -213,6 +287,12 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     status = absl::FailedPreconditionError("session is ending");
   } else if (!parsed) {
     status = absl::InvalidArgumentError("malformed register request");
+  } else if (absl::Status room = c.session->CheckBufferLimits(
+                 request.kind == static_cast<uint32_t>(wire::BufferKind::kHostMemfd)
+                     ? request.bytes
+                     : 0);
+             !room.ok()) {
+    status = std::move(room);
   } else if (request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages) &&
              fds.size() > 1) {
     status = absl::InvalidArgumentError("register carries more than one descriptor");

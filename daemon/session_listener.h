@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/log_rate_limiter.h"
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/session_registry.h"
@@ -20,9 +21,17 @@
 
 namespace tier::daemon {
 
+// What the listener admits (the settings of the same names).
+struct ListenerLimits {
+  uint32_t max_connections = 1024;
+  uint32_t max_connections_per_uid = 128;
+  // A connection that has not attached a session by then is closed.
+  uint32_t attach_timeout_ms = 10000;
+};
+
 class SessionListener {
  public:
-  SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine);
+  SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine, ListenerLimits limits = {});
   ~SessionListener();
   // Listens on `path` (mode, and group when gid >= 0) and starts the thread.
   absl::Status Start(const std::string& path, mode_t mode, gid_t gid);
@@ -33,10 +42,18 @@ class SessionListener {
     UniqueFd fd;
     PeerCredentials peer;
     std::shared_ptr<Session> session;  // set by a successful attach
+    uint64_t accepted_ms = 0;
   };
 
   void Run();
-  void Accept();
+  void Accept(uint64_t now_ms);
+  // accept4 failed for lack of descriptors or memory: the listening socket leaves the epoll set
+  // for a while (10 ms, doubling up to 1 s while it keeps failing) instead of waking the thread
+  // again at once for the same pending connection (it spun at 190% CPU, 11 M log lines).
+  void PauseAccepting(uint64_t now_ms, int error);
+  void ResumeAcceptingIfDue(uint64_t now_ms);
+  // Closes connections that have not attached within attach_timeout_ms.
+  void DropIdle(uint64_t now_ms);
   // Handles one message; false when the connection must be dropped.
   bool Serve(Connection& connection);
   void Drop(int fd, absl::string_view reason);
@@ -46,12 +63,20 @@ class SessionListener {
 
   SessionRegistry& registry_;
   gpu::CopyEngine& engine_;
+  const ListenerLimits limits_;
   std::string path_;
   UniqueFd listen_fd_;
   UniqueFd epoll_fd_;
   UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::map<int, Connection> connections_;  // listener thread only
+  std::map<uid_t, uint32_t> connections_per_uid_;  // listener thread only
+  bool accepting_ = true;          // the listening socket is in the epoll set
+  uint64_t resume_accept_ms_ = 0;  // when it goes back (accepting_ false)
+  uint64_t accept_backoff_ms_ = 0;
+  // Everything a client can trigger at will is logged through these (common/log_rate_limiter.h).
+  LogRateLimiter client_log_{20, 10000};
+  LogRateLimiter accept_log_{1, 10000};
   std::thread thread_;
 };
 

@@ -21,7 +21,8 @@ uint32_t RoundUpPow2(uint32_t n) {
 
 SessionRegistry::SessionRegistry(const SessionLimits& limits, JobExecutor& executor,
                                  gpu::CopyEngine& engine)
-    : limits_(limits), executor_(executor), engine_(engine), reaper_([this] { Reap(); }) {}
+    : limits_(limits), ledger_(limits.client), executor_(executor), engine_(engine),
+      reaper_([this] { Reap(); }) {}
 
 SessionRegistry::~SessionRegistry() {
   EndAllAndWait();
@@ -62,6 +63,7 @@ absl::StatusOr<OpenedSession> SessionRegistry::Open(std::string name, uint64_t q
   }
   uint64_t id = next_id_++;
   auto session = std::make_shared<Session>(id, std::move(name), token, quota_bytes, ring_entries);
+  session->set_ledger(&ledger_);
   sessions_.emplace(id, session);
   return OpenedSession{std::move(session), token};
 }
@@ -79,9 +81,21 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
     }
     session = it->second;
   }
+  // (Session::Attach says so too; asked first so that the uid's slot is not counted twice.)
+  if (session->attached()) return absl::AlreadyExistsError("session is already attached");
+  if (session->closing()) return absl::FailedPreconditionError("session is closing");
+  // The uid is known only now (OpenSession over gRPC is anonymous): a user over its share of
+  // the session slots loses this one at once rather than holding it until the attach timeout.
+  if (absl::Status slot = ledger_.AddSession(peer.uid); !slot.ok()) {
+    End(session, slot.message());
+    return slot;
+  }
   absl::Status attached = session->Attach(
       peer, [this](const gpu::EngineSessionInfo& info) { return engine_.OpenSession(info); });
-  if (!attached.ok()) return attached;
+  if (!attached.ok()) {
+    ledger_.RemoveSession(peer.uid);
+    return attached;
+  }
   Changed();
   LogInfo("session ", session_id, " '", session->name(), "' attached by pid ", peer.pid, " uid ",
           peer.uid);
@@ -136,6 +150,7 @@ void SessionRegistry::Reap() {
     // No job can start any more (closing); wait for the running ones, then free everything.
     session->WaitIdle();
     executor_.ReleaseAll(*session);
+    if (session->attached()) ledger_.RemoveSession(session->peer().uid);
     {
       std::lock_guard lock(mu_);
       sessions_.erase(session->id());

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/job_executor.h"
 #include "daemon/session.h"
+#include "daemon/usage_ledger.h"
 #include "gpu/copy_engine.h"
 
 namespace tier::daemon {
@@ -29,6 +30,7 @@ struct SessionLimits {
   uint32_t default_ring_entries = 1024;
   uint32_t max_sessions = 256;
   uint32_t attach_timeout_ms = 10000;
+  ClientLimits client;  // per session, per uid and node-wide (daemon/usage_ledger.h)
 };
 
 struct OpenedSession {
@@ -43,7 +45,8 @@ class SessionRegistry {
 
   absl::StatusOr<OpenedSession> Open(std::string name, uint64_t quota_bytes,
                                      uint32_t ring_entries);
-  // Binds a pending session to the attaching process.
+  // Binds a pending session to the attaching process. A user at max_sessions_per_uid gets
+  // RESOURCE_EXHAUSTED, and the pending session ends (its slot is free at once).
   absl::StatusOr<std::shared_ptr<Session>> Attach(uint64_t session_id, const AttachToken& token,
                                                   const PeerCredentials& peer);
   // Ends a session on its opener's request (token checked). Returns once its memory is released.
@@ -72,6 +75,7 @@ class SessionRegistry {
   void Changed();
 
   const SessionLimits limits_;
+  UsageLedger ledger_;
   JobExecutor& executor_;
   gpu::CopyEngine& engine_;
   std::atomic<bool> draining_{false};

@@ -71,15 +71,15 @@ void Spiller::Run() {
   std::unique_lock lock(mu_);
   for (;;) {
     // With offloads parked, look again every few ms even without a kick.
-    cv_.wait_for(lock, std::chrono::milliseconds(waiting_.empty() ? 1000 : 5),
+    cv_.wait_for(lock, std::chrono::milliseconds(waiters_ == 0 ? 1000 : 5),
                  [&] { return stopping_ || kicked_; });
     if (stopping_) {
       lock.unlock();
-      ServeWaiters(/*stuck=*/true);
+      ServeWaiters(Serve::kStop);
       return;
     }
     kicked_ = false;
-    bool parked = !waiting_.empty();
+    bool parked = waiters_ > 0;
     lock.unlock();
     // Above the high watermark: down to the low one, counting writes in flight as done (their
     // extents go soon). A parked offload needs at least one spill whatever the watermarks say.
@@ -104,8 +104,9 @@ void Spiller::Run() {
       // nothing changed for stall_ms (they may be waiting on the waiters themselves).
       bool idle = copies_in_flight_.load() == 0 ||
                   MonotonicMs() - last_change_ms_.load() > stall_ms_;
-      ServeWaiters(/*stuck=*/exhausted && !spilled_any && writes_in_flight_.load() == 0 &&
-                   reads_in_flight_.load() == 0 && idle);
+      bool stuck = exhausted && !spilled_any && writes_in_flight_.load() == 0 &&
+                   reads_in_flight_.load() == 0 && idle;
+      ServeWaiters(stuck ? Serve::kStuck : Serve::kTry);
     } else if (!draining_.load()) {
       Prefetch();
     }
@@ -221,7 +222,7 @@ void Spiller::Prefetch() {
     std::optional<Candidate> candidate;
     {
       std::lock_guard lock(mu_);
-      if (stopping_ || !waiting_.empty()) return;  // parked offloads need the room more
+      if (stopping_ || waiters_ > 0) return;  // parked offloads need the room more
       candidate = spilled_.TakeUsedSoonest();
     }
     if (!candidate) return;
@@ -279,6 +280,7 @@ void Spiller::Fetch(const std::shared_ptr<Session>& session, const std::shared_p
   auto shared_then = std::make_shared<std::function<void(absl::Status)>>(std::move(then));
   const uint64_t len = object->len;
   WaitForRoom(
+      session->id(),
       [this, session, object, kind, shared_then, pipelined = std::move(pipelined)]() {
         return StartFetch(session, object, kind, *shared_then, pipelined);
       },
@@ -428,14 +430,17 @@ void Spiller::CopyEnded() {
   NotifyFreed();  // its memory may be spillable or free now
 }
 
-void Spiller::WaitForRoom(std::function<bool()> try_now, std::function<void()> give_up) {
+void Spiller::WaitForRoom(uint64_t queue, std::function<bool()> try_now,
+                          std::function<void()> give_up) {
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
       // The stall clock starts no earlier than the wait: an idle daemon has not "stalled" (it
       // used to fail the first job to find the pool full after 5 s without traffic).
-      if (waiting_.empty()) last_change_ms_.store(MonotonicMs());
-      waiting_.push_back(Waiter{std::move(try_now), std::move(give_up)});
+      if (waiters_ == 0) last_change_ms_.store(MonotonicMs());
+      waiting_[queue].push_back(
+          Waiter{next_waiter_seq_++, std::move(try_now), std::move(give_up)});
+      ++waiters_;
       has_waiters_.store(true);
       kicked_ = true;
       cv_.notify_one();
@@ -451,32 +456,101 @@ void Spiller::NotifyFreed() {
   last_change_ms_.store(MonotonicMs());
   {
     std::lock_guard lock(mu_);
-    if (waiting_.empty() && (spilled_.empty() || max_prefetches_ == 0)) return;
+    if (waiters_ == 0 && (spilled_.empty() || max_prefetches_ == 0)) return;
     kicked_ = true;
   }
   cv_.notify_one();
 }
 
-void Spiller::ServeWaiters(bool stuck) {
-  for (;;) {
-    Waiter waiter;
+std::vector<uint64_t> Spiller::QueueOrderLocked() const {
+  std::vector<uint64_t> order;
+  auto start = waiting_.lower_bound(next_queue_);
+  for (auto it = start; it != waiting_.end(); ++it) order.push_back(it->first);
+  for (auto it = waiting_.begin(); it != start; ++it) order.push_back(it->first);
+  return order;
+}
+
+void Spiller::ServeWaiters(Serve mode) {
+  if (mode == Serve::kStop) {
+    std::vector<Waiter> all;
     {
       std::lock_guard lock(mu_);
-      if (waiting_.empty()) return;
-      waiter = std::move(waiting_.front());
-      waiting_.pop_front();
-      // Still "waiting" while this one tries: a new job must not overtake it.
+      for (auto& [queue, waiters] : waiting_) {
+        for (Waiter& waiter : waiters) all.push_back(std::move(waiter));
+      }
+      waiting_.clear();
     }
-    if (stuck) {
-      waiter.give_up();
-    } else if (!waiter.try_now()) {
-      std::lock_guard lock(mu_);
-      waiting_.push_front(std::move(waiter));  // still first
-      return;
-    }
+    for (Waiter& waiter : all) waiter.give_up();
     std::lock_guard lock(mu_);
-    if (waiting_.empty()) has_waiters_.store(false);
+    waiters_ -= all.size();
+    if (waiters_ == 0) has_waiters_.store(false);
+    return;
   }
+  bool served_any = false;
+  uint64_t oldest_queue = 0, oldest_seq = ~uint64_t{0};  // of the last round's waiters
+  for (;;) {
+    // One round: the first waiter of each queue, the queues in turn from the one after the first
+    // of the last round. Rounds go on while someone gets room.
+    std::vector<uint64_t> order;
+    {
+      std::lock_guard lock(mu_);
+      order = QueueOrderLocked();
+      if (!order.empty()) next_queue_ = order.front() + 1;
+    }
+    bool served = false;
+    oldest_seq = ~uint64_t{0};
+    for (uint64_t queue : order) {
+      Waiter waiter;
+      {
+        std::lock_guard lock(mu_);
+        auto it = waiting_.find(queue);
+        if (it == waiting_.end() || it->second.empty()) continue;
+        // Out of its queue while tried, but still counted: a new job must not overtake it.
+        waiter = std::move(it->second.front());
+        it->second.pop_front();
+      }
+      const bool got_room = waiter.try_now();
+      std::lock_guard lock(mu_);
+      // (Only this thread removes queues; new waiters may have joined this one meanwhile.)
+      std::deque<Waiter>& waiters = waiting_[queue];
+      if (got_room) {
+        served = true;
+        --waiters_;
+        if (waiters.empty()) waiting_.erase(queue);
+        continue;
+      }
+      if (waiter.seq < oldest_seq) {
+        oldest_seq = waiter.seq;
+        oldest_queue = queue;
+      }
+      waiters.push_front(std::move(waiter));  // still first
+    }
+    served_any |= served;
+    if (!served) break;
+  }
+  // Stuck, and nobody found room (someone who did would have started a copy, which may free
+  // memory): only the oldest gives up. Its end may be what the others wait for (a GPU lane
+  // released by its ticket); if not, the next round finds them stuck again.
+  if (mode == Serve::kStuck && !served_any && oldest_seq != ~uint64_t{0}) {
+    Waiter doomed;
+    {
+      std::lock_guard lock(mu_);
+      auto it = waiting_.find(oldest_queue);
+      if (it != waiting_.end() && !it->second.empty() && it->second.front().seq == oldest_seq) {
+        doomed = std::move(it->second.front());
+        it->second.pop_front();
+      }
+    }
+    if (doomed.give_up) {
+      doomed.give_up();
+      std::lock_guard lock(mu_);
+      --waiters_;
+      auto it = waiting_.find(oldest_queue);
+      if (it != waiting_.end() && it->second.empty()) waiting_.erase(it);
+    }
+  }
+  std::lock_guard lock(mu_);
+  if (waiters_ == 0) has_waiters_.store(false);
 }
 
 }  // namespace tier::daemon

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -97,15 +98,20 @@ class Spiller {
   // A reload accepted for `object`: counts a prefetch hit or miss. Caller holds session.mu().
   void NoteReloadLocked(Object& object);
 
-  // Backpressure: a job found the host pool full. Waiting jobs are served strictly in arrival
-  // order: each time host memory may have been freed, `try_now` runs (no locks held) for the
-  // first one; true: it got its room and is done; false: it stays first and those behind it keep
-  // waiting. (A later job taking the room first could hold memory an earlier one needs; on a GPU
-  // lane a later ticket cannot even run before an earlier one, so that would be a deadlock.)
+  // Backpressure: a job found the host pool full. Waiting jobs queue per `queue` (the session):
+  // within a queue strictly in arrival order, each time host memory may have been freed
+  // `try_now` runs (no locks held) for its first waiter; true: it got its room and is done;
+  // false: it stays first and those behind it keep waiting. (A later job of a session taking the
+  // room first could hold memory an earlier one needs; on a GPU lane, which is per session, a
+  // later ticket cannot even run before an earlier one, so that would be a deadlock.) Queues are
+  // served in turn, one waiter each per round, so one session's waiters (say, large offloads
+  // that wait long) cannot starve another's.
   // `give_up` runs instead when no room can come: nothing left to spill (everything is pinned or
-  // the NVMe tier is full) and nothing in flight that could free memory. One of the two ends the
-  // wait, exactly once.
-  void WaitForRoom(std::function<bool()> try_now, std::function<void()> give_up);
+  // the NVMe tier is full) and nothing in flight that could free memory (or nothing changed for
+  // stall_ms). Then only one waiter gives up, the one waiting longest of those that found no
+  // room, and the others are looked at again; their turn to give up comes one round later if
+  // still nothing changes. One of the two ends the wait, exactly once.
+  void WaitForRoom(uint64_t queue, std::function<bool()> try_now, std::function<void()> give_up);
   // Jobs are waiting for room: a new job needing room queues behind them.
   bool HasWaiters();
   // The executor's copies on pool memory (offload fills, reloads): while any runs, a parked
@@ -144,8 +150,12 @@ class Spiller {
   void EndFetch(const std::shared_ptr<Session>& session, const std::shared_ptr<Object>& object,
                 const storage::SpillRecord& record, bool prefetch,
                 const std::shared_ptr<gpu::SourceFeed>& feed, absl::Status read);
-  // Serves waiting jobs in order until one finds no room (stuck: they all give up).
-  void ServeWaiters(bool stuck);
+  // kTry: serves the queues' first waiters in turn while they find room. kStuck: the same, and
+  // if none found room, the oldest of them gives up. kStop: all give up.
+  enum class Serve { kTry, kStuck, kStop };
+  void ServeWaiters(Serve mode);
+  // The queues in serving order: from the first at or after next_queue_, wrapping around.
+  std::vector<uint64_t> QueueOrderLocked() const;
   static NextUse NextUseOf(const Object& object) { return {object.hint, object.seq}; }
 
   storage::HostPool& pool_;
@@ -160,10 +170,16 @@ class Spiller {
   NextUseQueue<Candidate> spilled_;     // on NVMe: prefetch candidates
   bool kicked_ = false;
   struct Waiter {
+    uint64_t seq = 0;  // arrival order over all queues
     std::function<bool()> try_now;
     std::function<void()> give_up;
   };
-  std::deque<Waiter> waiting_;  // jobs waiting for room, in arrival order
+  // Jobs waiting for room: per queue (session), in arrival order. A waiter being tried is out of
+  // its queue but still counted in waiters_.
+  std::map<uint64_t, std::deque<Waiter>> waiting_;
+  size_t waiters_ = 0;
+  uint64_t next_waiter_seq_ = 0;
+  uint64_t next_queue_ = 0;  // the queue served first in the next round
   // Set with the first waiter, cleared once the last got room or gave up (not while one is being
   // tried): HasWaiters on the offload path without the lock.
   std::atomic<bool> has_waiters_{false};

@@ -3,9 +3,22 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
+
+// Linux 5.14; Debian 12's headers may lack it.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
 
 namespace tier::gpu {
 
@@ -24,8 +37,37 @@ absl::StatusOr<std::unique_ptr<MemfdMapping>> MemfdMapping::Map(const UniqueFd& 
                                                    " bytes, fewer than the ", bytes,
                                                    " registered"));
   }
+  struct statfs fs {};
+  if (::fstatfs(fd.get(), &fs) != 0) return ErrnoStatus("fstatfs of host buffer");
+  if (static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC) {
+    return absl::InvalidArgumentError(
+        "host buffer memfd is on hugetlbfs (MFD_HUGETLB): tierd does not map those, since a huge "
+        "page punched out of it cannot always be faulted back; use a plain memfd");
+  }
+  // shmem's SEEK_HOLE counts pages written (in memory or in swap) as data. (Pages fallocate()d
+  // but never written count as holes, though they are allocated: they are refused too.)
+  off_t hole = ::lseek(fd.get(), 0, SEEK_HOLE);
+  if (hole < 0) return ErrnoStatus("lseek(SEEK_HOLE) on host buffer");
+  if (static_cast<uint64_t>(hole) < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host buffer memfd is not populated (no memory at byte ", hole, " of ", bytes,
+        "): write it or map it with MAP_POPULATE before registering, so that its memory is the "
+        "client's"));
+  }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return ErrnoStatus("mmap of host buffer");
+  if (::madvise(base, bytes, MADV_POPULATE_WRITE) != 0) {
+    int error = errno;
+    if (error != EINVAL) {  // EINVAL: a kernel before 5.14; the checks above have to do
+      ::munmap(base, bytes);
+      return ErrnoStatus("host buffer memory cannot be faulted in (MADV_POPULATE_WRITE)", error);
+    }
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      LogWarning("this kernel lacks MADV_POPULATE_WRITE (Linux 5.14): host buffers are not "
+                 "faulted in at registration");
+    }
+  }
   return std::unique_ptr<MemfdMapping>(new MemfdMapping(static_cast<char*>(base), bytes));
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/admin_token.h"
 #include "common/status.h"
 #include "tierctl/format.h"
 #include "tierctl/json_writer.h"
@@ -157,13 +158,23 @@ int RunCommand(std::string_view command, const CommandContext& ctx) {
   if (command == "drain") {
     v1::DrainRequest request;
     request.set_timeout_ms(ctx.drain_timeout_ms);
+    // Drain is for root and tierd's own user, who can read the token tierd keeps beside its
+    // socket (common/admin_token.h). Anyone else sends none and is refused by the daemon.
+    absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(ctx.socket_path));
+    if (token.ok()) request.set_admin_token(*token);
     // The daemon answers once its own drain timeout has passed, so the call gets that much more
     // than an ordinary one; with no drain timeout it may take as long as the jobs do.
     const auto deadline = ctx.drain_timeout_ms == 0
                               ? std::chrono::milliseconds(0)
                               : ctx.call_timeout + std::chrono::milliseconds(ctx.drain_timeout_ms);
     v1::DrainResponse response;
-    if (!Call(ctx, &Stub::Drain, request, response, exit_code, deadline)) return exit_code;
+    if (!Call(ctx, &Stub::Drain, request, response, exit_code, deadline)) {
+      if (!token.ok()) {
+        *ctx.err << "tierctl: drain is for root and tierd's own user ("
+                 << token.status().message() << ")\n";
+      }
+      return exit_code;
+    }
     RenderDrain(response, ctx.drain_timeout_ms, ctx.json, *ctx.out);
     return response.jobs_in_flight() == 0 ? kExitOk : kExitFailure;
   }
@@ -297,7 +308,11 @@ void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::os
 
 void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out) {
   if (json) return PrintJson(health, out);
-  out << StateName(health.state()) << '\n';
+  out << StateName(health.state());
+  if (health.state() == v1::HealthResponse::NOT_SERVING && !health.reason().empty()) {
+    out << ": " << health.reason();
+  }
+  out << '\n';
 }
 
 void RenderVersion(const v1::GetVersionResponse& version, bool json, std::ostream& out) {

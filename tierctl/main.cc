@@ -20,9 +20,10 @@ commands:
   clients   one row per session (alias: sessions)
   pools     the memory tiers: capacity, used, free, objects
   spill     the NVMe tier, one row per spill directory: I/O mode, use, traffic, errors
-  health    serving or draining (exit 1 when not serving)
+  health    serving, draining or not_serving (jobs stopped moving; exit 1 unless serving)
   version   tierctl's and tierd's versions
-  drain     stop admitting sessions and jobs, then wait for in-flight jobs
+  drain     stop admitting sessions and jobs, then wait for in-flight jobs (root or
+            tierd's user only: it reads the token beside the socket)
             (exit 1 when jobs are still in flight at the timeout)
   help      this text
 

@@ -7,7 +7,7 @@
 // run on the same machine); every field the daemon receives is validated.
 //
 // Exchange: the client sends AttachRequest; the daemon answers AttachReply with three fds (ring
-// memfd, submission doorbell eventfd, completion doorbell eventfd). After that the client sends
+// memfd, submission doorbell, completion doorbell). After that the client sends
 // requests (register/unregister) one at a time and waits for each reply.
 #ifndef TIER_SESSION_WIRE_H_
 #define TIER_SESSION_WIRE_H_
@@ -55,7 +55,10 @@ struct AttachReply {
   uint32_t ring_entries;
   uint32_t reserved;
   char engine[16];
-  // fds: [0] ring memfd, [1] submission doorbell eventfd, [2] completion doorbell eventfd
+  // fds: [0] ring memfd, [1] submission doorbell, [2] completion doorbell. The doorbells are the
+  // client's ends of two Unix stream socket pairs: send 8 bytes to ring (MSG_NOSIGNAL), read to
+  // clear. (They were eventfds, whose O_NONBLOCK the client shared with the daemon; a client
+  // written for those works unchanged.)
 };
 
 enum class BufferKind : uint32_t {

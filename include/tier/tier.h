@@ -100,7 +100,10 @@ TIER_API tier_status tier_session_get_info(tier_session* session, tier_session_i
 TIER_API tier_status tier_buffer_alloc_host(tier_session* session, uint64_t bytes, void** ptr,
                                             tier_buffer_id* id);
 /* Registers an existing memfd (sealed against shrinking: F_SEAL_SHRINK) of at least bytes. The
- * library does not take ownership of fd. */
+ * library does not take ownership of fd. Its first bytes must be populated (written, or mapped
+ * with MAP_POPULATE), so the memory is charged to the caller, not to tierd; memfds on
+ * hugetlbfs (MFD_HUGETLB) are refused. TIER_INVALID_ARGUMENT otherwise; TIER_RESOURCE_EXHAUSTED
+ * past the daemon's buffer limits (max_buffers_per_session, max_mapped_bytes_per_session, ...). */
 TIER_API tier_status tier_buffer_register_fd(tier_session* session, int fd, uint64_t bytes,
                                              tier_buffer_id* id);
 /* Registers the GPU allocation that contains device_ptr (the whole allocation, once: later calls

@@ -4,3 +4,9 @@ tier_add_test(host_pool_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/host_pool_test.cc LIBS tier_storage)
 tier_add_test(ring_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/ring_test.cc LIBS tier_common)
+
+tier_add_test(log_rate_limiter_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/log_rate_limiter_test.cc LIBS tier_common)
+
+tier_add_test(session_channel_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/session_channel_test.cc LIBS tier_client_core)

@@ -21,3 +21,8 @@ tier_add_test(protocol_test LABEL integration TIMEOUT 600
 tier_add_test(spill_integration_test LABEL integration TIMEOUT 600
   SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/spill_test.cc
   LIBS tier_test_daemon tier_client_static)
+
+# Issue 16: hostile and careless clients against a real tierd, one scenario per finding.
+tier_add_test(hostile_client_test LABEL integration TIMEOUT 600
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/hostile_client_test.cc
+  LIBS tier_test_daemon tier_client_static)

@@ -9,26 +9,21 @@
 #include <cstring>
 
 #include "client/control_client.h"
+#include "common/admin_token.h"
 #include "client/session_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tier/client.hpp"
 #include "tier/ring.h"
+#include "raw_session.h"
 #include "tierd_process.h"
 
 namespace tier {
 namespace {
 
+using testing::OpenRaw;
+using testing::RawSession;
 using testing::TierdProcess;
-
-v1::OpenSessionResponse OpenRaw(const TierdProcess& tierd, const std::string& name = "raw") {
-  client::ControlClient control(tierd.socket(), 5000);
-  v1::OpenSessionRequest request;
-  request.set_name(name);
-  absl::StatusOr<v1::OpenSessionResponse> opened = control.OpenSession(request);
-  EXPECT_TRUE(opened.ok()) << opened.status();
-  return *opened;
-}
 
 Session::Options OptionsFor(const TierdProcess& tierd) {
   Session::Options options;
@@ -75,6 +70,7 @@ TEST(Protocol, UnsealedOrShortMemfdsAreRefused) {
   Session session(OptionsFor(tierd));
   int fd = ::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  testing::PopulateMemfd(fd, 1 << 20);  // (tierd refuses sparse memfds: hostile_client_test)
   tier_buffer_id id;
   EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, 1 << 20, &id), TIER_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tier_last_error()).find("F_SEAL_SHRINK"), std::string::npos);
@@ -86,54 +82,12 @@ TEST(Protocol, UnsealedOrShortMemfdsAreRefused) {
   ::close(fd);
 }
 
-// A raw session: attached by hand, its ring mapped by the test.
-struct RawSession {
-  explicit RawSession(const TierdProcess& tierd) {
-    opened = OpenRaw(tierd, "hostile");
-    auto connected = client::SessionChannel::Connect(opened.session_socket());
-    EXPECT_TRUE(connected.ok());
-    channel.emplace(*std::move(connected));
-    auto result = channel->Attach(opened.session_id(), opened.attach_token());
-    EXPECT_TRUE(result.ok()) << result.status();
-    attached = *std::move(result);
-    base = ::mmap(nullptr, attached.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                  attached.ring_fd.get(), 0);
-    view = *ring::ViewSegment(base, attached.ring_bytes);
-  }
-  ~RawSession() { ::munmap(base, attached.ring_bytes); }
-  void Push(const ring::SubmissionEntry& entry) {
-    uint32_t tail = view.header->sq.tail.value.load();
-    view.sq[tail & (view.header->sq_entries - 1)] = entry;
-    view.header->sq.tail.value.store(tail + 1);
-    uint64_t one = 1;
-    (void)!::write(attached.sq_doorbell.get(), &one, sizeof(one));
-  }
-  // Waits for the next completion (the daemon's poller picks entries up within microseconds).
-  ring::CompletionEntry Next() {
-    for (int i = 0; i < 5000000; ++i) {
-      uint32_t head = view.header->cq.head.value.load();
-      if (view.header->cq.tail.value.load() != head) {
-        ring::CompletionEntry c = view.cq[head & (view.header->cq_entries - 1)];
-        view.header->cq.head.value.store(head + 1);
-        return c;
-      }
-      if (i > 1000) ::usleep(10);
-    }
-    ADD_FAILURE() << "no completion";
-    return {};
-  }
-  v1::OpenSessionResponse opened;
-  std::optional<client::SessionChannel> channel;
-  client::AttachResult attached;
-  void* base = nullptr;
-  ring::SegmentView view;
-};
-
 TEST(Protocol, MalformedRingEntriesGetClearCodes) {
   TierdProcess tierd;
   RawSession raw(tierd);
   int fd = ::memfd_create("buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  testing::PopulateMemfd(fd, 1 << 20);
   ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
   wire::RegisterBuffer reg{};
   reg.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);
@@ -175,7 +129,7 @@ TEST(Protocol, CorruptRingEndsOnlyThatSession) {
   // Publish a tail far past anything the queue can hold.
   raw.view.header->sq.tail.value.store(raw.view.header->sq.head.value.load() + 100000);
   uint64_t one = 1;
-  (void)!::write(raw.attached.sq_doorbell.get(), &one, sizeof(one));
+  (void)!::send(raw.attached.sq_doorbell.get(), &one, sizeof(one), MSG_NOSIGNAL);
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 1; }));
   // The daemon hangs up on the broken session.
   char byte;
@@ -194,6 +148,9 @@ TEST(Protocol, DrainRefusesNewWorkAndReportsIdle) {
   grpc::ClientContext context;
   v1::DrainRequest request;
   request.set_timeout_ms(5000);
+  absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(tierd.socket()));
+  ASSERT_TRUE(token.ok()) << token.status();
+  request.set_admin_token(*token);
   v1::DrainResponse response;
   ASSERT_TRUE(tierd.stub().Drain(&context, request, &response).ok());
   EXPECT_EQ(response.jobs_in_flight(), 0u);

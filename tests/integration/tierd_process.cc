@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -12,6 +13,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -29,7 +33,7 @@ bool CallOnce(Call call, Response* response) {
 
 }  // namespace
 
-TierdProcess::TierdProcess(std::vector<std::string> flags) {
+TierdProcess::TierdProcess(std::vector<std::string> flags, TierdOptions options) {
   char pattern[] = "/tmp/tierd-test-XXXXXX";
   if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = pattern;
@@ -44,11 +48,21 @@ TierdProcess::TierdProcess(std::vector<std::string> flags) {
                                    "--pool_lock=off",
                                    "--log_level=warning"};
   args.insert(args.end(), flags.begin(), flags.end());
+  if (options.capture_log) log_ = dir_ + "/tierd.log";
   pid_ = ::fork();
   if (pid_ == 0) {
     // A test that crashes must not leave its daemon behind (it would hold CTest's output pipe
     // open until the timeout).
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (options.max_open_files > 0) {
+      rlimit limit{static_cast<rlim_t>(options.max_open_files),
+                   static_cast<rlim_t>(options.max_open_files)};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
+    }
+    if (!log_.empty()) {
+      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0 || ::dup2(fd, STDERR_FILENO) < 0) ::_exit(126);
+    }
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -92,6 +106,42 @@ int TierdProcess::Stop() {
   pid_ = -1;
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
+}
+
+int TierdProcess::StopWithin(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int status = 0;
+  while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      Kill();
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pid_ = -1;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+std::string TierdProcess::Log() const {
+  std::ifstream in(log_);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+uint64_t TierdProcess::CpuMs() const {
+  // /proc/PID/stat: fields 14 and 15 (utime, stime) in clock ticks, after the ')' of the name.
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return (utime + stime) * 1000 / static_cast<uint64_t>(::sysconf(_SC_CLK_TCK));
 }
 
 void TierdProcess::Kill() {

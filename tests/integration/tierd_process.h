@@ -13,10 +13,17 @@
 
 namespace tier::testing {
 
+struct TierdOptions {
+  // RLIMIT_NOFILE (soft and hard) of the daemon; 0: the test's own.
+  int max_open_files = 0;
+  // Its stderr goes to <dir>/tierd.log (see Log()) instead of the test's.
+  bool capture_log = false;
+};
+
 class TierdProcess {
  public:
   // Extra --key=value flags are appended after the test defaults (so they win).
-  explicit TierdProcess(std::vector<std::string> flags = {});
+  explicit TierdProcess(std::vector<std::string> flags = {}, TierdOptions options = {});
   ~TierdProcess();
 
   const std::string& dir() const { return dir_; }
@@ -25,6 +32,12 @@ class TierdProcess {
 
   // SIGTERM, then the exit status (as from waitpid's WEXITSTATUS, or 128+signal).
   int Stop();
+  // Stop(), but -1 (and SIGKILL) when it has not exited within timeout_ms.
+  int StopWithin(int timeout_ms);
+  // What it wrote to stderr so far (capture_log only).
+  std::string Log() const;
+  // CPU time (user + system) it has used so far, in milliseconds.
+  uint64_t CpuMs() const;
   void Kill();
 
   v1::GetStatusResponse Status();
@@ -39,6 +52,7 @@ class TierdProcess {
  private:
   std::string dir_;
   std::string socket_;
+  std::string log_;
   pid_t pid_ = -1;
   std::unique_ptr<v1::Control::Stub> stub_;
 };

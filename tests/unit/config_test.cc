@@ -68,12 +68,21 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.ring_entries, b.ring_entries);
   EXPECT_EQ(a.max_sessions, b.max_sessions);
   EXPECT_EQ(a.attach_timeout_ms, b.attach_timeout_ms);
+  EXPECT_EQ(a.max_sessions_per_uid, b.max_sessions_per_uid);
+  EXPECT_EQ(a.max_buffers_per_session, b.max_buffers_per_session);
+  EXPECT_EQ(a.max_buffers_per_uid, b.max_buffers_per_uid);
+  EXPECT_EQ(a.max_buffers, b.max_buffers);
+  EXPECT_EQ(a.max_mapped_bytes_per_session, b.max_mapped_bytes_per_session);
+  EXPECT_EQ(a.max_mapped_bytes_per_uid, b.max_mapped_bytes_per_uid);
+  EXPECT_EQ(a.max_connections, b.max_connections);
+  EXPECT_EQ(a.max_connections_per_uid, b.max_connections_per_uid);
   EXPECT_EQ(a.engine, b.engine);
   EXPECT_EQ(a.host_engine_threads, b.host_engine_threads);
   EXPECT_EQ(a.copy_delay_us, b.copy_delay_us);
   EXPECT_EQ(a.poll_idle_us, b.poll_idle_us);
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.drain_timeout_ms, b.drain_timeout_ms);
+  EXPECT_EQ(a.health_stall_ms, b.health_stall_ms);
 }
 
 // The `key` of every `key = value` line of DescribeConfig, in order.
@@ -273,6 +282,31 @@ TEST(ConfigText, BadInputNamesTheLine) {
                 HasSubstr(std::string("/etc/tierd/tierd.conf:3: ") + message))
         << line;
   }
+}
+
+// Found by tests/fuzz/config_fuzzer.cc: a path with a NUL in it (the system calls would see a
+// shorter one than the printed one), or one that ends in a blank once its trailing '/' is dropped
+// (a config line loses the blank), was accepted and did not survive --print-config.
+TEST(ConfigText, PathsThatWouldNotRoundTripAreRefused) {
+  const std::pair<std::string, std::string> kCases[] = {
+      {"spill_dir = /nvme0/ti /",
+       "spill_dir: '/nvme0/ti ': a path must not begin or end with a blank"},
+      {std::string("spill_dir = /nvme0/t\0x", 22),
+       "spill_dir: a path must not hold control characters"},
+      {std::string("state_dir = /var/\0lib", 21),
+       "state_dir: a path must not hold control characters"},
+      {"socket = /run/\ttierd.sock", "socket: a path must not hold control characters"},
+  };
+  for (const auto& [line, message] : kCases) {
+    Config config = DefaultConfig(RootEnv());
+    absl::Status status = ApplyConfigText(line, "t", &config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << line;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(message)) << line;
+  }
+  Config config = DefaultConfig(RootEnv());
+  EXPECT_EQ(LoadConfig({"--socket=/run/tierd/tierd.sock "}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ApplyConfigText("spill_dir = /nvme0/t /nvme1", "t", &config).ok());  // inner blank
 }
 
 TEST(ConfigFile, AppliesFileAndRecordsIt) {

@@ -254,7 +254,7 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
   std::promise<bool> answer;
-  spiller_->WaitForRoom([&] { return false; }, [&] { answer.set_value(false); });
+  spiller_->WaitForRoom(1, [&] { return false; }, [&] { answer.set_value(false); });
   auto future = answer.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(future.get());
@@ -273,7 +273,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   spiller_->CopyStarted();
   std::promise<std::chrono::steady_clock::time_point> gave_up;
   auto start = std::chrono::steady_clock::now();
-  spiller_->WaitForRoom([] { return false; },
+  spiller_->WaitForRoom(1, [] { return false; },
                         [&] { gave_up.set_value(std::chrono::steady_clock::now()); });
   auto future = gave_up.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
@@ -285,8 +285,9 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   spiller_->CopyEnded();
 }
 
-// Waiting jobs get room strictly in arrival order: the second is not even tried while the first
-// still finds none (on a GPU lane a later ticket could not run before an earlier one anyway).
+// Waiting jobs of one session get room strictly in arrival order: the second is not even tried
+// while the first still finds none (on a GPU lane a later ticket could not run before an earlier
+// one anyway).
 TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
   spiller_->CopyStarted();  // a copy in flight: room may still come, nobody gives up
@@ -295,6 +296,7 @@ TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
   std::atomic<int> first_tries{0};
   std::promise<void> both;
   spiller_->WaitForRoom(
+      1,
       [&] {
         std::lock_guard lock(mu);
         log.push_back("first");
@@ -302,6 +304,7 @@ TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
       },
       [&] { ADD_FAILURE() << "first gave up"; });
   spiller_->WaitForRoom(
+      1,
       [&] {
         std::lock_guard lock(mu);
         log.push_back("second");
@@ -324,6 +327,86 @@ TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_FALSE(spiller_->HasWaiters());
+}
+
+// Sessions wait for room side by side: a session whose first waiter finds none (a large
+// offload) does not hold up another session's waiter that fits (issue 16: one session's
+// parked offload held every later offload of every session).
+TEST_F(SpillerTest, OneSessionsWaiterDoesNotHoldUpAnothers) {
+  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
+  spiller_->CopyStarted();  // a copy in flight: room may still come, nobody gives up
+  std::atomic<int> big_tries{0};
+  std::atomic<bool> stopping{false};
+  std::promise<void> small_served;
+  spiller_->WaitForRoom(
+      7, [&] { return ++big_tries, false; },
+      [&] { EXPECT_TRUE(stopping.load()) << "the big one gave up while room could still come"; });
+  spiller_->WaitForRoom(
+      8,
+      [&] {
+        small_served.set_value();
+        return true;
+      },
+      [&] { ADD_FAILURE() << "the small one gave up"; });
+  ASSERT_EQ(small_served.get_future().wait_for(std::chrono::seconds(10)),
+            std::future_status::ready);
+  EXPECT_GE(big_tries.load(), 1);
+  EXPECT_TRUE(spiller_->HasWaiters());  // the big one still waits
+  stopping = true;
+  spiller_->Stop();  // it gives up now: the spiller stops
+  spiller_->CopyEnded();
+}
+
+// When no room can come, only the waiter that waited longest gives up; the one behind it (same
+// session) fits once it is gone and is served, not failed with it (issue 16: the spiller failed
+// every waiter, so one impossible offload cost every session its jobs).
+TEST_F(SpillerTest, WhenStuckOnlyTheOldestWaiterGivesUp) {
+  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
+  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
+  std::atomic<bool> first_gone{false};
+  std::promise<std::string> first, second;
+  spiller_->WaitForRoom(
+      1, [] { return false; },
+      [&] {
+        first_gone = true;
+        first.set_value("gave up");
+      });
+  spiller_->WaitForRoom(
+      1,
+      [&] {
+        // Fits once the first is gone (as if the first's end released what it needs).
+        if (!first_gone) return false;
+        second.set_value("served");
+        return true;
+      },
+      [&] { second.set_value("gave up"); });
+  auto first_result = first.get_future();
+  auto second_result = second.get_future();
+  ASSERT_EQ(first_result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_EQ(second_result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(first_result.get(), "gave up");
+  EXPECT_EQ(second_result.get(), "served");
+}
+
+// Stuck waiters of several sessions all give up in the end, oldest first, one per round.
+TEST_F(SpillerTest, StuckWaitersGiveUpOneAtATimeOldestFirst) {
+  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
+  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
+  std::mutex mu;
+  std::vector<int> order;
+  std::promise<void> all;
+  for (int i = 0; i < 4; ++i) {
+    spiller_->WaitForRoom(
+        static_cast<uint64_t>(10 - i), [] { return false; },
+        [&, i] {
+          std::lock_guard lock(mu);
+          order.push_back(i);
+          if (order.size() == 4) all.set_value();
+        });
+  }
+  ASSERT_EQ(all.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
 }
 
 }  // namespace

@@ -44,6 +44,7 @@ class FakeControl final : public v1::Control::Service {
     // A stuck daemon: answer only once the test releases it (or the caller gave up).
     cv_.wait(lock, [&] { return !hold_health_ || context->IsCancelled(); });
     response->set_state(state_);
+    if (state_ == v1::HealthResponse::NOT_SERVING) response->set_reason("jobs stopped");
     return grpc::Status::OK;
   }
 
@@ -388,7 +389,11 @@ TEST_F(TierctlCommandsTest, HealthVersionAndDrainInProcess) {
   fake_.SetState(v1::HealthResponse::DRAINING);
   run = RunInProcess("health", true);
   EXPECT_EQ(run.exit_code, kExitFailure);
-  EXPECT_EQ(run.out, "{\"state\":\"draining\"}\n");
+  EXPECT_EQ(run.out, "{\"state\":\"draining\",\"reason\":\"\"}\n");
+  fake_.SetState(v1::HealthResponse::NOT_SERVING);
+  run = RunInProcess("health", false);
+  EXPECT_EQ(run.exit_code, kExitFailure);
+  EXPECT_EQ(run.out, "not_serving: jobs stopped\n");
 
   run = RunInProcess("version", false);
   EXPECT_EQ(run.exit_code, kExitOk);
@@ -473,7 +478,11 @@ TEST_F(TierctlCommandsTest, BinaryRpcErrorNamesTheCode) {
   const Outcome run = RunBinary("drain " + SocketArg());
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_EQ(run.out, "");
-  EXPECT_EQ(run.err, "tierctl: PERMISSION_DENIED: drain needs root\n");
+  // The fake daemon wrote no admin token, and tierctl says so after the daemon's refusal.
+  EXPECT_TRUE(run.err.starts_with("tierctl: PERMISSION_DENIED: drain needs root\n"
+                                  "tierctl: drain is for root and tierd's own user (cannot read "
+                                  "the admin token "))
+      << run.err;
 }
 
 TEST_F(TierctlCommandsTest, BinaryDeadlineAppliesToEachCall) {

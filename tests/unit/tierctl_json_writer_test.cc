@@ -105,7 +105,7 @@ TEST(WriteProtoFieldsTest, EveryFieldUnderItsProtoNameDefaultsIncluded) {
   EXPECT_EQ(ProtoJson(v1::DrainResponse()), R"({"jobs_in_flight":0})");
   v1::HealthResponse health;
   health.set_state(v1::HealthResponse::DRAINING);
-  EXPECT_EQ(ProtoJson(health), R"({"state":"draining"})");
+  EXPECT_EQ(ProtoJson(health), R"({"state":"draining","reason":""})");
 }
 
 TEST(WriteProtoFieldsTest, RepeatedMessagesAndOnlyOneField) {

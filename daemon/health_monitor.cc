@@ -1,0 +1,24 @@
+#include "daemon/health_monitor.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tier::daemon {
+
+absl::Status HealthMonitor::Check(uint64_t now_ms) const {
+  // Either clock may have been read a moment after now_ms: a value from the future is fresh.
+  const uint64_t heartbeat = poller_heartbeat_ms_();
+  if (now_ms > heartbeat && now_ms - heartbeat > kPollerStallMs) {
+    return absl::UnavailableError(
+        absl::StrCat("the ring poller has not gone round for ", now_ms - heartbeat, " ms"));
+  }
+  if (stall_ms_ == 0) return absl::OkStatus();
+  const uint64_t waiting = metrics_.unticketed_in_flight.load(std::memory_order_relaxed);
+  const uint64_t progress = metrics_.last_progress_ms.load(std::memory_order_relaxed);
+  if (waiting > 0 && now_ms > progress && now_ms - progress > stall_ms_) {
+    return absl::UnavailableError(absl::StrCat("no job has completed for ", now_ms - progress,
+                                               " ms with ", waiting, " in flight"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,84 @@
+#include "daemon/usage_ledger.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tier::daemon {
+
+absl::Status UsageLedger::AddSession(uid_t uid) {
+  std::lock_guard lock(mu_);
+  Usage& usage = by_uid_[uid];
+  if (usage.sessions >= limits_.max_sessions_per_uid) {
+    ForgetIfIdleLocked(uid);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", uid, " already has ", limits_.max_sessions_per_uid,
+                     " sessions attached (max_sessions_per_uid)"));
+  }
+  ++usage.sessions;
+  return absl::OkStatus();
+}
+
+void UsageLedger::RemoveSession(uid_t uid) {
+  std::lock_guard lock(mu_);
+  auto it = by_uid_.find(uid);
+  if (it == by_uid_.end() || it->second.sessions == 0) return;
+  --it->second.sessions;
+  ForgetIfIdleLocked(uid);
+}
+
+absl::Status UsageLedger::CheckBuffer(uid_t uid, uint64_t mapped_bytes) const {
+  std::lock_guard lock(mu_);
+  if (buffers_ >= limits_.max_buffers) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tierd holds ", limits_.max_buffers, " registered buffers in all (max_buffers)"));
+  }
+  Usage usage;
+  if (auto it = by_uid_.find(uid); it != by_uid_.end()) usage = it->second;
+  if (usage.buffers >= limits_.max_buffers_per_uid) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", uid, " already has ", limits_.max_buffers_per_uid,
+                     " buffers registered (max_buffers_per_uid)"));
+  }
+  // Written so that nothing overflows: usage.mapped_bytes <= limit always holds.
+  if (mapped_bytes > limits_.max_mapped_bytes_per_uid - usage.mapped_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", uid, " has ", usage.mapped_bytes, " bytes of host memory registered; ",
+        mapped_bytes, " more would pass ", limits_.max_mapped_bytes_per_uid,
+        " (max_mapped_bytes_per_uid)"));
+  }
+  return absl::OkStatus();
+}
+
+void UsageLedger::AddBuffer(uid_t uid, uint64_t mapped_bytes) {
+  std::lock_guard lock(mu_);
+  Usage& usage = by_uid_[uid];
+  ++usage.buffers;
+  usage.mapped_bytes += mapped_bytes;
+  ++buffers_;
+}
+
+void UsageLedger::RemoveBuffer(uid_t uid, uint64_t mapped_bytes) {
+  std::lock_guard lock(mu_);
+  auto it = by_uid_.find(uid);
+  if (it == by_uid_.end() || it->second.buffers == 0) return;
+  --it->second.buffers;
+  it->second.mapped_bytes -= std::min(mapped_bytes, it->second.mapped_bytes);
+  --buffers_;
+  ForgetIfIdleLocked(uid);
+}
+
+UsageLedger::Usage UsageLedger::UsageOf(uid_t uid) const {
+  std::lock_guard lock(mu_);
+  auto it = by_uid_.find(uid);
+  return it == by_uid_.end() ? Usage{} : it->second;
+}
+
+void UsageLedger::ForgetIfIdleLocked(uid_t uid) {
+  auto it = by_uid_.find(uid);
+  if (it != by_uid_.end() && it->second.sessions == 0 && it->second.buffers == 0) {
+    by_uid_.erase(it);
+  }
+}
+
+}  // namespace tier::daemon
