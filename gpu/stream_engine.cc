@@ -205,7 +205,7 @@ struct Lane {
   uint64_t done_addr = 0;
   uint64_t next_seq = 1;
   uint64_t next_ticket = 1;
-  std::map<uint64_t, CopyJob> held;  // tickets waiting for a smaller one to arrive
+  std::map<uint64_t, QueuedJob> held;  // tickets waiting for a smaller one to arrive
   std::deque<QueuedJob> queue;       // accepted in ticket order, not yet issued
   std::deque<PendingJob> pending;    // issued on the stream, in seq order
   bool abandoned = false;
@@ -684,7 +684,7 @@ class StreamEngine final : public CopyEngine {
       if (lane.abandoned) {
         failed.push_back({std::move(job.done), absl::CancelledError("session is ending")});
       } else if (job.sync == 0) {
-        Enqueue(lane, std::move(job), host);
+        lane.queue.push_back(Accept(lane, std::move(job), host));
       } else if (lane.ready == nullptr) {
         failed.push_back({std::move(job.done),
                           absl::FailedPreconditionError(absl::StrCat(
@@ -699,12 +699,12 @@ class StreamEngine final : public CopyEngine {
         // a spilled object). Issuing this one first would signal done = sync while the smaller
         // job has not copied, so it waits here, on the host.
         uint64_t ticket = job.sync;
-        lane.held.emplace(ticket, std::move(job));
+        lane.held.emplace(ticket, Accept(lane, std::move(job), host));
       } else {
-        Enqueue(lane, std::move(job), host);
+        lane.queue.push_back(Accept(lane, std::move(job), host));
         ++lane.next_ticket;
         while (!lane.held.empty() && lane.held.begin()->first == lane.next_ticket) {
-          Enqueue(lane, std::move(lane.held.begin()->second), false);
+          lane.queue.push_back(std::move(lane.held.begin()->second));
           lane.held.erase(lane.held.begin());
           ++lane.next_ticket;
         }
@@ -725,8 +725,10 @@ class StreamEngine final : public CopyEngine {
     for (auto& lane : lanes) {
       std::lock_guard lock(lane->mu);
       lane->abandoned = true;  // the worker cancels what is queued; it reads no ticket any more
-      for (auto& [ticket, job] : lane->held) {
-        failed.push_back({std::move(job.done),
+      for (auto& [ticket, q] : lane->held) {
+        pool_writes_.End(q.pool_write, q.job.pool);
+        if (q.job.feed != nullptr) q.job.feed->Unsubscribe();
+        failed.push_back({std::move(q.job.done),
                           absl::CancelledError(absl::StrCat(
                               "session ended while ticket ", ticket, " waited for ticket ",
                               lane->next_ticket))});
@@ -896,8 +898,11 @@ class StreamEngine final : public CopyEngine {
     releaser_->Post([m = std::move(mapping)]() mutable { m.reset(); });
   }
 
-  // Called with lane.mu held, in ticket order.
-  void Enqueue(Lane& lane, CopyJob job, bool host) {
+  // A job accepted on its lane (queued or held), in the order the daemon submitted it: its place
+  // among the pool writes is fixed now, so a reload submitted after an offload into the same
+  // pool bytes is ordered after it even while either waits for a smaller ticket. Called with
+  // lane.mu held.
+  QueuedJob Accept(Lane& lane, CopyJob job, bool host) {
     QueuedJob q;
     q.host = host;
     if (job.direction == Direction::kToPool && job.len > 0) {
@@ -920,7 +925,7 @@ class StreamEngine final : public CopyEngine {
       q.progress = std::move(progress);
     }
     q.job = std::move(job);
-    lane.queue.push_back(std::move(q));
+    return q;
   }
 
   DeviceWorker& Worker(int device) {

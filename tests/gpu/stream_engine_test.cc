@@ -485,6 +485,24 @@ TEST_F(StreamEngineTest, ReloadWaitsForOffloadIntoSamePoolBytes) {
   EXPECT_EQ(a_.memory[1][kLen - 1], 0x42);
 }
 
+// The same while the offload waits for a smaller ticket (held): the reload, submitted after it,
+// must still wait for it, though the offload reaches its lane's queue only later.
+TEST_F(StreamEngineTest, ReloadWaitsForAHeldOffloadIntoSamePoolBytes) {
+  Start();
+  std::memset(a_.memory[0].data(), 0x33, kLen);
+  a_.SetTicket(Direction::kToPool, 2);
+  Completion second, first, reload;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 2, second));  // held: ticket 1 has not arrived
+  Submit(Job(a_, Direction::kFromPool, 1, 0, 0, reload));
+  EXPECT_FALSE(reload.Ready(50)) << "the reload read pool bytes before the offload wrote them";
+  Submit(Job(a_, Direction::kToPool, 2, 1, 1, first));
+  ASSERT_TRUE(second.Ready(5000));
+  ASSERT_TRUE(reload.Ready(5000));
+  EXPECT_EQ(a_.memory[1][0], 0x33);
+  EXPECT_EQ(a_.memory[1][kLen - 1], 0x33);
+  ASSERT_TRUE(first.Ready(5000));
+}
+
 // Delay injection: the copy is issued copy_delay_us after its ticket arrived, so a client that
 // overwrites the source without waiting for offload_done deterministically changes the result.
 TEST_F(StreamEngineTest, DelayStartsCopyLate) {
