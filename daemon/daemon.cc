@@ -158,7 +158,6 @@ absl::Status Daemon::Init() {
   limits.client.max_mapped_bytes_per_session = config_.max_mapped_bytes_per_session;
   limits.client.max_mapped_bytes_per_uid = config_.max_mapped_bytes_per_uid;
 
-  executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
   if (config_.spill_bytes > 0) {
     for (const std::string& dir : config_.spill_dirs) {
       if (absl::Status s = MakeDir(dir); !s.ok()) return s;
@@ -187,15 +186,16 @@ absl::Status Daemon::Init() {
         storage::SpillStore::Create(std::move(spill));
     if (!store.ok()) return store.status();
     spill_store_ = *std::move(store);
-    spiller_ = std::make_unique<Spiller>(
-        *pool_, *spill_store_, SpillerOptions{Watermarks{config_.spill_high_pct, config_.spill_low_pct},
-                                          config_.spill_prefetch});
-    spiller_->Start();
-    executor_->set_spiller(spiller_.get());
     LogInfo("NVMe tier: ", config_.spill_bytes >> 20, " MiB in ", spill_store_->file_path(0),
             ", I/O through ", std::string(spill_store_->io_queue_name()), "; spill above ",
             config_.spill_high_pct, "% of the host pool, down to ", config_.spill_low_pct, "%");
   }
+  SpillerOptions spiller;
+  spiller.watermarks = Watermarks{config_.spill_high_pct, config_.spill_low_pct};
+  spiller.max_prefetches = config_.spill_prefetch;
+  tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller);
+  tiers_->Start();
+  executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_);
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
   poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
   if (absl::Status s = poller_->Start(); !s.ok()) return s;
@@ -223,7 +223,7 @@ absl::Status Daemon::Init() {
       metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
       config_.health_stall_ms);
   service_ = std::make_unique<ControlService>(
-      context, *registry_, *pool_, spiller_.get(), *engine_, metrics_, *health_,
+      context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;
@@ -298,7 +298,7 @@ void Daemon::Shutdown() {
   if (listener_) listener_->Stop();
   if (poller_) poller_->Stop();
   if (registry_) registry_->EndAllAndWait();
-  if (spiller_) spiller_->Stop();
+  if (tiers_) tiers_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());
   ::unlink(AdminTokenPath(config_.socket_path).c_str());

@@ -13,7 +13,7 @@
 #include "daemon/control_service.h"
 #include "daemon/health_monitor.h"
 #include "daemon/job_executor.h"
-#include "daemon/spiller.h"
+#include "daemon/tier_manager.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_poller.h"
 #include "daemon/session_listener.h"
@@ -49,7 +49,7 @@ class Daemon {
   DaemonMetrics metrics_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
-  std::unique_ptr<Spiller> spiller_;
+  std::unique_ptr<TierManager> tiers_;  // the pool and the NVMe tier behind the executor
   std::unique_ptr<gpu::CopyEngine> engine_;
   std::unique_ptr<JobExecutor> executor_;
   std::unique_ptr<SessionRegistry> registry_;

@@ -13,7 +13,8 @@ namespace tier::daemon {
 Session::Session(uint64_t id, std::string name, const AttachToken& token, uint64_t quota_bytes,
                  uint32_t ring_entries)
     : id_(id), name_(std::move(name)), token_(token), quota_bytes_(quota_bytes),
-      ring_entries_(ring_entries), created_ms_(MonotonicMs()) {}
+      ring_entries_(ring_entries), created_ms_(MonotonicMs()),
+      objects_(std::make_shared<ObjectTable>(quota_bytes)) {}
 
 Session::~Session() {
   // The engine session reads the ring's ticket page: it goes first.
@@ -228,14 +229,6 @@ void Session::WaitIdle() {
   idle_cv_.wait(lock, [this] { return jobs_in_flight_ == 0; });
 }
 
-std::vector<std::shared_ptr<Object>> Session::TakeAllObjects() {
-  std::vector<std::shared_ptr<Object>> all;
-  all.reserve(objects_.size());
-  for (auto& [id, object] : objects_) all.push_back(std::move(object));
-  objects_.clear();
-  return all;
-}
-
 std::vector<std::shared_ptr<gpu::ImportedBuffer>> Session::TakeAllBuffers() {
   std::vector<std::shared_ptr<gpu::ImportedBuffer>> all;
   std::lock_guard lock(mu_);
@@ -258,8 +251,8 @@ SessionSnapshot Session::Snapshot() const {
     std::lock_guard lock(mu_);
     s.attached = attached_;
     s.peer = peer_;
-    s.used_bytes = used_bytes_;
-    s.objects = objects_.size();
+    s.used_bytes = objects_->used_bytes();
+    s.objects = objects_->size();
     s.buffers = buffers_.size();
     s.jobs_in_flight = jobs_in_flight_;
   }
