@@ -88,12 +88,6 @@ void RaiseOpenFileLimit(uint32_t max_connections) {
   }
 }
 
-storage::LockMode ParseLockMode(const std::string& mode) {
-  if (mode == "off") return storage::LockMode::kOff;
-  if (mode == "required") return storage::LockMode::kRequired;
-  return storage::LockMode::kBestEffort;
-}
-
 }  // namespace
 
 Daemon::Daemon(const Config& config) : config_(config), started_ms_(MonotonicMs()) {}
@@ -129,7 +123,7 @@ absl::Status Daemon::Init() {
   storage::HostPoolOptions pool_options;
   pool_options.bytes = config_.pool_bytes;
   pool_options.numa_node = config_.pool_numa_node;
-  pool_options.lock = ParseLockMode(config_.pool_lock);
+  pool_options.lock = config_.pool_lock;
   absl::StatusOr<std::unique_ptr<storage::HostPool>> pool = storage::HostPool::Create(pool_options);
   if (!pool.ok()) return pool.status();
   pool_ = *std::move(pool);
@@ -167,16 +161,12 @@ absl::Status Daemon::Init() {
     spill.file_bytes = config_.spill_bytes;
     spill.io_bytes = config_.spill_io_bytes;
     spill.queue_depth = config_.spill_queue_depth;
-    if (!storage::ParseIoQueueKind(config_.spill_io, &spill.io_queue)) {
-      return absl::InvalidArgumentError(absl::StrCat("spill_io: unknown '", config_.spill_io, "'"));
-    }
+    spill.io_queue = config_.spill_io;
     spill.registered_buffers = {storage::IoBuffer{pool_->base(), pool_->bytes()}};
-    if (!config_.spill_inject_faults.empty()) {
-      absl::StatusOr<std::vector<storage::FaultRule>> rules =
-          storage::ParseFaultRules(config_.spill_inject_faults);
-      if (!rules.ok()) return rules.status();
-      LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults);
-      spill.wrap_io_queue = [rules = *rules](std::unique_ptr<storage::IoQueue> inner) {
+    if (!config_.spill_inject_faults.rules.empty()) {
+      LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults.text);
+      spill.wrap_io_queue = [rules = config_.spill_inject_faults.rules](
+                                std::unique_ptr<storage::IoQueue> inner) {
         auto faulty = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
         for (const storage::FaultRule& rule : rules) faulty->AddRule(rule);
         return std::unique_ptr<storage::IoQueue>(std::move(faulty));
