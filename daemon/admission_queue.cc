@@ -8,7 +8,7 @@ void AdmissionQueue::Wait(uint64_t queue, std::function<bool()> try_now,
                           std::function<void()> give_up) {
   bool queued = false, first = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!closed_) {
       first = waiters_ == 0;
       waiting_[queue].push_back(Waiter{next_seq_++, std::move(try_now), std::move(give_up)});
@@ -25,7 +25,7 @@ void AdmissionQueue::Wait(uint64_t queue, std::function<bool()> try_now,
 }
 
 size_t AdmissionQueue::size() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return waiters_;
 }
 
@@ -50,7 +50,7 @@ void AdmissionQueue::Serve(Mode mode) {
     // of the last round. Rounds go on while someone gets room.
     std::vector<uint64_t> order;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       order = QueueOrderLocked();
       if (!order.empty()) next_queue_ = order.front() + 1;
     }
@@ -59,7 +59,7 @@ void AdmissionQueue::Serve(Mode mode) {
     for (uint64_t queue : order) {
       Waiter waiter;
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         auto it = waiting_.find(queue);
         if (it == waiting_.end() || it->second.empty()) continue;
         // Out of its queue while tried, but still counted: a new job must not overtake it.
@@ -69,7 +69,7 @@ void AdmissionQueue::Serve(Mode mode) {
       const bool got_room = waiter.try_now();
       bool closed = false;
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         // (New waiters may have joined this queue meanwhile.)
         std::deque<Waiter>& waiters = waiting_[queue];
         if (got_room) {
@@ -88,7 +88,7 @@ void AdmissionQueue::Serve(Mode mode) {
       }
       if (closed) {
         waiter.give_up();
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         Done();
       }
     }
@@ -101,7 +101,7 @@ void AdmissionQueue::Serve(Mode mode) {
   if (mode != Mode::kStuck || served_any || oldest_seq == ~uint64_t{0}) return;
   Waiter doomed;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = waiting_.find(oldest_queue);
     if (it != waiting_.end() && !it->second.empty() && it->second.front().seq == oldest_seq) {
       doomed = std::move(it->second.front());
@@ -110,7 +110,7 @@ void AdmissionQueue::Serve(Mode mode) {
   }
   if (!doomed.give_up) return;
   doomed.give_up();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Done();
   auto it = waiting_.find(oldest_queue);
   if (it != waiting_.end() && it->second.empty()) waiting_.erase(it);
@@ -119,7 +119,7 @@ void AdmissionQueue::Serve(Mode mode) {
 void AdmissionQueue::Close() {
   std::vector<Waiter> all;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     closed_ = true;
     for (auto& [queue, waiters] : waiting_) {
       for (Waiter& waiter : waiters) all.push_back(std::move(waiter));
@@ -127,7 +127,7 @@ void AdmissionQueue::Close() {
     waiting_.clear();
   }
   for (Waiter& waiter : all) waiter.give_up();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < all.size(); ++i) Done();
 }
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace tier::daemon {
 
@@ -60,7 +60,7 @@ class AdmissionQueue {
   void Done() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // a waiter ended
 
   const std::function<void(bool first)> on_wait_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   // A waiter being tried is out of its queue but still counted in waiters_. Only the serving
   // thread takes waiters out and erases queues.
   std::map<uint64_t, std::deque<Waiter>> waiting_ ABSL_GUARDED_BY(mu_);

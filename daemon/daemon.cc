@@ -237,12 +237,10 @@ absl::Status Daemon::Init() {
 
 uint64_t Daemon::Drain(uint32_t timeout_ms) {
   registry_->SetDraining();
-  uint64_t deadline = timeout_ms == 0 ? ~uint64_t{0} : MonotonicMs() + timeout_ms;
-  // Jobs finish in micro- to milliseconds; a 1 ms check is plenty and keeps this off the job path.
-  while (metrics_.jobs_in_flight.load(std::memory_order_acquire) > 0 && MonotonicMs() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return metrics_.jobs_in_flight.load(std::memory_order_acquire);
+  const auto deadline = timeout_ms == 0 ? std::chrono::steady_clock::time_point::max()
+                                        : std::chrono::steady_clock::now() +
+                                              std::chrono::milliseconds(timeout_ms);
+  return metrics_.jobs_in_flight.AwaitZero(deadline);
 }
 
 int Daemon::Run() {
@@ -262,15 +260,7 @@ int Daemon::Run() {
   notifier_.Stopping();
   // Jobs clients pushed before the signal are in-flight work too: let the poller take what the
   // rings hold now (briefly: a client that keeps pushing does not hold the stop), then refuse.
-  const uint64_t take_until = MonotonicMs() + 1000;
-  while (MonotonicMs() < take_until) {
-    bool empty = true;
-    for (const auto& session : registry_->ActiveSessions()) {
-      empty = empty && session->submissions().ObservedEmpty();
-    }
-    if (empty) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  poller_->AwaitIdlePass(std::chrono::steady_clock::now() + std::chrono::seconds(1));
   uint64_t left = Drain(config_.drain_timeout_ms);
   if (left > 0) LogWarning(left, " jobs still in flight after ", config_.drain_timeout_ms, " ms");
   Shutdown();

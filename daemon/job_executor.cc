@@ -48,7 +48,7 @@ void JobExecutor::Reject(const std::shared_ptr<Session>& session,
 }
 
 void JobExecutor::CountStart(const ring::SubmissionEntry& entry) {
-  if (metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed) == 0) {
+  if (metrics_.jobs_in_flight.Add()) {
     // The stall clock of health starts no earlier than the work: an idle daemon has not stalled.
     metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
   }
@@ -304,7 +304,7 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
   metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
   if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_sub(1, std::memory_order_relaxed);
   session.PostCompletion(c);
-  metrics_.jobs_in_flight.fetch_sub(1, std::memory_order_relaxed);
+  metrics_.jobs_in_flight.Sub();
   session.EndJob();
 }
 

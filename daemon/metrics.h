@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "daemon/job_gauge.h"
+
 namespace tier::daemon {
 
 // Bytes moved per 100 ms bucket over the last kBuckets buckets.
@@ -34,7 +36,7 @@ struct JobCounters {
 
 struct DaemonMetrics {
   JobCounters totals;
-  std::atomic<uint64_t> jobs_in_flight{0};
+  JobGauge jobs_in_flight;
   // Jobs in flight that wait for nothing a client holds (no GPU ticket): only the daemon can be
   // holding them up, so when they stop completing, the daemon has stopped serving (health).
   std::atomic<uint64_t> unticketed_in_flight{0};

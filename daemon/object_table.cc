@@ -7,19 +7,19 @@
 namespace tier::daemon {
 
 uint64_t ObjectTable::used_bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return used_bytes_;
 }
 
 size_t ObjectTable::size() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return objects_.size();
 }
 
 absl::StatusOr<std::shared_ptr<Object>> ObjectTable::Create(uint64_t id, uint64_t len,
                                                             uint64_t hint, uint64_t seq,
                                                             uint64_t charge) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (objects_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
   }
@@ -37,7 +37,7 @@ absl::StatusOr<std::shared_ptr<Object>> ObjectTable::Create(uint64_t id, uint64_
 }
 
 absl::Status ObjectTable::Admit(Object& object, storage::Extent extent) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (object.extent_.bytes != 0 || object.state_ != Object::State::kFilling) {
     return absl::FailedPreconditionError(
         absl::StrCat("object ", object.id(), " was admitted already or is not filling"));
@@ -51,7 +51,7 @@ absl::Status ObjectTable::Admit(Object& object, storage::Extent extent) {
 
 Release ObjectTable::EndFill(Object& object, const absl::Status& status,
                              std::vector<ObjectWaiter>* waiters) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (status.ok()) {
     object.state_ = Object::State::kReady;
   } else {
@@ -63,7 +63,7 @@ Release ObjectTable::EndFill(Object& object, const absl::Status& status,
 }
 
 absl::StatusOr<Release> ObjectTable::Free(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = objects_.find(id);
   if (it == objects_.end()) {
     return absl::NotFoundError(absl::StrCat("no object ", id, " in this session"));
@@ -76,12 +76,12 @@ absl::StatusOr<Release> ObjectTable::Free(uint64_t id) {
 }
 
 void ObjectTable::DropAfterReload(Object& object) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   DropLocked(object);
 }
 
 std::vector<Release> ObjectTable::DropAll() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Object>> all;
   all.reserve(objects_.size());
   for (auto& [id, object] : objects_) all.push_back(object);
@@ -96,7 +96,7 @@ std::vector<Release> ObjectTable::DropAll() {
 }
 
 absl::StatusOr<ObjectTable::Pinned> ObjectTable::PinForReload(uint64_t id, uint64_t len) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = objects_.find(id);
   if (it == objects_.end()) {
     return absl::NotFoundError(absl::StrCat("no object ", id, " in this session"));
@@ -123,35 +123,35 @@ absl::StatusOr<ObjectTable::Pinned> ObjectTable::PinForReload(uint64_t id, uint6
 }
 
 bool ObjectTable::AwaitFill(Object& object, ObjectWaiter waiter) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (object.state_ != Object::State::kFilling) return false;
   object.on_filled_.push_back(std::move(waiter));
   return true;
 }
 
 bool ObjectTable::FillFailed(const Object& object) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return object.state_ == Object::State::kFailed;
 }
 
 Release ObjectTable::Unpin(Object& object) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return UnpinLocked(object);
 }
 
 storage::Extent ObjectTable::extent(const Object& object) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return object.extent_;
 }
 
 ObjectTable::View ObjectTable::Look(const Object& object) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return View{object.state_, object.where_,   object.extent_,
               object.pins_,  object.dropped_, object.prefetched_};
 }
 
 ObjectTable::SpillStart ObjectTable::BeginSpill(Object& object, storage::Extent* extent) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (object.dropped_ || object.state_ != Object::State::kReady ||
       object.where_ != Object::Where::kHost) {
     return SpillStart::kNot;
@@ -166,7 +166,7 @@ ObjectTable::SpillStart ObjectTable::BeginSpill(Object& object, storage::Extent*
 
 Release ObjectTable::EndSpill(Object& object, const absl::StatusOr<storage::SpillRecord>& record,
                               bool* spilled) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Release release;
   *spilled = false;
   if (object.where_ != Object::Where::kSpilling) return release;  // no spill began
@@ -191,7 +191,7 @@ Release ObjectTable::EndSpill(Object& object, const absl::StatusOr<storage::Spil
 ObjectTable::Fetch ObjectTable::BeginFetch(
     Object& object, Reader reader, const std::function<std::optional<storage::Extent>()>& allocate,
     ObjectWaiter waiter, storage::Extent* extent, storage::SpillRecord* record) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (reader == Reader::kPrefetch && object.dropped_) return Fetch::kGone;
   switch (object.where_) {
     case Object::Where::kHost:
@@ -216,7 +216,7 @@ ObjectTable::Fetch ObjectTable::BeginFetch(
 
 Release ObjectTable::EndFetch(Object& object, const absl::Status& read, bool prefetch, bool detach,
                               bool* spillable, std::vector<ObjectWaiter>* waiters) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Release release;
   waiters->swap(object.on_host_);
   if (read.ok()) {
@@ -239,7 +239,7 @@ Release ObjectTable::EndFetch(Object& object, const absl::Status& read, bool pre
 }
 
 bool ObjectTable::PinIfOnNvme(Object& object) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (object.dropped_ || object.where_ != Object::Where::kNvme) return false;
   ++object.pins_;
   return true;

@@ -29,7 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "storage/extent_allocator.h"
 #include "storage/spill_store.h"
 
@@ -188,7 +188,7 @@ class ObjectTable {
   void DropLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t quota_bytes_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -8,17 +8,16 @@
 #define TIER_DAEMON_SESSION_H_
 
 #include <array>
-#include <condition_variable>
 #include <functional>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/metrics.h"
@@ -152,20 +151,20 @@ class Session {
   UniqueFd client_sq_doorbell_;  // the client's ends, until sent
   UniqueFd client_cq_doorbell_;
   ring::Consumer<ring::SubmissionEntry> sq_;
-  std::mutex cq_mu_;
-  ring::Producer<ring::CompletionEntry> cq_;  // guarded by cq_mu_
+  Mutex cq_mu_;
+  ring::Producer<ring::CompletionEntry> cq_ ABSL_GUARDED_BY(cq_mu_);
   std::atomic<bool> broken_{false};
   std::unique_ptr<gpu::EngineSession> engine_session_;
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_cv_;
-  bool attached_ = false;
-  PeerCredentials peer_;
-  bool closing_ = false;
-  uint64_t jobs_in_flight_ = 0;
-  uint64_t next_buffer_id_ = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_;
-  uint64_t mapped_bytes_ = 0;  // host memory of buffers_
+  mutable Mutex mu_;
+  CondVar idle_cv_;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  PeerCredentials peer_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of buffers_
   UsageLedger* ledger_ = nullptr;
   JobCounters counters_;
 };

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/mutex.h"
 
 namespace tier::daemon {
 
@@ -23,18 +24,21 @@ void Spiller::Start() { thread_ = std::thread([this] { Run(); }); }
 
 void Spiller::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
+  io_done_cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   // Writes and reads call back into the spiller when they land: wait for them while the store
   // still runs (it goes after the spiller). Bounded: a device that never answers is logged.
-  std::unique_lock lock(mu_);
-  if (!io_done_cv_.wait_for(lock, std::chrono::seconds(30), [this] {
-        return writes_in_flight_.load() + reads_in_flight_.load() == 0;
-      })) {
-    LogError("spiller stopping with NVMe I/O still in flight after 30 s");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  MutexLock lock(&mu_);
+  while (writes_in_flight_.load() + reads_in_flight_.load() != 0) {
+    if (!io_done_cv_.WaitUntil(&mu_, deadline)) {
+      LogError("spiller stopping with NVMe I/O still in flight after 30 s");
+      return;
+    }
   }
 }
 
@@ -42,7 +46,7 @@ void Spiller::Track(const std::shared_ptr<ObjectTable>& table,
                     const std::shared_ptr<Object>& object) {
   last_change_ms_.store(MonotonicMs());
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     candidates_.Add(NextUseOf(*object), Candidate{table, object});
   }
   Kick();
@@ -53,10 +57,10 @@ void Spiller::Kick() {
   // every completed offload calls this, and the thread has nothing to do for it.
   if (!draining_.load(std::memory_order_relaxed) && !policy_.MustSpill(pool_.Usage())) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     kicked_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void Spiller::WaitBegan(bool first) {
@@ -64,10 +68,10 @@ void Spiller::WaitBegan(bool first) {
   // fail the first job to find the pool full after 5 s without traffic).
   if (first) last_change_ms_.store(MonotonicMs());
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     kicked_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 storage::PoolUsage Spiller::Projected() const {
@@ -78,24 +82,34 @@ storage::PoolUsage Spiller::Projected() const {
   return usage;
 }
 
+bool Spiller::AwaitKick() {
+  // With jobs waiting for room, look again every few ms even without a kick.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(admission_.HasWaiters() ? 5 : 1000);
+  MutexLock lock(&mu_);
+  while (!stopping_ && !kicked_) {
+    if (!cv_.WaitUntil(&mu_, deadline)) break;
+  }
+  kicked_ = false;
+  return !stopping_;
+}
+
+void Spiller::AwaitWriteSlot() {
+  MutexLock lock(&mu_);
+  while (!stopping_ && writes_in_flight_.load() >= kMaxWritesInFlight) io_done_cv_.Wait(&mu_);
+}
+
 void Spiller::Run() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    // With jobs waiting for room, look again every few ms even without a kick.
-    cv_.wait_for(lock, std::chrono::milliseconds(admission_.HasWaiters() ? 5 : 1000),
-                 [&] { return stopping_ || kicked_; });
-    if (stopping_) return;
-    kicked_ = false;
+  while (AwaitKick()) {
     bool parked = admission_.HasWaiters();
-    lock.unlock();
     // Above the high watermark: down to the low one, counting writes in flight as done (their
     // extents go soon). A waiting job needs at least one spill whatever the watermarks say.
     // An episode that ran out of candidates goes on when new ones arrive.
     if (policy_.MustSpill(Projected())) draining_.store(true);
     bool spilled_any = false, exhausted = false;
     while ((draining_.load() && policy_.KeepSpilling(Projected())) || (parked && !spilled_any)) {
-      if (writes_in_flight_.load() >= 64) {  // enough queued; the store works through them
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (writes_in_flight_.load() >= kMaxWritesInFlight) {
+        AwaitWriteSlot();  // enough queued; the store works through them
         continue;
       }
       if (!SpillOne()) {
@@ -117,7 +131,6 @@ void Spiller::Run() {
     } else if (!draining_.load()) {
       Prefetch();
     }
-    lock.lock();
   }
 }
 
@@ -132,7 +145,7 @@ void Spiller::Settle(const Release& release) {
 bool Spiller::SpillOne() {
   std::vector<Candidate> busy;  // in use right now: back in the list after this call
   auto requeue = [&] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (Candidate& c : busy) {
       if (auto object = c.object.lock()) candidates_.Add(NextUseOf(*object), std::move(c));
     }
@@ -140,7 +153,7 @@ bool Spiller::SpillOne() {
   for (;;) {
     std::optional<Candidate> candidate;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (!stopping_) candidate = candidates_.TakeUsedLast();
     }
     if (!candidate) {
@@ -171,17 +184,17 @@ bool Spiller::SpillOne() {
         counters_.spills.fetch_add(1);
         counters_.bytes_spilled.fetch_add(object->len());
         counters_.spill_bandwidth.Add(object->len(), MonotonicMs());
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         spilled_.Add(NextUseOf(*object), Candidate{table, object});
       }
       // A failed write was logged by the store; the object stays in host memory and is no
       // candidate any more, so a failing device is not hammered (it becomes one again once
       // filled anew).
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         writes_in_flight_.fetch_sub(1);
       }
-      io_done_cv_.notify_all();
+      io_done_cv_.SignalAll();
     };
     absl::Status started = store_.Write(pool_.At(extent), object->len(), landed);
     if (!started.ok()) {
@@ -205,7 +218,7 @@ void Spiller::Prefetch() {
   while (prefetches_in_flight_.load() < max_prefetches_) {
     std::optional<Candidate> candidate;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_ || admission_.HasWaiters()) return;  // waiting jobs need the room more
       candidate = spilled_.TakeUsedSoonest();
     }
@@ -214,7 +227,7 @@ void Spiller::Prefetch() {
     std::shared_ptr<Object> object = candidate->object.lock();
     if (table == nullptr || object == nullptr) continue;
     if (!policy_.MayPrefetch(pool_.Usage(), object->len())) {
-      std::lock_guard own(mu_);
+      MutexLock own(&mu_);
       spilled_.Add(NextUseOf(*object), std::move(*candidate));
       return;
     }
@@ -225,15 +238,15 @@ void Spiller::Prefetch() {
         [this](absl::StatusOr<Readable>) {
           prefetches_in_flight_.fetch_sub(1);
           {
-            std::lock_guard lock(mu_);
+            MutexLock lock(&mu_);
             kicked_ = true;  // the next one
           }
-          cv_.notify_one();
+          cv_.Signal();
         });
     if (!StartFetch(table, object, ObjectTable::Reader::kPrefetch, done, /*may_allocate=*/true)) {
       prefetches_in_flight_.fetch_sub(1);
       Settle(table->Unpin(*object));
-      std::lock_guard own(mu_);
+      MutexLock own(&mu_);
       spilled_.Add(NextUseOf(*object), std::move(*candidate));
       return;
     }
@@ -326,10 +339,10 @@ bool Spiller::StartFetch(const std::shared_ptr<ObjectTable>& table,
     EndFetch(table, object, record, prefetch, feed, extent, read);
     if (prefetch) (*then)(Readable{});
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       reads_in_flight_.fetch_sub(1);
     }
-    io_done_cv_.notify_all();
+    io_done_cv_.SignalAll();
   };
   storage::SpillStore::ReadProgress progress = nullptr;
   if (feed != nullptr) {
@@ -380,11 +393,11 @@ void Spiller::CopyEnded() {
 void Spiller::NotifyFreed() {
   last_change_ms_.store(MonotonicMs());
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!admission_.HasWaiters() && (spilled_.empty() || max_prefetches_ == 0)) return;
     kicked_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 }  // namespace tier::daemon

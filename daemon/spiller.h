@@ -14,14 +14,13 @@
 #define TIER_DAEMON_SPILLER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "daemon/admission_queue.h"
 #include "daemon/metrics.h"
 #include "daemon/object_table.h"
@@ -117,7 +116,13 @@ class Spiller {
   };
   struct FetchLease;
 
+  static constexpr uint64_t kMaxWritesInFlight = 64;
+
   void Run();
+  // Until kicked, or a few ms when jobs wait for room; false once stopping.
+  bool AwaitKick();
+  // Until fewer than kMaxWritesInFlight writes are in flight (or stopping).
+  void AwaitWriteSlot();
   // The pool as it will be once the writes in flight landed and released their extents.
   storage::PoolUsage Projected() const;
   // Takes the next candidate that may be spilled now and starts its write; false if none.
@@ -143,21 +148,23 @@ class Spiller {
   const uint32_t max_prefetches_;
   SpillCounters counters_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  NextUseQueue<Candidate> candidates_;  // in host memory: spill candidates
-  NextUseQueue<Candidate> spilled_;     // on NVMe: prefetch candidates
-  bool kicked_ = false;
+  Mutex mu_;
+  CondVar cv_;  // with mu_: kicked_ or stopping_ set
+  NextUseQueue<Candidate> candidates_ ABSL_GUARDED_BY(mu_);  // in host memory: spill candidates
+  NextUseQueue<Candidate> spilled_ ABSL_GUARDED_BY(mu_);     // on NVMe: prefetch candidates
+  bool kicked_ ABSL_GUARDED_BY(mu_) = false;
   // In a spill episode: from above the high watermark down to the low one (the thread's; read by
   // Kick).
   std::atomic<bool> draining_{false};
-  bool stopping_ = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> writes_in_flight_{0};
   std::atomic<uint64_t> writing_bytes_{0};  // host extents of the writes in flight
   std::atomic<uint32_t> prefetches_in_flight_{0};
   std::atomic<uint64_t> reads_in_flight_{0};   // fetches and prefetches
   std::atomic<uint64_t> copies_in_flight_{0};  // see CopyStarted
-  std::condition_variable io_done_cv_;         // with mu_: writes and reads in flight ended
+  // With mu_: writes and reads in flight ended. Their counters are atomics (read without the lock
+  // by Projected and the stall check) decremented under mu_, so a waiter cannot miss the change.
+  CondVar io_done_cv_;
   const uint32_t stall_ms_;
   // Memory freed, a copy ended, a candidate came, or a first waiter arrived.
   std::atomic<uint64_t> last_change_ms_{0};

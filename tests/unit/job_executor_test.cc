@@ -208,7 +208,7 @@ class JobExecutorTest : public ::testing::Test {
       tiers_->Stop();
       EXPECT_EQ(pool_->Usage().used_bytes, 0u) << "host memory left behind";
       EXPECT_EQ(session_->objects()->used_bytes(), 0u) << "quota left charged";
-      EXPECT_EQ(metrics_.jobs_in_flight.load(), 0u);
+      EXPECT_EQ(metrics_.jobs_in_flight.value(), 0u);
     }
     if (ring_ != nullptr && ring_ != MAP_FAILED) ::munmap(ring_, session_->ring_bytes());
   }
