@@ -198,7 +198,7 @@ tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t 
       if (options != nullptr && options->num_producer_streams > 0) {
         producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
       }
-      tier::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
+      tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
       request.device = device;
       submitted = session->impl->SubmitTicketed(
           request, [&] { return sync->TicketOffload(producers); });
@@ -237,7 +237,7 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
     // The copy waits for the consumer's work so far (the destination's allocation point), and
     // the consumer waits for the copy: it may use the data as soon as this returns.
     void* consumer = options != nullptr ? options->consumer_stream : nullptr;
-    tier::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
+    tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
     absl::StatusOr<uint64_t> submitted =
         session->impl->SubmitTicketed(request, [&] { return sync->TicketReload(consumer); });
     if (!submitted.ok()) return Fail(submitted.status());

@@ -90,7 +90,7 @@ class ClientSession {
   // Pushes a job; returns its id. Blocks only while the ring is full.
   absl::StatusOr<uint64_t> Submit(const JobRequest& request);
   // Submit for a job on a GPU buffer: `take_ticket` runs just before the push, under the lock that
-  // orders pushes, so tickets of a lane reach the ring in ticket order (see gpu/client_gpu.h). If
+  // orders pushes, so tickets of a lane reach the ring in ticket order (see client/gpu/client_gpu.h). If
   // it fails nothing is pushed. The ticket taken is stored in request.sync.
   absl::StatusOr<uint64_t> SubmitTicketed(JobRequest& request,
                                           absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket);

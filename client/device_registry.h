@@ -28,7 +28,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "gpu/client_gpu.h"
+#include "client/gpu/client_gpu.h"
 #include "tier/session_wire.h"
 
 namespace tier::client {

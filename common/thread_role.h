@@ -1,4 +1,4 @@
-// Which kind of tierd thread is running: the rule of gpu/stream_engine.h ("which thread may make
+// Which kind of tierd thread is running: the rule of engine/stream_engine.h ("which thread may make
 // which GPU runtime call") is stated per role and checked against it (GpuCallClass).
 #ifndef TIER_COMMON_THREAD_ROLE_H_
 #define TIER_COMMON_THREAD_ROLE_H_
@@ -15,7 +15,7 @@ enum class ThreadRole : uint8_t {
   kSpillIo,        // the NVMe tier's I/O thread(s)
 };
 
-// The runtime calls of gpu/stream_engine.h's GpuRuntime, by what they may do to the caller.
+// The runtime calls of engine/stream_engine.h's GpuRuntime, by what they may do to the caller.
 enum class GpuCallClass : uint8_t {
   kEnqueue,  // queue work on a stream, query it: never waits for the GPU
   kSetup,    // create streams, open client memory, pin host memory: may take driver locks

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/log.h"
-#include "gpu/engine_kind.h"
+#include "engine/engine_kind.h"
 #include "storage/faulty_io_queue.h"
 #include "storage/host_pool.h"
 #include "storage/io_queue.h"
@@ -80,7 +80,7 @@ struct Config {
   uint32_t max_connections_per_uid = 128;     // max_connections_per_uid
 
   // Copy engine.
-  gpu::EngineKind engine = gpu::EngineKind::kAuto;  // engine: auto | host | cuda | hip
+  engine::EngineKind engine = engine::EngineKind::kAuto;  // engine: auto | host | cuda | hip
   uint32_t host_engine_threads = 2;  // host_engine_threads (per direction)
   uint64_t copy_delay_us = 0;        // copy_delay_us: test-only delay injection per copy
   uint32_t poll_idle_us = 50;        // poll_idle_us: ring poller spins this long before sleeping

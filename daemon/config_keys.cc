@@ -23,10 +23,10 @@ const std::vector<Choice<storage::IoQueueKind>> kSpillIoNames = {
     {"auto", storage::IoQueueKind::kAuto},
     {"io_uring", storage::IoQueueKind::kUring},
     {"thread_pool", storage::IoQueueKind::kThreadPool}};
-const std::vector<Choice<gpu::EngineKind>> kEngineNames = {{"auto", gpu::EngineKind::kAuto},
-                                                           {"host", gpu::EngineKind::kHost},
-                                                           {"cuda", gpu::EngineKind::kCuda},
-                                                           {"hip", gpu::EngineKind::kHip}};
+const std::vector<Choice<engine::EngineKind>> kEngineNames = {{"auto", engine::EngineKind::kAuto},
+                                                           {"host", engine::EngineKind::kHost},
+                                                           {"cuda", engine::EngineKind::kCuda},
+                                                           {"hip", engine::EngineKind::kHip}};
 const std::vector<Choice<Severity>> kLogLevelNames = {{"debug", Severity::kDebug},
                                                       {"info", Severity::kInfo},
                                                       {"warning", Severity::kWarning},

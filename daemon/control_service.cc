@@ -13,7 +13,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
                                storage::HostPool& pool, Spiller* spiller,
-                               gpu::CopyEngine& engine, DaemonMetrics& metrics,
+                               engine::CopyEngine& engine, DaemonMetrics& metrics,
                                const HealthMonitor& health,
                                std::function<uint64_t(uint32_t)> drain)
     : context_(std::move(context)), registry_(registry), pool_(pool), spiller_(spiller),
@@ -131,7 +131,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   response->set_bytes_reloaded(metrics_.totals.bytes_reloaded.load(std::memory_order_relaxed));
   response->set_recent_bandwidth_bytes_per_s(metrics_.bandwidth.BytesPerSecond(now));
   response->set_pool_locked(pool_.locked() || pool_.registered());
-  gpu::EngineCounts counts = engine_.Counts();
+  engine::EngineCounts counts = engine_.Counts();
   response->set_buffers(counts.buffers);
   response->set_gpu_lanes(counts.lanes);
   response->set_pending_releases(counts.pending_releases);
@@ -158,10 +158,10 @@ grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSe
     info->set_bytes_offloaded(s.bytes_offloaded);
     info->set_bytes_reloaded(s.bytes_reloaded);
     info->set_age_ms(s.age_ms);
-    for (const gpu::LaneStatus& lane : s.lanes) {
+    for (const engine::LaneStatus& lane : s.lanes) {
       v1::LaneInfo* out = info->add_lanes();
       out->set_gpu(lane.device);
-      out->set_direction(lane.direction == gpu::Direction::kToPool ? "D2H" : "H2D");
+      out->set_direction(lane.direction == engine::Direction::kToPool ? "D2H" : "H2D");
       out->set_queued(lane.queued);
       out->set_held(lane.held);
       out->set_in_flight(lane.in_flight);

@@ -31,7 +31,7 @@ class ControlService final : public tier::v1::Control::Service {
   // `drain(timeout_ms)` stops admission and waits for in-flight jobs; returns jobs left.
   // `spiller`: the NVMe tier, or null.
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
-                 Spiller* spiller, gpu::CopyEngine& engine, DaemonMetrics& metrics,
+                 Spiller* spiller, engine::CopyEngine& engine, DaemonMetrics& metrics,
                  const HealthMonitor& health,
                  std::function<uint64_t(uint32_t)> drain);
 
@@ -58,7 +58,7 @@ class ControlService final : public tier::v1::Control::Service {
   SessionRegistry& registry_;
   storage::HostPool& pool_;
   Spiller* spiller_;
-  gpu::CopyEngine& engine_;
+  engine::CopyEngine& engine_;
   DaemonMetrics& metrics_;
   const HealthMonitor& health_;
   std::function<uint64_t(uint32_t)> drain_;

@@ -16,7 +16,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/unix_socket.h"
-#include "gpu/engine_factory.h"
+#include "engine/engine_factory.h"
 #include "storage/faulty_io_queue.h"
 
 namespace tier::daemon {
@@ -107,12 +107,12 @@ absl::Status Daemon::Init() {
   if (!gid.ok()) return gid.status();
 
   // The engine first: a GPU engine must exist before the pool is registered with it.
-  gpu::EngineOptions engine_options;
+  engine::EngineOptions engine_options;
   engine_options.kind = config_.engine;
   engine_options.host_threads = static_cast<int>(config_.host_engine_threads);
   engine_options.copy_delay_us = config_.copy_delay_us;
   engine_options.lane_wait_warn_ms = config_.lane_wait_warn_ms;
-  absl::StatusOr<std::unique_ptr<gpu::CopyEngine>> engine = gpu::MakeCopyEngine(engine_options);
+  absl::StatusOr<std::unique_ptr<engine::CopyEngine>> engine = engine::MakeCopyEngine(engine_options);
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
   if (config_.copy_delay_us > 0) {

@@ -19,7 +19,7 @@
 #include "daemon/session_listener.h"
 #include "daemon/session_registry.h"
 #include "daemon/systemd_notifier.h"
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 #include "storage/host_pool.h"
 
 namespace tier::daemon {
@@ -50,7 +50,7 @@ class Daemon {
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
   std::unique_ptr<TierManager> tiers_;  // the pool and the NVMe tier behind the executor
-  std::unique_ptr<gpu::CopyEngine> engine_;
+  std::unique_ptr<engine::CopyEngine> engine_;
   std::unique_ptr<JobExecutor> executor_;
   std::unique_ptr<SessionRegistry> registry_;
   std::unique_ptr<RingPoller> poller_;

@@ -65,12 +65,12 @@ void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::Subm
   // The client took this ticket and its streams wait for it; the engine issues a lane's tickets
   // in order, so a ticket that never reached it would stall every later job of the lane. It
   // goes in as a ticket-only job (no copy) and the entry then fails with the original error.
-  gpu::CopyJob job;
-  job.direction = opcode == Opcode::kOffload ? gpu::Direction::kToPool : gpu::Direction::kFromPool;
+  engine::CopyJob job;
+  job.direction = opcode == Opcode::kOffload ? engine::Direction::kToPool : engine::Direction::kFromPool;
   job.len = 0;
   job.session = session->engine_session();
   job.sync = entry.sync;
-  if (std::shared_ptr<gpu::ImportedBuffer> buffer = session->FindBuffer(entry.buffer_id)) {
+  if (std::shared_ptr<engine::ImportedBuffer> buffer = session->FindBuffer(entry.buffer_id)) {
     job.device = buffer->device();
   }
   job.done = [this, session, entry, status = std::move(status)](absl::Status) {
@@ -81,7 +81,7 @@ void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::Subm
 
 absl::StatusOr<JobExecutor::Range> JobExecutor::CheckRange(Session& session,
                                                            const ring::SubmissionEntry& e) {
-  std::shared_ptr<gpu::ImportedBuffer> buffer = session.FindBuffer(e.buffer_id);
+  std::shared_ptr<engine::ImportedBuffer> buffer = session.FindBuffer(e.buffer_id);
   if (buffer == nullptr) {
     return absl::NotFoundError(absl::StrCat("no buffer ", e.buffer_id, " in this session"));
   }
@@ -128,7 +128,7 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
 
 void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
                          const std::shared_ptr<Object>& object, Range range) {
-  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kToPool, *session, e,
+  engine::CopyJob job = MakeCopyJob(engine::Direction::kToPool, *session, e,
                                  session->objects()->extent(*object), range);
   job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
     EndFill(*session, *object, status);
@@ -167,7 +167,7 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
   // A reload of an object still filling is started by the fill's end, in the order the reloads
   // arrived; except on GPU engines, which order the copies on the GPU: there the reload is
   // submitted at once, so that a ticketed job is never held on the host behind another job's
-  // completion (gpu/client_gpu.h). An offload still waiting for host room has nothing to order
+  // completion (client/gpu/client_gpu.h). An offload still waiting for host room has nothing to order
   // the copy after yet, so its reloads wait on the host on every engine.
   if (pinned->filling && (!engine_.orders_pool_reads() || !pinned->admitted)) {
     bool waits = table.AwaitFill(
@@ -208,7 +208,7 @@ void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::S
   // A feed fills its own extent from NVMe; otherwise the object's bytes are in host memory.
   storage::Extent extent =
       from.feed != nullptr ? from.extent : session->objects()->extent(*object);
-  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kFromPool, *session, e, extent, range);
+  engine::CopyJob job = MakeCopyJob(engine::Direction::kFromPool, *session, e, extent, range);
   job.feed = std::move(from.feed);
   // (`lease` keeps a pipelined read's extent until this copy is done, whatever the read's end.)
   job.done = [this, session, e, object, buffer = std::move(range.buffer),
@@ -255,10 +255,10 @@ absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e)
   return absl::OkStatus();
 }
 
-gpu::CopyJob JobExecutor::MakeCopyJob(gpu::Direction direction, Session& session,
+engine::CopyJob JobExecutor::MakeCopyJob(engine::Direction direction, Session& session,
                                       const ring::SubmissionEntry& e, storage::Extent extent,
                                       const Range& range) {
-  gpu::CopyJob job;
+  engine::CopyJob job;
   job.direction = direction;
   job.client = range.data;
   job.pool = tiers_.pool().At(extent);

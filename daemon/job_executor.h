@@ -25,14 +25,14 @@
 #include "daemon/object_table.h"
 #include "daemon/session.h"
 #include "daemon/tier_manager.h"
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
 
 class JobExecutor {
  public:
-  JobExecutor(TierManager& tiers, gpu::CopyEngine& engine, DaemonMetrics& metrics)
+  JobExecutor(TierManager& tiers, engine::CopyEngine& engine, DaemonMetrics& metrics)
       : tiers_(tiers), engine_(engine), metrics_(metrics) {}
 
   // Starts one entry taken from the session's submission queue. Never waits for a copy.
@@ -47,7 +47,7 @@ class JobExecutor {
   // The checked view of a buffer range named by an entry. Held by the copy's callback, so that
   // an unregister cannot unmap the buffer mid-copy.
   struct Range {
-    std::shared_ptr<gpu::ImportedBuffer> buffer;
+    std::shared_ptr<engine::ImportedBuffer> buffer;
     char* data = nullptr;
   };
   absl::StatusOr<Range> CheckRange(Session& session, const ring::SubmissionEntry& entry);
@@ -78,7 +78,7 @@ class JobExecutor {
   void AbandonReload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
                      Object& object, absl::Status status);
 
-  gpu::CopyJob MakeCopyJob(gpu::Direction direction, Session& session,
+  engine::CopyJob MakeCopyJob(engine::Direction direction, Session& session,
                            const ring::SubmissionEntry& e, storage::Extent extent,
                            const Range& range);
   // Completes a job that will not run with `status`; a ticketed one first passes its ticket to the
@@ -90,7 +90,7 @@ class JobExecutor {
   void CountStart(const ring::SubmissionEntry& entry);
 
   TierManager& tiers_;
-  gpu::CopyEngine& engine_;
+  engine::CopyEngine& engine_;
   DaemonMetrics& metrics_;
   std::atomic<uint64_t> next_seq_{1};
 };

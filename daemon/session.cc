@@ -78,11 +78,11 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
   }
   cq_doorbell_.reset(cq[0]);
   client_cq_doorbell_.reset(cq[1]);
-  gpu::EngineSessionInfo info;
+  engine::EngineSessionInfo info;
   info.id = id_;
   info.label = absl::StrCat("session ", id_, " '", name_, "' (pid ", peer.pid, ")");
   info.tickets = tickets_;
-  absl::StatusOr<std::unique_ptr<gpu::EngineSession>> engine = open_engine(info);
+  absl::StatusOr<std::unique_ptr<engine::EngineSession>> engine = open_engine(info);
   if (!engine.ok()) return engine.status();
   engine_session_ = *std::move(engine);
   MutexLock lock(&mu_);
@@ -91,7 +91,7 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
   return absl::OkStatus();
 }
 
-gpu::EngineSession* Session::engine_session_if_attached() const {
+engine::EngineSession* Session::engine_session_if_attached() const {
   MutexLock lock(&mu_);
   return attached_ ? engine_session_.get() : nullptr;
 }
@@ -152,7 +152,7 @@ bool Session::PostCompletion(const ring::CompletionEntry& entry) {
 namespace {
 
 // Host memory the daemon maps for a buffer (GPU memory costs it address space only).
-uint64_t MappedBytes(const gpu::ImportedBuffer& buffer) {
+uint64_t MappedBytes(const engine::ImportedBuffer& buffer) {
   return buffer.device() < 0 ? buffer.bytes() : 0;
 }
 
@@ -176,7 +176,7 @@ absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
   return ledger_->CheckBuffer(peer_.uid, mapped_bytes);
 }
 
-uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
+uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer) {
   MutexLock lock(&mu_);
   uint64_t id = next_buffer_id_++;
   const uint64_t mapped = MappedBytes(*buffer);
@@ -187,7 +187,7 @@ uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
 }
 
 bool Session::RemoveBuffer(uint64_t buffer_id) {
-  std::shared_ptr<gpu::ImportedBuffer> doomed;  // unmapped outside the lock
+  std::shared_ptr<engine::ImportedBuffer> doomed;  // unmapped outside the lock
   MutexLock lock(&mu_);
   auto it = buffers_.find(buffer_id);
   if (it == buffers_.end()) return false;
@@ -200,7 +200,7 @@ bool Session::RemoveBuffer(uint64_t buffer_id) {
   return true;
 }
 
-std::shared_ptr<gpu::ImportedBuffer> Session::FindBuffer(uint64_t buffer_id) {
+std::shared_ptr<engine::ImportedBuffer> Session::FindBuffer(uint64_t buffer_id) {
   MutexLock lock(&mu_);
   auto it = buffers_.find(buffer_id);
   return it == buffers_.end() ? nullptr : it->second;
@@ -233,8 +233,8 @@ void Session::WaitIdle() {
   while (jobs_in_flight_ != 0) idle_cv_.Wait(&mu_);
 }
 
-std::vector<std::shared_ptr<gpu::ImportedBuffer>> Session::TakeAllBuffers() {
-  std::vector<std::shared_ptr<gpu::ImportedBuffer>> all;
+std::vector<std::shared_ptr<engine::ImportedBuffer>> Session::TakeAllBuffers() {
+  std::vector<std::shared_ptr<engine::ImportedBuffer>> all;
   MutexLock lock(&mu_);
   for (auto& [id, buffer] : buffers_) {
     if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, MappedBytes(*buffer));

@@ -23,7 +23,7 @@
 #include "daemon/metrics.h"
 #include "daemon/object_table.h"
 #include "daemon/usage_ledger.h"
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 #include "storage/extent_allocator.h"
 #include "storage/spill_store.h"
 #include "tier/ring.h"
@@ -47,7 +47,7 @@ struct SessionSnapshot {
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_reloaded = 0;
   uint64_t age_ms = 0;
-  std::vector<gpu::LaneStatus> lanes;  // filled by the registry (the engine's view)
+  std::vector<engine::LaneStatus> lanes;  // filled by the registry (the engine's view)
 };
 
 class Session {
@@ -68,8 +68,8 @@ class Session {
   // Creates the ring segment and doorbells, opens the session in the copy engine (through
   // `open_engine`, which gets the ring's ticket page) and binds the session to the attaching
   // process.
-  using EngineOpener = absl::FunctionRef<absl::StatusOr<std::unique_ptr<gpu::EngineSession>>(
-      const gpu::EngineSessionInfo&)>;
+  using EngineOpener = absl::FunctionRef<absl::StatusOr<std::unique_ptr<engine::EngineSession>>(
+      const engine::EngineSessionInfo&)>;
   absl::Status Attach(const PeerCredentials& peer, EngineOpener open_engine);
   bool attached() const;
   PeerCredentials peer() const;  // the attaching process (zeros until attached)
@@ -91,9 +91,9 @@ class Session {
   void ReleaseClientDoorbells();
   // The ring's ticket page (tier/ring.h): written by the client's GPU streams, read by the engine.
   const ring::TicketPage* tickets() const { return tickets_; }
-  gpu::EngineSession* engine_session() const { return engine_session_.get(); }
+  engine::EngineSession* engine_session() const { return engine_session_.get(); }
   // For threads other than the listener's: the engine session once attached, else null.
-  gpu::EngineSession* engine_session_if_attached() const;
+  engine::EngineSession* engine_session_if_attached() const;
 
   // ---- Ring poller thread only ----
   ring::Consumer<ring::SubmissionEntry>& submissions() { return sq_; }
@@ -113,9 +113,9 @@ class Session {
   // Whether one more buffer mapping `mapped_bytes` of host memory (0 for GPU memory) fits:
   // RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one adding).
   absl::Status CheckBufferLimits(uint64_t mapped_bytes) const;
-  uint64_t AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer);
+  uint64_t AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer);
   bool RemoveBuffer(uint64_t buffer_id);
-  std::shared_ptr<gpu::ImportedBuffer> FindBuffer(uint64_t buffer_id);
+  std::shared_ptr<engine::ImportedBuffer> FindBuffer(uint64_t buffer_id);
 
   // Job accounting and closing. BeginJob fails once the session is closing.
   bool BeginJob();
@@ -128,7 +128,7 @@ class Session {
   // The session's objects (daemon/object_table.h): every change of their state, and the quota.
   const std::shared_ptr<ObjectTable>& objects() const { return objects_; }
   // Every registered buffer, for release at close (takes the lock itself: drop them outside it).
-  std::vector<std::shared_ptr<gpu::ImportedBuffer>> TakeAllBuffers();
+  std::vector<std::shared_ptr<engine::ImportedBuffer>> TakeAllBuffers();
 
   JobCounters& counters() { return counters_; }
   SessionSnapshot Snapshot() const;
@@ -154,7 +154,7 @@ class Session {
   Mutex cq_mu_;
   ring::Producer<ring::CompletionEntry> cq_ ABSL_GUARDED_BY(cq_mu_);
   std::atomic<bool> broken_{false};
-  std::unique_ptr<gpu::EngineSession> engine_session_;
+  std::unique_ptr<engine::EngineSession> engine_session_;
 
   mutable Mutex mu_;
   CondVar idle_cv_;
@@ -163,7 +163,7 @@ class Session {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<engine::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of buffers_
   UsageLedger* ledger_ = nullptr;
   JobCounters counters_;

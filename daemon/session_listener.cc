@@ -34,7 +34,7 @@ void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
 
 }  // namespace
 
-SessionListener::SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine,
+SessionListener::SessionListener(SessionRegistry& registry, engine::CopyEngine& engine,
                                  ListenerLimits limits)
     : registry_(registry), engine_(engine), limits_(limits) {}
 
@@ -297,7 +297,7 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
              fds.size() > 1) {
     status = absl::InvalidArgumentError("register carries more than one descriptor");
   }
-  gpu::BufferImport import;
+  engine::BufferImport import;
   if (status.ok()) {
     import.kind = static_cast<wire::BufferKind>(request.kind);
     import.device = request.device;
@@ -331,10 +331,10 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     }
   }
   if (status.ok()) {
-    absl::StatusOr<std::unique_ptr<gpu::ImportedBuffer>> buffer =
+    absl::StatusOr<std::unique_ptr<engine::ImportedBuffer>> buffer =
         engine_.Import(c.session->engine_session(), std::move(import));
     if (buffer.ok()) {
-      reply.buffer_id = c.session->AddBuffer(std::shared_ptr<gpu::ImportedBuffer>(*std::move(buffer)));
+      reply.buffer_id = c.session->AddBuffer(std::shared_ptr<engine::ImportedBuffer>(*std::move(buffer)));
     } else {
       status = buffer.status();
     }

@@ -17,7 +17,7 @@
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/session_registry.h"
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 
 namespace tier::daemon {
 
@@ -31,7 +31,7 @@ struct ListenerLimits {
 
 class SessionListener {
  public:
-  SessionListener(SessionRegistry& registry, gpu::CopyEngine& engine, ListenerLimits limits = {});
+  SessionListener(SessionRegistry& registry, engine::CopyEngine& engine, ListenerLimits limits = {});
   ~SessionListener();
   // Listens on `path` (mode, and group when gid >= 0) and starts the thread.
   absl::Status Start(const std::string& path, mode_t mode, gid_t gid);
@@ -62,7 +62,7 @@ class SessionListener {
   void HandleUnregister(Connection& c, const std::vector<char>& data);
 
   SessionRegistry& registry_;
-  gpu::CopyEngine& engine_;
+  engine::CopyEngine& engine_;
   const ListenerLimits limits_;
   std::string path_;
   UniqueFd listen_fd_;

@@ -21,7 +21,7 @@ uint32_t RoundUpPow2(uint32_t n) {
 }  // namespace
 
 SessionRegistry::SessionRegistry(const SessionLimits& limits, JobExecutor& executor,
-                                 gpu::CopyEngine& engine)
+                                 engine::CopyEngine& engine)
     : limits_(limits), ledger_(limits.client), executor_(executor), engine_(engine),
       reaper_([this] { Reap(); }) {}
 
@@ -92,7 +92,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
     return slot;
   }
   absl::Status attached = session->Attach(
-      peer, [this](const gpu::EngineSessionInfo& info) { return engine_.OpenSession(info); });
+      peer, [this](const engine::EngineSessionInfo& info) { return engine_.OpenSession(info); });
   if (!attached.ok()) {
     ledger_.RemoveSession(peer.uid);
     return attached;
@@ -207,7 +207,7 @@ std::vector<SessionSnapshot> SessionRegistry::Snapshots() const {
   out.reserve(all.size());
   for (auto& session : all) {
     out.push_back(session->Snapshot());
-    if (gpu::EngineSession* engine_session = session->engine_session_if_attached()) {
+    if (engine::EngineSession* engine_session = session->engine_session_if_attached()) {
       out.back().lanes = engine_.Lanes(engine_session);
     }
   }

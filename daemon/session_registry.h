@@ -19,7 +19,7 @@
 #include "daemon/job_executor.h"
 #include "daemon/session.h"
 #include "daemon/usage_ledger.h"
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 
 namespace tier::daemon {
 
@@ -39,7 +39,7 @@ struct OpenedSession {
 
 class SessionRegistry {
  public:
-  SessionRegistry(const SessionLimits& limits, JobExecutor& executor, gpu::CopyEngine& engine);
+  SessionRegistry(const SessionLimits& limits, JobExecutor& executor, engine::CopyEngine& engine);
   ~SessionRegistry();
 
   absl::StatusOr<OpenedSession> Open(std::string name, uint64_t quota_bytes,
@@ -76,7 +76,7 @@ class SessionRegistry {
   const SessionLimits limits_;
   UsageLedger ledger_;
   JobExecutor& executor_;
-  gpu::CopyEngine& engine_;
+  engine::CopyEngine& engine_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> generation_{0};
   std::function<void()> on_change_;

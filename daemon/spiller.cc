@@ -321,7 +321,7 @@ bool Spiller::StartFetch(const std::shared_ptr<ObjectTable>& table,
   }
   if (prefetch) counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
   reads_in_flight_.fetch_add(1);
-  std::shared_ptr<gpu::SourceFeed> feed;
+  std::shared_ptr<engine::SourceFeed> feed;
   std::shared_ptr<FetchLease> lease;
   if (!prefetch) {
     // The copy onward starts now and takes each chunk as the read verifies it; the last chunk
@@ -329,7 +329,7 @@ bool Spiller::StartFetch(const std::shared_ptr<ObjectTable>& table,
     // 64 per object (each is a copy issued on a GPU).
     const uint64_t io = store_.io_bytes();
     const uint64_t ios = (object->len() + io - 1) / io;
-    feed = std::make_shared<gpu::SourceFeed>(object->len(), io * ((ios + 63) / 64));
+    feed = std::make_shared<engine::SourceFeed>(object->len(), io * ((ios + 63) / 64));
     lease = std::make_shared<FetchLease>(*this, extent);
     (*then)(Readable{feed, lease, extent});
   }
@@ -357,7 +357,7 @@ bool Spiller::StartFetch(const std::shared_ptr<ObjectTable>& table,
 
 void Spiller::EndFetch(const std::shared_ptr<ObjectTable>& table,
                        const std::shared_ptr<Object>& object, const storage::SpillRecord& record,
-                       bool prefetch, const std::shared_ptr<gpu::SourceFeed>& feed,
+                       bool prefetch, const std::shared_ptr<engine::SourceFeed>& feed,
                        storage::Extent extent, absl::Status read) {
   std::vector<ObjectWaiter> waiters;
   bool spillable = false;

@@ -25,7 +25,7 @@
 #include "daemon/metrics.h"
 #include "daemon/object_table.h"
 #include "daemon/spill_policy.h"
-#include "gpu/source_feed.h"
+#include "engine/source_feed.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
 
@@ -60,7 +60,7 @@ struct SpillCounters {
 // What a reload reads from: a feed still filling from NVMe (with the lease that keeps its extent
 // until the copy is done), or, with both null, the object's extent as it is.
 struct Readable {
-  std::shared_ptr<gpu::SourceFeed> feed;
+  std::shared_ptr<engine::SourceFeed> feed;
   std::shared_ptr<void> lease;
   storage::Extent extent;  // with a feed: the host bytes it fills
 };
@@ -137,7 +137,7 @@ class Spiller {
                   bool may_allocate);
   void EndFetch(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
                 const storage::SpillRecord& record, bool prefetch,
-                const std::shared_ptr<gpu::SourceFeed>& feed, storage::Extent extent,
+                const std::shared_ptr<engine::SourceFeed>& feed, storage::Extent extent,
                 absl::Status read);
   static NextUse NextUseOf(const Object& object) { return {object.hint(), object.seq()}; }
 

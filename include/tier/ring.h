@@ -89,7 +89,7 @@ struct alignas(64) RingHeader {
 inline constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(RingHeader) <= kHeaderBytes);
 
-// THE TICKET PAGE (GPU sessions; see gpu/client_gpu.h). The page after the header holds, for each
+// THE TICKET PAGE (GPU sessions; see client/gpu/client_gpu.h). The page after the header holds, for each
 // GPU of the client (by the client's ordinal), the two counters its ticket stream raises: offload
 // tickets whose producers finished, and reload tickets whose destinations may be written. The
 // client registers the page with its GPU runtime so its streams write it (stream memory

@@ -3,13 +3,13 @@
 if(TIER_GPU_RUNTIME STREQUAL "cuda")
   tier_add_test(cuda_engine_test LABEL gpu TIMEOUT 600
     SOURCES gpu/cuda_engine_test.cc
-    LIBS tier_gpu tier_client_gpu tier_common CUDA::cudart absl::strings)
+    LIBS tier_engine tier_client_gpu tier_common CUDA::cudart absl::strings)
 endif()
 
 # The GPU engine's runtime-neutral core over a fake runtime: runs everywhere.
 tier_add_test(stream_engine_test LABEL unit
   SOURCES gpu/stream_engine_test.cc
-  LIBS tier_gpu tier_common)
+  LIBS tier_engine tier_common)
 
 # The GPU data path end to end: real tierd (CUDA engine) and the client library.
 if(TIER_GPU_RUNTIME STREQUAL "cuda")
@@ -20,7 +20,7 @@ endif()
 
 # The host engine's fed copies (reloads pipelined behind an NVMe read).
 tier_add_test(host_engine_test LABEL unit
-  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/host_engine_test.cc LIBS tier_gpu)
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/host_engine_test.cc LIBS tier_engine)
 
 # Which CUDA calls wait for GPU work (and block other threads meanwhile) on this driver: the
 # evidence behind gpu/gpu_call_class.h. A program, not a ctest test: run by scripts/gpu-tests.

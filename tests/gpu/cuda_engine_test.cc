@@ -24,12 +24,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/unix_socket.h"
-#include "gpu/client_gpu.h"
-#include "gpu/copy_engine.h"
+#include "client/gpu/client_gpu.h"
+#include "engine/copy_engine.h"
 #include "gpu/cuda_driver.h"
-#include "gpu/cuda_engine.h"
+#include "engine/cuda_engine.h"
 
-namespace tier::gpu {
+namespace tier::engine {
+
+// These tests drive the engine as a client would: through the client's GPU layer.
+using namespace ::tier::client::gpu;  // NOLINT(build/namespaces)
+namespace cuda = ::tier::gpu::cuda;
 namespace {
 
 constexpr const char* kClientFlag = "--tier-gpu-client";
@@ -717,14 +721,14 @@ INSTANTIATE_TEST_SUITE_P(Delay, CudaEngineTest, ::testing::Values(0, 2000),
                          });
 
 }  // namespace
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], tier::gpu::kClientFlag) == 0) {
-    return tier::gpu::Client(std::atoi(argv[2])).Run();
+  if (argc == 3 && std::strcmp(argv[1], tier::engine::kClientFlag) == 0) {
+    return tier::engine::Client(std::atoi(argv[2])).Run();
   }
   // Before GTest and before any other CUDA call: skip where there is no device.
-  if (tier::gpu::GpuDeviceCount() == 0) {
+  if (tier::client::gpu::GpuDeviceCount() == 0) {
     std::printf("no GPU: skipped\n");
     return 77;
   }

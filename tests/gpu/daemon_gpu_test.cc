@@ -1,7 +1,7 @@
 // The GPU data path end to end: a real tierd running the CUDA engine, this process a client
 // through the C ABI (libtierclient's code), device buffers from cudaMalloc and from VMM with POSIX
 // fd handles (PyTorch's expandable segments). One test per rule of the ordering contract
-// (docs/architecture.md, gpu/client_gpu.h), each run with delay injection so that a broken rule
+// (docs/architecture.md, client/gpu/client_gpu.h), each run with delay injection so that a broken rule
 // shows up as wrong bytes every time, not once in a while:
 //   copy-before-produced   OffloadWaitsForAllProducerStreams (one and several producers)
 //   use-before-reloaded    ConsumerSeesReloadedBytesWithoutHostWait
@@ -22,7 +22,7 @@
 #include <tuple>
 #include <vector>
 
-#include "gpu/client_gpu.h"
+#include "client/gpu/client_gpu.h"
 #include "gpu/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "tier/tier.h"
@@ -796,7 +796,7 @@ TEST(DaemonGpuDeath, ConsumerStreamIsReleasedWhenTheDaemonDies) {
 }  // namespace tier
 
 int main(int argc, char** argv) {
-  if (tier::gpu::GpuDeviceCount() == 0) {
+  if (tier::client::gpu::GpuDeviceCount() == 0) {
     std::printf("no GPU: skipped\n");
     return 77;
   }

@@ -1,4 +1,4 @@
-// The GPU engine's runtime-neutral core (gpu/stream_engine.h) over a fake runtime whose streams
+// The GPU engine's runtime-neutral core (engine/stream_engine.h) over a fake runtime whose streams
 // are host threads running stream memory operations and copies on host memory, in order. This
 // runs everywhere (label unit) and checks what does not depend on the GPU: tickets (read from the
 // session's ticket page), ticket ordering, completion detection, delay injection,
@@ -8,7 +8,7 @@
 // on the H100): closing client memory waits until every stream of the process is idle and holds
 // the "driver lock" meanwhile, which every other runtime call takes too. With it, the deadlock of
 // issue 10 is a CPU test (DeadlockModel below), and every runtime call is checked against the
-// thread rule of gpu/stream_engine.h (which thread may make which call).
+// thread rule of engine/stream_engine.h (which thread may make which call).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -28,11 +28,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/thread_role.h"
-#include "gpu/client_gpu.h"
-#include "gpu/copy_engine.h"
-#include "gpu/stream_engine.h"
+#include "client/gpu/client_gpu.h"
+#include "engine/copy_engine.h"
+#include "engine/stream_engine.h"
 
-namespace tier::gpu {
+namespace tier::engine {
+
+// These tests drive the engine as a client would: through the client's GPU layer.
+using namespace ::tier::client::gpu;  // NOLINT(build/namespaces)
 namespace {
 
 uint64_t Load(uint64_t addr) {
@@ -836,4 +839,4 @@ TEST_F(StreamEngineTest, CallbacksThatSubmitAndLateTicketsNeverStrandALane) {
 }
 
 }  // namespace
-}  // namespace tier::gpu
+}  // namespace tier::engine

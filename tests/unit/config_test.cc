@@ -197,7 +197,7 @@ TEST(ConfigText, CommentsWhitespaceSuffixesAndOctal) {
   EXPECT_EQ(config.pool_numa_node, 1);
   EXPECT_EQ(config.pool_fraction, 0.5);
   EXPECT_EQ(config.ring_entries, 64u);
-  EXPECT_EQ(config.engine, gpu::EngineKind::kHost);
+  EXPECT_EQ(config.engine, engine::EngineKind::kHost);
   EXPECT_EQ(config.log_level, Severity::kDebug);
   EXPECT_EQ(config.socket_group, "tier");
   EXPECT_EQ(config.copy_delay_us, 1500u);
@@ -346,7 +346,7 @@ TEST_F(LoadConfigTest, FlagsOverrideTheFileWhereverTheyStand) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->ring_entries, 128u);  // flag before --config still wins
   EXPECT_EQ(config->max_sessions, 9u);    // `--key value` with dashes
-  EXPECT_EQ(config->engine, gpu::EngineKind::kHost);      // from the file
+  EXPECT_EQ(config->engine, engine::EngineKind::kHost);      // from the file
   EXPECT_EQ(config->config_file, file);
   // Finalized: derived paths filled in.
   EXPECT_EQ(config->session_socket_path, dir_.path() + "/tierd.session.sock");
@@ -359,7 +359,7 @@ TEST_F(LoadConfigTest, NoFileMeansEmbeddedDefaults) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->config_file, "");
   EXPECT_EQ(config->ring_entries, 1024u);
-  EXPECT_EQ(config->engine, gpu::EngineKind::kAuto);
+  EXPECT_EQ(config->engine, engine::EngineKind::kAuto);
 }
 
 TEST_F(LoadConfigTest, EnvironmentNamesTheFileAndTheFlagOverridesIt) {
@@ -562,7 +562,7 @@ TEST(DescribeConfig, RoundTripsEveryKey) {
   config.ring_entries = 65536;
   config.max_sessions = 17;
   config.attach_timeout_ms = 2500;
-  config.engine = gpu::EngineKind::kHip;
+  config.engine = engine::EngineKind::kHip;
   config.host_engine_threads = 64;
   config.copy_delay_us = 20000;
   config.poll_idle_us = 0;

@@ -7,10 +7,10 @@
 #include <thread>
 #include <vector>
 
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 #include "gtest/gtest.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 namespace {
 
 constexpr uint64_t kLen = 1 << 20;
@@ -104,4 +104,4 @@ TEST_F(HostEngineFeedTest, AFeedThatEndedBeforeSubmitCompletesAtOnce) {
 }
 
 }  // namespace
-}  // namespace tier::gpu
+}  // namespace tier::engine

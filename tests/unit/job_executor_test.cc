@@ -32,7 +32,7 @@ namespace {
 constexpr uint64_t kObject = 64 * 1024;
 constexpr uint64_t kSlots = 4;
 
-class HostBuffer : public gpu::ImportedBuffer {
+class HostBuffer : public engine::ImportedBuffer {
  public:
   explicit HostBuffer(uint64_t bytes) : bytes_(bytes) {}
   char* base() const override { return bytes_.data(); }
@@ -44,30 +44,30 @@ class HostBuffer : public gpu::ImportedBuffer {
 
 // A copy engine whose jobs run when the test says: Step() runs the oldest (a real memcpy, or the
 // failure given), so the test can hold a fill while other jobs arrive.
-class ScriptedEngine : public gpu::CopyEngine {
+class ScriptedEngine : public engine::CopyEngine {
  public:
   explicit ScriptedEngine(bool orders_pool_reads) : orders_pool_reads_(orders_pool_reads) {}
 
   absl::string_view name() const override { return "scripted"; }
   bool orders_pool_reads() const override { return orders_pool_reads_; }
   absl::Status RegisterPool(char*, uint64_t) override { return absl::OkStatus(); }
-  absl::StatusOr<std::unique_ptr<gpu::EngineSession>> OpenSession(
-      const gpu::EngineSessionInfo&) override {
-    return std::make_unique<gpu::EngineSession>();
+  absl::StatusOr<std::unique_ptr<engine::EngineSession>> OpenSession(
+      const engine::EngineSessionInfo&) override {
+    return std::make_unique<engine::EngineSession>();
   }
-  void AbandonSession(gpu::EngineSession*) override {}
-  absl::StatusOr<std::unique_ptr<gpu::ImportedBuffer>> Import(gpu::EngineSession*,
-                                                              gpu::BufferImport) override {
+  void AbandonSession(engine::EngineSession*) override {}
+  absl::StatusOr<std::unique_ptr<engine::ImportedBuffer>> Import(engine::EngineSession*,
+                                                              engine::BufferImport) override {
     return absl::UnimplementedError("scripted engine");
   }
-  void Submit(gpu::CopyJob job) override {
+  void Submit(engine::CopyJob job) override {
     std::lock_guard lock(mu_);
     tickets_.push_back(job.sync);
     jobs_.push_back(std::move(job));
     cv_.notify_all();
   }
   void Shutdown() override {}
-  gpu::EngineCounts Counts() const override { return {}; }
+  engine::EngineCounts Counts() const override { return {}; }
 
   // Waits (at most 10 s) until `n` jobs are queued.
   bool WaitQueued(size_t n) {
@@ -85,7 +85,7 @@ class ScriptedEngine : public gpu::CopyEngine {
   }
 
   struct Ran {
-    gpu::Direction direction;
+    engine::Direction direction;
     uint64_t len;
     uint64_t sync;
   };
@@ -93,7 +93,7 @@ class ScriptedEngine : public gpu::CopyEngine {
   // `fail` is given, then calls its callback.
   // `newest`: the most recent job instead (callbacks of two lanes may come in any order).
   Ran Step(absl::Status fail = absl::OkStatus(), bool newest = false) {
-    gpu::CopyJob job;
+    engine::CopyJob job;
     {
       std::lock_guard lock(mu_);
       EXPECT_FALSE(jobs_.empty()) << "no job to run";
@@ -120,7 +120,7 @@ class ScriptedEngine : public gpu::CopyEngine {
       job.feed->Unsubscribe();
     }
     if (status.ok() && job.len > 0) {
-      if (job.direction == gpu::Direction::kToPool) {
+      if (job.direction == engine::Direction::kToPool) {
         std::memcpy(job.pool, job.client, job.len);
       } else {
         std::memcpy(job.client, job.pool, job.len);
@@ -135,7 +135,7 @@ class ScriptedEngine : public gpu::CopyEngine {
   const bool orders_pool_reads_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<gpu::CopyJob> jobs_;
+  std::deque<engine::CopyJob> jobs_;
   std::vector<uint64_t> tickets_;
 };
 
@@ -182,7 +182,7 @@ class JobExecutorTest : public ::testing::Test {
     session_ = std::make_shared<Session>(7, "test", token, ~uint64_t{0}, 64);
     ASSERT_TRUE(session_
                     ->Attach(PeerCredentials{::getpid(), ::getuid(), ::getgid()},
-                             [&](const gpu::EngineSessionInfo& info) {
+                             [&](const engine::EngineSessionInfo& info) {
                                return engine_->OpenSession(info);
                              })
                     .ok());
@@ -271,10 +271,10 @@ class JobExecutorTest : public ::testing::Test {
 TEST_F(JobExecutorTest, OffloadReloadFreeRoundTrip) {
   Build(/*orders_pool_reads=*/false);
   uint64_t offload = Submit(Entry(ring::Opcode::kOffload, 1, 0));
-  EXPECT_EQ(engine_->Step().direction, gpu::Direction::kToPool);
+  EXPECT_EQ(engine_->Step().direction, engine::Direction::kToPool);
   EXPECT_EQ(Await(offload), absl::StatusCode::kOk);
   uint64_t reload = Submit(Entry(ring::Opcode::kReload, 1, 4 * kObject));
-  EXPECT_EQ(engine_->Step().direction, gpu::Direction::kFromPool);
+  EXPECT_EQ(engine_->Step().direction, engine::Direction::kFromPool);
   EXPECT_EQ(Await(reload), absl::StatusCode::kOk);
   EXPECT_TRUE(SameBytes(0, 4 * kObject));
   EXPECT_EQ(pool_->Usage().used_bytes, kObject);
@@ -330,7 +330,7 @@ TEST_F(JobExecutorTest, AReloadHeldBehindAFillThatFailsReportsItAndPassesItsTick
   EXPECT_EQ(Await(offload), absl::StatusCode::kDataLoss);
   ASSERT_TRUE(engine_->WaitQueued(1)) << "the reload's ticket never reached the engine";
   ScriptedEngine::Ran ran = engine_->Step();
-  EXPECT_EQ(ran.direction, gpu::Direction::kFromPool);
+  EXPECT_EQ(ran.direction, engine::Direction::kFromPool);
   EXPECT_EQ(ran.len, 0u);
   EXPECT_EQ(ran.sync, 1u);
   EXPECT_EQ(Await(reload), absl::StatusCode::kAborted);
@@ -358,7 +358,7 @@ TEST_F(JobExecutorTest, AReloadBesideAFillCompletesOnlyAfterTheFill) {
   ASSERT_EQ(engine_->queued(), 2u);
   // The two directions are two lanes: the reload's callback may come before the fill's.
   ScriptedEngine::Ran first = engine_->Step(absl::OkStatus(), /*newest=*/true);
-  ASSERT_EQ(first.direction, gpu::Direction::kFromPool);
+  ASSERT_EQ(first.direction, engine::Direction::kFromPool);
   EXPECT_FALSE(Completed(reload)) << "its result stands only once the fill is known good";
   engine_->Step();
   EXPECT_EQ(Await(offload), absl::StatusCode::kOk);

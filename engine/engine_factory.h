@@ -1,16 +1,16 @@
 // Picks the copy engine: host always exists; cuda/hip when built with that runtime; auto takes the
 // GPU engine when a device is present and falls back to the host engine (with a log line).
-#ifndef TIER_GPU_ENGINE_FACTORY_H_
-#define TIER_GPU_ENGINE_FACTORY_H_
+#ifndef TIER_ENGINE_ENGINE_FACTORY_H_
+#define TIER_ENGINE_ENGINE_FACTORY_H_
 
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "gpu/copy_engine.h"
-#include "gpu/engine_kind.h"
+#include "engine/copy_engine.h"
+#include "engine/engine_kind.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 struct EngineOptions {
   EngineKind kind = EngineKind::kAuto;
@@ -21,6 +21,6 @@ struct EngineOptions {
 
 absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(const EngineOptions& options);
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_ENGINE_FACTORY_H_
+#endif  // TIER_ENGINE_ENGINE_FACTORY_H_

@@ -1,9 +1,9 @@
-#include "gpu/source_feed.h"
+#include "engine/source_feed.h"
 
 #include <algorithm>
 #include <utility>
 
-namespace tier::gpu {
+namespace tier::engine {
 
 SourceFeed::SourceFeed(uint64_t len, uint64_t chunk_bytes)
     : len_(len), chunk_bytes_(chunk_bytes == 0 ? (len == 0 ? 1 : len) : chunk_bytes) {}
@@ -49,4 +49,4 @@ absl::Status SourceFeed::status() const {
   return status_;
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

@@ -6,10 +6,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "gpu/client_gpu.h"
+#include "client/gpu/client_gpu.h"
 #include "gpu/cuda_driver.h"
 
-namespace tier::gpu {
+namespace tier::client::gpu {
+
+namespace cuda = ::tier::gpu::cuda;
 namespace {
 
 using cuda::CheckDriver;
@@ -426,4 +428,4 @@ absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::T
   return sync;
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::client::gpu

@@ -16,10 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "gpu/copy_engine.h"
-#include "gpu/memfd_mapping.h"
+#include "engine/copy_engine.h"
+#include "engine/memfd_mapping.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 namespace {
 
 class MappedMemfd final : public ImportedBuffer {
@@ -262,4 +262,4 @@ std::unique_ptr<CopyEngine> MakeHostEngine(const HostEngineOptions& options) {
   return std::make_unique<HostEngine>(options);
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

@@ -1,8 +1,8 @@
 // Which copy engine tierd runs (the `engine` setting; see engine_factory.h).
-#ifndef TIER_GPU_ENGINE_KIND_H_
-#define TIER_GPU_ENGINE_KIND_H_
+#ifndef TIER_ENGINE_ENGINE_KIND_H_
+#define TIER_ENGINE_ENGINE_KIND_H_
 
-namespace tier::gpu {
+namespace tier::engine {
 
 enum class EngineKind {
   kAuto,  // the GPU engine when a device is present, else the host engine
@@ -11,6 +11,6 @@ enum class EngineKind {
   kHip,   // needs a tierd built with HIP
 };
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_ENGINE_KIND_H_
+#endif  // TIER_ENGINE_ENGINE_KIND_H_

@@ -5,8 +5,8 @@
 // pins the host pool once at start, and runs copy jobs between imported client memory and pool
 // extents. Jobs of one direction run in submission order (see CopyJob); completion is reported once
 // per job through its `done` callback, on an engine thread.
-#ifndef TIER_GPU_COPY_ENGINE_H_
-#define TIER_GPU_COPY_ENGINE_H_
+#ifndef TIER_ENGINE_COPY_ENGINE_H_
+#define TIER_ENGINE_COPY_ENGINE_H_
 
 #include <array>
 #include <cstdint>
@@ -20,11 +20,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/unique_fd.h"
-#include "gpu/source_feed.h"
+#include "engine/source_feed.h"
 #include "tier/ring.h"
 #include "tier/session_wire.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 // Client memory opened in the daemon. Destroying it closes the mapping / IPC handle.
 class ImportedBuffer {
@@ -111,7 +111,7 @@ struct CopyJob {
   // GPU engines: the job's ticket from the ring entry (0 = none). The host engine ignores it.
   //
   // Tickets number a session's jobs per GPU and per direction 1, 2, 3, ... (the client takes
-  // them; see gpu/client_gpu.h). A GPU engine issues a session's ticketed jobs of one GPU and
+  // them; see client/gpu/client_gpu.h). A GPU engine issues a session's ticketed jobs of one GPU and
   // direction in ticket order, holding back a job until every smaller ticket has been submitted,
   // because its completion write `done = k` tells the client that every job up to k is done.
   // So every ticket the client took must reach Submit exactly once: a job the daemon rejects
@@ -125,7 +125,7 @@ struct CopyJob {
   // engine find it from `client`, or, for a ticket-only job without `client`, the session's only
   // GPU with a semaphore page.
   int device = -1;
-  // kFromPool only: the pool bytes are still arriving (see gpu/source_feed.h). The engine copies
+  // kFromPool only: the pool bytes are still arriving (see engine/source_feed.h). The engine copies
   // each chunk once the feed has it in place (in chunk order, all after the job's ticket wait, as
   // one job: one done write, one callback), and the job fails with the feed's error if it ends
   // with one. Null: the pool bytes are all in place now.
@@ -174,7 +174,7 @@ struct HostEngineOptions {
 
 std::unique_ptr<CopyEngine> MakeHostEngine(const HostEngineOptions& options);
 
-// The GPU engines (CUDA, HIP): see gpu/stream_engine.h.
+// The GPU engines (CUDA, HIP): see engine/stream_engine.h.
 struct GpuEngineOptions {
   // Test-only delay injection: every copy is issued this long after its ticket arrived, so a
   // client that uses data before the completion value, or frees a source early, sees a mismatch
@@ -195,6 +195,6 @@ struct GpuEngineOptions {
   uint32_t shutdown_grace_ms = 5000;
 };
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_COPY_ENGINE_H_
+#endif  // TIER_ENGINE_COPY_ENGINE_H_

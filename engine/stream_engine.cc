@@ -1,4 +1,4 @@
-#include "gpu/stream_engine.h"
+#include "engine/stream_engine.h"
 
 #include <sys/prctl.h>
 
@@ -18,12 +18,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "gpu/client_gpu.h"
-#include "gpu/memfd_mapping.h"
-#include "gpu/release_thread.h"
+#include "engine/memfd_mapping.h"
+#include "gpu/ticket_protocol.h"
+#include "engine/release_thread.h"
 #include "common/thread_role.h"
 
-namespace tier::gpu {
+namespace tier::engine {
+
+using gpu::kMaxTicket;
+using gpu::kOffloadDoneOffset;
+using gpu::kReleasedTicket;
+using gpu::kReloadDoneOffset;
+using gpu::kSemaphorePageBytes;
 namespace {
 
 uint64_t NowNs() {
@@ -41,7 +47,7 @@ void CheckCall(GpuCallClass call) {
   uint32_t bit = 1u << (static_cast<uint32_t>(role) * 3 + static_cast<uint32_t>(call));
   if ((warned.fetch_or(bit) & bit) == 0) {
     LogError("internal: a ", GpuCallClassName(call), " GPU runtime call on a ", ThreadRoleName(role),
-             " thread (see gpu/stream_engine.h)");
+             " thread (see engine/stream_engine.h)");
   }
 }
 
@@ -1276,4 +1282,4 @@ std::unique_ptr<CopyEngine> MakeStreamEngine(std::unique_ptr<GpuRuntime> runtime
   return std::make_unique<StreamEngine>(std::move(runtime), options);
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

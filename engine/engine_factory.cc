@@ -1,16 +1,16 @@
-#include "gpu/engine_factory.h"
+#include "engine/engine_factory.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 
 #if defined(TIER_HAVE_CUDA)
-#include "gpu/cuda_engine.h"
+#include "engine/cuda_engine.h"
 #endif
 #if defined(TIER_HAVE_HIP)
-#include "gpu/hip_engine.h"
+#include "engine/hip_engine.h"
 #endif
 
-namespace tier::gpu {
+namespace tier::engine {
 namespace {
 
 // The GPU engine built in, if any.
@@ -84,4 +84,4 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(const EngineOptions& 
   return absl::InvalidArgumentError("unknown engine kind");
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

@@ -40,8 +40,8 @@
 // lane whose issued jobs make no progress for watchdog_ms has its stream queried, which turns a
 // stream error into failed jobs. A lane that waits lane_wait_warn_ms for a client's ticket logs
 // it once; Lanes() reports every lane's wait (tierctl clients).
-#ifndef TIER_GPU_STREAM_ENGINE_H_
-#define TIER_GPU_STREAM_ENGINE_H_
+#ifndef TIER_ENGINE_STREAM_ENGINE_H_
+#define TIER_ENGINE_STREAM_ENGINE_H_
 
 #include <cstdint>
 #include <memory>
@@ -49,9 +49,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "gpu/copy_engine.h"
+#include "engine/copy_engine.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 using GpuStream = void*;  // cudaStream_t / hipStream_t
 
@@ -116,6 +116,6 @@ class GpuRuntime {
 std::unique_ptr<CopyEngine> MakeStreamEngine(std::unique_ptr<GpuRuntime> runtime,
                                              const GpuEngineOptions& options);
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_STREAM_ENGINE_H_
+#endif  // TIER_ENGINE_STREAM_ENGINE_H_

@@ -1,4 +1,4 @@
-#include "gpu/memfd_mapping.h"
+#include "engine/memfd_mapping.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -20,7 +20,7 @@
 #define HUGETLBFS_MAGIC 0x958458f6
 #endif
 
-namespace tier::gpu {
+namespace tier::engine {
 
 absl::StatusOr<std::unique_ptr<MemfdMapping>> MemfdMapping::Map(const UniqueFd& fd,
                                                                uint64_t bytes) {
@@ -73,4 +73,4 @@ absl::StatusOr<std::unique_ptr<MemfdMapping>> MemfdMapping::Map(const UniqueFd& 
 
 MemfdMapping::~MemfdMapping() { ::munmap(base_, bytes_); }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

@@ -12,8 +12,8 @@
 // Consumer (one per feed, the engine): Subscribe(fn) once; fn runs at once with the current state
 // and again after every change, on the producer's thread, in order, under the feed's lock: it must
 // be short and must not call back into the feed. Unsubscribe() before the consumer's state goes.
-#ifndef TIER_GPU_SOURCE_FEED_H_
-#define TIER_GPU_SOURCE_FEED_H_
+#ifndef TIER_ENGINE_SOURCE_FEED_H_
+#define TIER_ENGINE_SOURCE_FEED_H_
 
 #include <cstdint>
 #include <functional>
@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 class SourceFeed {
  public:
@@ -59,6 +59,6 @@ class SourceFeed {
   Progress progress_;
 };
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_SOURCE_FEED_H_
+#endif  // TIER_ENGINE_SOURCE_FEED_H_

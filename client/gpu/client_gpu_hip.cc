@@ -6,10 +6,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "gpu/client_gpu.h"
+#include "client/gpu/client_gpu.h"
 #include "gpu/hip_util.h"
 
-namespace tier::gpu {
+namespace tier::client::gpu {
+
+namespace hip = ::tier::gpu::hip;
 namespace {
 
 using hip::CheckHip;
@@ -311,4 +313,4 @@ absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::T
   return sync;
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::client::gpu

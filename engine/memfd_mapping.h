@@ -14,8 +14,8 @@
 // What remains: a client may still punch holes after registration; the daemon's next copy into
 // one then faults a page in, charged to tierd, at most the buffer's size, which
 // max_mapped_bytes_per_session/_per_uid bound. Unmapped on destruction.
-#ifndef TIER_GPU_MEMFD_MAPPING_H_
-#define TIER_GPU_MEMFD_MAPPING_H_
+#ifndef TIER_ENGINE_MEMFD_MAPPING_H_
+#define TIER_ENGINE_MEMFD_MAPPING_H_
 
 #include <cstdint>
 #include <memory>
@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 class MemfdMapping {
  public:
@@ -41,6 +41,6 @@ class MemfdMapping {
   uint64_t bytes_;
 };
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_MEMFD_MAPPING_H_
+#endif  // TIER_ENGINE_MEMFD_MAPPING_H_

@@ -1,10 +1,10 @@
-// ExportDeviceRange (gpu/client_gpu.h): runtime neutral, over ExportDeviceAllocation.
+// ExportDeviceRange (client/gpu/client_gpu.h): runtime neutral, over ExportDeviceAllocation.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "gpu/client_gpu.h"
+#include "client/gpu/client_gpu.h"
 
-namespace tier::gpu {
+namespace tier::client::gpu {
 
 absl::StatusOr<DeviceAllocation> ExportDeviceRange(const void* device_ptr, uint64_t len) {
   absl::StatusOr<DeviceAllocation> first = ExportDeviceAllocation(device_ptr);
@@ -46,4 +46,4 @@ absl::StatusOr<DeviceAllocation> ExportDeviceRange(const void* device_ptr, uint6
   return out;
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::client::gpu

@@ -1,4 +1,4 @@
-#include "gpu/hip_engine.h"
+#include "engine/hip_engine.h"
 
 #include <atomic>
 #include <cstring>
@@ -6,9 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "gpu/hip_util.h"
-#include "gpu/stream_engine.h"
+#include "engine/stream_engine.h"
 
-namespace tier::gpu {
+namespace tier::engine {
+
+namespace hip = ::tier::gpu::hip;
 namespace {
 
 using hip::CheckHip;
@@ -232,4 +234,4 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeHipEngine(const GpuEngineOptions
   return MakeStreamEngine(std::move(runtime), options);
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

@@ -1,8 +1,8 @@
 // client_gpu.h for builds without a GPU runtime (TIER_GPU=none): no devices; everything else is
 // UNIMPLEMENTED.
-#include "gpu/client_gpu.h"
+#include "client/gpu/client_gpu.h"
 
-namespace tier::gpu {
+namespace tier::client::gpu {
 
 int GpuDeviceCount() { return 0; }
 
@@ -20,4 +20,4 @@ absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int, ring::TicketSl
   return absl::UnimplementedError("this client library was built without GPU support");
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::client::gpu

@@ -1,4 +1,4 @@
-#include "gpu/cuda_engine.h"
+#include "engine/cuda_engine.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -8,9 +8,11 @@
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "gpu/cuda_driver.h"
-#include "gpu/stream_engine.h"
+#include "engine/stream_engine.h"
 
-namespace tier::gpu {
+namespace tier::engine {
+
+namespace cuda = ::tier::gpu::cuda;
 namespace {
 
 using cuda::CheckDriver;
@@ -405,4 +407,4 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCudaEngine(const GpuEngineOption
   return MakeStreamEngine(std::move(runtime), options);
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

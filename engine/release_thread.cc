@@ -1,10 +1,10 @@
-#include "gpu/release_thread.h"
+#include "engine/release_thread.h"
 
 #include <utility>
 
 #include "common/thread_role.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 ReleaseThread::ReleaseThread() : thread_([this] { Run(); }) {}
 
@@ -57,4 +57,4 @@ void ReleaseThread::Run() {
   }
 }
 
-}  // namespace tier::gpu
+}  // namespace tier::engine

@@ -2,9 +2,9 @@
 // client's IPC mapping, unmapping VMM memory, unregistering host memory, destroying streams. These
 // calls may wait for the GPU (implicit synchronization) while holding a driver lock every other
 // runtime call of the process needs, so they run here, never on a device worker (which issues and
-// completes jobs) or on a thread that holds a lock someone else needs (see gpu/stream_engine.h).
-#ifndef TIER_GPU_RELEASE_THREAD_H_
-#define TIER_GPU_RELEASE_THREAD_H_
+// completes jobs) or on a thread that holds a lock someone else needs (see engine/stream_engine.h).
+#ifndef TIER_ENGINE_RELEASE_THREAD_H_
+#define TIER_ENGINE_RELEASE_THREAD_H_
 
 #include <condition_variable>
 #include <cstddef>
@@ -14,7 +14,7 @@
 
 #include "absl/functional/any_invocable.h"
 
-namespace tier::gpu {
+namespace tier::engine {
 
 class ReleaseThread {
  public:
@@ -43,6 +43,6 @@ class ReleaseThread {
   std::thread thread_;  // last: starts after everything above exists
 };
 
-}  // namespace tier::gpu
+}  // namespace tier::engine
 
-#endif  // TIER_GPU_RELEASE_THREAD_H_
+#endif  // TIER_ENGINE_RELEASE_THREAD_H_
