@@ -19,5 +19,7 @@ tier_add_test(tiers_test LABEL unit
 target_compile_definitions(tiers_test PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")
 # The job executor over a real session ring, pool and tiers, with a scripted copy engine.
 tier_add_test(job_executor_test LABEL unit
-  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/job_executor_test.cc LIBS tierd_lib)
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/job_executor_test.cc
+          ${CMAKE_SOURCE_DIR}/tests/unit/job_gauge_test.cc
+  LIBS tierd_lib)
 target_compile_definitions(job_executor_test PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")
