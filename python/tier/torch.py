@@ -16,6 +16,11 @@ Module weight offload (inference, or frozen weights under no_grad)::
         y = model(x)        # each group is onloaded one group ahead on a side stream
     w.remove()              # everything resident again, hooks gone
 
+Optimizer state offload (ZeRO-Offload style: Adam's moments live in Tierd between steps)::
+
+    off = tier.torch.offload_optimizer_state(optimizer, group_bytes=64 << 20, prefetch=1)
+    optimizer.step()        # group by group: state back, update, state out; next group prefetched
+
 Stream ordering (CUDA), stated once here and at each use:
 
 * Offload: the daemon's copy waits on the GPU for the current stream (the producer of the saved
@@ -40,6 +45,9 @@ import weakref
 import torch
 
 from . import client as _client
+from ._optimizer_state import (DEFAULT_GROUP_BYTES, DEFAULT_STATE_MIN_BYTES,  # noqa: F401
+                               OptimizerStateOffloader, OptimizerStateStats,
+                               offload_optimizer_state)
 
 try:
     from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
@@ -50,7 +58,9 @@ DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 
 __all__ = ["offload_activations", "no_offload", "offload_module_weights", "ActivationOffloader",
-           "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES"]
+           "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
+           "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
+           "DEFAULT_STATE_MIN_BYTES"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
