@@ -60,7 +60,8 @@ DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 __all__ = ["offload_activations", "no_offload", "offload_module_weights", "ActivationOffloader",
            "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
            "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
-           "DEFAULT_STATE_MIN_BYTES"]
+           "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
+           "get_act_offloading_ctx_manager", "apply_group_offloading"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
@@ -631,3 +632,8 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
     weights or moving the module.
     """
     return WeightOffloader(module, group=group, client=client, blocks=blocks)
+
+
+# Drop-in surfaces for torchtune's and diffusers' offloaders (tier/_dropin.py), over the above.
+from ._dropin import (NoOpManager, OffloadActivations, apply_group_offloading,  # noqa: E402,F401
+                      get_act_offloading_ctx_manager)
