@@ -45,6 +45,7 @@ import weakref
 import torch
 
 from . import client as _client
+from ._module_selection import ModuleSelection
 from ._optimizer_state import (DEFAULT_GROUP_BYTES, DEFAULT_STATE_MIN_BYTES,  # noqa: F401
                                OptimizerStateOffloader, OptimizerStateStats,
                                offload_optimizer_state)
@@ -159,9 +160,10 @@ class ActivationOffloader:
     """Offloads tensors saved for backward to Tierd; see :func:`offload_activations`."""
 
     def __init__(self, min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
-                 max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES):
+                 max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES, modules=None):
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
+        self._selection = ModuleSelection(module, modules) if modules is not None else None
         self.min_bytes = int(min_bytes)
         self.prefetch = int(prefetch)
         self.max_inflight_bytes = int(max_inflight_bytes)
@@ -195,6 +197,8 @@ class ActivationOffloader:
             self._skip = frozenset(
                 (t.device, _untyped_storage(t).data_ptr())
                 for t in list(self._module.parameters()) + list(self._module.buffers()))
+        if self._selection is not None:
+            self._selection.install()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -202,11 +206,15 @@ class ActivationOffloader:
     def __exit__(self, *exc):
         hooks, self._hooks = self._hooks, None
         hooks.__exit__(*exc)
+        if self._selection is not None:
+            self._selection.remove()
         return False
 
     # -- pack (forward) --
 
     def _should_offload(self, t):
+        if self._selection is not None and not self._selection.active():
+            return False  # saved outside the selected modules
         if type(t) is not torch.Tensor:
             return False  # nn.Parameter, and tensor subclasses we cannot rebuild
         if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
@@ -372,14 +380,17 @@ class ActivationOffloader:
 
 
 def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
-                        max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES):
+                        max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES, modules=None):
     """A context manager that offloads tensors saved for backward to Tierd.
 
     Saved tensors of at least ``min_bytes`` are offloaded (parameters and their views are not; with
     ``module`` given, none of its parameters or buffers either); a storage is offloaded once
     however many saved views share it, and the views are rebuilt over it. In backward each is
     reloaded when needed, with the next ``prefetch`` ones (reverse order of offload) started ahead.
-    Use :func:`no_offload` for regions to leave alone. Returns the :class:`ActivationOffloader`
+    Use :func:`no_offload` for regions to leave alone. ``modules``: offload only what the listed
+    modules save in their forward: module classes (every instance in ``module``), module
+    instances, or name patterns over ``module``'s qualified names (``"layers.*.mlp"``; see
+    tier/_module_selection.py for Megatron's module names). Returns the :class:`ActivationOffloader`
     (``.stats`` counts what happened). ``client``: a tier.Client (default: tier.default_client()).
 
     CUDA: the daemon copies each storage after the current stream's work that produced it; its
@@ -391,7 +402,8 @@ def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, mo
     tensors carry no autograd history.
     """
     return ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch, client=client,
-                               module=module, max_inflight_bytes=max_inflight_bytes)
+                               module=module, max_inflight_bytes=max_inflight_bytes,
+                               modules=modules)
 
 
 # ---- module weight offload --------------------------------------------------------------------
