@@ -131,9 +131,12 @@ absl::Status Daemon::Init() {
     if (absl::Status s = engine_->RegisterPool(pool_->base(), pool_->bytes()); !s.ok()) return s;
     pool_->set_registered(true);
   }
+  const storage::PoolSetup& setup = pool_->setup();
   LogInfo("host pool: ", pool_->bytes() >> 20, " MiB ",
           pool_->registered() ? "registered with the GPU" : (pool_->locked() ? "mlocked" : "pageable"),
-          " in ", (MonotonicNs() - start_ns) / 1000000, " ms; engine: ", engine_->name());
+          " in ", (MonotonicNs() - start_ns) / 1000000, " ms (populated by ", setup.threads,
+          " threads in ", setup.populate_ns / 1000000, " ms, ", setup.huge_bytes >> 20,
+          " MiB in huge pages; mlock ", setup.lock_ns / 1000000, " ms); engine: ", engine_->name());
 
   // Quotas count a session's bytes in every tier: by default, all the daemon can hold.
   const uint64_t capacity = pool_->bytes() + config_.spill_bytes * config_.spill_dirs.size();
