@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "daemon/job_metrics.h"
+
 namespace tier::daemon {
 
 // Bytes moved per 100 ms bucket over the last kBuckets buckets.
@@ -41,6 +43,8 @@ struct DaemonMetrics {
   // When a job last completed, or when jobs_in_flight last rose from 0 (MonotonicMs).
   std::atomic<uint64_t> last_progress_ms{0};
   BandwidthMeter bandwidth;
+  // By kind and status code, and latency histograms (the metrics exporter, tierctl top).
+  JobMetrics jobs;
 };
 
 uint64_t MonotonicMs();
