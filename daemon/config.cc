@@ -499,6 +499,23 @@ std::vector<Key> BuildKeys() {
                             "completed for this long; 0: watch the ring poller only",
                             &Config::health_stall_ms, 0, 3600 * 1000));
   {
+    Key key{"metrics_listen",
+            kService,
+            "HOST:PORT",
+            "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9477; "
+            "empty: off",
+            nullptr,
+            nullptr};
+    key.set = [](absl::string_view value, Config& config) {
+      absl::Status valid = CheckMetricsListen(std::string_view(value.data(), value.size()));
+      if (!valid.ok()) return KeyError("metrics_listen", valid);
+      config.metrics_listen = std::string(value);
+      return absl::OkStatus();
+    };
+    key.print = [](const Config& config) { return config.metrics_listen; };
+    keys.push_back(std::move(key));
+  }
+  {
     Key key{"config",
             kService,
             "FILE",
@@ -702,6 +719,43 @@ absl::StatusOr<Config> LoadConfig(const std::vector<std::string>& args) {
   }
   if (absl::Status status = Finalize(&config); !status.ok()) return status;
   return config;
+}
+
+absl::Status CheckMetricsListen(std::string_view value_in) {
+  absl::string_view value = ToAbsl(value_in);
+  if (value.empty()) return absl::OkStatus();
+  const auto bad = [value](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", value, "': ", why, "; expected HOST:PORT, e.g. 127.0.0.1:9477"));
+  };
+  if (absl::StartsWith(value, "/") || absl::StartsWith(value, "unix:")) {
+    return bad(
+        "a Unix socket is not supported: the metrics exporter (prometheus-cpp's civetweb "
+        "server) listens on TCP only");
+  }
+  const size_t colon = value.rfind(':');
+  if (colon == absl::string_view::npos) return bad("no port");
+  absl::string_view host = value.substr(0, colon);
+  absl::string_view port = value.substr(colon + 1);
+  absl::StatusOr<uint64_t> number = ParseUnsigned(port);
+  if (!number.ok() || *number == 0 || *number > 65535) return bad("the port must be 1..65535");
+  if (absl::StartsWith(host, "[")) {
+    // [IPv6]: hex digits, ':' and '.' (a mapped IPv4 address) between the brackets.
+    if (host.size() < 3 || !absl::EndsWith(host, "]")) return bad("an unclosed [IPv6] address");
+    for (char c : host.substr(1, host.size() - 2)) {
+      if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') {
+        return bad("not an IPv6 address");
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (host.empty()) return bad("no host (0.0.0.0 listens on every interface)");
+  for (char c : host) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') {
+      return bad("not a host name or IPv4 address");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> ParseMemAvailable(std::string_view meminfo_text) {
