@@ -26,8 +26,8 @@ class SubmitTimes {
   SubmitTimes();
 
   void Record(uint64_t session_id, uint64_t job_id, uint64_t now_ns) {
-    slots_[Slot(session_id, job_id)].store(Tag(session_id, job_id) << kTimeBits | (now_ns & kTimeMask),
-                                           std::memory_order_relaxed);
+    const uint64_t word = Tag(session_id, job_id) << kTimeBits | (now_ns & kTimeMask);
+    slots_[Slot(session_id, job_id)].store(word, std::memory_order_relaxed);
   }
 
   // Nanoseconds since Record() of this job, or nullopt when its slot holds another job's time.
