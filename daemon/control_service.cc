@@ -11,6 +11,34 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+void AddJobKinds(const JobMetrics& jobs, v1::GetStatusResponse* response) {
+  for (uint64_t bound_ns : kLatencyBoundsNs) {
+    response->add_latency_bucket_bounds_seconds(static_cast<double>(bound_ns) / 1e9);
+  }
+  for (int k = 0; k < kJobKinds; ++k) {
+    const auto kind = static_cast<JobKind>(k);
+    uint64_t completed = 0, failed = 0;
+    for (int code = 0; code < kStatusCodes; ++code) {
+      (code == 0 ? completed : failed) += jobs.completed(kind, code);
+    }
+    if (jobs.started(kind) == 0 && completed == 0 && failed == 0) continue;
+    v1::JobKindStatus* out = response->add_job_kinds();
+    out->set_kind(std::string(JobKindName(kind)));
+    out->set_started(jobs.started(kind));
+    out->set_completed(completed);
+    out->set_failed(failed);
+    for (int size = 0; size < kSizeClasses; ++size) {
+      LatencySnapshot h = jobs.latency(kind, size);
+      if (h.count == 0) continue;
+      v1::LatencyHistogram* histogram = out->add_latency();
+      histogram->set_size_class(std::string(SizeClassName(size)));
+      for (uint64_t n : h.buckets) histogram->add_bucket_counts(n);
+      histogram->set_count(h.count);
+      histogram->set_sum_seconds(static_cast<double>(h.sum_ns) / 1e9);
+    }
+  }
+}
+
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
                                storage::HostPool& pool, Spiller* spiller,
                                gpu::CopyEngine& engine, DaemonMetrics& metrics,
@@ -122,7 +150,10 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
     response->set_bytes_prefetched(c.bytes_prefetched.load(std::memory_order_relaxed));
     response->set_prefetch_hits(c.prefetch_hits.load(std::memory_order_relaxed));
     response->set_prefetch_misses(c.prefetch_misses.load(std::memory_order_relaxed));
+    response->set_spills(c.spills.load(std::memory_order_relaxed));
+    response->set_fetches(c.fetches.load(std::memory_order_relaxed));
   }
+  AddJobKinds(metrics_.jobs, response);
   response->set_sessions(static_cast<uint32_t>(registry_.size()));
   response->set_jobs_in_flight(metrics_.jobs_in_flight.load(std::memory_order_relaxed));
   response->set_jobs_completed(metrics_.totals.jobs_completed.load(std::memory_order_relaxed));
