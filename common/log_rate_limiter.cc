@@ -1,11 +1,13 @@
 #include "common/log_rate_limiter.h"
 
+#include "common/mutex.h"
+
 #include <ctime>
 
 namespace tier {
 
 bool LogRateLimiter::Allow(uint64_t now_ms, uint64_t* suppressed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!started_ || now_ms - window_start_ms_ >= interval_ms_) {
     started_ = true;
     window_start_ms_ = now_ms;

@@ -7,9 +7,9 @@
 #define TIER_COMMON_LOG_RATE_LIMITER_H_
 
 #include <cstdint>
-#include <mutex>
 
 #include "common/log.h"
+#include "common/mutex.h"
 
 namespace tier {
 
@@ -24,11 +24,11 @@ class LogRateLimiter {
  private:
   const uint32_t burst_;
   const uint64_t interval_ms_;
-  std::mutex mu_;
-  uint64_t window_start_ms_ = 0;
-  uint32_t written_ = 0;     // lines written in the current window
-  uint64_t suppressed_ = 0;  // lines dropped since the last one written
-  bool started_ = false;
+  Mutex mu_;
+  uint64_t window_start_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t written_ ABSL_GUARDED_BY(mu_) = 0;     // lines written in the current window
+  uint64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;  // lines dropped since the last one written
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 uint64_t LogClockMs();  // CLOCK_MONOTONIC in milliseconds

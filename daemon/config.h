@@ -1,6 +1,8 @@
 // tierd's settings. Every setting has an embedded default (the daemon runs with no file), can be
 // set in a config file (`key = value` lines, `#` comments; see deploy/tierd.conf) and from a flag
-// `--key=value` (flags win over the file). One table of keys serves both, so they cannot drift.
+// `--key=value` (flags win over the file). One table of keys serves both, so they cannot drift
+// (daemon/config_keys.h; the value syntax in config_values.h, the rules between settings in
+// config_rules.cc). Every value is parsed once, into its type: the daemon reads enums, not text.
 #ifndef TIER_DAEMON_CONFIG_H_
 #define TIER_DAEMON_CONFIG_H_
 
@@ -10,8 +12,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/log.h"
+#include "gpu/engine_kind.h"
+#include "storage/faulty_io_queue.h"
+#include "storage/host_pool.h"
+#include "storage/io_queue.h"
 
 namespace tier::daemon {
+
+// spill_inject_faults: the rules (test only), with the text they were parsed from.
+struct FaultInjection {
+  std::string text;  // empty: off
+  std::vector<storage::FaultRule> rules;
+};
 
 struct Config {
   // Paths. Defaults: $XDG_RUNTIME_DIR/tierd when set (non-root use), else /run/tierd; state under
@@ -34,7 +47,7 @@ struct Config {
   double pool_fraction = 0.25;      // pool_fraction
   uint64_t pool_max_bytes = 8ull << 30;  // pool_max_bytes
   int pool_numa_node = -1;          // pool_numa_node
-  std::string pool_lock = "best-effort";  // pool_lock: off | best-effort | required
+  storage::LockMode pool_lock = storage::LockMode::kBestEffort;  // pool_lock: off | best-effort | required
 
   // Sessions.
   // Quotas stay 0 after Finalize() when unset: 0 means "the whole pool" and the daemon resolves it
@@ -43,12 +56,12 @@ struct Config {
   uint64_t spill_bytes = 0;          // spill_bytes: size of the spill file in each spill_dir
   uint32_t spill_high_pct = 90;      // spill_high_pct: spill while the host pool is fuller than this
   uint32_t spill_low_pct = 75;       // spill_low_pct: ... until it is this full
-  std::string spill_io = "auto";     // spill_io: auto | io_uring | thread_pool
+  storage::IoQueueKind spill_io = storage::IoQueueKind::kAuto;  // spill_io: auto | io_uring | thread_pool
   uint32_t spill_queue_depth = 16;   // spill_queue_depth
   uint64_t spill_io_bytes = 1 << 20; // spill_io_bytes: largest single I/O
   uint32_t spill_prefetch = 2;       // spill_prefetch: prefetch reads in flight (0: none)
   // spill_inject_faults: test-only fault injection in the spill I/O (storage::ParseFaultRules).
-  std::string spill_inject_faults;
+  FaultInjection spill_inject_faults;
   uint64_t default_quota_bytes = 0;  // default_quota_bytes (0: the whole pool)
   uint64_t max_quota_bytes = 0;      // max_quota_bytes (0: the whole pool)
   uint32_t ring_entries = 1024;      // ring_entries
@@ -67,14 +80,14 @@ struct Config {
   uint32_t max_connections_per_uid = 128;     // max_connections_per_uid
 
   // Copy engine.
-  std::string engine = "auto";       // engine: auto | host | cuda | hip
+  gpu::EngineKind engine = gpu::EngineKind::kAuto;  // engine: auto | host | cuda | hip
   uint32_t host_engine_threads = 2;  // host_engine_threads (per direction)
   uint64_t copy_delay_us = 0;        // copy_delay_us: test-only delay injection per copy
   uint32_t poll_idle_us = 50;        // poll_idle_us: ring poller spins this long before sleeping
   uint32_t lane_wait_warn_ms = 10000;  // lane_wait_warn_ms: log a lane waiting this long
 
   // Service.
-  std::string log_level = "info";    // log_level: debug | info | warning | error
+  Severity log_level = Severity::kInfo;  // log_level: debug | info | warning | error
   uint32_t drain_timeout_ms = 30000; // drain_timeout_ms: SIGTERM waits this long for jobs
   // health_stall_ms: Health says NOT_SERVING when jobs the daemon alone must finish are in
   // flight and none completed for this long (0: only the ring poller is watched).

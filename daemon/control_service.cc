@@ -155,7 +155,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   }
   AddJobKinds(metrics_.jobs, response);
   response->set_sessions(static_cast<uint32_t>(registry_.size()));
-  response->set_jobs_in_flight(metrics_.jobs_in_flight.load(std::memory_order_relaxed));
+  response->set_jobs_in_flight(metrics_.jobs_in_flight.value());
   response->set_jobs_completed(metrics_.totals.jobs_completed.load(std::memory_order_relaxed));
   response->set_jobs_failed(metrics_.totals.jobs_failed.load(std::memory_order_relaxed));
   response->set_bytes_offloaded(metrics_.totals.bytes_offloaded.load(std::memory_order_relaxed));

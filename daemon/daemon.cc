@@ -88,12 +88,6 @@ void RaiseOpenFileLimit(uint32_t max_connections) {
   }
 }
 
-storage::LockMode ParseLockMode(const std::string& mode) {
-  if (mode == "off") return storage::LockMode::kOff;
-  if (mode == "required") return storage::LockMode::kRequired;
-  return storage::LockMode::kBestEffort;
-}
-
 }  // namespace
 
 Daemon::Daemon(const Config& config)
@@ -133,7 +127,7 @@ absl::Status Daemon::Init() {
   storage::HostPoolOptions pool_options;
   pool_options.bytes = config_.pool_bytes;
   pool_options.numa_node = config_.pool_numa_node;
-  pool_options.lock = ParseLockMode(config_.pool_lock);
+  pool_options.lock = config_.pool_lock;
   absl::StatusOr<std::unique_ptr<storage::HostPool>> pool = storage::HostPool::Create(pool_options);
   if (!pool.ok()) return pool.status();
   pool_ = *std::move(pool);
@@ -163,7 +157,6 @@ absl::Status Daemon::Init() {
   limits.client.max_mapped_bytes_per_session = config_.max_mapped_bytes_per_session;
   limits.client.max_mapped_bytes_per_uid = config_.max_mapped_bytes_per_uid;
 
-  executor_ = std::make_unique<JobExecutor>(*pool_, *engine_, metrics_);
   if (config_.spill_bytes > 0) {
     for (const std::string& dir : config_.spill_dirs) {
       if (absl::Status s = MakeDir(dir); !s.ok()) return s;
@@ -173,16 +166,12 @@ absl::Status Daemon::Init() {
     spill.file_bytes = config_.spill_bytes;
     spill.io_bytes = config_.spill_io_bytes;
     spill.queue_depth = config_.spill_queue_depth;
-    if (!storage::ParseIoQueueKind(config_.spill_io, &spill.io_queue)) {
-      return absl::InvalidArgumentError(absl::StrCat("spill_io: unknown '", config_.spill_io, "'"));
-    }
+    spill.io_queue = config_.spill_io;
     spill.registered_buffers = {storage::IoBuffer{pool_->base(), pool_->bytes()}};
-    if (!config_.spill_inject_faults.empty()) {
-      absl::StatusOr<std::vector<storage::FaultRule>> rules =
-          storage::ParseFaultRules(config_.spill_inject_faults);
-      if (!rules.ok()) return rules.status();
-      LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults);
-      spill.wrap_io_queue = [rules = *rules](std::unique_ptr<storage::IoQueue> inner) {
+    if (!config_.spill_inject_faults.rules.empty()) {
+      LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults.text);
+      spill.wrap_io_queue = [rules = config_.spill_inject_faults.rules](
+                                std::unique_ptr<storage::IoQueue> inner) {
         auto faulty = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
         for (const storage::FaultRule& rule : rules) faulty->AddRule(rule);
         return std::unique_ptr<storage::IoQueue>(std::move(faulty));
@@ -192,15 +181,16 @@ absl::Status Daemon::Init() {
         storage::SpillStore::Create(std::move(spill));
     if (!store.ok()) return store.status();
     spill_store_ = *std::move(store);
-    spiller_ = std::make_unique<Spiller>(
-        *pool_, *spill_store_, SpillerOptions{Watermarks{config_.spill_high_pct, config_.spill_low_pct},
-                                          config_.spill_prefetch});
-    spiller_->Start();
-    executor_->set_spiller(spiller_.get());
     LogInfo("NVMe tier: ", config_.spill_bytes >> 20, " MiB in ", spill_store_->file_path(0),
             ", I/O through ", std::string(spill_store_->io_queue_name()), "; spill above ",
             config_.spill_high_pct, "% of the host pool, down to ", config_.spill_low_pct, "%");
   }
+  SpillerOptions spiller;
+  spiller.watermarks = Watermarks{config_.spill_high_pct, config_.spill_low_pct};
+  spiller.max_prefetches = config_.spill_prefetch;
+  tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller);
+  tiers_->Start();
+  executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_);
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
   poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
   if (absl::Status s = poller_->Start(); !s.ok()) return s;
@@ -228,7 +218,7 @@ absl::Status Daemon::Init() {
       metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
       config_.health_stall_ms);
   service_ = std::make_unique<ControlService>(
-      context, *registry_, *pool_, spiller_.get(), *engine_, metrics_, *health_,
+      context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;
@@ -254,7 +244,7 @@ absl::Status Daemon::Init() {
 absl::Status Daemon::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   metrics_collector_ = std::make_shared<MetricsCollector>(
-      MetricsSources{metrics_, *pool_, spiller_.get(), *registry_, *engine_, *health_},
+      MetricsSources{metrics_, *pool_, tiers_->spiller(), *registry_, *engine_, *health_},
       BuildInfo{kVersion, std::string(engine_->name()), started_unix_s_, pool_pin_seconds_});
   absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
       MetricsExporter::Start(config_.metrics_listen, metrics_collector_);
@@ -266,12 +256,10 @@ absl::Status Daemon::StartMetrics() {
 
 uint64_t Daemon::Drain(uint32_t timeout_ms) {
   registry_->SetDraining();
-  uint64_t deadline = timeout_ms == 0 ? ~uint64_t{0} : MonotonicMs() + timeout_ms;
-  // Jobs finish in micro- to milliseconds; a 1 ms check is plenty and keeps this off the job path.
-  while (metrics_.jobs_in_flight.load(std::memory_order_acquire) > 0 && MonotonicMs() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return metrics_.jobs_in_flight.load(std::memory_order_acquire);
+  const auto deadline = timeout_ms == 0 ? std::chrono::steady_clock::time_point::max()
+                                        : std::chrono::steady_clock::now() +
+                                              std::chrono::milliseconds(timeout_ms);
+  return metrics_.jobs_in_flight.AwaitZero(deadline);
 }
 
 int Daemon::Run() {
@@ -291,15 +279,7 @@ int Daemon::Run() {
   notifier_.Stopping();
   // Jobs clients pushed before the signal are in-flight work too: let the poller take what the
   // rings hold now (briefly: a client that keeps pushing does not hold the stop), then refuse.
-  const uint64_t take_until = MonotonicMs() + 1000;
-  while (MonotonicMs() < take_until) {
-    bool empty = true;
-    for (const auto& session : registry_->ActiveSessions()) {
-      empty = empty && session->submissions().ObservedEmpty();
-    }
-    if (empty) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  poller_->AwaitIdlePass(std::chrono::steady_clock::now() + std::chrono::seconds(1));
   uint64_t left = Drain(config_.drain_timeout_ms);
   if (left > 0) LogWarning(left, " jobs still in flight after ", config_.drain_timeout_ms, " ms");
   Shutdown();
@@ -319,7 +299,7 @@ void Daemon::Shutdown() {
   if (listener_) listener_->Stop();
   if (poller_) poller_->Stop();
   if (registry_) registry_->EndAllAndWait();
-  if (spiller_) spiller_->Stop();
+  if (tiers_) tiers_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());
   ::unlink(AdminTokenPath(config_.socket_path).c_str());

@@ -15,7 +15,7 @@
 #include "daemon/job_executor.h"
 #include "daemon/metrics_collector.h"
 #include "daemon/metrics_exporter.h"
-#include "daemon/spiller.h"
+#include "daemon/tier_manager.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_poller.h"
 #include "daemon/session_listener.h"
@@ -55,7 +55,7 @@ class Daemon {
   DaemonMetrics metrics_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
-  std::unique_ptr<Spiller> spiller_;
+  std::unique_ptr<TierManager> tiers_;  // the pool and the NVMe tier behind the executor
   std::unique_ptr<gpu::CopyEngine> engine_;
   std::unique_ptr<JobExecutor> executor_;
   std::unique_ptr<SessionRegistry> registry_;

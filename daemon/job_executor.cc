@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "daemon/entry_validator.h"
-#include "daemon/object_memory.h"
 
 namespace tier::daemon {
 namespace {
@@ -50,7 +49,7 @@ void JobExecutor::Reject(const std::shared_ptr<Session>& session,
 }
 
 void JobExecutor::CountStart(const ring::SubmissionEntry& entry) {
-  if (metrics_.jobs_in_flight.fetch_add(1, std::memory_order_relaxed) == 0) {
+  if (metrics_.jobs_in_flight.Add()) {
     // The stall clock of health starts no earlier than the work: an idle daemon has not stalled.
     metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
   }
@@ -103,280 +102,176 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
   // one larger than the whole pool can never run. Refused at once: parked, it waited for room
   // that could not come while every later offload of every session queued behind it, and the
   // spiller pushed other sessions' objects to NVMe trying to make that room.
-  if (e.len > pool_.bytes()) {
-    return absl::ResourceExhaustedError(absl::StrCat("an offload of ", e.len,
-                                                     " bytes can never fit: the host pool holds ",
-                                                     pool_.bytes(), " bytes"));
+  if (!tiers_.CanEverHold(e.len)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("an offload of ", e.len, " bytes can never fit: the host pool holds ",
+                     tiers_.pool().bytes(), " bytes"));
   }
-
-  auto object = std::make_shared<Object>();
-  {
-    std::lock_guard lock(session->mu());
-    if (session->objects().contains(e.object_id)) {
-      return absl::AlreadyExistsError(absl::StrCat("object ", e.object_id, " already exists"));
-    }
-    // Charged as the extent the pool will hand out (rounded up to its alignment).
-    uint64_t charge = (e.len + pool_.alignment() - 1) & ~(pool_.alignment() - 1);
-    if (session->used_bytes() + charge > session->quota_bytes()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("session quota exceeded: ", session->used_bytes(), " + ", charge,
-                       " bytes > quota of ", session->quota_bytes()));
-    }
-    // With jobs already waiting for room, this one waits behind them (in order).
-    std::optional<storage::Extent> extent;
-    if (spiller_ == nullptr || !spiller_->HasWaiters()) extent = pool_.Allocate(e.len);
-    if (!extent && spiller_ == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host pool full: no free extent of ", e.len, " bytes"));
-    }
-    object->len = e.len;
-    object->hint = e.hint;
-    object->seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
-    object->pins = 1;  // the fill
-    object->charged = extent ? extent->bytes : charge;
-    if (extent) object->extent = *extent;
-    session->objects().emplace(e.object_id, object);
-    session->used_bytes() += object->charged;
-  }
-  if (object->extent.bytes == 0) {
-    // Host pool full: the object exists at once (jobs naming it queue behind its fill), and the
-    // copy starts once the spiller has made room, or fails if none can come.
-    ParkOffload(session, e, object, *std::move(range));
-    return absl::OkStatus();
-  }
-  StartOffloadCopy(session, e, std::move(object), *std::move(range));
+  absl::StatusOr<std::shared_ptr<Object>> object =
+      session->objects()->Create(e.object_id, e.len, e.hint,
+                                 next_seq_.fetch_add(1, std::memory_order_relaxed),
+                                 tiers_.Charge(e.len));
+  if (!object.ok()) return object.status();
+  // The object exists from here on (jobs naming it queue behind its fill); the copy starts once
+  // it has host memory: now, or once the spiller made room, or never (no room can come).
+  tiers_.Admit(session->objects(), session->id(), *object,
+               [this, session, e, object = *object, range = *std::move(range)](
+                   absl::Status admitted) mutable {
+                 if (admitted.ok()) {
+                   CopyIn(session, e, object, std::move(range));
+                   return;
+                 }
+                 EndFill(*session, *object, admitted);
+                 Fail(session, e, std::move(admitted));
+               });
   return absl::OkStatus();
 }
 
-void JobExecutor::ParkOffload(const std::shared_ptr<Session>& session,
-                              const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
-                              Range range) {
-  spiller_->WaitForRoom(
-      session->id(),
-      [this, session, e, object, range]() {
-        {
-          std::lock_guard lock(session->mu());
-          std::optional<storage::Extent> extent = pool_.Allocate(e.len);
-          if (!extent) return false;
-          object->extent = *extent;
-          session->used_bytes() += extent->bytes - object->charged;
-          object->charged = extent->bytes;
-        }
-        StartOffloadCopy(session, e, object, range);
-        return true;
-      },
-      [this, session, e, object]() {
-        absl::Status full = absl::ResourceExhaustedError(absl::StrCat(
-            "host pool and NVMe tier full: no room for ", e.len, " bytes (nothing more to spill)"));
-        EndFill(*session, e, *object, full);
-        Fail(session, e, full);
-      });
-}
-
-void JobExecutor::StartOffloadCopy(const std::shared_ptr<Session>& session,
-                                   const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
-                                   Range range) {
-  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kToPool, *session, e, *object, range);
-  // The callback holds the buffer (so an unregister cannot unmap it mid-copy) and the session.
+void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                         const std::shared_ptr<Object>& object, Range range) {
+  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kToPool, *session, e,
+                                 session->objects()->extent(*object), range);
   job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
-    EndFill(*session, e, *object, status);
-    if (spiller_ != nullptr) {
-      if (status.ok()) spiller_->Track(session, object);
-      spiller_->CopyEnded();
-    }
+    EndFill(*session, *object, status);
+    if (status.ok()) tiers_.Filled(session->objects(), object);
+    tiers_.CopyEnded();
     Complete(*session, e, status);
   };
-  if (spiller_ != nullptr) spiller_->CopyStarted();
+  tiers_.CopyStarted();
   engine_.Submit(std::move(job));
 }
+
+void JobExecutor::EndFill(Session& session, Object& object, const absl::Status& status) {
+  std::vector<ObjectWaiter> waiters;
+  tiers_.Settle(session.objects()->EndFill(object, status, &waiters));
+  for (ObjectWaiter& start : waiters) start(status);
+}
+
+namespace {
+
+// What a reload of an object whose fill failed reports.
+absl::Status FillFailedError(uint64_t object_id, const absl::Status& fill) {
+  return absl::AbortedError(
+      absl::StrCat("offload of object ", object_id, " failed: ", fill.message()));
+}
+
+}  // namespace
 
 absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
                                  const ring::SubmissionEntry& e) {
   absl::StatusOr<Range> range = CheckRange(*session, e);
   if (!range.ok()) return range.status();
-  std::shared_ptr<Object> object;
-  bool spilled = false;
-  {
-    std::lock_guard lock(session->mu());
-    auto it = session->objects().find(e.object_id);
-    if (it == session->objects().end()) {
-      return absl::NotFoundError(absl::StrCat("no object ", e.object_id, " in this session"));
-    }
-    object = it->second;
-    if (e.len != object->len) {
-      return absl::InvalidArgumentError(absl::StrCat("reload of ", e.len, " bytes from object ",
-                                                     e.object_id, " of ", object->len, " bytes"));
-    }
-    ++object->pins;
-    if (spiller_ != nullptr) spiller_->NoteReloadLocked(*object);
-    // TIER_RELOAD_FREE_AFTER drops the object when the copy succeeded (DropAfterReloadLocked), so
-    // a reload that fails (a spilled object with no host room yet, say) loses nothing.
-    // (An offload waiting for room has no extent yet: nothing to order on the GPU either.)
-    if (object->state == Object::State::kFilling &&
-        (!engine_.orders_pool_reads() || object->extent.bytes == 0)) {
-      // Started by the offload's completion, in the order the reloads arrived. (GPU engines
-      // order the copies on the GPU instead: the reload is submitted at once, so a ticketed job
-      // is never held on the host behind another job's completion; see gpu/client_gpu.h.)
-      object->on_filled.push_back(
-          [this, session, e, object, range = *range](absl::Status fill) mutable {
-            if (fill.ok()) {
-              StartReloadCopy(session, e, std::move(object), std::move(range));
-              return;
-            }
-            {
-              std::lock_guard lock(session->mu());
-              UnpinLocked(*session, *object);
-            }
-            Complete(*session, e,
-                     absl::AbortedError(absl::StrCat("offload of object ", e.object_id,
-                                                     " failed: ", fill.message())));
-          });
+  ObjectTable& table = *session->objects();
+  absl::StatusOr<ObjectTable::Pinned> pinned = table.PinForReload(e.object_id, e.len);
+  if (!pinned.ok()) return pinned.status();
+  tiers_.NoteReload(pinned->prefetch);
+  // A reload of an object still filling is started by the fill's end, in the order the reloads
+  // arrived; except on GPU engines, which order the copies on the GPU: there the reload is
+  // submitted at once, so that a ticketed job is never held on the host behind another job's
+  // completion (gpu/client_gpu.h). An offload still waiting for host room has nothing to order
+  // the copy after yet, so its reloads wait on the host on every engine.
+  if (pinned->filling && (!engine_.orders_pool_reads() || !pinned->admitted)) {
+    bool waits = table.AwaitFill(
+        *pinned->object, [this, session, e, pinned = *pinned, range = *range](absl::Status fill) {
+          if (fill.ok()) {
+            FetchThenCopyOut(session, e, pinned, range);
+          } else {
+            AbandonReload(session, e, *pinned.object, FillFailedError(e.object_id, fill));
+          }
+        });
+    if (waits) return absl::OkStatus();
+    if (table.FillFailed(*pinned->object)) {  // the fill ended meanwhile, and failed
+      AbandonReload(session, e, *pinned->object,
+                    FillFailedError(e.object_id, absl::InternalError("the fill failed")));
       return absl::OkStatus();
     }
-    spilled = object->where == Object::Where::kNvme || object->where == Object::Where::kFetching;
   }
-  if (spilled) {
-    // NVMe -> host -> destination. The reload that starts the read copies each chunk onward as
-    // the read verifies it (pipelined: the feed also carries the read's result); a reload that
-    // finds a read already running waits for it, then copies.
-    auto copy_when_fetched = [this, session, e, object,
-                              range = *range](absl::Status fetched) mutable {
-      if (fetched.ok()) {
-        StartReloadCopy(session, e, std::move(object), std::move(range));
-        return;
-      }
-      {
-        std::lock_guard lock(session->mu());
-        UnpinLocked(*session, *object);
-      }
-      Complete(*session, e, fetched);
-    };
-    Spiller::Pipelined copy_as_fetched = [this, session, e, object, range = *range](
-                                             std::shared_ptr<gpu::SourceFeed> feed,
-                                             std::shared_ptr<void> lease) {
-      StartReloadCopy(session, e, object, range, std::move(feed), std::move(lease));
-    };
-    spiller_->Fetch(session, object, std::move(copy_when_fetched), std::move(copy_as_fetched));
-    return absl::OkStatus();
-  }
-  StartReloadCopy(session, e, std::move(object), std::move(*range));
+  FetchThenCopyOut(session, e, *pinned, *std::move(range));
   return absl::OkStatus();
 }
 
-void JobExecutor::StartReloadCopy(const std::shared_ptr<Session>& session,
-                                  const ring::SubmissionEntry& e, std::shared_ptr<Object> object,
-                                  Range range, std::shared_ptr<gpu::SourceFeed> feed,
-                                  std::shared_ptr<void> lease) {
-  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kFromPool, *session, e, *object, range);
-  job.feed = std::move(feed);
+void JobExecutor::FetchThenCopyOut(const std::shared_ptr<Session>& session,
+                                   const ring::SubmissionEntry& e,
+                                   const ObjectTable::Pinned& pinned, Range range) {
+  tiers_.MakeReadable(session->objects(), session->id(), pinned,
+                      [this, session, e, object = pinned.object,
+                       range = std::move(range)](absl::StatusOr<Readable> readable) {
+                        if (!readable.ok()) {
+                          AbandonReload(session, e, *object, readable.status());
+                          return;
+                        }
+                        CopyOut(session, e, object, range, *std::move(readable));
+                      });
+}
+
+void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                          const std::shared_ptr<Object>& object, Range range, Readable from) {
+  // A feed fills its own extent from NVMe; otherwise the object's bytes are in host memory.
+  storage::Extent extent =
+      from.feed != nullptr ? from.extent : session->objects()->extent(*object);
+  gpu::CopyJob job = MakeCopyJob(gpu::Direction::kFromPool, *session, e, extent, range);
+  job.feed = std::move(from.feed);
   // (`lease` keeps a pipelined read's extent until this copy is done, whatever the read's end.)
   job.done = [this, session, e, object, buffer = std::move(range.buffer),
-              lease = std::move(lease)](absl::Status status) {
-    // The copy may have been submitted while the object was still filling (GPU engines): its
-    // result stands only once the fill is known to have succeeded.
-    auto finish = [this, session, e, object](absl::Status copy, const absl::Status& fill) {
-      if (!fill.ok()) {
-        copy = absl::AbortedError(
-            absl::StrCat("offload of object ", e.object_id, " failed: ", fill.message()));
-      }
-      {
-        std::lock_guard lock(session->mu());
-        if (copy.ok()) DropAfterReloadLocked(*session, e, *object);
-        UnpinLocked(*session, *object);
-      }
-      if (spiller_ != nullptr) spiller_->CopyEnded();
-      Complete(*session, e, copy);
-    };
-    bool fill_failed;
-    {
-      std::lock_guard lock(session->mu());
-      if (object->state == Object::State::kFilling) {
-        object->on_filled.push_back(
-            [finish, status](absl::Status fill) mutable { finish(std::move(status), fill); });
-        return;
-      }
-      fill_failed = object->state == Object::State::kFailed;
-    }
-    finish(std::move(status),
-           fill_failed ? absl::InternalError("the fill failed") : absl::OkStatus());
+              lease = std::move(from.lease)](absl::Status status) {
+    FinishReload(session, e, object, std::move(status));
   };
-  if (spiller_ != nullptr) spiller_->CopyStarted();
+  tiers_.CopyStarted();
   engine_.Submit(std::move(job));
 }
 
+void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
+                               const ring::SubmissionEntry& e,
+                               const std::shared_ptr<Object>& object, absl::Status copy) {
+  // The copy may have been submitted while the object was still filling (GPU engines): its
+  // result stands only once the fill is known to have succeeded.
+  auto finish = [this, session, e, object](absl::Status result, const absl::Status& fill) {
+    ObjectTable& table = *session->objects();
+    if (!fill.ok()) result = FillFailedError(e.object_id, fill);
+    if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) table.DropAfterReload(*object);
+    tiers_.Settle(table.Unpin(*object));
+    tiers_.CopyEnded();
+    Complete(*session, e, result);
+  };
+  ObjectTable& table = *session->objects();
+  if (table.AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;
+  finish(std::move(copy),
+         table.FillFailed(*object) ? absl::InternalError("the fill failed") : absl::OkStatus());
+}
+
+void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
+                                const ring::SubmissionEntry& e, Object& object,
+                                absl::Status status) {
+  tiers_.Settle(session->objects()->Unpin(object));
+  // Fail, not Complete: the reload's ticket never reached the engine, and the client's streams
+  // (and every later job of its lane) wait for it.
+  Fail(session, e, std::move(status));
+}
+
 absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e) {
-  std::lock_guard lock(session.mu());
-  auto it = session.objects().find(e.object_id);
-  if (it == session.objects().end()) {
-    return absl::NotFoundError(absl::StrCat("no object ", e.object_id, " in this session"));
-  }
-  std::shared_ptr<Object> object = std::move(it->second);
-  session.objects().erase(it);
-  object->dropped = true;
   // Jobs already accepted keep their pins; the memory returns when the last one ends.
-  ++object->pins;
-  UnpinLocked(session, *object);
+  absl::StatusOr<Release> released = session.objects()->Free(e.object_id);
+  if (!released.ok()) return released.status();
+  tiers_.Settle(*released);
   return absl::OkStatus();
 }
 
 gpu::CopyJob JobExecutor::MakeCopyJob(gpu::Direction direction, Session& session,
-                                      const ring::SubmissionEntry& e, const Object& object,
+                                      const ring::SubmissionEntry& e, storage::Extent extent,
                                       const Range& range) {
   gpu::CopyJob job;
   job.direction = direction;
   job.client = range.data;
-  job.pool = pool_.At(object.extent);
+  job.pool = tiers_.pool().At(extent);
   job.len = e.len;
   job.session = session.engine_session();
   job.sync = e.sync;
   return job;
 }
 
-void JobExecutor::EndFill(Session& session, const ring::SubmissionEntry& e, Object& object,
-                          const absl::Status& status) {
-  std::vector<std::function<void(absl::Status)>> waiters;
-  {
-    std::lock_guard lock(session.mu());
-    if (status.ok()) {
-      object.state = Object::State::kReady;
-    } else {
-      object.state = Object::State::kFailed;
-      if (!object.dropped) {  // a failed offload leaves no object behind
-        session.objects().erase(e.object_id);
-        object.dropped = true;
-      }
-    }
-    waiters.swap(object.on_filled);
-    UnpinLocked(session, object);
-  }
-  for (auto& start : waiters) start(status);
-}
-
-void JobExecutor::DropAfterReloadLocked(Session& session, const ring::SubmissionEntry& e,
-                                        Object& object) {
-  if (!(e.flags & ring::kFlagFreeAfterReload) || object.dropped) return;
-  auto it = session.objects().find(e.object_id);
-  if (it != session.objects().end() && it->second.get() == &object) session.objects().erase(it);
-  object.dropped = true;
-}
-
-void JobExecutor::UnpinLocked(Session& session, Object& object) {
-  Released released =
-      UnpinObjectLocked(session, object, pool_, spiller_ ? &spiller_->store() : nullptr);
-  // Parked offloads may fit now, or a prefetch.
-  if (released == Released::kHost && spiller_ != nullptr) spiller_->NotifyFreed();
-}
-
 void JobExecutor::ReleaseAll(Session& session) {
-  {
-    std::lock_guard lock(session.mu());
-    for (const std::shared_ptr<Object>& object : session.TakeAllObjects()) {
-      object->dropped = true;
-      ++object->pins;
-      UnpinLocked(session, *object);
-    }
-  }
-  // Dropped outside the session's lock: closing client memory is the engine's slow path.
+  for (const Release& release : session.objects()->DropAll()) tiers_.Settle(release);
+  // Dropped outside any lock: closing client memory is the engine's slow path.
   session.TakeAllBuffers().clear();
 }
 
@@ -411,7 +306,7 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
   metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
   if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_sub(1, std::memory_order_relaxed);
   session.PostCompletion(c);
-  metrics_.jobs_in_flight.fetch_sub(1, std::memory_order_relaxed);
+  metrics_.jobs_in_flight.Sub();
   session.EndJob();
 }
 

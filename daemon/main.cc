@@ -34,8 +34,7 @@ int main(int argc, char** argv) {
     std::printf("%s", tier::daemon::DescribeConfig(*config).c_str());
     return 0;
   }
-  tier::Severity severity;
-  if (tier::ParseSeverity(config->log_level, &severity)) tier::SetMinLogSeverity(severity);
+  tier::SetMinLogSeverity(config->log_level);
 
   // Block the stop signals in every thread (threads inherit this mask); Run() waits for them.
   sigset_t signals;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "daemon/job_gauge.h"
 #include "daemon/job_metrics.h"
 
 namespace tier::daemon {
@@ -36,7 +37,7 @@ struct JobCounters {
 
 struct DaemonMetrics {
   JobCounters totals;
-  std::atomic<uint64_t> jobs_in_flight{0};
+  JobGauge jobs_in_flight;
   // Jobs in flight that wait for nothing a client holds (no GPU ticket): only the daemon can be
   // holding them up, so when they stop completing, the daemon has stopped serving (health).
   std::atomic<uint64_t> unticketed_in_flight{0};

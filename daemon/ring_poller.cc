@@ -62,6 +62,32 @@ void RingPoller::Stop() {
   thread_.join();
 }
 
+bool RingPoller::AwaitIdlePass(std::chrono::steady_clock::time_point deadline) {
+  idle_waiters_.fetch_add(1);
+  Wake();  // out of its sleep, to go round (it does not sleep again while we wait)
+  bool idle = true;
+  {
+    MutexLock lock(&idle_mu_);
+    // The first pass to end after this point may have looked at some rings before the call; the
+    // second began after the first ended.
+    const uint64_t target = idle_passes_ + 2;
+    while (idle_passes_ < target) {
+      if (!idle_cv_.WaitUntil(&idle_mu_, deadline)) {
+        idle = false;
+        break;
+      }
+    }
+  }
+  idle_waiters_.fetch_sub(1);
+  return idle;
+}
+
+void RingPoller::NoteIdlePass() {
+  MutexLock lock(&idle_mu_);
+  ++idle_passes_;
+  idle_cv_.SignalAll();
+}
+
 bool RingPoller::Drain(const std::shared_ptr<Session>& session, bool* blocked) {
   bool took = false;
   ring::SubmissionEntry entry;
@@ -151,6 +177,11 @@ void RingPoller::Run() {
     heartbeat_ms_.store(now / 1000000, std::memory_order_relaxed);
     if (work) {
       last_work_ns = now;
+      continue;
+    }
+    if (idle_waiters_.load() > 0) {  // someone waits for an idle pass: report it, stay awake
+      if (!any_blocked) NoteIdlePass();
+      CpuRelax();
       continue;
     }
     if (now - last_work_ns < poll_idle_ns_) {

@@ -9,12 +9,14 @@
 #define TIER_DAEMON_RING_POLLER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/job_executor.h"
 #include "daemon/session_registry.h"
@@ -32,9 +34,16 @@ class RingPoller {
   // When the loop last went round (it does at least every 500 ms, idle or not): the watchdog's
   // evidence that jobs are being served.
   uint64_t last_heartbeat_ms() const { return heartbeat_ms_.load(std::memory_order_relaxed); }
+  // Until the thread has gone once round every ring, starting after this call, and found nothing
+  // to take and no session blocked with entries left: what clients pushed before the call has
+  // been taken. False when `deadline` passed first (a client keeps pushing, or a session stays
+  // blocked on its full completion queue). While someone waits here the thread does not sleep.
+  bool AwaitIdlePass(std::chrono::steady_clock::time_point deadline);
 
  private:
   void Run();
+  // A pass found nothing to take (called only while someone waits for one).
+  void NoteIdlePass();
   // Takes up to a batch of entries from one session. Returns true if it took any.
   bool Drain(const std::shared_ptr<Session>& session, bool* blocked);
   void Sleep(const std::vector<std::shared_ptr<Session>>& sessions, bool any_blocked);
@@ -49,6 +58,10 @@ class RingPoller {
   UniqueFd epoll_fd_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> heartbeat_ms_{0};
+  std::atomic<uint32_t> idle_waiters_{0};
+  Mutex idle_mu_;
+  CondVar idle_cv_;  // with idle_mu_: idle_passes_ went up
+  uint64_t idle_passes_ ABSL_GUARDED_BY(idle_mu_) = 0;
   std::thread thread_;
 };
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tier::daemon {
@@ -13,7 +14,8 @@ namespace tier::daemon {
 Session::Session(uint64_t id, std::string name, const AttachToken& token, uint64_t quota_bytes,
                  uint32_t ring_entries)
     : id_(id), name_(std::move(name)), token_(token), quota_bytes_(quota_bytes),
-      ring_entries_(ring_entries), created_ms_(MonotonicMs()) {}
+      ring_entries_(ring_entries), created_ms_(MonotonicMs()),
+      objects_(std::make_shared<ObjectTable>(quota_bytes)) {}
 
 Session::~Session() {
   // The engine session reads the ring's ticket page: it goes first.
@@ -30,7 +32,7 @@ bool Session::TokenMatches(const AttachToken& token) const {
 
 absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engine) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (attached_) return absl::AlreadyExistsError("session is already attached");
     if (closing_) return absl::FailedPreconditionError("session is closing");
   }
@@ -56,11 +58,14 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
   sq_ = ring::Consumer<ring::SubmissionEntry>(
       &header->sq, reinterpret_cast<ring::SubmissionEntry*>(bytes + ring::kQueuesOffset),
       ring_entries_);
-  cq_ = ring::Producer<ring::CompletionEntry>(
-      &header->cq,
-      reinterpret_cast<ring::CompletionEntry*>(
-          bytes + ring::kQueuesOffset + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
-      ring_entries_);
+  {
+    MutexLock lock(&cq_mu_);  // (no other thread sees the session yet; the analysis cannot know)
+    cq_ = ring::Producer<ring::CompletionEntry>(
+        &header->cq,
+        reinterpret_cast<ring::CompletionEntry*>(
+            bytes + ring::kQueuesOffset + size_t{ring_entries_} * sizeof(ring::SubmissionEntry)),
+        ring_entries_);
+  }
   tickets_ = reinterpret_cast<const ring::TicketPage*>(bytes + ring::kTicketPageOffset);
   int sq[2], cq[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sq) != 0) {
@@ -80,14 +85,14 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
   absl::StatusOr<std::unique_ptr<gpu::EngineSession>> engine = open_engine(info);
   if (!engine.ok()) return engine.status();
   engine_session_ = *std::move(engine);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   peer_ = peer;
   attached_ = true;
   return absl::OkStatus();
 }
 
 gpu::EngineSession* Session::engine_session_if_attached() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return attached_ ? engine_session_.get() : nullptr;
 }
 
@@ -97,22 +102,22 @@ void Session::ReleaseClientDoorbells() {
 }
 
 bool Session::attached() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return attached_;
 }
 
 PeerCredentials Session::peer() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return peer_;
 }
 
 bool Session::CanAdmit() {
   uint64_t in_flight;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     in_flight = jobs_in_flight_;
   }
-  std::lock_guard lock(cq_mu_);
+  MutexLock lock(&cq_mu_);
   std::optional<uint32_t> pending = cq_.Pending();
   if (!pending) {
     broken_ = true;
@@ -124,7 +129,7 @@ bool Session::CanAdmit() {
 bool Session::PostCompletion(const ring::CompletionEntry& entry) {
   bool wake;
   {
-    std::lock_guard lock(cq_mu_);
+    MutexLock lock(&cq_mu_);
     if (!cq_.TryPush(entry)) {
       // Admission control keeps room for every accepted job, so a full queue means the client
       // moved its head backwards: the ring is corrupt and the session cannot go on.
@@ -154,7 +159,7 @@ uint64_t MappedBytes(const gpu::ImportedBuffer& buffer) {
 }  // namespace
 
 absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (ledger_ == nullptr) return absl::OkStatus();
   const ClientLimits& limits = ledger_->limits();
   if (buffers_.size() >= limits.max_buffers_per_session) {
@@ -172,7 +177,7 @@ absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
 }
 
 uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t id = next_buffer_id_++;
   const uint64_t mapped = MappedBytes(*buffer);
   mapped_bytes_ += mapped;
@@ -183,7 +188,7 @@ uint64_t Session::AddBuffer(std::shared_ptr<gpu::ImportedBuffer> buffer) {
 
 bool Session::RemoveBuffer(uint64_t buffer_id) {
   std::shared_ptr<gpu::ImportedBuffer> doomed;  // unmapped outside the lock
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = buffers_.find(buffer_id);
   if (it == buffers_.end()) return false;
   doomed = std::move(it->second);
@@ -196,49 +201,41 @@ bool Session::RemoveBuffer(uint64_t buffer_id) {
 }
 
 std::shared_ptr<gpu::ImportedBuffer> Session::FindBuffer(uint64_t buffer_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = buffers_.find(buffer_id);
   return it == buffers_.end() ? nullptr : it->second;
 }
 
 bool Session::BeginJob() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (closing_) return false;
   ++jobs_in_flight_;
   return true;
 }
 
 void Session::EndJob() {
-  std::lock_guard lock(mu_);
-  if (--jobs_in_flight_ == 0) idle_cv_.notify_all();
+  MutexLock lock(&mu_);
+  if (--jobs_in_flight_ == 0) idle_cv_.SignalAll();
 }
 
 void Session::MarkClosing() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   closing_ = true;
 }
 
 bool Session::closing() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return closing_;
 }
 
 void Session::WaitIdle() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [this] { return jobs_in_flight_ == 0; });
-}
-
-std::vector<std::shared_ptr<Object>> Session::TakeAllObjects() {
-  std::vector<std::shared_ptr<Object>> all;
-  all.reserve(objects_.size());
-  for (auto& [id, object] : objects_) all.push_back(std::move(object));
-  objects_.clear();
-  return all;
+  MutexLock lock(&mu_);
+  while (jobs_in_flight_ != 0) idle_cv_.Wait(&mu_);
 }
 
 std::vector<std::shared_ptr<gpu::ImportedBuffer>> Session::TakeAllBuffers() {
   std::vector<std::shared_ptr<gpu::ImportedBuffer>> all;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, buffer] : buffers_) {
     if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, MappedBytes(*buffer));
     all.push_back(std::move(buffer));
@@ -255,11 +252,11 @@ SessionSnapshot Session::Snapshot() const {
   s.quota_bytes = quota_bytes_;
   s.age_ms = MonotonicMs() - created_ms_;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     s.attached = attached_;
     s.peer = peer_;
-    s.used_bytes = used_bytes_;
-    s.objects = objects_.size();
+    s.used_bytes = objects_->used_bytes();
+    s.objects = objects_->size();
     s.buffers = buffers_.size();
     s.jobs_in_flight = jobs_in_flight_;
   }

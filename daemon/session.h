@@ -8,20 +8,20 @@
 #define TIER_DAEMON_SESSION_H_
 
 #include <array>
-#include <condition_variable>
 #include <functional>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/metrics.h"
+#include "daemon/object_table.h"
 #include "daemon/usage_ledger.h"
 #include "gpu/copy_engine.h"
 #include "storage/extent_allocator.h"
@@ -31,32 +31,6 @@
 namespace tier::daemon {
 
 using AttachToken = std::array<uint8_t, 16>;
-
-// Data held for the client. Lives in the session's table until freed; its memory returns to the
-// pool when it has been freed and no job pins it any more.
-struct Object {
-  // kFailed: the fill failed (the object is already gone from the table; only jobs that were
-  // accepted before that still hold it).
-  enum class State { kFilling, kReady, kFailed };
-  // Which tier holds the bytes of a kReady object. kSpilling: host, a copy being written to NVMe;
-  // kFetching: NVMe, being read back into `extent`.
-  enum class Where { kHost, kSpilling, kNvme, kFetching };
-  storage::Extent extent;  // host pool bytes (Where kHost, kSpilling, kFetching)
-  uint64_t len = 0;
-  uint64_t charged = 0;   // quota bytes charged to the session (returned at the final unpin)
-  State state = State::kFilling;
-  Where where = Where::kHost;
-  storage::SpillRecord spill;  // Where kNvme, kFetching
-  uint64_t hint = 0;      // the offload's next-use hint (0: none)
-  uint64_t seq = 0;       // offload order within the daemon
-  uint32_t pins = 0;      // jobs accepted that still use the extent (the fill counts as one)
-  bool dropped = false;   // freed by the client (gone from the table)
-  bool prefetched = false;  // brought back by a prefetch and not reloaded since (statistics)
-  // Jobs waiting for the bytes to be back in host memory (Where kFetching).
-  std::vector<std::function<void(absl::Status)>> on_host;
-  // Reloads accepted while the object was still filling; started when the fill completes.
-  std::vector<std::function<void(absl::Status)>> on_filled;
-};
 
 struct SessionSnapshot {
   uint64_t id = 0;
@@ -151,13 +125,8 @@ class Session {
   // Blocks until no job is in flight (after MarkClosing, none can start).
   void WaitIdle();
 
-  // The object table, with the session lock held by the caller (see ObjectLock).
-  std::mutex& mu() { return mu_; }
-  std::unordered_map<uint64_t, std::shared_ptr<Object>>& objects() { return objects_; }
-  uint64_t& used_bytes() { return used_bytes_; }
-  // Everything the session still holds, for release at close (lock held by caller); its buffers
-  // go too.
-  std::vector<std::shared_ptr<Object>> TakeAllObjects();
+  // The session's objects (daemon/object_table.h): every change of their state, and the quota.
+  const std::shared_ptr<ObjectTable>& objects() const { return objects_; }
   // Every registered buffer, for release at close (takes the lock itself: drop them outside it).
   std::vector<std::shared_ptr<gpu::ImportedBuffer>> TakeAllBuffers();
 
@@ -171,6 +140,7 @@ class Session {
   const uint64_t quota_bytes_;
   const uint32_t ring_entries_;
   const uint64_t created_ms_;
+  const std::shared_ptr<ObjectTable> objects_;
 
   UniqueFd ring_fd_;
   uint64_t ring_bytes_ = 0;
@@ -181,23 +151,21 @@ class Session {
   UniqueFd client_sq_doorbell_;  // the client's ends, until sent
   UniqueFd client_cq_doorbell_;
   ring::Consumer<ring::SubmissionEntry> sq_;
-  std::mutex cq_mu_;
-  ring::Producer<ring::CompletionEntry> cq_;  // guarded by cq_mu_
+  Mutex cq_mu_;
+  ring::Producer<ring::CompletionEntry> cq_ ABSL_GUARDED_BY(cq_mu_);
   std::atomic<bool> broken_{false};
   std::unique_ptr<gpu::EngineSession> engine_session_;
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_cv_;
-  bool attached_ = false;
-  PeerCredentials peer_;
-  bool closing_ = false;
-  uint64_t jobs_in_flight_ = 0;
-  uint64_t next_buffer_id_ = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_;
-  uint64_t mapped_bytes_ = 0;  // host memory of buffers_
+  mutable Mutex mu_;
+  CondVar idle_cv_;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  PeerCredentials peer_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<gpu::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of buffers_
   UsageLedger* ledger_ = nullptr;
-  std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_;
-  uint64_t used_bytes_ = 0;  // extent bytes held against the quota
   JobCounters counters_;
 };
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tier::daemon {
@@ -27,10 +28,10 @@ SessionRegistry::SessionRegistry(const SessionLimits& limits, JobExecutor& execu
 SessionRegistry::~SessionRegistry() {
   EndAllAndWait();
   {
-    std::lock_guard lock(reap_mu_);
+    MutexLock lock(&reap_mu_);
     stopping_ = true;
   }
-  reap_cv_.notify_all();
+  reap_cv_.SignalAll();
   reaper_.join();
 }
 
@@ -56,7 +57,7 @@ absl::StatusOr<OpenedSession> SessionRegistry::Open(std::string name, uint64_t q
   if (::getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
     return ErrnoStatus("getrandom");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (sessions_.size() >= limits_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("tierd serves at most ", limits_.max_sessions, " sessions"));
@@ -73,7 +74,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
                                                                  const PeerCredentials& peer) {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     // One answer for "no such session" and "wrong token", so ids cannot be probed.
     if (it == sessions_.end() || !it->second->TokenMatches(token)) {
@@ -105,7 +106,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
 absl::Status SessionRegistry::Close(uint64_t session_id, const AttachToken& token) {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || !it->second->TokenMatches(token)) {
       return absl::PermissionDeniedError("no session with that id and token");
@@ -113,8 +114,8 @@ absl::Status SessionRegistry::Close(uint64_t session_id, const AttachToken& toke
     session = it->second;
   }
   End(session, "closed by its client");
-  std::unique_lock lock(mu_);
-  reaped_cv_.wait(lock, [&] { return !sessions_.contains(session_id); });
+  MutexLock lock(&mu_);
+  while (sessions_.contains(session_id)) reaped_cv_.Wait(&mu_);
   return absl::OkStatus();
 }
 
@@ -126,10 +127,10 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session, absl::string_
   // Release whatever waits on the client (GPU semaphores) so its jobs can finish.
   if (session->engine_session() != nullptr) engine_.AbandonSession(session->engine_session());
   {
-    std::lock_guard lock(reap_mu_);
+    MutexLock lock(&reap_mu_);
     to_reap_.push_back(session);
   }
-  reap_cv_.notify_one();
+  reap_cv_.Signal();
 }
 
 void SessionRegistry::Changed() {
@@ -141,8 +142,8 @@ void SessionRegistry::Reap() {
   for (;;) {
     std::shared_ptr<Session> session;
     {
-      std::unique_lock lock(reap_mu_);
-      reap_cv_.wait(lock, [this] { return stopping_ || !to_reap_.empty(); });
+      MutexLock lock(&reap_mu_);
+      while (!stopping_ && to_reap_.empty()) reap_cv_.Wait(&reap_mu_);
       if (to_reap_.empty()) return;
       session = std::move(to_reap_.front());
       to_reap_.pop_front();
@@ -152,17 +153,17 @@ void SessionRegistry::Reap() {
     executor_.ReleaseAll(*session);
     if (session->attached()) ledger_.RemoveSession(session->peer().uid);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       sessions_.erase(session->id());
     }
-    reaped_cv_.notify_all();
+    reaped_cv_.SignalAll();
   }
 }
 
 void SessionRegistry::ExpirePending() {
   std::vector<std::shared_ptr<Session>> expired;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     // Read under the lock: a session opened after `now` was read would make now - created_ms
     // wrap around and expire it at birth (seen under load).
     const uint64_t now = MonotonicMs();
@@ -179,17 +180,17 @@ void SessionRegistry::ExpirePending() {
 void SessionRegistry::EndAllAndWait() {
   std::vector<std::shared_ptr<Session>> all;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& [id, session] : sessions_) all.push_back(session);
   }
   for (auto& session : all) End(session, "daemon shutting down");
-  std::unique_lock lock(mu_);
-  reaped_cv_.wait(lock, [&] { return sessions_.empty(); });
+  MutexLock lock(&mu_);
+  while (!sessions_.empty()) reaped_cv_.Wait(&mu_);
 }
 
 std::vector<std::shared_ptr<Session>> SessionRegistry::ActiveSessions() const {
   std::vector<std::shared_ptr<Session>> active;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, session] : sessions_) {
     if (session->attached() && !session->closing()) active.push_back(session);
   }
@@ -199,7 +200,7 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::ActiveSessions() const {
 std::vector<SessionSnapshot> SessionRegistry::Snapshots() const {
   std::vector<std::shared_ptr<Session>> all;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& [id, session] : sessions_) all.push_back(session);
   }
   std::vector<SessionSnapshot> out;
@@ -214,7 +215,7 @@ std::vector<SessionSnapshot> SessionRegistry::Snapshots() const {
 }
 
 size_t SessionRegistry::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return sessions_.size();
 }
 

@@ -6,17 +6,16 @@
 #define TIER_DAEMON_SESSION_REGISTRY_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "daemon/job_executor.h"
 #include "daemon/session.h"
 #include "daemon/usage_ledger.h"
@@ -82,15 +81,16 @@ class SessionRegistry {
   std::atomic<uint64_t> generation_{0};
   std::function<void()> on_change_;
 
-  mutable std::mutex mu_;
-  std::condition_variable reaped_cv_;
-  uint64_t next_id_ = 1;
-  std::map<uint64_t, std::shared_ptr<Session>> sessions_;  // includes closing ones until reaped
+  mutable Mutex mu_;
+  CondVar reaped_cv_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Includes closing ones until reaped.
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex reap_mu_;
-  std::condition_variable reap_cv_;
-  std::deque<std::shared_ptr<Session>> to_reap_;
-  bool stopping_ = false;
+  Mutex reap_mu_;
+  CondVar reap_cv_;
+  std::deque<std::shared_ptr<Session>> to_reap_ ABSL_GUARDED_BY(reap_mu_);
+  bool stopping_ ABSL_GUARDED_BY(reap_mu_) = false;
   std::thread reaper_;
 };
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/mutex.h"
 
 namespace tier::daemon {
 namespace {
@@ -65,7 +66,7 @@ bool SystemdNotifier::StartWatchdog(std::function<bool()> healthy) {
   if (watchdog_interval_.count() == 0 || thread_.joinable()) return false;
   healthy_ = std::move(healthy);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     stop_ = false;
   }
   thread_ = std::thread([this] { WatchdogLoop(); });
@@ -75,10 +76,10 @@ bool SystemdNotifier::StartWatchdog(std::function<bool()> healthy) {
 void SystemdNotifier::Stop() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   thread_.join();
 }
 
@@ -86,11 +87,9 @@ void SystemdNotifier::WatchdogLoop() {
   // Half the interval, as sd_watchdog_enabled(3) advises: one late ping still lands in time.
   const std::chrono::microseconds period = watchdog_interval_ / 2;
   bool was_healthy = true;
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    // The predicate and the send run without the lock, so Stop() never waits behind them for
-    // longer than one check.
-    lock.unlock();
+  // The predicate and the send run without the lock, so Stop() never waits behind them for
+  // longer than one check.
+  while (!AwaitStop(std::chrono::steady_clock::now())) {
     bool healthy = healthy_();
     if (healthy) {
       Send("WATCHDOG=1");
@@ -100,9 +99,16 @@ void SystemdNotifier::WatchdogLoop() {
     }
     if (healthy && !was_healthy) LogInfo("health check passes again: watchdog pings resume");
     was_healthy = healthy;
-    lock.lock();
-    stop_cv_.wait_for(lock, period, [this] { return stop_; });
+    if (AwaitStop(std::chrono::steady_clock::now() + period)) return;
   }
+}
+
+bool SystemdNotifier::AwaitStop(std::chrono::steady_clock::time_point deadline) {
+  MutexLock lock(&mutex_);
+  while (!stop_) {
+    if (!stop_cv_.WaitUntil(&mutex_, deadline)) break;
+  }
+  return stop_;
 }
 
 }  // namespace tier::daemon

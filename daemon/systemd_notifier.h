@@ -7,11 +7,11 @@
 #define TIER_DAEMON_SYSTEMD_NOTIFIER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string_view>
 #include <thread>
+
+#include "common/mutex.h"
 
 namespace tier::daemon {
 
@@ -50,14 +50,16 @@ class SystemdNotifier {
  private:
   void Send(std::string_view message);
   void WatchdogLoop();
+  // Until Stop() or `deadline`; whether Stop() was called.
+  bool AwaitStop(std::chrono::steady_clock::time_point deadline);
 
   const bool enabled_;
   const std::chrono::microseconds watchdog_interval_;
 
   std::function<bool()> healthy_;
-  std::mutex mutex_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;  // guarded by mutex_
+  Mutex mutex_;
+  CondVar stop_cv_;
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread thread_;
 };
 

@@ -3,11 +3,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 
 namespace tier::daemon {
 
 absl::Status UsageLedger::AddSession(uid_t uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Usage& usage = by_uid_[uid];
   if (usage.sessions >= limits_.max_sessions_per_uid) {
     ForgetIfIdleLocked(uid);
@@ -20,7 +21,7 @@ absl::Status UsageLedger::AddSession(uid_t uid) {
 }
 
 void UsageLedger::RemoveSession(uid_t uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = by_uid_.find(uid);
   if (it == by_uid_.end() || it->second.sessions == 0) return;
   --it->second.sessions;
@@ -28,7 +29,7 @@ void UsageLedger::RemoveSession(uid_t uid) {
 }
 
 absl::Status UsageLedger::CheckBuffer(uid_t uid, uint64_t mapped_bytes) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (buffers_ >= limits_.max_buffers) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tierd holds ", limits_.max_buffers, " registered buffers in all (max_buffers)"));
@@ -51,7 +52,7 @@ absl::Status UsageLedger::CheckBuffer(uid_t uid, uint64_t mapped_bytes) const {
 }
 
 void UsageLedger::AddBuffer(uid_t uid, uint64_t mapped_bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Usage& usage = by_uid_[uid];
   ++usage.buffers;
   usage.mapped_bytes += mapped_bytes;
@@ -59,7 +60,7 @@ void UsageLedger::AddBuffer(uid_t uid, uint64_t mapped_bytes) {
 }
 
 void UsageLedger::RemoveBuffer(uid_t uid, uint64_t mapped_bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = by_uid_.find(uid);
   if (it == by_uid_.end() || it->second.buffers == 0) return;
   --it->second.buffers;
@@ -69,7 +70,7 @@ void UsageLedger::RemoveBuffer(uid_t uid, uint64_t mapped_bytes) {
 }
 
 UsageLedger::Usage UsageLedger::UsageOf(uid_t uid) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = by_uid_.find(uid);
   return it == by_uid_.end() ? Usage{} : it->second;
 }

@@ -11,10 +11,10 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 
 namespace tier::daemon {
 
@@ -56,12 +56,12 @@ class UsageLedger {
   Usage UsageOf(uid_t uid) const;
 
  private:
-  void ForgetIfIdleLocked(uid_t uid);
+  void ForgetIfIdleLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClientLimits limits_;
-  mutable std::mutex mu_;
-  std::unordered_map<uid_t, Usage> by_uid_;
-  uint64_t buffers_ = 0;  // all uids
+  mutable Mutex mu_;
+  std::unordered_map<uid_t, Usage> by_uid_ ABSL_GUARDED_BY(mu_);
+  uint64_t buffers_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
 };
 
 }  // namespace tier::daemon

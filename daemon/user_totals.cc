@@ -1,5 +1,7 @@
 #include "daemon/user_totals.h"
 
+#include "common/mutex.h"
+
 namespace tier::daemon {
 
 UserCounters& UserCounters::operator+=(const UserCounters& other) {
@@ -11,7 +13,7 @@ UserCounters& UserCounters::operator+=(const UserCounters& other) {
 }
 
 std::map<uint32_t, UserCounters> UserTotals::Update(const std::vector<SessionCounts>& live) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::map<uint64_t, SessionCounts> now;
   for (const SessionCounts& session : live) now[session.session_id] = session;
   // Sessions seen before and gone now: their last counts stay with their user.

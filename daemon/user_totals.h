@@ -8,8 +8,9 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace tier::daemon {
 
@@ -35,9 +36,9 @@ class UserTotals {
   std::map<uint32_t, UserCounters> Update(const std::vector<SessionCounts>& live);
 
  private:
-  std::mutex mu_;
-  std::map<uint64_t, SessionCounts> last_seen_;   // by session id
-  std::map<uint32_t, UserCounters> retired_;      // by uid: sessions that ended
+  Mutex mu_;
+  std::map<uint64_t, SessionCounts> last_seen_ ABSL_GUARDED_BY(mu_);  // by session id
+  std::map<uint32_t, UserCounters> retired_ ABSL_GUARDED_BY(mu_);     // by uid: ended sessions
 };
 
 }  // namespace tier::daemon

@@ -13,14 +13,28 @@
 namespace tier::gpu {
 namespace {
 
-constexpr const char* kGpuRuntime =
+// The GPU engine built in, if any.
 #if defined(TIER_HAVE_CUDA)
-    "cuda";
+constexpr EngineKind kBuiltGpu = EngineKind::kCuda;
 #elif defined(TIER_HAVE_HIP)
-    "hip";
+constexpr EngineKind kBuiltGpu = EngineKind::kHip;
 #else
-    "";
+constexpr EngineKind kBuiltGpu = EngineKind::kHost;  // none
 #endif
+
+const char* Name(EngineKind kind) {
+  switch (kind) {
+    case EngineKind::kAuto:
+      return "auto";
+    case EngineKind::kHost:
+      return "host";
+    case EngineKind::kCuda:
+      return "cuda";
+    case EngineKind::kHip:
+      return "hip";
+  }
+  return "?";
+}
 
 absl::StatusOr<std::unique_ptr<CopyEngine>> MakeGpuEngine(const EngineOptions& options) {
   GpuEngineOptions gpu;
@@ -42,29 +56,32 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(const EngineOptions& 
   HostEngineOptions host;
   host.threads_per_direction = options.host_threads;
   host.copy_delay_us = options.copy_delay_us;
-  if (options.kind == "host") return MakeHostEngine(host);
-  if (options.kind == "auto") {
-    absl::StatusOr<std::unique_ptr<CopyEngine>> engine = MakeGpuEngine(options);
-    if (engine.ok()) return engine;
-    if (engine.status().code() == absl::StatusCode::kUnavailable ||
-        engine.status().code() == absl::StatusCode::kUnimplemented) {
-      LogInfo("no GPU engine (", engine.status().message(), "); using the host engine");
-    } else {
-      LogWarning("GPU present but its engine failed (", engine.status().message(),
-                 "); using the host engine");
+  switch (options.kind) {
+    case EngineKind::kHost:
+      return MakeHostEngine(host);
+    case EngineKind::kAuto: {
+      absl::StatusOr<std::unique_ptr<CopyEngine>> engine = MakeGpuEngine(options);
+      if (engine.ok()) return engine;
+      if (engine.status().code() == absl::StatusCode::kUnavailable ||
+          engine.status().code() == absl::StatusCode::kUnimplemented) {
+        LogInfo("no GPU engine (", engine.status().message(), "); using the host engine");
+      } else {
+        LogWarning("GPU present but its engine failed (", engine.status().message(),
+                   "); using the host engine");
+      }
+      return MakeHostEngine(host);
     }
-    return MakeHostEngine(host);
+    case EngineKind::kCuda:
+    case EngineKind::kHip:
+      if (options.kind != kBuiltGpu) {
+        return absl::UnimplementedError(absl::StrCat(
+            "engine '", Name(options.kind), "' is not built into this tierd",
+            kBuiltGpu != EngineKind::kHost ? absl::StrCat(" (it has '", Name(kBuiltGpu), "')")
+                                           : ""));
+      }
+      return MakeGpuEngine(options);
   }
-  if (options.kind == "cuda" || options.kind == "hip") {
-    if (options.kind != kGpuRuntime) {
-      return absl::UnimplementedError(
-          absl::StrCat("engine '", options.kind, "' is not built into this tierd",
-                       *kGpuRuntime ? absl::StrCat(" (it has '", kGpuRuntime, "')") : ""));
-    }
-    return MakeGpuEngine(options);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown engine '", options.kind, "': use auto, host, cuda or hip"));
+  return absl::InvalidArgumentError("unknown engine kind");
 }
 
 }  // namespace tier::gpu

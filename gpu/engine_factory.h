@@ -1,20 +1,19 @@
-// Picks the copy engine: "host" always exists; "cuda"/"hip" when built with that runtime; "auto"
-// takes the GPU engine when a device is present and falls back to the host engine (with a log line).
-// (Interface fixed by the daemon, which calls it; the GPU work fills in the GPU branches.)
+// Picks the copy engine: host always exists; cuda/hip when built with that runtime; auto takes the
+// GPU engine when a device is present and falls back to the host engine (with a log line).
 #ifndef TIER_GPU_ENGINE_FACTORY_H_
 #define TIER_GPU_ENGINE_FACTORY_H_
 
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "gpu/copy_engine.h"
+#include "gpu/engine_kind.h"
 
 namespace tier::gpu {
 
 struct EngineOptions {
-  std::string kind = "auto";  // auto | host | cuda | hip
+  EngineKind kind = EngineKind::kAuto;
   int host_threads = 2;       // host engine: worker threads per direction
   uint64_t copy_delay_us = 0;  // test-only delay injection, every engine
   uint32_t lane_wait_warn_ms = 10000;  // GPU engines: see GpuEngineOptions

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tier::storage {
@@ -62,24 +63,24 @@ FaultyIoQueue::FaultyIoQueue(std::unique_ptr<IoQueue> inner)
     : inner_(std::move(inner)), name_(absl::StrCat("faulty(", std::string(inner_->name()), ")")) {}
 
 int FaultyIoQueue::AddRule(const FaultRule& rule) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   rules_.push_back(RuleState{rule, rule.skip, rule.times, 0});
   return static_cast<int>(rules_.size() - 1);
 }
 
 void FaultyIoQueue::ClearRules() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Keep the entries (ids stay valid for fired()) but make them inert.
   for (RuleState& r : rules_) r.times_left = 0;
 }
 
 uint64_t FaultyIoQueue::fired(int id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return id >= 0 && static_cast<size_t>(id) < rules_.size() ? rules_[id].fired : 0;
 }
 
 uint64_t FaultyIoQueue::total_fired() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return total_fired_;
 }
 
@@ -125,7 +126,7 @@ absl::Status FaultyIoQueue::Enqueue(const IoRequest& request) {
   FaultRule rule;
   int fired;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     fired = Match(request, &rule);
   }
   Tracked tracked{request, fired, rule.action, rule.error, 0};

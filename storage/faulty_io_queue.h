@@ -15,13 +15,13 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 #include "storage/io_queue.h"
 
 namespace tier::storage {
@@ -85,13 +85,13 @@ class FaultyIoQueue final : public IoQueue {
     uint64_t corrupt_offset = 0;
   };
   // Under mu_: the rule that fires for `request`, if any (its counters updated).
-  int Match(const IoRequest& request, FaultRule* fired);
+  int Match(const IoRequest& request, FaultRule* fired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<IoQueue> inner_;
   std::string name_;
-  mutable std::mutex mu_;
-  std::vector<RuleState> rules_;  // guarded by mu_
-  uint64_t total_fired_ = 0;      // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<RuleState> rules_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_fired_ ABSL_GUARDED_BY(mu_) = 0;
   // Owner thread only.
   uint64_t next_tag_ = 1;
   std::unordered_map<uint64_t, Tracked> tracked_;  // inner user_data -> the caller's request

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tier::storage {
@@ -80,17 +81,17 @@ HostPool::HostPool(char* base, uint64_t bytes, uint64_t alignment, bool locked)
 HostPool::~HostPool() { ::munmap(base_, bytes_); }
 
 std::optional<Extent> HostPool::Allocate(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return allocator_.Allocate(bytes);
 }
 
 void HostPool::Free(Extent extent) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   allocator_.Free(extent);
 }
 
 PoolUsage HostPool::Usage() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return PoolUsage{allocator_.capacity(), allocator_.used_bytes(), allocator_.free_bytes(),
                    allocator_.largest_free(), allocator_.allocations()};
 }

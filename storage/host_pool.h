@@ -6,10 +6,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "storage/extent_allocator.h"
 
 namespace tier::storage {
@@ -64,8 +64,8 @@ class HostPool {
   uint64_t alignment_;
   bool locked_;
   bool registered_ = false;
-  mutable std::mutex mu_;
-  ExtentAllocator allocator_;  // guarded by mu_
+  mutable Mutex mu_;
+  ExtentAllocator allocator_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tier::storage

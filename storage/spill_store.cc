@@ -1,4 +1,5 @@
 #include "storage/spill_store.h"
+
 #include "common/thread_role.h"
 
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "storage/crc32c.h"
 
@@ -204,11 +206,11 @@ SpillStore::SpillStore(uint64_t io_bytes, uint32_t file_depth,
 SpillStore::~SpillStore() {
   bool wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     wake = in_poll_;
   }
-  cv_.notify_one();
+  cv_.Signal();
   if (wake) queue_->Wake();
   thread_.join();
   queue_.reset();  // waits for nothing more: the I/O thread drained it
@@ -226,13 +228,13 @@ std::string SpillStore::Describe(const SpillRecord& record) const {
 void SpillStore::Post(std::unique_ptr<Op> op) {
   bool wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     inbox_.push_back(std::move(op));
     wake = in_poll_;
   }
   // The I/O thread is either idle on cv_ or (in_poll_) possibly blocked in the queue's Poll; it
   // set in_poll_ under mu_ after seeing an empty inbox, so one of these two always reaches it.
-  cv_.notify_one();
+  cv_.Signal();
   if (wake) queue_->Wake();
 }
 
@@ -244,7 +246,7 @@ absl::Status SpillStore::Write(const char* src, uint64_t len, WriteDone done) {
   op->buf = const_cast<char*>(src);  // only ever written to the file
   op->write_done = std::move(done);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("spill store is closing");
     // The file with the most free space that has room: spreads records over the devices.
     File* best = nullptr;
@@ -283,7 +285,7 @@ absl::Status SpillStore::Read(const SpillRecord& record, char* dst, ReadDone don
   op->read_done = std::move(done);
   op->progress = std::move(progress);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("spill store is closing");
     if (record.file >= files_.size()) return absl::NotFoundError(Describe(record) + ": no such file");
     File& f = *files_[record.file];
@@ -302,7 +304,7 @@ absl::Status SpillStore::Read(const SpillRecord& record, char* dst, ReadDone don
 }
 
 absl::Status SpillStore::Free(const SpillRecord& record) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (record.file >= files_.size()) return absl::NotFoundError(Describe(record) + ": no such file");
   File& f = *files_[record.file];
   auto it = f.live.find(record.extent.offset);
@@ -327,37 +329,37 @@ void SpillStore::ReleaseLocked(File& file, const Extent& extent) {
 }
 
 absl::StatusOr<SpillRecord> SpillStore::WriteAndWait(const char* src, uint64_t len) {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::optional<absl::StatusOr<SpillRecord>> result;
   absl::Status posted = Write(src, len, [&](absl::StatusOr<SpillRecord> r) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     result = std::move(r);
-    cv.notify_one();
+    cv.Signal();
   });
   if (!posted.ok()) return posted;
-  std::unique_lock lock(mu);
-  cv.wait(lock, [&] { return result.has_value(); });
+  MutexLock lock(&mu);
+  while (!result.has_value()) cv.Wait(&mu);
   return std::move(*result);
 }
 
 absl::Status SpillStore::ReadAndWait(const SpillRecord& record, char* dst) {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::optional<absl::Status> result;
   absl::Status posted = Read(record, dst, [&](absl::Status s) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     result = std::move(s);
-    cv.notify_one();
+    cv.Signal();
   });
   if (!posted.ok()) return posted;
-  std::unique_lock lock(mu);
-  cv.wait(lock, [&] { return result.has_value(); });
+  MutexLock lock(&mu);
+  while (!result.has_value()) cv.Wait(&mu);
   return std::move(*result);
 }
 
 std::vector<SpillFileUsage> SpillStore::Usage() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<SpillFileUsage> out;
   for (const auto& f : files_) {
     SpillFileUsage u = f->usage;
@@ -383,8 +385,8 @@ void SpillStore::Run() {
     bool idle = reads_.empty() && writes_.empty();
     bool stopping;
     {
-      std::unique_lock lock(mu_);
-      if (idle) cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+      MutexLock lock(&mu_);
+      while (idle && !stopping_ && inbox_.empty()) cv_.Wait(&mu_);
       incoming.swap(inbox_);
       stopping = stopping_;
     }
@@ -415,14 +417,14 @@ void SpillStore::Run() {
     // Block in Poll only while nothing new waits: Post sees in_poll_ and wakes the queue.
     bool wait;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       wait = inbox_.empty() && !stopping_;
       in_poll_ = wait;
     }
     if (stopping) wait = queue_->outstanding() > 0;  // draining: block on the device alone
     queue_->Poll(&completions, wait);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       in_poll_ = false;
     }
     for (const IoCompletion& c : completions) HandleCompletion(c);
@@ -482,7 +484,7 @@ void SpillStore::HandleCompletion(const IoCompletion& c) {
   --op->in_flight;
   --files_[op->record.file]->in_flight;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     SpillFileUsage& u = files_[op->record.file]->usage;
     (op->kind == IoOp::kRead ? u.bytes_read : u.bytes_written) += c.bytes;
   }
@@ -526,7 +528,7 @@ void SpillStore::Finish(Op* op) {
   if (op->kind == IoOp::kWrite) {
     absl::StatusOr<SpillRecord> result;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (op->status.ok()) {
         f.live[op->record.extent.offset] = Live{op->record, std::move(op->chunk_crcs), 0, false};
         ++f.records;
@@ -554,7 +556,7 @@ void SpillStore::Finish(Op* op) {
                                                       " failed: ", result.message()));
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (result.ok()) {
       ++f.usage.reads;
     } else if (op->checksum_failed) {

@@ -42,12 +42,10 @@
 #ifndef TIER_STORAGE_SPILL_STORE_H_
 #define TIER_STORAGE_SPILL_STORE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -56,6 +54,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "storage/extent_allocator.h"
 #include "storage/io_queue.h"
@@ -165,7 +164,7 @@ class SpillStore {
   void Issue();
   void HandleCompletion(const IoCompletion& completion);
   void Finish(Op* op);
-  void ReleaseLocked(File& file, const Extent& extent);
+  void ReleaseLocked(File& file, const Extent& extent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t io_bytes_;
   const uint32_t file_depth_;  // requests in flight per file at most
@@ -173,12 +172,12 @@ class SpillStore {
   std::unique_ptr<IoQueue> queue_;            // I/O thread only (Wake: any thread)
   std::string io_queue_name_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;                 // the idle I/O thread waits for inbox_ or stopping_
-  std::vector<std::unique_ptr<Op>> inbox_;     // guarded by mu_
-  bool in_poll_ = false;                       // guarded by mu_: the I/O thread may block in Poll
-  bool stopping_ = false;                      // guarded by mu_
-  uint64_t next_id_ = 1;                       // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;                 // the idle I/O thread waits for inbox_ or stopping_
+  std::vector<std::unique_ptr<Op>> inbox_ ABSL_GUARDED_BY(mu_);
+  bool in_poll_ ABSL_GUARDED_BY(mu_) = false;  // the I/O thread may block in Poll
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   // I/O thread only.
   std::list<std::unique_ptr<Op>> reads_;

@@ -1,4 +1,5 @@
 #include "storage/thread_pool_io_queue.h"
+
 #include "common/thread_role.h"
 
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tier::storage {
@@ -31,11 +33,11 @@ ThreadPoolIoQueue::ThreadPoolIoQueue(uint32_t depth, uint32_t threads)
 
 ThreadPoolIoQueue::~ThreadPoolIoQueue() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     work_.clear();  // never started: no buffer is touched
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   // Workers finish the request they run (it may be writing into a caller's buffer) before exiting.
   for (std::thread& t : threads_) t.join();
 }
@@ -72,23 +74,23 @@ int ThreadPoolIoQueue::Submit() {
   if (queued_.empty()) return 0;
   int n = static_cast<int>(queued_.size());
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (Work& w : queued_) work_.push_back(w);
   }
   queued_.clear();
   if (n == 1) {
-    work_cv_.notify_one();
+    work_cv_.Signal();
   } else {
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
   }
   return n;
 }
 
 int ThreadPoolIoQueue::Poll(std::vector<IoCompletion>* out, bool wait) {
   Submit();
-  std::unique_lock lock(mu_);
-  if (wait) {
-    done_cv_.wait(lock, [&] { return !done_.empty() || wake_ || (work_.empty() && running_ == 0); });
+  MutexLock lock(&mu_);
+  while (wait && done_.empty() && !wake_ && !(work_.empty() && running_ == 0)) {
+    done_cv_.Wait(&mu_);
   }
   wake_ = false;
   int n = static_cast<int>(done_.size());
@@ -100,28 +102,31 @@ int ThreadPoolIoQueue::Poll(std::vector<IoCompletion>* out, bool wait) {
 
 void ThreadPoolIoQueue::Wake() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     wake_ = true;
   }
-  done_cv_.notify_all();
+  done_cv_.SignalAll();
 }
 
 void ThreadPoolIoQueue::WorkerLoop() {
   SetThreadRole(ThreadRole::kSpillIo);
-  std::unique_lock lock(mu_);
-  while (true) {
-    work_cv_.wait(lock, [&] { return stop_ || !work_.empty(); });
-    if (stop_) return;
-    Work work = work_.front();
-    work_.pop_front();
-    ++running_;
-    lock.unlock();
-    IoCompletion completion = Execute(work);
-    lock.lock();
+  while (std::optional<Work> work = NextWork()) {
+    IoCompletion completion = Execute(*work);
+    MutexLock lock(&mu_);
     --running_;
     done_.push_back(std::move(completion));
-    done_cv_.notify_all();
+    done_cv_.SignalAll();
   }
+}
+
+std::optional<ThreadPoolIoQueue::Work> ThreadPoolIoQueue::NextWork() {
+  MutexLock lock(&mu_);
+  while (!stop_ && work_.empty()) work_cv_.Wait(&mu_);
+  if (stop_) return std::nullopt;
+  Work work = work_.front();
+  work_.pop_front();
+  ++running_;
+  return work;
 }
 
 IoCompletion ThreadPoolIoQueue::Execute(const Work& work) {

@@ -5,13 +5,13 @@
 #ifndef TIER_STORAGE_THREAD_POOL_IO_QUEUE_H_
 #define TIER_STORAGE_THREAD_POOL_IO_QUEUE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "storage/io_queue.h"
 
 namespace tier::storage {
@@ -43,6 +43,8 @@ class ThreadPoolIoQueue final : public IoQueue {
     int fd = -1;
   };
   void WorkerLoop();
+  // The next request for a worker (counted as running); nullopt once stopping.
+  std::optional<Work> NextWork();
   static IoCompletion Execute(const Work& work);
 
   const uint32_t depth_;
@@ -51,14 +53,14 @@ class ThreadPoolIoQueue final : public IoQueue {
   std::vector<Work> queued_;  // enqueued, not yet submitted
   uint32_t outstanding_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;  // workers wait for work_ or stop_
-  std::condition_variable done_cv_;  // Poll waits for done_, wake_, or an idle engine
-  std::deque<Work> work_;            // guarded by mu_
-  std::vector<IoCompletion> done_;   // guarded by mu_
-  uint32_t running_ = 0;             // guarded by mu_: taken by a worker, not yet in done_
-  bool wake_ = false;                // guarded by mu_
-  bool stop_ = false;                // guarded by mu_
+  Mutex mu_;
+  CondVar work_cv_;  // workers wait for work_ or stop_
+  CondVar done_cv_;  // Poll waits for done_, wake_, or an idle engine
+  std::deque<Work> work_ ABSL_GUARDED_BY(mu_);
+  std::vector<IoCompletion> done_ ABSL_GUARDED_BY(mu_);
+  uint32_t running_ ABSL_GUARDED_BY(mu_) = 0;  // taken by a worker, not yet in done_
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -77,6 +77,8 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.max_connections, b.max_connections);
   EXPECT_EQ(a.max_connections_per_uid, b.max_connections_per_uid);
   EXPECT_EQ(a.engine, b.engine);
+  EXPECT_EQ(a.spill_io, b.spill_io);
+  EXPECT_EQ(a.spill_inject_faults.text, b.spill_inject_faults.text);
   EXPECT_EQ(a.host_engine_threads, b.host_engine_threads);
   EXPECT_EQ(a.copy_delay_us, b.copy_delay_us);
   EXPECT_EQ(a.poll_idle_us, b.poll_idle_us);
@@ -111,7 +113,7 @@ TEST(DefaultConfig, RootUsesSystemPathsEvenWithXdg) {
   EXPECT_TRUE(config.spill_dirs.empty());
   EXPECT_EQ(config.socket_mode, 0660u);
   EXPECT_EQ(config.ring_entries, 1024u);
-  EXPECT_EQ(config.pool_lock, "best-effort");
+  EXPECT_EQ(config.pool_lock, storage::LockMode::kBestEffort);
   EXPECT_EQ(config.socket_group, "");
 }
 
@@ -196,8 +198,8 @@ TEST(ConfigText, CommentsWhitespaceSuffixesAndOctal) {
   EXPECT_EQ(config.pool_numa_node, 1);
   EXPECT_EQ(config.pool_fraction, 0.5);
   EXPECT_EQ(config.ring_entries, 64u);
-  EXPECT_EQ(config.engine, "host");
-  EXPECT_EQ(config.log_level, "debug");
+  EXPECT_EQ(config.engine, gpu::EngineKind::kHost);
+  EXPECT_EQ(config.log_level, Severity::kDebug);
   EXPECT_EQ(config.socket_group, "tier");
   EXPECT_EQ(config.copy_delay_us, 1500u);
   EXPECT_EQ(config.state_dir, "/var/lib/tierd");  // untouched keys keep their values
@@ -375,7 +377,7 @@ TEST_F(LoadConfigTest, FlagsOverrideTheFileWhereverTheyStand) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->ring_entries, 128u);  // flag before --config still wins
   EXPECT_EQ(config->max_sessions, 9u);    // `--key value` with dashes
-  EXPECT_EQ(config->engine, "host");      // from the file
+  EXPECT_EQ(config->engine, gpu::EngineKind::kHost);      // from the file
   EXPECT_EQ(config->config_file, file);
   // Finalized: derived paths filled in.
   EXPECT_EQ(config->session_socket_path, dir_.path() + "/tierd.session.sock");
@@ -388,7 +390,7 @@ TEST_F(LoadConfigTest, NoFileMeansEmbeddedDefaults) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->config_file, "");
   EXPECT_EQ(config->ring_entries, 1024u);
-  EXPECT_EQ(config->engine, "auto");
+  EXPECT_EQ(config->engine, gpu::EngineKind::kAuto);
 }
 
 TEST_F(LoadConfigTest, EnvironmentNamesTheFileAndTheFlagOverridesIt) {
@@ -585,17 +587,17 @@ TEST(DescribeConfig, RoundTripsEveryKey) {
   config.pool_fraction = 1.0 / 3.0;
   config.pool_max_bytes = 96 * kGiB;
   config.pool_numa_node = 1;
-  config.pool_lock = "required";
+  config.pool_lock = storage::LockMode::kRequired;
   config.default_quota_bytes = 1536 * kMiB;
   config.max_quota_bytes = 2 * kGiB + 4096;
   config.ring_entries = 65536;
   config.max_sessions = 17;
   config.attach_timeout_ms = 2500;
-  config.engine = "hip";
+  config.engine = gpu::EngineKind::kHip;
   config.host_engine_threads = 64;
   config.copy_delay_us = 20000;
   config.poll_idle_us = 0;
-  config.log_level = "warning";
+  config.log_level = Severity::kWarning;
   config.drain_timeout_ms = 0;
   config.metrics_listen = "127.0.0.1:9477";
   config.config_file = "/etc/tierd/tierd.conf";

@@ -1,17 +1,19 @@
-// The spiller over a real host pool and a real spill store (files in a temporary directory):
-// watermarks, victim order, prefetch order and stop point, data intact both ways, and
-// backpressure that cannot hang. Objects are made here the way the job executor makes them.
+// The NVMe tier's mover behind the TierManager, over a real host pool and a real spill store (files
+// in a temporary directory) and a real ObjectTable: watermarks, victim order, prefetch order and
+// stop point, data intact both ways, and waits for room that end (served or given up) instead of
+// hanging. Objects are made here the way the job executor makes them. (The admission queue's
+// order and fairness are tested alone: admission_queue_test.cc.)
 #include "daemon/spiller.h"
 
 #include <chrono>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "daemon/object_memory.h"
+#include "daemon/object_table.h"
+#include "daemon/tier_manager.h"
 #include "gtest/gtest.h"
 #include "spill_test_util.h"
 
@@ -43,74 +45,60 @@ class SpillerTest : public ::testing::Test {
     auto store = storage::SpillStore::Create(std::move(store_options));
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
-    AttachToken token{};
-    session_ = std::make_shared<Session>(1, "test", token, ~uint64_t{0}, 64);
   }
 
   // Every object made so far becomes a spill candidate before the spiller's thread starts, as if
   // their fills had all just completed; then the thread starts.
   void StartSpiller(Watermarks marks, uint32_t prefetches, bool track = true,
                     uint32_t stall_ms = 5000) {
-    spiller_ = std::make_unique<Spiller>(*pool_, *store_,
-                                         SpillerOptions{marks, prefetches, stall_ms});
+    tiers_ = std::make_unique<TierManager>(*pool_, store_.get(),
+                                           SpillerOptions{marks, prefetches, stall_ms});
     if (track) {
-      for (auto& object : objects_) spiller_->Track(session_, object);
+      for (auto& object : objects_) tiers_->Filled(table_, object);
     }
-    spiller_->Start();
+    tiers_->Start();
   }
+  Spiller& spiller() { return *tiers_->spiller(); }
 
   void TearDown() override {
-    if (spiller_) spiller_->Stop();
-    // Let writes and reads in flight land before the objects' memory goes.
-    for (int i = 0; i < 2000 && !Settled(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (tiers_) tiers_->Stop();
+    // Writes and reads in flight landed (Stop waits for them): every live object is on one tier.
+    EXPECT_TRUE(Settled());
   }
 
   // A filled object of kObject bytes with pattern `seq`, as an offload leaves it (not tracked).
   std::shared_ptr<Object> Offload(uint64_t seq, uint64_t hint = 0) {
-    auto object = std::make_shared<Object>();
+    absl::StatusOr<std::shared_ptr<Object>> object =
+        table_->Create(seq, kObject, hint, seq, kObject);
+    EXPECT_TRUE(object.ok()) << object.status();
     std::optional<storage::Extent> extent = pool_->Allocate(kObject);
     if (!extent) {
       ADD_FAILURE() << "pool full at seq " << seq;
-      return object;
+      return *object;
     }
-    object->extent = *extent;
-    object->len = kObject;
-    object->charged = extent->bytes;
-    object->state = Object::State::kReady;
-    object->seq = seq;
-    object->hint = hint;
+    EXPECT_TRUE(table_->Admit(**object, *extent).ok());
     FillPattern(pool_->At(*extent), kObject, seq);
-    {
-      std::lock_guard lock(session_->mu());
-      session_->used_bytes() += object->charged;
-    }
-    objects_.push_back(object);
-    return object;
+    std::vector<ObjectWaiter> waiters;
+    EXPECT_TRUE(table_->EndFill(**object, absl::OkStatus(), &waiters).empty());
+    objects_.push_back(*object);
+    return *object;
   }
 
   // What a free does: the client drops it; memory returns at the last unpin.
   void Free(const std::shared_ptr<Object>& object) {
-    Released released;
-    {
-      std::lock_guard lock(session_->mu());
-      object->dropped = true;
-      ++object->pins;
-      released = UnpinObjectLocked(*session_, *object, *pool_, store_.get());
-    }
-    if (released == Released::kHost) spiller_->NotifyFreed();
+    absl::StatusOr<Release> released = table_->Free(object->id());
+    ASSERT_TRUE(released.ok()) << released.status();
+    tiers_->Settle(*released);
   }
 
-  Object::Where WhereIs(const Object& object) {
-    std::lock_guard lock(session_->mu());
-    return object.where;
-  }
+  Object::Where WhereIs(const Object& object) { return table_->Look(object).where; }
 
   // No I/O in flight: every live object is on one tier, not between.
   bool Settled() {
-    std::lock_guard lock(session_->mu());
     for (auto& object : objects_) {
-      if (object->dropped) continue;
-      if (object->where == Object::Where::kSpilling || object->where == Object::Where::kFetching) {
+      ObjectTable::View view = table_->Look(*object);
+      if (view.dropped) continue;
+      if (view.where == Object::Where::kSpilling || view.where == Object::Where::kFetching) {
         return false;
       }
     }
@@ -136,8 +124,8 @@ class SpillerTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> store_;
-  std::shared_ptr<Session> session_;
-  std::unique_ptr<Spiller> spiller_;
+  std::shared_ptr<ObjectTable> table_ = std::make_shared<ObjectTable>(~uint64_t{0});
+  std::unique_ptr<TierManager> tiers_;
   std::vector<std::shared_ptr<Object>> objects_;
 };
 
@@ -149,22 +137,22 @@ TEST_F(SpillerTest, SpillsTheOldestDownToTheLowWatermark) {
   uint64_t newest_spilled = 0, oldest_in_memory = ~uint64_t{0};
   for (auto& object : objects_) {
     if (WhereIs(*object) == Object::Where::kNvme) {
-      newest_spilled = std::max(newest_spilled, object->seq);
+      newest_spilled = std::max(newest_spilled, object->seq());
     } else {
-      oldest_in_memory = std::min(oldest_in_memory, object->seq);
+      oldest_in_memory = std::min(oldest_in_memory, object->seq());
     }
   }
   EXPECT_LT(newest_spilled, oldest_in_memory);
   EXPECT_EQ(newest_spilled, 24u);  // 40 objects, 16 stay (25% of 64 slots): no overshoot
-  EXPECT_EQ(spiller_->counters().spills.load(), newest_spilled);
-  EXPECT_EQ(spiller_->counters().bytes_spilled.load(), newest_spilled * kObject);
+  EXPECT_EQ(spiller().counters().spills.load(), newest_spilled);
+  EXPECT_EQ(spiller().counters().bytes_spilled.load(), newest_spilled * kObject);
 }
 
 TEST_F(SpillerTest, NothingSpillsBetweenTheWatermarks) {
   for (uint64_t seq = 1; seq <= 30; ++seq) Offload(seq);  // 47%: under the high mark
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(spiller_->counters().spills.load(), 0u);
+  EXPECT_EQ(spiller().counters().spills.load(), 0u);
   for (auto& object : objects_) EXPECT_EQ(WhereIs(*object), Object::Where::kHost);
 }
 
@@ -177,9 +165,9 @@ TEST_F(SpillerTest, HintsPickTheObjectsUsedLast) {
   uint64_t smallest_spilled = ~uint64_t{0}, largest_in_memory = 0;
   for (auto& object : objects_) {
     if (WhereIs(*object) == Object::Where::kNvme) {
-      smallest_spilled = std::min(smallest_spilled, object->hint);
+      smallest_spilled = std::min(smallest_spilled, object->hint());
     } else {
-      largest_in_memory = std::max(largest_in_memory, object->hint);
+      largest_in_memory = std::max(largest_in_memory, object->hint());
     }
   }
   EXPECT_GT(smallest_spilled, largest_in_memory);
@@ -201,8 +189,8 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
     if (WhereIs(*object) == Object::Where::kHost) in_memory.push_back(object);
   }
   for (auto& object : in_memory) Free(object);
-  ASSERT_TRUE(WaitFor([&] { return spiller_->counters().prefetches.load() >= 16; }))
-      << spiller_->counters().prefetches.load() << " prefetches";
+  ASSERT_TRUE(WaitFor([&] { return spiller().counters().prefetches.load() >= 16; }))
+      << spiller().counters().prefetches.load() << " prefetches";
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_TRUE(WaitFor([] { return true; }));
   EXPECT_LE(UsedPct(), 25u);  // prefetching stops at the low watermark
@@ -210,55 +198,125 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
   uint64_t oldest_back = ~uint64_t{0}, newest_still_out = 0;
   for (auto& object : spilled) {
     if (WhereIs(*object) == Object::Where::kHost) {
-      oldest_back = std::min(oldest_back, object->seq);
-      EXPECT_TRUE(MatchesPattern(pool_->At(object->extent), kObject, object->seq)) << object->seq;
-      EXPECT_TRUE(object->prefetched);
+      oldest_back = std::min(oldest_back, object->seq());
+      ObjectTable::View view = table_->Look(*object);
+      EXPECT_TRUE(MatchesPattern(pool_->At(view.extent), kObject, object->seq())) << object->seq();
+      EXPECT_TRUE(view.prefetched);
     } else {
-      newest_still_out = std::max(newest_still_out, object->seq);
+      newest_still_out = std::max(newest_still_out, object->seq());
     }
   }
   EXPECT_GT(oldest_back, newest_still_out);
-  EXPECT_EQ(spiller_->counters().bytes_prefetched.load(),
-            spiller_->counters().prefetches.load() * kObject);
+  EXPECT_EQ(spiller().counters().bytes_prefetched.load(),
+            spiller().counters().prefetches.load() * kObject);
   // Reloading a prefetched object counts a hit; a spilled one a miss.
-  {
-    std::lock_guard lock(session_->mu());
-    for (auto& object : spilled) spiller_->NoteReloadLocked(*object);
+  for (auto& object : spilled) {
+    absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(object->id(), kObject);
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    tiers_->NoteReload(pinned->prefetch);
+    tiers_->Settle(table_->Unpin(*object));
   }
-  EXPECT_EQ(spiller_->counters().prefetch_hits.load(), spiller_->counters().prefetches.load());
-  EXPECT_EQ(spiller_->counters().prefetch_hits.load() + spiller_->counters().prefetch_misses.load(),
+  EXPECT_EQ(spiller().counters().prefetch_hits.load(), spiller().counters().prefetches.load());
+  EXPECT_EQ(spiller().counters().prefetch_hits.load() + spiller().counters().prefetch_misses.load(),
             spilled.size());
 }
 
+// A reload of a spilled object: the read is pipelined (a feed that fills as chunks are verified),
+// and the bytes are the ones written.
 TEST_F(SpillerTest, FetchReturnsTheSpilledBytes) {
   for (uint64_t seq = 1; seq <= 40; ++seq) Offload(seq);
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
   ASSERT_TRUE(WaitFor([&] { return UsedPct() <= 25; }));
   std::shared_ptr<Object> first = objects_[0];
   ASSERT_EQ(WhereIs(*first), Object::Where::kNvme);
-  {
-    std::lock_guard lock(session_->mu());
-    ++first->pins;  // the reload's pin
-  }
-  std::promise<absl::Status> fetched;
-  spiller_->Fetch(session_, first, [&](absl::Status s) { fetched.set_value(s); });
-  ASSERT_TRUE(fetched.get_future().get().ok());
-  EXPECT_EQ(WhereIs(*first), Object::Where::kHost);
-  EXPECT_TRUE(MatchesPattern(pool_->At(first->extent), kObject, 1));
-  std::lock_guard lock(session_->mu());
-  --first->pins;
+  absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(first->id(), kObject);
+  ASSERT_TRUE(pinned.ok());
+  ASSERT_TRUE(pinned->on_nvme);
+  std::promise<absl::StatusOr<Readable>> readable;
+  tiers_->MakeReadable(table_, 1, *pinned,
+                       [&](absl::StatusOr<Readable> r) { readable.set_value(std::move(r)); });
+  absl::StatusOr<Readable> from = readable.get_future().get();
+  ASSERT_TRUE(from.ok()) << from.status();
+  ASSERT_NE(from->feed, nullptr) << "the reload that starts the read is fed as it goes";
+  std::promise<absl::Status> ended;
+  from->feed->Subscribe([&](uint64_t, bool end, const absl::Status& status) {
+    if (end) ended.set_value(status);
+  });
+  ASSERT_TRUE(ended.get_future().get().ok());
+  EXPECT_TRUE(MatchesPattern(pool_->At(from->extent), kObject, 1));
+  ASSERT_TRUE(WaitFor([&] { return WhereIs(*first) == Object::Where::kHost; }));
+  EXPECT_EQ(table_->extent(*first), from->extent);
+  from->feed->Unsubscribe();
+  from = absl::UnknownError("dropped");  // the copy is done: its lease goes
+  tiers_->Settle(table_->Unpin(*first));
+  EXPECT_EQ(spiller().counters().fetches.load(), 1u);
+}
+
+// A job that finds the pool full waits in the admission queue and gets its room once the spiller
+// wrote something out (whatever the watermarks say).
+TEST_F(SpillerTest, AnAdmissionWaitsForASpillThenGetsItsRoom) {
+  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full
+  StartSpiller(Watermarks{100, 100}, /*prefetches=*/0);      // the watermarks never spill
+  std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
+  std::promise<absl::Status> admitted;
+  tiers_->Admit(table_, 1, late, [&](absl::Status s) { admitted.set_value(s); });
+  auto future = admitted.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(future.get().ok());
+  EXPECT_NE(table_->Look(*late).extent.bytes, 0u);
+  EXPECT_EQ(WhereIs(*objects_[0]), Object::Where::kNvme) << "the oldest made the room";
+  std::vector<ObjectWaiter> waiters;
+  tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
+}
+
+// A reload of a spilled object with the pool full waits for room like an offload, then reads.
+TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
+  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
+  StartSpiller(Watermarks{100, 100}, /*prefetches=*/0);
+  std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
+  std::promise<absl::Status> admitted;
+  tiers_->Admit(table_, 1, late, [&](absl::Status s) { admitted.set_value(s); });
+  ASSERT_TRUE(admitted.get_future().get().ok());  // one object went to NVMe for it
+  std::vector<ObjectWaiter> waiters;
+  tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
+  objects_.push_back(late);
+  ASSERT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }));
+  absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(objects_[0]->id(), kObject);
+  ASSERT_TRUE(pinned.ok());
+  std::promise<absl::StatusOr<Readable>> readable;
+  tiers_->MakeReadable(table_, 1, *pinned,
+                       [&](absl::StatusOr<Readable> r) { readable.set_value(std::move(r)); });
+  auto future = readable.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  absl::StatusOr<Readable> from = future.get();
+  ASSERT_TRUE(from.ok()) << from.status();
+  ASSERT_NE(from->feed, nullptr);
+  std::promise<absl::Status> ended;
+  from->feed->Subscribe([&](uint64_t, bool end, const absl::Status& status) {
+    if (end) ended.set_value(status);
+  });
+  ASSERT_TRUE(ended.get_future().get().ok());
+  EXPECT_TRUE(MatchesPattern(pool_->At(from->extent), kObject, 1));
+  EXPECT_GE(spiller().counters().spills.load(), 2u) << "a second spill made room for the read";
+  from->feed->Unsubscribe();
+  from = absl::UnknownError("dropped");
+  tiers_->Settle(table_->Unpin(*objects_[0]));
 }
 
 TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   // A full pool of objects that are no candidates (never tracked: in use or not filled).
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
-  std::promise<bool> answer;
-  spiller_->WaitForRoom(1, [&] { return false; }, [&] { answer.set_value(false); });
+  std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
+  std::promise<absl::Status> answer;
+  tiers_->Admit(table_, 1, late, [&](absl::Status s) { answer.set_value(s); });
   auto future = answer.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_FALSE(future.get());
-  EXPECT_EQ(spiller_->counters().spills.load(), 0u);
+  EXPECT_EQ(future.get().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(spiller().counters().spills.load(), 0u);
+  std::vector<ObjectWaiter> waiters;
+  tiers_->Settle(table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters));
+  EXPECT_EQ(table_->size(), kSlots);
 }
 
 // A copy in flight keeps waiters waiting (its end may bring room), but not forever: when nothing
@@ -270,11 +328,14 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/300);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // idle past stall_ms
-  spiller_->CopyStarted();
+  tiers_->CopyStarted();
+  std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<std::chrono::steady_clock::time_point> gave_up;
   auto start = std::chrono::steady_clock::now();
-  spiller_->WaitForRoom(1, [] { return false; },
-                        [&] { gave_up.set_value(std::chrono::steady_clock::now()); });
+  tiers_->Admit(table_, 1, late, [&](absl::Status s) {
+    EXPECT_FALSE(s.ok());
+    gave_up.set_value(std::chrono::steady_clock::now());
+  });
   auto future = gave_up.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   // Not before the stall time although nothing could be spilled: the copy in flight kept it.
@@ -282,131 +343,34 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   // up, so a slow test thread cannot fail it.)
   EXPECT_GE(future.get() - start, std::chrono::milliseconds(295))
       << "gave up although a copy was in flight";
-  spiller_->CopyEnded();
+  tiers_->CopyEnded();
+  std::vector<ObjectWaiter> waiters;
+  tiers_->Settle(table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters));
 }
 
-// Waiting jobs of one session get room strictly in arrival order: the second is not even tried
-// while the first still finds none (on a GPU lane a later ticket could not run before an earlier
-// one anyway).
-TEST_F(SpillerTest, WaitersAreServedInArrivalOrder) {
-  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
-  spiller_->CopyStarted();  // a copy in flight: room may still come, nobody gives up
-  std::mutex mu;
-  std::vector<std::string> log;
-  std::atomic<int> first_tries{0};
-  std::promise<void> both;
-  spiller_->WaitForRoom(
-      1,
-      [&] {
-        std::lock_guard lock(mu);
-        log.push_back("first");
-        return ++first_tries >= 5;  // room on the fifth look
-      },
-      [&] { ADD_FAILURE() << "first gave up"; });
-  spiller_->WaitForRoom(
-      1,
-      [&] {
-        std::lock_guard lock(mu);
-        log.push_back("second");
-        both.set_value();
-        return true;
-      },
-      [&] { ADD_FAILURE() << "second gave up"; });
-  EXPECT_TRUE(spiller_->HasWaiters());
-  for (int i = 0; i < 10; ++i) spiller_->NotifyFreed();
-  ASSERT_EQ(both.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  spiller_->CopyEnded();
-  std::lock_guard lock(mu);
-  ASSERT_EQ(log.size(), 6u);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(log[i], "first");
-  EXPECT_EQ(log[5], "second");
-  // The flag drops once the spiller is back from the second's try (it stays up while a waiter
-  // is tried, so that no new job overtakes it): poll for it rather than race the spiller thread.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (spiller_->HasWaiters() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// Stopping ends every wait (a job waiting for room fails instead of holding its session open).
+TEST_F(SpillerTest, StopEndsEveryWait) {
+  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
+  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/60000);
+  tiers_->CopyStarted();  // room may still come: nobody gives up by itself
+  std::vector<std::shared_ptr<Object>> late;
+  std::atomic<int> ended{0};
+  for (uint64_t i = 0; i < 3; ++i) {
+    late.push_back(*table_->Create(1000 + i, kObject, 0, 1000 + i, kObject));
+    tiers_->Admit(table_, 1 + i, late.back(), [&](absl::Status s) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+      ++ended;
+    });
   }
-  EXPECT_FALSE(spiller_->HasWaiters());
-}
-
-// Sessions wait for room side by side: a session whose first waiter finds none (a large
-// offload) does not hold up another session's waiter that fits (issue 16: one session's
-// parked offload held every later offload of every session).
-TEST_F(SpillerTest, OneSessionsWaiterDoesNotHoldUpAnothers) {
-  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
-  spiller_->CopyStarted();  // a copy in flight: room may still come, nobody gives up
-  std::atomic<int> big_tries{0};
-  std::atomic<bool> stopping{false};
-  std::promise<void> small_served;
-  spiller_->WaitForRoom(
-      7, [&] { return ++big_tries, false; },
-      [&] { EXPECT_TRUE(stopping.load()) << "the big one gave up while room could still come"; });
-  spiller_->WaitForRoom(
-      8,
-      [&] {
-        small_served.set_value();
-        return true;
-      },
-      [&] { ADD_FAILURE() << "the small one gave up"; });
-  ASSERT_EQ(small_served.get_future().wait_for(std::chrono::seconds(10)),
-            std::future_status::ready);
-  EXPECT_GE(big_tries.load(), 1);
-  EXPECT_TRUE(spiller_->HasWaiters());  // the big one still waits
-  stopping = true;
-  spiller_->Stop();  // it gives up now: the spiller stops
-  spiller_->CopyEnded();
-}
-
-// When no room can come, only the waiter that waited longest gives up; the one behind it (same
-// session) fits once it is gone and is served, not failed with it (issue 16: the spiller failed
-// every waiter, so one impossible offload cost every session its jobs).
-TEST_F(SpillerTest, WhenStuckOnlyTheOldestWaiterGivesUp) {
-  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
-  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
-  std::atomic<bool> first_gone{false};
-  std::promise<std::string> first, second;
-  spiller_->WaitForRoom(
-      1, [] { return false; },
-      [&] {
-        first_gone = true;
-        first.set_value("gave up");
-      });
-  spiller_->WaitForRoom(
-      1,
-      [&] {
-        // Fits once the first is gone (as if the first's end released what it needs).
-        if (!first_gone) return false;
-        second.set_value("served");
-        return true;
-      },
-      [&] { second.set_value("gave up"); });
-  auto first_result = first.get_future();
-  auto second_result = second.get_future();
-  ASSERT_EQ(first_result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  ASSERT_EQ(second_result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_EQ(first_result.get(), "gave up");
-  EXPECT_EQ(second_result.get(), "served");
-}
-
-// Stuck waiters of several sessions all give up in the end, oldest first, one per round.
-TEST_F(SpillerTest, StuckWaitersGiveUpOneAtATimeOldestFirst) {
-  for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
-  StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
-  std::mutex mu;
-  std::vector<int> order;
-  std::promise<void> all;
-  for (int i = 0; i < 4; ++i) {
-    spiller_->WaitForRoom(
-        static_cast<uint64_t>(10 - i), [] { return false; },
-        [&, i] {
-          std::lock_guard lock(mu);
-          order.push_back(i);
-          if (order.size() == 4) all.set_value();
-        });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ended.load(), 0);
+  tiers_->Stop();
+  EXPECT_EQ(ended.load(), 3);
+  tiers_->CopyEnded();
+  std::vector<ObjectWaiter> waiters;
+  for (auto& object : late) {
+    tiers_->Settle(table_->EndFill(*object, absl::ResourceExhaustedError("stopped"), &waiters));
   }
-  ASSERT_EQ(all.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  std::lock_guard lock(mu);
-  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
 }
 
 }  // namespace

@@ -1,0 +1,79 @@
+// The memory tiers behind the job executor: the host pool and, when configured, the NVMe tier (the
+// spill store and the spiller that moves objects between the two). The executor sees two calls per
+// job: admission of a new object into host memory (now, or in order once room comes) and making
+// an object readable (its extent as it is, or a feed still filling from NVMe); everything about
+// spilling stays behind this class. With no NVMe tier, admission fails at once when the pool is
+// full and every object is readable as it is.
+#ifndef TIER_DAEMON_TIER_MANAGER_H_
+#define TIER_DAEMON_TIER_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/admission_queue.h"
+#include "daemon/object_table.h"
+#include "daemon/spiller.h"
+#include "storage/host_pool.h"
+#include "storage/spill_store.h"
+
+namespace tier::daemon {
+
+class TierManager {
+ public:
+  // `store`: the NVMe tier, or null for none.
+  TierManager(storage::HostPool& pool, storage::SpillStore* store, SpillerOptions options);
+  ~TierManager();
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  void Start();
+  // Jobs still waiting for room give up; the spiller stops after its I/O landed.
+  void Stop();
+
+  storage::HostPool& pool() { return pool_; }
+  // The NVMe tier's mover (status and counters), or null.
+  Spiller* spiller() { return spiller_.get(); }
+
+  // Whether an object of `len` bytes could ever be in host memory (it must be, to be filled).
+  bool CanEverHold(uint64_t len) const { return len <= pool_.bytes(); }
+  // The quota charge of an object of `len` bytes: the extent the pool will hand out for it.
+  uint64_t Charge(uint64_t len) const {
+    return (len + pool_.alignment() - 1) & ~(pool_.alignment() - 1);
+  }
+
+  // A new object in `table` needs its host extent: `then(OK)` once it has it (ObjectTable::Admit
+  // done), on this thread when there is room now and nobody waits before it, else later, in the
+  // order of `queue` (the session), once the spiller made room; `then(RESOURCE_EXHAUSTED)` when
+  // no room can come.
+  void Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
+             const std::shared_ptr<Object>& object, std::function<void(absl::Status)> then);
+  // A reload found its object so (a prefetch hit or miss: counters).
+  void NoteReload(ObjectTable::Prefetch prefetch);
+  // A reload pinned `pinned`: `then` gets what to copy from (see Readable and Spiller::Fetch);
+  // at once when the object's bytes are in host memory.
+  void MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
+                    const ObjectTable::Pinned& pinned,
+                    std::function<void(absl::StatusOr<Readable>)> then);
+  // A fill completed: the object may be spilled from now on.
+  void Filled(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object);
+  // Copies on pool memory (fills, reloads) started and ended: see Spiller::CopyStarted.
+  void CopyStarted();
+  void CopyEnded();
+  // Gives back what an ObjectTable transition released.
+  void Settle(const Release& release);
+
+ private:
+  // Gives `object` the new `extent`; an extent the table refuses goes back to the pool.
+  absl::Status AdmitWith(ObjectTable& table, Object& object, storage::Extent extent);
+
+  storage::HostPool& pool_;
+  AdmissionQueue admission_;
+  std::unique_ptr<Spiller> spiller_;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_TIER_MANAGER_H_

@@ -1,0 +1,333 @@
+// The object table alone: each transition, what it gives back (extent, spill record), the quota,
+// and the transitions that do not apply in an object's state. No pool and no store: extents and
+// records are plain values here, so a leak or a double release shows as a wrong Release.
+#include "daemon/object_table.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tier::daemon {
+namespace {
+
+constexpr uint64_t kLen = 1000;
+constexpr uint64_t kCharge = 4096;  // what the pool would hand out for kLen
+const storage::Extent kExtent{8192, 4096};
+const storage::SpillRecord kRecord{42, 0, storage::Extent{0, 4096}, kLen};
+
+class ObjectTableTest : public ::testing::Test {
+ protected:
+  // A filled object `id`, in host memory at kExtent, nothing using it.
+  std::shared_ptr<Object> Ready(uint64_t id) {
+    absl::StatusOr<std::shared_ptr<Object>> object = table_.Create(id, kLen, 0, id, kCharge);
+    EXPECT_TRUE(object.ok()) << object.status();
+    EXPECT_TRUE(table_.Admit(**object, kExtent).ok());
+    std::vector<ObjectWaiter> waiters;
+    EXPECT_TRUE(table_.EndFill(**object, absl::OkStatus(), &waiters).empty());
+    return *object;
+  }
+  // `object` written to NVMe (kRecord) and its extent gone.
+  void Spill(Object& object) {
+    storage::Extent extent;
+    ASSERT_EQ(table_.BeginSpill(object, &extent), ObjectTable::SpillStart::kBegan);
+    bool spilled = false;
+    Release release = table_.EndSpill(object, kRecord, &spilled);
+    ASSERT_TRUE(spilled);
+    ASSERT_EQ(release.extent, kExtent);
+    ASSERT_FALSE(release.record);
+  }
+
+  ObjectTable table_{3 * kCharge};
+};
+
+TEST_F(ObjectTableTest, CreateChargesTheQuotaAndRefusesDuplicatesAndOverruns) {
+  ASSERT_TRUE(table_.Create(1, kLen, 0, 1, kCharge).ok());
+  EXPECT_EQ(table_.used_bytes(), kCharge);
+  EXPECT_EQ(table_.Create(1, kLen, 0, 2, kCharge).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(table_.Create(2, kLen, 0, 3, 2 * kCharge).ok());
+  absl::Status over = table_.Create(3, kLen, 0, 4, 1).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(over.message()).find("quota"), std::string::npos) << over;
+  EXPECT_EQ(table_.size(), 2u);
+  EXPECT_EQ(table_.used_bytes(), 3 * kCharge);
+}
+
+TEST_F(ObjectTableTest, AdmissionChargesTheExtentAndHappensOnce) {
+  std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
+  ASSERT_TRUE(table_.Admit(*object, storage::Extent{0, 2 * kCharge}).ok());
+  EXPECT_EQ(table_.used_bytes(), 2 * kCharge);  // the extent as handed out
+  EXPECT_EQ(table_.Admit(*object, kExtent).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table_.Look(*object).extent, (storage::Extent{0, 2 * kCharge}));
+}
+
+TEST_F(ObjectTableTest, AFailedFillLeavesNoObjectAndGivesEverythingBack) {
+  std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
+  ASSERT_TRUE(table_.Admit(*object, kExtent).ok());
+  // A reload accepted during the fill waits for it.
+  absl::StatusOr<ObjectTable::Pinned> reload = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(reload.ok());
+  EXPECT_TRUE(reload->filling);
+  EXPECT_TRUE(reload->admitted);
+  std::vector<std::string> heard;
+  EXPECT_TRUE(table_.AwaitFill(*object, [&](absl::Status s) { heard.push_back(s.ToString()); }));
+  std::vector<ObjectWaiter> waiters;
+  Release fill = table_.EndFill(*object, absl::DataLossError("copy failed"), &waiters);
+  EXPECT_TRUE(fill.empty()) << "the reload still pins it";
+  ASSERT_EQ(waiters.size(), 1u);
+  waiters[0](absl::DataLossError("copy failed"));
+  EXPECT_EQ(heard.size(), 1u);
+  EXPECT_TRUE(table_.FillFailed(*object));
+  EXPECT_FALSE(table_.AwaitFill(*object, [](absl::Status) { ADD_FAILURE(); }));
+  EXPECT_EQ(table_.PinForReload(1, kLen).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table_.Free(1).status().code(), absl::StatusCode::kNotFound);
+  Release last = table_.Unpin(*object);
+  EXPECT_EQ(last.extent, kExtent);
+  EXPECT_EQ(table_.used_bytes(), 0u);
+  EXPECT_EQ(table_.size(), 0u);
+}
+
+TEST_F(ObjectTableTest, AnObjectWaitingForAdmissionFailsWithNothingToGiveBack) {
+  std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
+  absl::StatusOr<ObjectTable::Pinned> reload = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(reload.ok());
+  EXPECT_FALSE(reload->admitted);
+  std::vector<ObjectWaiter> waiters;
+  EXPECT_TRUE(table_.EndFill(*object, absl::ResourceExhaustedError("no room"), &waiters).empty());
+  EXPECT_TRUE(table_.Unpin(*object).empty());
+  EXPECT_EQ(table_.used_bytes(), 0u) << "the charge of an unadmitted object is refunded too";
+}
+
+TEST_F(ObjectTableTest, ReloadChecksTheObjectAndItsLength) {
+  Ready(1);
+  EXPECT_EQ(table_.PinForReload(2, kLen).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table_.PinForReload(1, kLen + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<ObjectTable::Pinned> pinned = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_FALSE(pinned->filling);
+  EXPECT_FALSE(pinned->on_nvme);
+  EXPECT_EQ(pinned->prefetch, ObjectTable::Prefetch::kNone);
+  EXPECT_EQ(table_.Look(*pinned->object).pins, 1u);
+  EXPECT_EQ(table_.extent(*pinned->object), kExtent);
+}
+
+TEST_F(ObjectTableTest, AFreedObjectsMemoryGoesWithTheLastPin) {
+  std::shared_ptr<Object> object = Ready(1);
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  absl::StatusOr<Release> freed = table_.Free(1);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_TRUE(freed->empty()) << "two reloads still read it";
+  EXPECT_EQ(table_.size(), 0u);
+  EXPECT_EQ(table_.used_bytes(), kCharge) << "charged until the memory goes";
+  EXPECT_TRUE(table_.Unpin(*object).empty());
+  Release last = table_.Unpin(*object);
+  EXPECT_EQ(last.extent, kExtent);
+  EXPECT_EQ(table_.used_bytes(), 0u);
+  EXPECT_TRUE(table_.Unpin(*object).empty()) << "an extra unpin must not give it back twice";
+}
+
+TEST_F(ObjectTableTest, DropAfterReloadRemovesOnlyThatObject) {
+  std::shared_ptr<Object> old = Ready(1);
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  ASSERT_TRUE(table_.Free(1).ok());
+  std::shared_ptr<Object> reused = Ready(1);  // the client reused the id meanwhile
+  table_.DropAfterReload(*old);
+  EXPECT_EQ(table_.size(), 1u) << "the new object of the same id must stay";
+  EXPECT_EQ(table_.Unpin(*old).extent, kExtent);
+  EXPECT_TRUE(table_.PinForReload(1, kLen).ok());
+}
+
+TEST_F(ObjectTableTest, DropAllGivesBackWhatNoJobUses) {
+  std::shared_ptr<Object> idle = Ready(1);
+  std::shared_ptr<Object> busy = Ready(2);
+  std::shared_ptr<Object> spilled = Ready(3);
+  Spill(*spilled);
+  ASSERT_TRUE(table_.PinForReload(2, kLen).ok());
+  std::vector<Release> released = table_.DropAll();
+  ASSERT_EQ(released.size(), 2u);
+  int extents = 0, records = 0;
+  for (const Release& r : released) {
+    extents += r.extent.has_value();
+    records += r.record.has_value();
+  }
+  EXPECT_EQ(extents, 1);
+  EXPECT_EQ(records, 1);
+  EXPECT_EQ(table_.size(), 0u);
+  EXPECT_EQ(table_.Unpin(*busy).extent, kExtent);
+  EXPECT_EQ(table_.used_bytes(), 0u);
+}
+
+TEST_F(ObjectTableTest, OnlyAReadyUnusedHostObjectIsSpilled) {
+  std::shared_ptr<Object> filling = *table_.Create(1, kLen, 0, 1, kCharge);
+  ASSERT_TRUE(table_.Admit(*filling, kExtent).ok());
+  storage::Extent extent;
+  EXPECT_EQ(table_.BeginSpill(*filling, &extent), ObjectTable::SpillStart::kNot);
+  std::shared_ptr<Object> used = Ready(2);
+  ASSERT_TRUE(table_.PinForReload(2, kLen).ok());
+  EXPECT_EQ(table_.BeginSpill(*used, &extent), ObjectTable::SpillStart::kBusy);
+  std::shared_ptr<Object> ready = Ready(3);
+  ASSERT_EQ(table_.BeginSpill(*ready, &extent), ObjectTable::SpillStart::kBegan);
+  EXPECT_EQ(extent, kExtent);
+  EXPECT_EQ(table_.Look(*ready).where, Object::Where::kSpilling);
+  EXPECT_EQ(table_.BeginSpill(*ready, &extent), ObjectTable::SpillStart::kNot);
+  ASSERT_TRUE(table_.Free(3).ok());
+  EXPECT_EQ(table_.BeginSpill(*ready, &extent), ObjectTable::SpillStart::kNot);
+}
+
+TEST_F(ObjectTableTest, AWriteThatLandsWhileAReloadReadsKeepsTheHostCopy) {
+  std::shared_ptr<Object> object = Ready(1);
+  storage::Extent extent;
+  ASSERT_EQ(table_.BeginSpill(*object, &extent), ObjectTable::SpillStart::kBegan);
+  absl::StatusOr<ObjectTable::Pinned> reload = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(reload.ok());
+  EXPECT_FALSE(reload->on_nvme) << "the host copy is whole while the write runs";
+  bool spilled = true;
+  Release release = table_.EndSpill(*object, kRecord, &spilled);
+  EXPECT_FALSE(spilled);
+  EXPECT_EQ(release.record, kRecord) << "the record is not needed";
+  EXPECT_FALSE(release.extent);
+  EXPECT_EQ(table_.Look(*object).where, Object::Where::kHost);
+  EXPECT_TRUE(table_.Unpin(*object).empty());
+}
+
+TEST_F(ObjectTableTest, AFailedWriteLeavesTheObjectInHostMemory) {
+  std::shared_ptr<Object> object = Ready(1);
+  storage::Extent extent;
+  ASSERT_EQ(table_.BeginSpill(*object, &extent), ObjectTable::SpillStart::kBegan);
+  bool spilled = true;
+  EXPECT_TRUE(table_.EndSpill(*object, absl::DataLossError("EIO"), &spilled).empty());
+  EXPECT_FALSE(spilled);
+  EXPECT_EQ(table_.Look(*object).where, Object::Where::kHost);
+  EXPECT_EQ(table_.Look(*object).pins, 0u);
+  bool again = true;
+  EXPECT_TRUE(table_.EndSpill(*object, kRecord, &again).empty()) << "no spill began";
+  EXPECT_FALSE(again);
+}
+
+TEST_F(ObjectTableTest, AnObjectFreedDuringItsWriteGivesBackBoth) {
+  std::shared_ptr<Object> object = Ready(1);
+  storage::Extent extent;
+  ASSERT_EQ(table_.BeginSpill(*object, &extent), ObjectTable::SpillStart::kBegan);
+  ASSERT_TRUE(table_.Free(1).ok());
+  bool spilled = true;
+  Release release = table_.EndSpill(*object, kRecord, &spilled);
+  EXPECT_FALSE(spilled);
+  EXPECT_EQ(release.extent, kExtent);
+  EXPECT_EQ(release.record, kRecord);
+  EXPECT_EQ(table_.used_bytes(), 0u);
+}
+
+TEST_F(ObjectTableTest, AReadBringsTheBytesBackAndLaterReadersJoinIt) {
+  std::shared_ptr<Object> object = Ready(1);
+  Spill(*object);
+  absl::StatusOr<ObjectTable::Pinned> first = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->on_nvme);
+  EXPECT_EQ(first->prefetch, ObjectTable::Prefetch::kMiss);
+  storage::Extent extent;
+  storage::SpillRecord record;
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, nullptr, &extent,
+                              &record),
+            ObjectTable::Fetch::kNoRoom);
+  const storage::Extent fresh{65536, 4096};
+  auto allocate = [&]() -> std::optional<storage::Extent> { return fresh; };
+  ASSERT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, nullptr,
+                              &extent, &record),
+            ObjectTable::Fetch::kStarted);
+  EXPECT_EQ(extent, fresh);
+  EXPECT_EQ(record, kRecord);
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  int joined = 0;
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate,
+                              [&](absl::Status s) { joined += s.ok(); }, &extent, &record),
+            ObjectTable::Fetch::kJoined);
+  bool spillable = false;
+  std::vector<ObjectWaiter> waiters;
+  Release release = table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/false,
+                                    /*detach=*/true, &spillable, &waiters);
+  EXPECT_EQ(release.record, kRecord);
+  EXPECT_FALSE(release.extent);
+  EXPECT_TRUE(spillable);
+  ASSERT_EQ(waiters.size(), 1u);
+  waiters[0](absl::OkStatus());
+  EXPECT_EQ(joined, 1);
+  EXPECT_EQ(table_.Look(*object).where, Object::Where::kHost);
+  EXPECT_EQ(table_.extent(*object), fresh);
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, nullptr,
+                              &extent, &record),
+            ObjectTable::Fetch::kInHost);
+}
+
+TEST_F(ObjectTableTest, AFailedReadLeavesTheObjectOnNvme) {
+  std::shared_ptr<Object> object = Ready(1);
+  Spill(*object);
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  const storage::Extent fresh{65536, 4096};
+  storage::Extent extent;
+  storage::SpillRecord record;
+  ASSERT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined,
+                              [&]() -> std::optional<storage::Extent> { return fresh; }, nullptr,
+                              &extent, &record),
+            ObjectTable::Fetch::kStarted);
+  bool spillable = true;
+  std::vector<ObjectWaiter> waiters;
+  // Not detached (a read that fed no copy): the new extent goes back.
+  Release release = table_.EndFetch(*object, absl::DataLossError("checksum"), false, false,
+                                    &spillable, &waiters);
+  EXPECT_EQ(release.extent, fresh);
+  EXPECT_FALSE(release.record);
+  EXPECT_FALSE(spillable);
+  EXPECT_EQ(table_.Look(*object).where, Object::Where::kNvme);
+  // The client frees it: its record goes back.
+  ASSERT_TRUE(table_.Free(1).ok());
+  EXPECT_EQ(table_.Unpin(*object).record, kRecord);
+  EXPECT_EQ(table_.used_bytes(), 0u);
+}
+
+TEST_F(ObjectTableTest, APrefetchMarksTheObjectAndAReloadCountsTheHit) {
+  std::shared_ptr<Object> object = Ready(1);
+  Spill(*object);
+  ASSERT_TRUE(table_.PinIfOnNvme(*object));
+  const storage::Extent fresh{65536, 4096};
+  storage::Extent extent;
+  storage::SpillRecord record;
+  ASSERT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch,
+                              [&]() -> std::optional<storage::Extent> { return fresh; }, nullptr,
+                              &extent, &record),
+            ObjectTable::Fetch::kStarted);
+  EXPECT_FALSE(table_.PinIfOnNvme(*object)) << "being read: not on NVMe any more";
+  bool spillable = false;
+  std::vector<ObjectWaiter> waiters;
+  Release release =
+      table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/true, false, &spillable, &waiters);
+  EXPECT_EQ(release.record, kRecord);
+  EXPECT_EQ(table_.Look(*object).pins, 0u) << "the prefetch's pin goes with its read";
+  EXPECT_TRUE(table_.Look(*object).prefetched);
+  absl::StatusOr<ObjectTable::Pinned> hit = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->prefetch, ObjectTable::Prefetch::kHit);
+  EXPECT_EQ(table_.PinForReload(1, kLen)->prefetch, ObjectTable::Prefetch::kNone);
+}
+
+TEST_F(ObjectTableTest, APrefetchOfAFreedObjectDoesNothing) {
+  std::shared_ptr<Object> object = Ready(1);
+  Spill(*object);
+  ASSERT_TRUE(table_.PinIfOnNvme(*object));
+  ASSERT_TRUE(table_.Free(1).ok());
+  storage::Extent extent;
+  storage::SpillRecord record;
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch,
+                              [&]() -> std::optional<storage::Extent> {
+                                ADD_FAILURE() << "allocated for a freed object";
+                                return std::nullopt;
+                              },
+                              nullptr, &extent, &record),
+            ObjectTable::Fetch::kGone);
+  EXPECT_EQ(table_.Unpin(*object).record, kRecord);
+  EXPECT_FALSE(table_.PinIfOnNvme(*object));
+}
+
+}  // namespace
+}  // namespace tier::daemon
