@@ -38,7 +38,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   }
 
   const DaemonMetrics& m = sources_.metrics;
-  s.jobs_in_flight = m.jobs_in_flight.load(std::memory_order_relaxed);
+  s.jobs_in_flight = m.jobs_in_flight.value();
   s.bytes_offloaded = m.totals.bytes_offloaded.load(std::memory_order_relaxed);
   s.bytes_reloaded = m.totals.bytes_reloaded.load(std::memory_order_relaxed);
   for (int k = 0; k < kJobKinds; ++k) {
