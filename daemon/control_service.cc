@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/admin_token.h"
+#include "common/version.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
@@ -62,7 +63,7 @@ v1::HealthResponse::State ControlService::State(std::string* reason) const {
 grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
                                         v1::GetVersionResponse* response) {
   response->set_version(context_.version);
-  response->set_api_version(1);
+  response->set_api_version(kApiVersion);
   response->set_ring_version(ring::kVersion);
   response->set_engine(context_.engine);
   return grpc::Status::OK;
@@ -79,6 +80,14 @@ grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthReques
 grpc::Status ControlService::OpenSession(grpc::ServerContext*,
                                          const v1::OpenSessionRequest* request,
                                          v1::OpenSessionResponse* response) {
+  if (request->client_api_version() != 0 && request->client_api_version() != kApiVersion) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("protocol mismatch: this client (", request->client_version(),
+                     ") speaks protocol ", request->client_api_version(), ", tierd ",
+                     context_.version, " speaks protocol ", kApiVersion,
+                     ": use a client and a daemon of the same protocol version"));
+  }
   absl::StatusOr<OpenedSession> opened =
       registry_.Open(request->name(), request->quota_bytes(), request->ring_entries());
   if (!opened.ok()) return ToGrpc(opened.status());
@@ -88,6 +97,8 @@ grpc::Status ControlService::OpenSession(grpc::ServerContext*,
   response->set_quota_bytes(opened->session->quota_bytes());
   response->set_ring_entries(opened->session->ring_entries());
   response->set_attach_timeout_ms(context_.attach_timeout_ms);
+  response->set_api_version(kApiVersion);
+  response->set_daemon_version(context_.version);
   return grpc::Status::OK;
 }
 

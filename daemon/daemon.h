@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "common/version.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/health_monitor.h"
@@ -26,7 +27,7 @@
 
 namespace tier::daemon {
 
-inline constexpr char kVersion[] = "0.1.0";
+inline constexpr const char* kVersion = kTierVersion;
 
 class Daemon {
  public:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/version.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
@@ -11,7 +12,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   MetricsSnapshot s;
   s.version = build_.version;
   s.engine = build_.engine;
-  s.api_version = 1;  // proto/tier.proto
+  s.api_version = kApiVersion;
   s.ring_version = ring::kVersion;
   s.start_time_seconds = build_.start_time_seconds;
   if (sources_.registry.draining()) {
