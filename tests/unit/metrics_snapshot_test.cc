@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "metrics_sample.h"
 #include "prometheus/text_serializer.h"
 
 namespace tier::daemon {
@@ -22,52 +23,8 @@ std::string Exposition(const MetricsSnapshot& snapshot) {
   return out.str();
 }
 
-MetricsSnapshot Sample() {
-  MetricsSnapshot s;
-  s.version = "0.1.0";
-  s.engine = "cuda";
-  s.api_version = 1;
-  s.ring_version = 2;
-  s.start_time_seconds = 1.7e9;
-  s.health = "serving";
-  s.pool = storage::PoolUsage{1 << 30, 256 << 20, 768 << 20, 512 << 20, 12};
-  s.pool_pinned = true;
-  s.pool_pin_seconds = 0.038;
-  s.has_nvme = true;
-  storage::SpillFileUsage file;
-  file.directory = "/nvme0/tierd";
-  file.capacity_bytes = 4ull << 30;
-  file.used_bytes = 1 << 30;
-  file.records = 3;
-  file.bytes_written = 5 << 20;
-  file.direct_io = true;
-  file.read_errors = 2;
-  file.checksum_failures = 1;
-  s.spill_files = {file, file};
-  s.spill_files[1].directory = "/nvme1/tierd";
-  s.spill.bytes_spilled = 10 << 20;
-  s.spill.prefetch_hits = 4;
-  s.jobs_in_flight = 3;
-  s.bytes_offloaded = 123456;
-  s.jobs_started[static_cast<int>(JobKind::kOffload)] = 10;
-  s.jobs_completed[static_cast<int>(JobKind::kOffload)][0] = 9;
-  s.jobs_completed[static_cast<int>(JobKind::kOffload)][8] = 1;
-  LatencySnapshot& h = s.latency[static_cast<int>(JobKind::kOffload)][1];
-  h.buckets[3] = 2;   // <= 10 us
-  h.buckets[5] = 1;   // <= 50 us
-  h.buckets[kLatencyBuckets - 1] = 1;  // > 30 s
-  h.count = 4;
-  h.sum_ns = 31'000'070'000;
-  s.engine_counts = gpu::EngineCounts{5, 2, 0};
-  s.sessions_pending = 1;
-  s.users[1000] = UserGauges{2, 64 << 20, 7, 3, 1};
-  s.user_totals[1000] = UserCounters{20, 1, 1 << 20, 2 << 20};
-  s.lanes[LaneKey{1000, 0, "D2H"}] = LaneGroup{12'500, 4, 1};
-  return s;
-}
-
 TEST(MetricsSnapshot, BuildInfoHealthAndPool) {
-  std::string text = Exposition(Sample());
+  std::string text = Exposition(SampleSnapshot());
   EXPECT_THAT(text, HasSubstr("# TYPE tierd_build_info gauge\n"
                               "tierd_build_info{version=\"0.1.0\",engine=\"cuda\",api_version=\"1\","
                               "ring_version=\"2\"} 1\n"));
@@ -79,7 +36,7 @@ TEST(MetricsSnapshot, BuildInfoHealthAndPool) {
 }
 
 TEST(MetricsSnapshot, TiersAndSpillFiles) {
-  std::string text = Exposition(Sample());
+  std::string text = Exposition(SampleSnapshot());
   EXPECT_THAT(text, HasSubstr("tierd_tier_capacity_bytes{tier=\"host\"} 1073741824\n"));
   EXPECT_THAT(text, HasSubstr("tierd_tier_used_bytes{tier=\"host\"} 268435456\n"));
   EXPECT_THAT(text, HasSubstr("tierd_tier_free_bytes{tier=\"host\"} 805306368\n"));
@@ -98,7 +55,7 @@ TEST(MetricsSnapshot, TiersAndSpillFiles) {
 }
 
 TEST(MetricsSnapshot, WithoutNvmeTheTrafficCountersStillReadZero) {
-  MetricsSnapshot s = Sample();
+  MetricsSnapshot s = SampleSnapshot();
   s.has_nvme = false;
   s.spill_files.clear();
   s.spill = {};
@@ -110,7 +67,7 @@ TEST(MetricsSnapshot, WithoutNvmeTheTrafficCountersStillReadZero) {
 }
 
 TEST(MetricsSnapshot, JobsByKindAndCodeAndTheLatencyHistogram) {
-  std::string text = Exposition(Sample());
+  std::string text = Exposition(SampleSnapshot());
   EXPECT_THAT(text, HasSubstr("tierd_jobs_submitted_total{kind=\"offload\"} 10\n"));
   EXPECT_THAT(text, HasSubstr("tierd_jobs_submitted_total{kind=\"free\"} 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("tierd_jobs_submitted_total{kind=\"invalid\"}")));
@@ -135,7 +92,7 @@ TEST(MetricsSnapshot, JobsByKindAndCodeAndTheLatencyHistogram) {
 }
 
 TEST(MetricsSnapshot, UsersByUidAndLanesNeverByPid) {
-  std::string text = Exposition(Sample());
+  std::string text = Exposition(SampleSnapshot());
   EXPECT_THAT(text, HasSubstr("tierd_sessions{uid=\"1000\"} 2\n"));
   EXPECT_THAT(text, HasSubstr("tierd_sessions_pending 1\n"));
   EXPECT_THAT(text, HasSubstr("tierd_user_used_bytes{uid=\"1000\"} 67108864\n"));
@@ -151,7 +108,7 @@ TEST(MetricsSnapshot, UsersByUidAndLanesNeverByPid) {
 }
 
 TEST(MetricsSnapshot, NoUsersNoLanesNoEmptyFamilies) {
-  MetricsSnapshot s = Sample();
+  MetricsSnapshot s = SampleSnapshot();
   s.users.clear();
   s.user_totals.clear();
   s.lanes.clear();
