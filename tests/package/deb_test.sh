@@ -190,7 +190,8 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 "$tierctl" health >/dev/null || fail "tierd does not serve on $socket after 30 s"
-[ "$(ps -o user= -p "$pid")" = tierd ] || fail "tierd runs as $(ps -o user= -p "$pid"), not tierd"
+# The owner of /proc/PID is the process's user (no procps needed).
+[ "$(stat -c %U "/proc/$pid")" = tierd ] || fail "tierd runs as $(stat -c %U "/proc/$pid"), not tierd"
 [ "$(stat -c '%U:%G %a' "$socket")" = "tierd:tier 660" ] ||
   fail "socket is $(stat -c '%U:%G %a' "$socket"), not tierd:tier 660"
 say "tierd serving on $socket (pid $pid, user tierd), socket tierd:tier 0660"
