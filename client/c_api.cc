@@ -186,7 +186,7 @@ tier_status Offload(tier_session* session, const char* name, tier_buffer_id buff
     if (name != nullptr) {
       // One round trip on the session socket binds the id to the name; the offload itself is an
       // ordinary ring job.
-      if (absl::Status bound = session->impl->CreatePersistent(name, request.object);
+      if (absl::Status bound = session->impl->CreatePersistent(name, request.object, len);
           !bound.ok()) {
         return Fail(bound);
       }

@@ -188,9 +188,10 @@ uint64_t ClientSession::NewObjectId() {
   return next_object_++;
 }
 
-absl::Status ClientSession::CreatePersistent(absl::string_view name, uint64_t object_id) {
+absl::Status ClientSession::CreatePersistent(absl::string_view name, uint64_t object_id,
+                                             uint64_t len) {
   std::lock_guard lock(channel_mu_);
-  return channel_.ObjectRequest(wire::ObjectOp::kCreate, name, object_id, wire::kCallerUid)
+  return channel_.ObjectRequest(wire::ObjectOp::kCreate, name, object_id, wire::kCallerUid, len)
       .status();
 }
 

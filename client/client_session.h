@@ -90,7 +90,7 @@ class ClientSession {
 
   // Named, persistent objects (tier.h): each one round trip on the session socket.
   // Binds `object_id` (fresh, not yet offloaded) to a new persistent object `name`.
-  absl::Status CreatePersistent(absl::string_view name, uint64_t object_id);
+  absl::Status CreatePersistent(absl::string_view name, uint64_t object_id, uint64_t len);
   // Binds `object_id` (fresh) to the existing persistent object `name`; returns its length.
   absl::StatusOr<uint64_t> OpenPersistent(absl::string_view name, uint64_t object_id);
   // Deletes `name` of `uid` (wire::kCallerUid: the caller's own).

@@ -44,7 +44,7 @@ class SessionChannel {
   absl::Status Unregister(uint64_t buffer_id);
   // A named-object request (tier/session_wire.h ObjectOp); returns the reply's length field.
   absl::StatusOr<uint64_t> ObjectRequest(wire::ObjectOp op, absl::string_view name,
-                                         uint64_t object_id, uint32_t uid);
+                                         uint64_t object_id, uint32_t uid, uint64_t len = 0);
   int fd() const { return fd_.get(); }
 
  private:

@@ -41,7 +41,7 @@ PersistentStore::Namespace& PersistentStore::SpaceLocked(uid_t uid) {
 }
 
 absl::StatusOr<ObjectSlot> PersistentStore::Create(uid_t uid, absl::string_view name,
-                                                   uint64_t session) {
+                                                   uint64_t session, uint64_t len) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   MutexLock lock(&mu_);
   Namespace& space = SpaceLocked(uid);
@@ -58,6 +58,13 @@ absl::StatusOr<ObjectSlot> PersistentStore::Create(uid_t uid, absl::string_view 
       return absl::AlreadyExistsError(absl::StrCat(
           "a persistent object named \"", name, "\" is being created by another session"));
     }
+  }
+  const uint64_t used = space.table->used_bytes();
+  const uint64_t charge = tiers_.Charge(len);
+  if (charge > quota_bytes_per_uid_ || used > quota_bytes_per_uid_ - charge) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "persistent quota of uid ", uid, " exceeded: ", used, " + ", charge,
+        " bytes > persistent_quota_bytes_per_uid of ", quota_bytes_per_uid_));
   }
   Entry entry{next_id_++, session, MonotonicMs()};
   space.names[std::string(name)] = entry;

@@ -62,9 +62,12 @@ class PersistentStore {
   static absl::Status CheckName(absl::string_view name);
 
   // Reserves `name` in `uid`'s namespace for session `session`: the slot the session's next
-  // offload creates the object in. ALREADY_EXISTS when the name holds an object, or another
-  // session's offload into it has not ended yet.
-  absl::StatusOr<ObjectSlot> Create(uid_t uid, absl::string_view name, uint64_t session);
+  // offload creates the object in, of `len` bytes. ALREADY_EXISTS when the name holds an object,
+  // or another session's offload into it has not ended yet; RESOURCE_EXHAUSTED, naming the
+  // setting, when `len` does not fit the uid's quota now (the offload is checked again when it
+  // runs: this answer comes with a message, the job's only with a code).
+  absl::StatusOr<ObjectSlot> Create(uid_t uid, absl::string_view name, uint64_t session,
+                                    uint64_t len);
   // The object `name` of `uid`, and its length. NOT_FOUND.
   absl::StatusOr<ObjectSlot> Open(uid_t uid, absl::string_view name, uint64_t* len);
   // Frees the object `name` of `uid` (its memory returns once jobs using it end). NOT_FOUND.

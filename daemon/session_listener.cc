@@ -387,7 +387,8 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
   } else {
     switch (static_cast<wire::ObjectOp>(request.op)) {
       case wire::ObjectOp::kCreate: {
-        absl::StatusOr<ObjectSlot> slot = persistent_->Create(caller, name, c.session->id());
+        absl::StatusOr<ObjectSlot> slot = persistent_->Create(caller, name, c.session->id(),
+                                                                request.len);
         status = slot.ok() ? c.session->Bind(request.object_id, *std::move(slot)) : slot.status();
         break;
       }

@@ -52,6 +52,8 @@ void RenderTiers(const v1::GetStatusResponse& status, bool json, std::ostream& o
 // The NVMe tier, one row per spill file (device).
 void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& out);
 void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out);
+// Persistent objects: name, owner uid, size, tier, age.
+void RenderObjects(const v1::ListObjectsResponse& objects, bool json, std::ostream& out);
 void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out);
 void RenderVersion(const v1::GetVersionResponse& version, bool json, std::ostream& out);
 void RenderDrain(const v1::DrainResponse& drain, uint32_t drain_timeout_ms, bool json,

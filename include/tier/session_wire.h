@@ -119,6 +119,7 @@ struct ObjectRequest {
   uint32_t op;  // ObjectOp
   uint32_t uid;  // kDelete; kCallerUid otherwise
   uint64_t object_id;  // kCreate, kOpen
+  uint64_t len;  // kCreate: the offload's length (checked against the uid's quota at once)
   char name[kObjectNameBytes];
 };
 
