@@ -1,14 +1,19 @@
 // Named, persistent objects (issue 17) against a real tierd with the host engine: they outlive
 // their session, belong to their uid alone, count against persistent_quota_bytes_per_uid, and
 // tierctl lists and deletes them.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <random>
 #include <string>
 
+#include "common/unix_socket.h"
 #include "gtest/gtest.h"
+#include "raw_session.h"
 #include "tier/client.hpp"
+#include "tier/session_wire.h"
 #include "tierd_process.h"
 
 namespace tier {
@@ -208,6 +213,82 @@ TEST(Persistent, TierctlListsAndDeletes) {
   EXPECT_EQ(after.find("ckpt/opt.state"), std::string::npos) << after;
   Session session(OptionsFor(tierd));
   EXPECT_EQ(CodeOf([&] { session.Open("ckpt/opt.state"); }), TIER_NOT_FOUND);
+}
+
+// What a hostile client may send on the session socket: each bad request is refused with a clear
+// code, and the session and the daemon keep serving.
+TEST(Persistent, BadObjectRequestsAreRefusedAndTheDaemonServesOn) {
+  TierdProcess tierd;
+  Persist(tierd, "mine", 4096, 4);
+  testing::RawSession raw(tierd);
+  client::SessionChannel& channel = *raw.channel;
+  auto code = [](const absl::StatusOr<uint64_t>& r) { return r.status().code(); };
+  EXPECT_EQ(code(channel.ObjectRequest(static_cast<wire::ObjectOp>(99), "mine", 7,
+                                       wire::kCallerUid)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kOpen, "mine", 0, wire::kCallerUid)),
+            absl::StatusCode::kInvalidArgument);  // id 0
+  EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kOpen, "bad\nname", 7, wire::kCallerUid)),
+            absl::StatusCode::kInvalidArgument);
+  // Binding one id twice, or an id the session's own table already holds.
+  ASSERT_TRUE(channel.ObjectRequest(wire::ObjectOp::kOpen, "mine", 7, wire::kCallerUid).ok());
+  EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kOpen, "mine", 7, wire::kCallerUid)),
+            absl::StatusCode::kAlreadyExists);
+  int memfd = ::memfd_create("raw", MFD_ALLOW_SEALING);
+  ASSERT_GE(memfd, 0);
+  ASSERT_EQ(::ftruncate(memfd, 4096), 0);
+  testing::PopulateMemfd(memfd, 4096);
+  ASSERT_EQ(::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  wire::RegisterBuffer reg{};
+  reg.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);
+  reg.device = -1;
+  reg.bytes = 4096;
+  int fds[] = {memfd};
+  absl::StatusOr<uint64_t> buffer = channel.Register(reg, fds);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ring::SubmissionEntry offload{};
+  offload.job_id = 1;
+  offload.opcode = static_cast<uint32_t>(ring::Opcode::kOffload);
+  offload.object_id = 8;
+  offload.buffer_id = *buffer;
+  offload.len = 4096;
+  raw.Push(offload);
+  EXPECT_EQ(raw.Next().status, 0);
+  EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kOpen, "mine", 8, wire::kCallerUid)),
+            absl::StatusCode::kAlreadyExists);
+  // A name that fills all 128 bytes with no NUL.
+  wire::ObjectRequest unterminated{};
+  unterminated.header = {static_cast<uint32_t>(wire::MessageType::kObjectRequest),
+                         wire::kProtocolVersion, 99};
+  unterminated.op = static_cast<uint32_t>(wire::ObjectOp::kOpen);
+  unterminated.uid = wire::kCallerUid;
+  unterminated.object_id = 9;
+  std::memset(unterminated.name, 'x', sizeof(unterminated.name));
+  ASSERT_TRUE(SendMessage(channel.fd(), &unterminated, sizeof(unterminated)).ok());
+  absl::StatusOr<ReceivedMessage> reply = ReceiveMessage(channel.fd(), wire::kMaxMessageBytes, 0);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->data.size(), sizeof(wire::ObjectReply));
+  wire::ObjectReply parsed;
+  std::memcpy(&parsed, reply->data.data(), sizeof(parsed));
+  EXPECT_EQ(parsed.reply.status, TIER_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(parsed.reply.message).find("NUL"), std::string::npos)
+      << parsed.reply.message;
+
+  // The bound id 7 still reloads the persistent object through the ring.
+  ring::SubmissionEntry reload{};
+  reload.job_id = 2;
+  reload.opcode = static_cast<uint32_t>(ring::Opcode::kReload);
+  reload.object_id = 7;
+  reload.buffer_id = *buffer;
+  reload.len = 4096;
+  raw.Push(reload);
+  EXPECT_EQ(raw.Next().status, 0);
+  void* mapped = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, memfd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  EXPECT_TRUE(Matches(mapped, 4096, 4));
+  ::munmap(mapped, 4096);
+  ::close(memfd);
+  EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::SERVING);
 }
 
 }  // namespace
