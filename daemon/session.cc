@@ -276,12 +276,24 @@ ObjectSlot Session::Resolve(uint64_t id) const {
   return ObjectSlot{objects_, id};
 }
 
+absl::Status Session::CanBind() const {
+  MutexLock lock(&mu_);
+  if (bound_.size() >= kMaxBound) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this session has bound ", kMaxBound, " ids to persistent objects, the most it may"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Session::Bind(uint64_t id, ObjectSlot slot) {
   if (id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
   if (objects_->Find(id) != nullptr) {
     return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
   }
   MutexLock lock(&mu_);
+  if (bound_.size() >= kMaxBound) {
+    return absl::ResourceExhaustedError(absl::StrCat("more than ", kMaxBound, " bound ids"));
+  }
   if (!bound_.emplace(id, std::move(slot)).second) {
     return absl::AlreadyExistsError(absl::StrCat("object ", id, " is bound already"));
   }

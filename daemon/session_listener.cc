@@ -384,6 +384,9 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
     status = absl::InvalidArgumentError("object name is not NUL-terminated");
   } else if (persistent_ == nullptr) {
     status = absl::UnimplementedError("this tierd keeps no persistent objects");
+  } else if (request.op != static_cast<uint32_t>(wire::ObjectOp::kDelete) &&
+             !(status = c.session->CanBind()).ok()) {
+    // (Checked before a create reserves its name.)
   } else {
     switch (static_cast<wire::ObjectOp>(request.op)) {
       case wire::ObjectOp::kCreate: {

@@ -291,5 +291,27 @@ TEST(Persistent, BadObjectRequestsAreRefusedAndTheDaemonServesOn) {
   EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::SERVING);
 }
 
+// Each bound id and each reserved name is daemon memory no byte quota counts before its offload
+// lands: a session may bind a bounded number, and the names it reserved go with it.
+TEST(Persistent, BindingsPerSessionAreBounded) {
+  TierdProcess tierd;
+  {
+    testing::RawSession raw(tierd);
+    client::SessionChannel& channel = *raw.channel;
+    for (uint64_t i = 1; i <= 4096; ++i) {
+      absl::StatusOr<uint64_t> created = channel.ObjectRequest(
+          wire::ObjectOp::kCreate, "n" + std::to_string(i), i, wire::kCallerUid, 4096);
+      ASSERT_TRUE(created.ok()) << i << ": " << created.status();
+    }
+    absl::StatusOr<uint64_t> over =
+        channel.ObjectRequest(wire::ObjectOp::kCreate, "one-more", 5000, wire::kCallerUid, 4096);
+    EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  }
+  // The session ended with none of them filled: every name is free again.
+  ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 0; }));
+  Persist(tierd, "n1", 4096, 1);
+  Persist(tierd, "one-more", 4096, 1);
+}
+
 }  // namespace
 }  // namespace tier
