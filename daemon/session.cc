@@ -276,8 +276,15 @@ ObjectSlot Session::Resolve(uint64_t id) const {
   return ObjectSlot{objects_, id};
 }
 
-absl::Status Session::CanBind() const {
+absl::Status Session::CheckBindable(uint64_t id) const {
+  if (id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
+  if (objects_->Find(id) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
+  }
   MutexLock lock(&mu_);
+  if (bound_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("object ", id, " is bound already"));
+  }
   if (bound_.size() >= kMaxBound) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this session has bound ", kMaxBound, " ids to persistent objects, the most it may"));

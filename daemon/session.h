@@ -132,12 +132,14 @@ class Session {
   ObjectSlot Resolve(uint64_t id) const;
   // Binds the session's object id `id` to a persistent object's slot. ALREADY_EXISTS when `id`
   // is bound already or names an object of the session's own table; INVALID_ARGUMENT for id 0;
-  // RESOURCE_EXHAUSTED past kMaxBound (check CanBind first, before reserving a name for it).
+  // RESOURCE_EXHAUSTED past kMaxBound.
   absl::Status Bind(uint64_t id, ObjectSlot slot);
+  // Whether Bind(id, ...) would succeed now: asked before a create reserves a name for `id`, so
+  // that a refused bind leaves no reservation behind.
+  absl::Status CheckBindable(uint64_t id) const;
   // Ids a session may bind: each binding (and the name a create reserves for it) is daemon
   // memory that no byte quota counts until its offload lands.
   static constexpr size_t kMaxBound = 4096;
-  absl::Status CanBind() const;
   // Every registered buffer, for release at close (takes the lock itself: drop them outside it).
   std::vector<std::shared_ptr<engine::ImportedBuffer>> TakeAllBuffers();
 

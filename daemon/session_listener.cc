@@ -385,8 +385,8 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
   } else if (persistent_ == nullptr) {
     status = absl::UnimplementedError("this tierd keeps no persistent objects");
   } else if (request.op != static_cast<uint32_t>(wire::ObjectOp::kDelete) &&
-             !(status = c.session->CanBind()).ok()) {
-    // (Checked before a create reserves its name.)
+             !(status = c.session->CheckBindable(request.object_id)).ok()) {
+    // (Checked before a create reserves its name; Bind checks again.)
   } else {
     switch (static_cast<wire::ObjectOp>(request.op)) {
       case wire::ObjectOp::kCreate: {

@@ -256,6 +256,14 @@ TEST(Persistent, BadObjectRequestsAreRefusedAndTheDaemonServesOn) {
   EXPECT_EQ(raw.Next().status, 0);
   EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kOpen, "mine", 8, wire::kCallerUid)),
             absl::StatusCode::kAlreadyExists);
+  // A create refused for its id reserves no name: another session may take it at once.
+  EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kCreate, "fresh", 8, wire::kCallerUid,
+                                       4096)),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(code(channel.ObjectRequest(wire::ObjectOp::kCreate, "fresh", 0, wire::kCallerUid,
+                                       4096)),
+            absl::StatusCode::kInvalidArgument);
+  Persist(tierd, "fresh", 4096, 6);
   // A name that fills all 128 bytes with no NUL.
   wire::ObjectRequest unterminated{};
   unterminated.header = {static_cast<uint32_t>(wire::MessageType::kObjectRequest),
