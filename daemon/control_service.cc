@@ -213,6 +213,7 @@ grpc::Status ControlService::ListObjects(grpc::ServerContext*,
     info->set_bytes(object.bytes);
     info->set_tier(object.tier);
     info->set_age_ms(object.age_ms);
+    info->set_durable(object.durable);
   }
   return grpc::Status::OK;
 }

@@ -185,9 +185,23 @@ absl::Status Daemon::Init() {
   spiller.max_prefetches = config_.spill_prefetch;
   tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller);
   tiers_->Start();
+  if (spill_store_ != nullptr) {
+    // Persistent objects are written through to the first spill directory and come back after a
+    // restart (daemon/persistent_journal.h).
+    absl::StatusOr<std::unique_ptr<PersistentJournal>> journal =
+        PersistentJournal::Open(config_.spill_dirs.front() + "/persistent");
+    if (!journal.ok()) return journal.status();
+    journal_ = *std::move(journal);
+  }
   persistent_ = std::make_unique<PersistentStore>(
-      *tiers_, config_.persistent_quota_bytes_per_uid ? config_.persistent_quota_bytes_per_uid
-                                                      : capacity);
+      *tiers_,
+      config_.persistent_quota_bytes_per_uid ? config_.persistent_quota_bytes_per_uid : capacity,
+      journal_.get());
+  if (journal_ != nullptr) {
+    size_t restored = persistent_->Restore();
+    LogInfo("persistent objects: ", restored, " of ", journal_->records().size(),
+            " restored from ", journal_->dir());
+  }
   executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_, persistent_.get());
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
   poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);

@@ -134,7 +134,14 @@ void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::Su
   job.done = [this, session, e, table, object,
               buffer = std::move(range.buffer)](absl::Status status) {
     EndFill(*table, *object, status);
-    if (status.ok()) tiers_.Filled(table, object);
+    if (status.ok()) {
+      // A persistent object is written through to NVMe (when there is a journal) before the
+      // spiller may take it.
+      if (persistent_ != nullptr && table != session->objects()) {
+        persistent_->Filled(table, object);
+      }
+      tiers_.Filled(table, object);
+    }
     tiers_.CopyEnded();
     Complete(*session, e, status);
   };
@@ -232,7 +239,12 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
   // result stands only once the fill is known to have succeeded.
   auto finish = [this, session, e, table, object](absl::Status result, const absl::Status& fill) {
     if (!fill.ok()) result = FillFailedError(e.object_id, fill);
-    if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) table->DropAfterReload(*object);
+    if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) {
+      table->DropAfterReload(*object);
+      if (persistent_ != nullptr && table != session->objects()) {
+        persistent_->Forget(table, object->id());
+      }
+    }
     tiers_.Settle(table->Unpin(*object));
     tiers_.CopyEnded();
     Complete(*session, e, result);
@@ -257,6 +269,9 @@ absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e)
   ObjectSlot slot = session.Resolve(e.object_id);
   absl::StatusOr<Release> released = slot.table->Free(slot.id);
   if (!released.ok()) return released.status();
+  if (persistent_ != nullptr && slot.table != session.objects()) {
+    persistent_->Forget(slot.table, slot.id);
+  }
   tiers_.Settle(*released);
   return absl::OkStatus();
 }

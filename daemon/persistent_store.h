@@ -25,7 +25,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <deque>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "daemon/object_table.h"
+#include "daemon/persistent_journal.h"
 #include "daemon/tier_manager.h"
 
 namespace tier::daemon {
@@ -45,14 +48,18 @@ struct PersistentObjectInfo {
   uint64_t bytes = 0;
   std::string tier;  // "host" or "nvme"
   uint64_t age_ms = 0;
+  bool durable = false;  // written through to NVMe: it survives a restart of tierd
 };
 
 class PersistentStore {
  public:
   static constexpr size_t kMaxNameBytes = 127;
 
-  PersistentStore(TierManager& tiers, uint64_t quota_bytes_per_uid)
-      : tiers_(tiers), quota_bytes_per_uid_(quota_bytes_per_uid) {}
+  // `journal`: where objects are written through to NVMe so they survive a restart (null: host
+  // memory only, lost on restart).
+  PersistentStore(TierManager& tiers, uint64_t quota_bytes_per_uid,
+                  PersistentJournal* journal = nullptr);
+  ~PersistentStore();
   PersistentStore(const PersistentStore&) = delete;
   PersistentStore& operator=(const PersistentStore&) = delete;
 
@@ -71,22 +78,47 @@ class PersistentStore {
   // The object `name` of `uid`, and its length. NOT_FOUND.
   absl::StatusOr<ObjectSlot> Open(uid_t uid, absl::string_view name, uint64_t* len);
   // Frees the object `name` of `uid` (its memory returns once jobs using it end). NOT_FOUND.
+  // With a journal, its record is gone from NVMe when this returns (it waits for a write of it
+  // in progress): a deleted object never comes back after a crash.
   absl::Status Delete(uid_t uid, absl::string_view name);
+  // The object `id` of `table` was freed by a job (a free, or a reload with
+  // TIER_RELOAD_FREE_AFTER, of an id bound to it): its name and its journal record go.
+  void Forget(const std::shared_ptr<ObjectTable>& table, uint64_t id);
   // Session `session` ended: names it reserved but never filled are released, and objects of its
   // uid that no name reaches any more (a name reserved twice by one session) are freed.
   void SessionEnded(uint64_t session);
   // Every persistent object, by uid then name.
   std::vector<PersistentObjectInfo> List() const;
   size_t size() const;
-  // Shutdown: every persistent object goes (host memory does not outlive the daemon).
+  // Shutdown: the writes through to NVMe already queued finish, then every persistent object
+  // leaves host memory (the journal keeps the durable ones).
   void DropAll();
+
+  // With a journal. At start, before any session: brings back every object the journal holds
+  // whose bytes check out (the others are reported and not served). Returns how many came back.
+  size_t Restore();
+  // A fill of an object in `table` succeeded (job executor, before the object may be spilled):
+  // if it is a persistent object, its bytes are written through to the journal, in the order of
+  // fills and deletes, by the store's writer thread (the object stays pinned meanwhile).
+  void Filled(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object);
 
  private:
   struct Entry {
     uint64_t id = 0;
     uint64_t reserved_by = 0;  // the session whose offload fills it; 0 once that session ended
     uint64_t created_ms = 0;
+    bool durable = false;      // in the journal
   };
+  // One job of the writer thread: write an object's bytes (object set) or forget a name.
+  struct JournalOp {
+    uid_t uid = 0;
+    std::string name;
+    uint64_t id = 0;
+    std::shared_ptr<ObjectTable> table;  // (writes) pinned until written
+    std::shared_ptr<Object> object;
+  };
+  void RunWriter();
+  void Enqueue(JournalOp op);
   struct Namespace {
     std::shared_ptr<ObjectTable> table;
     std::map<std::string, Entry, std::less<>> names;
@@ -98,6 +130,17 @@ class PersistentStore {
   mutable Mutex mu_;
   std::map<uid_t, Namespace> spaces_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  PersistentJournal* const journal_;
+  // Serializes the journal's writes (writer thread) and Delete's synchronous removal; taken
+  // before mu_.
+  Mutex journal_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  Mutex writer_mu_;
+  CondVar writer_cv_;
+  std::deque<JournalOp> writes_ ABSL_GUARDED_BY(writer_mu_);
+  bool writer_busy_ ABSL_GUARDED_BY(writer_mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(writer_mu_) = false;
+  std::thread writer_;
 };
 
 }  // namespace tier::daemon

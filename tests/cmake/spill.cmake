@@ -27,3 +27,6 @@ target_compile_definitions(job_executor_test PRIVATE TIER_SPILL_TEST_DIR="${CMAK
 tier_add_test(persistent_store_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/persistent_store_test.cc
   LIBS tierd_lib)
+tier_add_test(persistent_journal_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/persistent_journal_test.cc
+  LIBS tierd_lib)

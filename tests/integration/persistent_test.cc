@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "common/unix_socket.h"
@@ -319,6 +321,136 @@ TEST(Persistent, BindingsPerSessionAreBounded) {
   ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 0; }));
   Persist(tierd, "n1", 4096, 1);
   Persist(tierd, "one-more", 4096, 1);
+}
+
+// With NVMe: a persistent object is written through and comes back after tierd is killed.
+class PersistentRestart : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/tier-persist-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    spill_ = pattern;
+  }
+  void TearDown() override {
+    (void)!std::system(("rm -rf '" + spill_ + "'").c_str());
+  }
+  std::vector<std::string> Flags() const {
+    return {"--spill_dir=" + spill_, "--spill_bytes=16M"};
+  }
+  // Waits until `tierd` lists `name` as durable (written through to NVMe).
+  static bool Durable(TierdProcess& tierd, const std::string& name) {
+    for (int i = 0; i < 2000; ++i) {
+      v1::ListObjectsRequest request;
+      absl::StatusOr<std::string> token = ReadToken(tierd);
+      if (token.ok()) request.set_admin_token(*token);
+      v1::ListObjectsResponse response;
+      grpc::ClientContext context;
+      if (tierd.stub().ListObjects(&context, request, &response).ok()) {
+        for (const v1::ObjectInfo& o : response.objects()) {
+          if (o.name() == name && o.durable()) return true;
+        }
+      }
+      ::usleep(5000);
+    }
+    return false;
+  }
+  static absl::StatusOr<std::string> ReadToken(const TierdProcess& tierd) {
+    std::ifstream in(tierd.socket() + ".admin-token");
+    std::string token;
+    if (!(in >> token)) return absl::NotFoundError("no token");
+    return token;
+  }
+  // The journal's file for the only record (its manifest's first record line).
+  std::string RecordFile() const {
+    std::ifstream in(spill_ + "/persistent/manifest");
+    std::string header, line;
+    std::getline(in, header);
+    std::getline(in, line);
+    std::vector<std::string> fields;
+    std::string field;
+    std::istringstream split(line);
+    while (split >> field) fields.push_back(field);
+    return fields.size() == 5 ? spill_ + "/persistent/" + fields[3] : "";
+  }
+
+  std::string spill_;
+};
+
+TEST_F(PersistentRestart, SurvivesSigkillBitIdentical) {
+  const uint64_t len = (1 << 20) + 4096;
+  {
+    TierdProcess tierd(Flags());
+    Persist(tierd, "ckpt/durable", len, 21);
+    Persist(tierd, "ckpt/deleted", 4096, 22);
+    ASSERT_TRUE(Durable(tierd, "ckpt/durable"));
+    ASSERT_TRUE(Durable(tierd, "ckpt/deleted"));
+    Session session(OptionsFor(tierd));
+    session.Delete("ckpt/deleted");
+    auto [bound, bound_len] = session.Open("ckpt/durable");
+    EXPECT_EQ(bound_len, len);
+    tierd.Kill();  // SIGKILL: no shutdown path runs
+  }
+  TierdProcess restarted(Flags());
+  Session session(OptionsFor(restarted));
+  auto [object, found] = session.Open("ckpt/durable");
+  ASSERT_EQ(found, len);
+  HostBuffer buffer = session.AllocHost(len);
+  session.Wait(session.Reload(object, buffer.id, 0, len));
+  EXPECT_TRUE(Matches(buffer.data, len, 21));
+  EXPECT_EQ(CodeOf([&] { session.Open("ckpt/deleted"); }), TIER_NOT_FOUND);
+  // A free job deletes it for good: not back after the next restart.
+  session.Wait(session.Free(object));
+  ASSERT_EQ(restarted.Stop(), 0);
+  TierdProcess again(Flags());
+  Session last(OptionsFor(again));
+  EXPECT_EQ(CodeOf([&] { last.Open("ckpt/durable"); }), TIER_NOT_FOUND);
+}
+
+TEST_F(PersistentRestart, DamagedRecordIsRefusedWithAClearError) {
+  {
+    TierdProcess tierd(Flags());
+    Persist(tierd, "ckpt/w", 65536, 23);
+    ASSERT_TRUE(Durable(tierd, "ckpt/w"));
+    tierd.Kill();
+  }
+  const std::string file = RecordFile();
+  ASSERT_FALSE(file.empty());
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1000);
+    f.put('\x5a');
+  }
+  TierdProcess tierd(Flags(), testing::TierdOptions{0, /*capture_log=*/true});
+  Session session(OptionsFor(tierd));
+  EXPECT_EQ(CodeOf([&] { session.Open("ckpt/w"); }), TIER_NOT_FOUND);
+  const std::string log = tierd.Log();
+  EXPECT_NE(log.find("\"ckpt/w\" of uid"), std::string::npos) << log;
+  EXPECT_NE(log.find("DATA_LOSS"), std::string::npos) << log;
+  EXPECT_NE(log.find("checksum mismatch"), std::string::npos) << log;
+}
+
+TEST_F(PersistentRestart, DamagedManifestIsRefusedWithAClearError) {
+  {
+    TierdProcess tierd(Flags());
+    Persist(tierd, "ckpt/m", 8192, 24);
+    ASSERT_TRUE(Durable(tierd, "ckpt/m"));
+    tierd.Kill();
+  }
+  {
+    std::fstream f(spill_ + "/persistent/manifest", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(22);  // in the record line
+    f.put('9');
+  }
+  TierdProcess tierd(Flags(), testing::TierdOptions{0, /*capture_log=*/true});
+  Session session(OptionsFor(tierd));
+  EXPECT_EQ(CodeOf([&] { session.Open("ckpt/m"); }), TIER_NOT_FOUND);
+  const std::string log = tierd.Log();
+  EXPECT_NE(log.find("manifest"), std::string::npos) << log;
+  EXPECT_NE(log.find("damaged"), std::string::npos) << log;
+  EXPECT_EQ(::access((spill_ + "/persistent/manifest.damaged").c_str(), F_OK), 0);
+  // The daemon serves on, and new persistent objects are durable again.
+  Persist(tierd, "ckpt/new", 4096, 25);
+  EXPECT_TRUE(Durable(tierd, "ckpt/new"));
 }
 
 }  // namespace
