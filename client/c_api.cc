@@ -5,6 +5,7 @@
 
 #include "client/client_session.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "tier/ring.h"
 #include "tier/tier.h"
 
@@ -49,7 +50,7 @@ extern "C" {
 
 const char* tier_status_name(tier_status status) { return tier::StatusCodeName(status); }
 const char* tier_last_error(void) { return last_error.c_str(); }
-const char* tier_version(void) { return "0.1.0"; }
+const char* tier_version(void) { return tier::kTierVersion; }
 
 void tier_session_options_init(tier_session_options* options) {
   std::memset(options, 0, sizeof(*options));

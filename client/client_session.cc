@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/version.h"
 
 namespace tier::client {
 namespace {
@@ -43,8 +44,19 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const Session
   request.set_name(options.name);
   request.set_quota_bytes(options.quota_bytes);
   request.set_ring_entries(options.ring_entries);
+  request.set_client_api_version(kApiVersion);
+  request.set_client_version(absl::StrCat("libtierclient ", kTierVersion));
   absl::StatusOr<v1::OpenSessionResponse> opened = control->OpenSession(request);
   if (!opened.ok()) return opened.status();
+  // A daemon of another protocol would misread what follows: give up, naming both sides (the
+  // pending session it opened expires on its own).
+  if (opened->api_version() != 0 && opened->api_version() != kApiVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "protocol mismatch: tierd ", opened->daemon_version(), " at ", options.socket_path,
+        " speaks protocol ", opened->api_version(), ", this client (libtierclient ",
+        kTierVersion, ") speaks protocol ", kApiVersion,
+        ": use a client and a daemon of the same protocol version"));
+  }
 
   absl::StatusOr<SessionChannel> channel = SessionChannel::Connect(opened->session_socket());
   if (!channel.ok()) return channel.status();

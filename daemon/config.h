@@ -94,6 +94,9 @@ struct Config {
   // health_stall_ms: Health says NOT_SERVING when jobs the daemon alone must finish are in
   // flight and none completed for this long (0: only the ring poller is watched).
   uint32_t health_stall_ms = 60000;
+  // metrics_listen: serve Prometheus metrics (GET /metrics) on this TCP address, HOST:PORT
+  // (e.g. 127.0.0.1:9477, [::1]:9477); empty: off. TCP only (see ParseMetricsListen).
+  std::string metrics_listen;
 
   // Files the settings came from, for the log.
   std::string config_file;           // config (flag only)
@@ -137,6 +140,11 @@ absl::StatusOr<Config> LoadConfig(const std::vector<std::string>& args);
 // and checks cross-field rules (socket path lengths, distinct sockets, quota default <= max).
 // Idempotent: a finalized config finalizes to itself.
 absl::Status Finalize(Config* config);
+
+// Checks a metrics_listen value: HOST:PORT with HOST an IPv4 address, a [bracketed] IPv6 address
+// or a host name, PORT 1..65535; "" (off) passes. A Unix socket path is refused with a message that
+// says why: the exporter's HTTP server (civetweb, under prometheus-cpp) listens on TCP only.
+absl::Status CheckMetricsListen(std::string_view value);
 
 // MemAvailable from the text of /proc/meminfo, in bytes.
 absl::StatusOr<uint64_t> ParseMemAvailable(std::string_view meminfo_text);

@@ -319,6 +319,23 @@ std::vector<Key> BuildKeys() {
                             "completed for this long; 0: watch the ring poller only",
                             &Config::health_stall_ms, 0, 3600 * 1000));
   {
+    Key key{"metrics_listen",
+            kService,
+            "HOST:PORT",
+            "serve Prometheus metrics (GET /metrics) on this TCP address, e.g. 127.0.0.1:9477; "
+            "empty: off",
+            nullptr,
+            nullptr};
+    key.set = [](absl::string_view value, Config& config) {
+      absl::Status valid = CheckMetricsListen(std::string_view(value.data(), value.size()));
+      if (!valid.ok()) return KeyError("metrics_listen", valid);
+      config.metrics_listen = std::string(value);
+      return absl::OkStatus();
+    };
+    key.print = [](const Config& config) { return config.metrics_listen; };
+    keys.push_back(std::move(key));
+  }
+  {
     Key key{"config",
             kService,
             "FILE",

@@ -28,6 +28,43 @@ absl::string_view ToAbsl(std::string_view text) {
 
 }  // namespace
 
+absl::Status CheckMetricsListen(std::string_view value_in) {
+  absl::string_view value = ToAbsl(value_in);
+  if (value.empty()) return absl::OkStatus();
+  const auto bad = [value](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", value, "': ", why, "; expected HOST:PORT, e.g. 127.0.0.1:9477"));
+  };
+  if (absl::StartsWith(value, "/") || absl::StartsWith(value, "unix:")) {
+    return bad(
+        "a Unix socket is not supported: the metrics exporter (prometheus-cpp's civetweb "
+        "server) listens on TCP only");
+  }
+  const size_t colon = value.rfind(':');
+  if (colon == absl::string_view::npos) return bad("no port");
+  absl::string_view host = value.substr(0, colon);
+  absl::string_view port = value.substr(colon + 1);
+  absl::StatusOr<uint64_t> number = config::ParseUnsigned(port);
+  if (!number.ok() || *number == 0 || *number > 65535) return bad("the port must be 1..65535");
+  if (absl::StartsWith(host, "[")) {
+    // [IPv6]: hex digits, ':' and '.' (a mapped IPv4 address) between the brackets.
+    if (host.size() < 3 || !absl::EndsWith(host, "]")) return bad("an unclosed [IPv6] address");
+    for (char c : host.substr(1, host.size() - 2)) {
+      if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') {
+        return bad("not an IPv6 address");
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (host.empty()) return bad("no host (0.0.0.0 listens on every interface)");
+  for (char c : host) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') {
+      return bad("not a host name or IPv4 address");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> ParseMemAvailable(std::string_view meminfo_text) {
   for (absl::string_view line : absl::StrSplit(ToAbsl(meminfo_text), '\n')) {
     if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/admin_token.h"
+#include "common/version.h"
 #include "tier/ring.h"
 
 namespace tier::daemon {
@@ -9,6 +10,34 @@ namespace tier::daemon {
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+void AddJobKinds(const JobMetrics& jobs, v1::GetStatusResponse* response) {
+  for (uint64_t bound_ns : kLatencyBoundsNs) {
+    response->add_latency_bucket_bounds_seconds(static_cast<double>(bound_ns) / 1e9);
+  }
+  for (int k = 0; k < kJobKinds; ++k) {
+    const auto kind = static_cast<JobKind>(k);
+    uint64_t completed = 0, failed = 0;
+    for (int code = 0; code < kStatusCodes; ++code) {
+      (code == 0 ? completed : failed) += jobs.completed(kind, code);
+    }
+    if (jobs.started(kind) == 0 && completed == 0 && failed == 0) continue;
+    v1::JobKindStatus* out = response->add_job_kinds();
+    out->set_kind(std::string(JobKindName(kind)));
+    out->set_started(jobs.started(kind));
+    out->set_completed(completed);
+    out->set_failed(failed);
+    for (int size = 0; size < kSizeClasses; ++size) {
+      LatencySnapshot h = jobs.latency(kind, size);
+      if (h.count == 0) continue;
+      v1::LatencyHistogram* histogram = out->add_latency();
+      histogram->set_size_class(std::string(SizeClassName(size)));
+      for (uint64_t n : h.buckets) histogram->add_bucket_counts(n);
+      histogram->set_count(h.count);
+      histogram->set_sum_seconds(static_cast<double>(h.sum_ns) / 1e9);
+    }
+  }
 }
 
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
@@ -36,7 +65,7 @@ v1::HealthResponse::State ControlService::State(std::string* reason) const {
 grpc::Status ControlService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
                                         v1::GetVersionResponse* response) {
   response->set_version(context_.version);
-  response->set_api_version(1);
+  response->set_api_version(kApiVersion);
   response->set_ring_version(ring::kVersion);
   response->set_engine(context_.engine);
   return grpc::Status::OK;
@@ -53,6 +82,14 @@ grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthReques
 grpc::Status ControlService::OpenSession(grpc::ServerContext*,
                                          const v1::OpenSessionRequest* request,
                                          v1::OpenSessionResponse* response) {
+  if (request->client_api_version() != 0 && request->client_api_version() != kApiVersion) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("protocol mismatch: this client (", request->client_version(),
+                     ") speaks protocol ", request->client_api_version(), ", tierd ",
+                     context_.version, " speaks protocol ", kApiVersion,
+                     ": use a client and a daemon of the same protocol version"));
+  }
   absl::StatusOr<OpenedSession> opened =
       registry_.Open(request->name(), request->quota_bytes(), request->ring_entries());
   if (!opened.ok()) return ToGrpc(opened.status());
@@ -62,6 +99,8 @@ grpc::Status ControlService::OpenSession(grpc::ServerContext*,
   response->set_quota_bytes(opened->session->quota_bytes());
   response->set_ring_entries(opened->session->ring_entries());
   response->set_attach_timeout_ms(context_.attach_timeout_ms);
+  response->set_api_version(kApiVersion);
+  response->set_daemon_version(context_.version);
   return grpc::Status::OK;
 }
 
@@ -124,7 +163,10 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
     response->set_bytes_prefetched(c.bytes_prefetched.load(std::memory_order_relaxed));
     response->set_prefetch_hits(c.prefetch_hits.load(std::memory_order_relaxed));
     response->set_prefetch_misses(c.prefetch_misses.load(std::memory_order_relaxed));
+    response->set_spills(c.spills.load(std::memory_order_relaxed));
+    response->set_fetches(c.fetches.load(std::memory_order_relaxed));
   }
+  AddJobKinds(metrics_.jobs, response);
   response->set_sessions(static_cast<uint32_t>(registry_.size()));
   response->set_jobs_in_flight(metrics_.jobs_in_flight.value());
   response->set_jobs_completed(metrics_.totals.jobs_completed.load(std::memory_order_relaxed));

@@ -69,6 +69,9 @@ class ControlService final : public tier::v1::Control::Service {
   const PersistentStore* const persistent_;
 };
 
+// Jobs by kind with their latency histograms (JobMetrics), into a status answer.
+void AddJobKinds(const JobMetrics& jobs, v1::GetStatusResponse* response);
+
 // absl::Status -> grpc::Status with the same canonical code.
 grpc::Status ToGrpc(const absl::Status& status);
 

@@ -90,7 +90,11 @@ void RaiseOpenFileLimit(uint32_t max_connections) {
 
 }  // namespace
 
-Daemon::Daemon(const Config& config) : config_(config), started_ms_(MonotonicMs()) {}
+Daemon::Daemon(const Config& config)
+    : config_(config), started_ms_(MonotonicMs()),
+      started_unix_s_(std::chrono::duration<double>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count()) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
@@ -131,9 +135,13 @@ absl::Status Daemon::Init() {
     if (absl::Status s = engine_->RegisterPool(pool_->base(), pool_->bytes()); !s.ok()) return s;
     pool_->set_registered(true);
   }
+  pool_pin_seconds_ = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
+  const storage::PoolSetup& setup = pool_->setup();
   LogInfo("host pool: ", pool_->bytes() >> 20, " MiB ",
           pool_->registered() ? "registered with the GPU" : (pool_->locked() ? "mlocked" : "pageable"),
-          " in ", (MonotonicNs() - start_ns) / 1000000, " ms; engine: ", engine_->name());
+          " in ", (MonotonicNs() - start_ns) / 1000000, " ms (populated by ", setup.threads,
+          " threads in ", setup.populate_ns / 1000000, " ms, ", setup.huge_bytes >> 20,
+          " MiB in huge pages; mlock ", setup.lock_ns / 1000000, " ms); engine: ", engine_->name());
 
   // Quotas count a session's bytes in every tier: by default, all the daemon can hold.
   const uint64_t capacity = pool_->bytes() + config_.spill_bytes * config_.spill_dirs.size();
@@ -248,8 +256,22 @@ absl::Status Daemon::Init() {
       ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
     return ErrnoStatus(absl::StrCat("chown ", config_.socket_path));
   }
+  if (absl::Status s = StartMetrics(); !s.ok()) return s;
   LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
           config_.session_socket_path, ")");
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  metrics_collector_ = std::make_shared<MetricsCollector>(
+      MetricsSources{metrics_, *pool_, tiers_->spiller(), *registry_, *engine_, *health_},
+      BuildInfo{kVersion, std::string(engine_->name()), started_unix_s_, pool_pin_seconds_});
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start(config_.metrics_listen, metrics_collector_);
+  if (!exporter.ok()) return exporter.status();
+  metrics_exporter_ = *std::move(exporter);
+  LogInfo("Prometheus metrics on http://", config_.metrics_listen, "/metrics");
   return absl::OkStatus();
 }
 
@@ -293,6 +315,8 @@ void Daemon::Shutdown() {
   // Control calls are short and jobs have drained by now; an idle client channel would otherwise
   // hold the shutdown for the whole deadline (gRPC waits for connections, not only calls).
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  // Scrapes read every part below: the exporter stops first.
+  metrics_exporter_.reset();
   if (listener_) listener_->Stop();
   if (poller_) poller_->Stop();
   if (registry_) registry_->EndAllAndWait();

@@ -9,10 +9,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "common/version.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/health_monitor.h"
 #include "daemon/job_executor.h"
+#include "daemon/metrics_collector.h"
+#include "daemon/metrics_exporter.h"
 #include "daemon/tier_manager.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_poller.h"
@@ -24,7 +27,7 @@
 
 namespace tier::daemon {
 
-inline constexpr char kVersion[] = "0.1.0";
+inline constexpr const char* kVersion = kTierVersion;
 
 class Daemon {
  public:
@@ -40,12 +43,16 @@ class Daemon {
  private:
   explicit Daemon(const Config& config);
   absl::Status Init();
+  // GET /metrics on metrics_listen, when set.
+  absl::Status StartMetrics();
   // Stops admitting jobs and waits up to timeout_ms (0: unbounded) for in-flight ones.
   uint64_t Drain(uint32_t timeout_ms);
   void Shutdown();
 
   const Config config_;
   const uint64_t started_ms_;
+  const double started_unix_s_;  // for tierd_start_time_seconds
+  double pool_pin_seconds_ = 0;   // creating and pinning the host pool
   DaemonMetrics metrics_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
@@ -60,6 +67,8 @@ class Daemon {
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<ControlService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<MetricsCollector> metrics_collector_;
+  std::unique_ptr<MetricsExporter> metrics_exporter_;  // null unless metrics_listen is set
   SystemdNotifier notifier_;
   bool shut_down_ = false;
 };

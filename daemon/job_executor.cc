@@ -15,6 +15,7 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
                         const ring::SubmissionEntry& entry) {
   if (!session->BeginJob()) return;  // closing: the client is gone or going
   CountStart(entry);
+  metrics_.jobs.Started(session->id(), entry);
   absl::Status status = ValidateEntry(entry);
   if (!status.ok()) {
     Fail(session, entry, std::move(status));
@@ -304,6 +305,7 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
   c.status = StatusCodeToInt(status);
   c.object_id = entry.object_id;
   c.len = entry.len;
+  metrics_.jobs.Completed(session.id(), entry, c.status);
   JobCounters& counters = session.counters();
   if (status.ok()) {
     counters.jobs_completed.fetch_add(1, std::memory_order_relaxed);

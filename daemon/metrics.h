@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "daemon/job_gauge.h"
+#include "daemon/job_metrics.h"
 
 namespace tier::daemon {
 
@@ -43,6 +44,8 @@ struct DaemonMetrics {
   // When a job last completed, or when jobs_in_flight last rose from 0 (MonotonicMs).
   std::atomic<uint64_t> last_progress_ms{0};
   BandwidthMeter bandwidth;
+  // By kind and status code, and latency histograms (the metrics exporter, tierctl top).
+  JobMetrics jobs;
 };
 
 uint64_t MonotonicMs();

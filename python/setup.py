@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,4 +70,12 @@ if bdist_wheel is not None:
 
     cmdclass["bdist_wheel"] = PlatformWheel
 
-setup(cmdclass=cmdclass)
+class NativeLibraryDistribution(Distribution):
+    """The package carries a native library (no extension module): setuptools then installs it
+    into platlib, so a wheel holds tier/ at its root rather than under .data/purelib/."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass=cmdclass, distclass=NativeLibraryDistribution)

@@ -15,6 +15,7 @@
 #include "tierctl/format.h"
 #include "tierctl/json_writer.h"
 #include "tierctl/table.h"
+#include "tierctl/top.h"
 
 #ifndef TIERCTL_VERSION
 #define TIERCTL_VERSION "unknown"
@@ -112,7 +113,7 @@ std::unique_ptr<v1::Control::Stub> ConnectControl(const std::string& socket_path
 
 bool IsCommand(std::string_view command) {
   for (std::string_view known : {"status", "clients", "sessions", "pools", "spill", "health",
-                                 "version", "drain", "objects"}) {
+                                 "version", "drain", "objects", "top"}) {
     if (command == known) return true;
   }
   return false;
@@ -154,6 +155,25 @@ int RunCommand(std::string_view command, const CommandContext& ctx) {
     }
     RenderVersion(response, ctx.json, *ctx.out);
     return kExitOk;
+  }
+  if (command == "top") {
+    TopOptions options;
+    options.once = ctx.once;
+    options.json = ctx.json;
+    options.terminal = ctx.terminal;
+    options.interval = ctx.interval;
+    auto sample = [&ctx](TopSample& sample, int& exit_code) {
+      if (!Call(ctx, &Stub::GetStatus, v1::GetStatusRequest(), sample.status, exit_code) ||
+          !Call(ctx, &Stub::ListSessions, v1::ListSessionsRequest(), sample.sessions,
+                exit_code)) {
+        return false;
+      }
+      sample.time_s = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+      return true;
+    };
+    return RunTop(sample, options, *ctx.out);
   }
   if (command == "drain") {
     v1::DrainRequest request;

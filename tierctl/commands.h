@@ -28,6 +28,11 @@ struct CommandContext {
   bool json = false;
   std::chrono::milliseconds call_timeout = kDefaultCallTimeout;  // deadline of each call
   uint32_t drain_timeout_ms = 0;  // how long the daemon waits for jobs; 0 = as long as it takes
+  // top: one frame and exit (else refresh until interrupted), the refresh interval, and whether
+  // stdout is a terminal (frames replace each other; else they follow as plain text).
+  bool once = false;
+  std::chrono::milliseconds interval{1000};
+  bool terminal = false;
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
 };
@@ -54,6 +59,8 @@ void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& o
 void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out);
 // Persistent objects: name, owner uid, size, tier, age.
 void RenderObjects(const v1::ListObjectsResponse& objects, bool json, std::ostream& out);
+// What a session's GPU lanes wait for, in one cell ("-" when nothing waits).
+std::string WaitSummary(const v1::SessionInfo& session);
 void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out);
 void RenderVersion(const v1::GetVersionResponse& version, bool json, std::ostream& out);
 void RenderDrain(const v1::DrainResponse& drain, uint32_t drain_timeout_ms, bool json,

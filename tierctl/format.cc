@@ -40,6 +40,22 @@ std::string FormatBandwidth(double bytes_per_s) {
   return absl::StrFormat("%.1f MB/s", bytes_per_s / 1e6);
 }
 
+std::string FormatSeconds(double seconds) {
+  if (!(seconds > 0)) seconds = 0;
+  struct Unit {
+    double scale;
+    const char* name;
+  };
+  static constexpr Unit kUnits[] = {{1e-9, "ns"}, {1e-6, "us"}, {1e-3, "ms"}, {1, "s"}};
+  size_t unit = 0;
+  // The largest unit in which the value is at least 1 (rounded as printed).
+  while (unit + 1 < std::size(kUnits) && seconds >= kUnits[unit + 1].scale * 0.9995) ++unit;
+  const double value = seconds / kUnits[unit].scale;
+  if (unit == 0) return absl::StrFormat("%.0f%s", value, kUnits[unit].name);
+  const int decimals = value >= 99.95 ? 0 : value >= 9.995 ? 1 : 2;
+  return absl::StrFormat("%.*f%s", decimals, value, kUnits[unit].name);
+}
+
 std::string FormatPercent(uint64_t part, uint64_t whole) {
   if (whole == 0) return "-";
   return absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));

@@ -17,6 +17,10 @@ std::string FormatDuration(uint64_t ms);
 // "23.4 GB/s" from 1 GB/s up, else "512.0 MB/s"; negative or NaN reads as 0.
 std::string FormatBandwidth(double bytes_per_s);
 
+// A latency: "850ns", "12.3us", "4.56ms", "1.23s" (three significant digits); negative or NaN
+// reads as 0.
+std::string FormatSeconds(double seconds);
+
 // "19.5%" of `part` in `whole`; "-" when `whole` is 0.
 std::string FormatPercent(uint64_t part, uint64_t whole);
 

@@ -1,4 +1,6 @@
 // tierctl: shows and steers the node's tierd over its control socket.
+#include <unistd.h>
+
 #include <charconv>
 #include <iostream>
 #include <optional>
@@ -24,6 +26,9 @@ commands:
   spill     the NVMe tier, one row per spill directory: I/O mode, use, traffic, errors
   health    serving, draining or not_serving (jobs stopped moving; exit 1 unless serving)
   version   tierctl's and tierd's versions
+  top       live view, refreshed every second: per tier and per session bandwidth in
+            each direction and jobs/s, per job kind rate and latency percentiles
+            (p50/p90/p99 over the interval), what sessions wait for; Ctrl-C ends it
   drain     stop admitting sessions and jobs, then wait for in-flight jobs (root or
             tierd's user only: it reads the token beside the socket)
             (exit 1 when jobs are still in flight at the timeout)
@@ -38,7 +43,9 @@ options:
                    $XDG_RUNTIME_DIR/tierd/tierd.sock if it exists, else /run/tierd/tierd.sock
   --timeout-ms N   deadline of each call (default 5000); for drain, how long tierd waits
                    for in-flight jobs (default: as long as they take)
-  --json           print one JSON object instead of tables
+  --json           print one JSON object instead of tables (top: with --once)
+  --once           top: print one frame (two samples an interval apart) and exit
+  --interval-ms N  top: refresh interval (default 1000)
   --uid U          objects delete: the owner's uid (default: yours)
 
 exit status: 0 ok, 1 error, 2 usage, 3 tierd not running
@@ -49,9 +56,20 @@ struct Args {
   std::string socket;
   std::optional<uint32_t> timeout_ms;
   bool json = false;
+  bool once = false;
+  uint32_t interval_ms = 1000;
   std::vector<std::string> operands;  // after the command (objects delete NAME)
   std::optional<uint32_t> uid;
 };
+
+// A positive number of milliseconds, or nothing.
+std::optional<uint32_t> ParseMs(std::optional<std::string_view> text) {
+  uint32_t ms = 0;
+  if (!text) return std::nullopt;
+  const char* end = text->data() + text->size();
+  if (std::from_chars(text->data(), end, ms).ptr != end || ms == 0) return std::nullopt;
+  return ms;
+}
 
 // Options may come before or after the command. Returns an error message, or nothing.
 std::optional<std::string> ParseArgs(int argc, char** argv, Args& args) {
@@ -75,14 +93,16 @@ std::optional<std::string> ParseArgs(int argc, char** argv, Args& args) {
       auto path = take_value();
       if (!path || path->empty()) return "--socket needs a path";
       args.socket = *path;
+    } else if (arg == "--once" && !value) {
+      args.once = true;
     } else if (arg == "--timeout-ms") {
-      auto text = take_value();
-      uint32_t ms = 0;
-      const char* end = text ? text->data() + text->size() : nullptr;
-      if (!text || std::from_chars(text->data(), end, ms).ptr != end || ms == 0) {
-        return "--timeout-ms needs a positive number of milliseconds";
-      }
-      args.timeout_ms = ms;
+      std::optional<uint32_t> ms = ParseMs(take_value());
+      if (!ms) return "--timeout-ms needs a positive number of milliseconds";
+      args.timeout_ms = *ms;
+    } else if (arg == "--interval-ms") {
+      std::optional<uint32_t> ms = ParseMs(take_value());
+      if (!ms) return "--interval-ms needs a positive number of milliseconds";
+      args.interval_ms = *ms;
     } else if (arg == "--uid") {
       auto text = take_value();
       uint32_t uid = 0;
@@ -112,6 +132,7 @@ std::optional<std::string> ParseArgs(int argc, char** argv, Args& args) {
   if (args.command != "help" && !IsCommand(args.command)) {
     return "unknown command " + args.command;
   }
+  if (args.command == "top" && args.json && !args.once) return "top --json needs --once";
   return std::nullopt;
 }
 
@@ -145,6 +166,9 @@ int Main(int argc, char** argv) {
   } else if (args.timeout_ms) {
     ctx.call_timeout = std::chrono::milliseconds(*args.timeout_ms);
   }
+  ctx.once = args.once;
+  ctx.interval = std::chrono::milliseconds(args.interval_ms);
+  ctx.terminal = ::isatty(STDOUT_FILENO) == 1;
   ctx.out = &std::cout;
   ctx.err = &std::cerr;
   return RunCommand(args.command, ctx);

@@ -16,6 +16,11 @@ Module weight offload (inference, or frozen weights under no_grad)::
         y = model(x)        # each group is onloaded one group ahead on a side stream
     w.remove()              # everything resident again, hooks gone
 
+Optimizer state offload (ZeRO-Offload style: Adam's moments live in Tierd between steps)::
+
+    off = tier.torch.offload_optimizer_state(optimizer, group_bytes=64 << 20, prefetch=1)
+    optimizer.step()        # group by group: state back, update, state out; next group prefetched
+
 Stream ordering (CUDA), stated once here and at each use:
 
 * Offload: the daemon's copy waits on the GPU for the current stream (the producer of the saved
@@ -40,6 +45,11 @@ import weakref
 import torch
 
 from . import client as _client
+from ._module_selection import ModuleSelection
+from ._offload_budget import OffloadBudget
+from ._optimizer_state import (DEFAULT_GROUP_BYTES, DEFAULT_STATE_MIN_BYTES,  # noqa: F401
+                               OptimizerStateOffloader, OptimizerStateStats,
+                               offload_optimizer_state)
 
 try:
     from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
@@ -50,7 +60,10 @@ DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 
 __all__ = ["offload_activations", "no_offload", "offload_module_weights", "ActivationOffloader",
-           "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES"]
+           "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
+           "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
+           "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
+           "get_act_offloading_ctx_manager", "apply_group_offloading"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
@@ -134,23 +147,40 @@ class _StorageRecord:
 class _Saved:
     """What autograd holds instead of an offloaded tensor: the storage's record plus the view."""
 
-    __slots__ = ("record", "dtype", "size", "stride", "offset")
+    __slots__ = ("record", "dtype", "size", "stride", "offset", "site")
 
-    def __init__(self, record, t):
+    def __init__(self, record, t, site=None):
         self.record = record
+        self.site = site  # the budget's site (None without a budget)
         self.dtype = t.dtype
         self.size = tuple(t.size())
         self.stride = tuple(t.stride())
         self.offset = t.storage_offset()
 
 
+class _KeptSite:
+    """A saved tensor the budget chose to keep, wrapped so that backward's use of it is timed."""
+
+    __slots__ = ("tensor", "site")
+
+    def __init__(self, tensor, site):
+        self.tensor = tensor
+        self.site = site
+
+
 class ActivationOffloader:
     """Offloads tensors saved for backward to Tierd; see :func:`offload_activations`."""
 
     def __init__(self, min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
-                 max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES):
+                 max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES, modules=None,
+                 max_overhead=None, target_bytes=None, link=None):
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
+        self._budget = None
+        if max_overhead is not None or target_bytes is not None:
+            self._budget = OffloadBudget(lambda: self.client, max_overhead=max_overhead,
+                                         target_bytes=target_bytes, link=link)
+        self._selection = ModuleSelection(module, modules) if modules is not None else None
         self.min_bytes = int(min_bytes)
         self.prefetch = int(prefetch)
         self.max_inflight_bytes = int(max_inflight_bytes)
@@ -184,6 +214,10 @@ class ActivationOffloader:
             self._skip = frozenset(
                 (t.device, _untyped_storage(t).data_ptr())
                 for t in list(self._module.parameters()) + list(self._module.buffers()))
+        if self._selection is not None:
+            self._selection.install()
+        if self._budget is not None:
+            self._budget.begin_step()  # (and ends the step before: its backward has run)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -191,11 +225,15 @@ class ActivationOffloader:
     def __exit__(self, *exc):
         hooks, self._hooks = self._hooks, None
         hooks.__exit__(*exc)
+        if self._selection is not None:
+            self._selection.remove()
         return False
 
     # -- pack (forward) --
 
     def _should_offload(self, t):
+        if self._selection is not None and not self._selection.active():
+            return False  # saved outside the selected modules
         if type(t) is not torch.Tensor:
             return False  # nn.Parameter, and tensor subclasses we cannot rebuild
         if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
@@ -212,11 +250,28 @@ class ActivationOffloader:
             return False  # a registered parameter or buffer of `module`
         return True
 
+    @property
+    def budget(self):
+        """With max_overhead or target_bytes: what the policy chose and how it went
+        (:class:`~tier._offload_budget.BudgetStats`); else None."""
+        return self._budget.stats if self._budget is not None else None
+
+    @property
+    def plan(self):
+        """The budget's current plan (:class:`~tier._offload_planner.Plan`), or None."""
+        return self._budget.plan if self._budget is not None else None
+
     def _pack(self, tensor):
         self.stats.saved += 1
         if not self._should_offload(tensor):
             self.stats.kept += 1
             return tensor
+        site = None
+        if self._budget is not None:
+            site, go = self._budget.candidate(_untyped_storage(tensor).nbytes(), tensor.device)
+            if not go:
+                self.stats.kept += 1
+                return _KeptSite(tensor, site)
         with torch.no_grad():
             t = tensor.detach()
             storage = _untyped_storage(t)
@@ -232,7 +287,7 @@ class ActivationOffloader:
                 else:
                     self.stats.deduplicated += 1
                 self.stats.offloaded_tensors += 1
-        return _Saved(record, t)
+        return _Saved(record, t, site)
 
     def _offload_storage(self, t, storage, nbytes):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
@@ -288,8 +343,13 @@ class ActivationOffloader:
     # -- unpack (backward) --
 
     def _unpack(self, saved):
+        if isinstance(saved, _KeptSite):
+            self._budget.used(saved.site, saved.tensor.device)
+            return saved.tensor
         if not isinstance(saved, _Saved):
             return saved
+        if saved.site is not None:
+            self._budget.used(saved.site, saved.record.device)
         record = saved.record
         with torch.no_grad(), self._lock:
             # The one needed now is submitted first, then the next `prefetch` in reverse order of
@@ -361,14 +421,27 @@ class ActivationOffloader:
 
 
 def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
-                        max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES):
+                        max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES, modules=None,
+                        max_overhead=None, target_bytes=None, link=None):
     """A context manager that offloads tensors saved for backward to Tierd.
 
     Saved tensors of at least ``min_bytes`` are offloaded (parameters and their views are not; with
     ``module`` given, none of its parameters or buffers either); a storage is offloaded once
     however many saved views share it, and the views are rebuilt over it. In backward each is
     reloaded when needed, with the next ``prefetch`` ones (reverse order of offload) started ahead.
-    Use :func:`no_offload` for regions to leave alone. Returns the :class:`ActivationOffloader`
+    Use :func:`no_offload` for regions to leave alone. ``modules``: offload only what the listed
+    modules save in their forward: module classes (every instance in ``module``), module
+    instances, or name patterns over ``module``'s qualified names (``"layers.*.mlp"``; see
+    tier/_module_selection.py for Megatron's module names).
+
+    A budget instead of "everything": ``max_overhead=0.05`` (the step may grow by at most 5%)
+    and/or ``target_bytes`` (saved-tensor memory to keep at the end of forward). Create the
+    offloader once and enter it every step (``with off:``): the first step offloads nothing and
+    is timed, the link is measured (or given: ``link=(d2h, h2d)`` bytes/s), and from the next step
+    on only the saved tensors whose copies hide under compute are offloaded (largest and
+    longest-lived first; tier/_offload_planner.py). ``off.budget`` says what it chose, the
+    predicted and the measured overhead; a step slower than planned makes it plan again with
+    less. Returns the :class:`ActivationOffloader`
     (``.stats`` counts what happened). ``client``: a tier.Client (default: tier.default_client()).
 
     CUDA: the daemon copies each storage after the current stream's work that produced it; its
@@ -380,7 +453,9 @@ def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, mo
     tensors carry no autograd history.
     """
     return ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch, client=client,
-                               module=module, max_inflight_bytes=max_inflight_bytes)
+                               module=module, max_inflight_bytes=max_inflight_bytes,
+                               modules=modules, max_overhead=max_overhead,
+                               target_bytes=target_bytes, link=link)
 
 
 # ---- module weight offload --------------------------------------------------------------------
@@ -621,3 +696,8 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
     weights or moving the module.
     """
     return WeightOffloader(module, group=group, client=client, blocks=blocks)
+
+
+# Drop-in surfaces for torchtune's and diffusers' offloaders (tier/_dropin.py), over the above.
+from ._dropin import (NoOpManager, OffloadActivations, apply_group_offloading,  # noqa: E402,F401
+                      get_act_offloading_ctx_manager)

@@ -86,6 +86,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.drain_timeout_ms, b.drain_timeout_ms);
   EXPECT_EQ(a.health_stall_ms, b.health_stall_ms);
+  EXPECT_EQ(a.metrics_listen, b.metrics_listen);
 }
 
 // The `key` of every `key = value` line of DescribeConfig, in order.
@@ -321,6 +322,36 @@ TEST(ConfigText, PathsThatWouldNotRoundTripAreRefused) {
   EXPECT_EQ(LoadConfig({"--socket=/run/tierd/tierd.sock "}).status().code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(ApplyConfigText("spill_dir = /nvme0/t /nvme1", "t", &config).ok());  // inner blank
+}
+
+TEST(ConfigText, MetricsListenTakesTcpAddressesOnly) {
+  for (const char* good : {"127.0.0.1:9477", "0.0.0.0:9477", "[::1]:9477", "node-7.example:80",
+                           ""}) {
+    Config config = DefaultConfig(RootEnv());
+    absl::Status status =
+        ApplyConfigText(std::string("metrics_listen = ") + good + "\n", "t", &config);
+    EXPECT_TRUE(status.ok()) << good << ": " << status;
+    EXPECT_EQ(config.metrics_listen, good);
+  }
+  const std::pair<const char*, const char*> bad[] = {
+      {"/run/tierd/metrics.sock", "a Unix socket is not supported"},
+      {"unix:/run/tierd/metrics.sock", "a Unix socket is not supported"},
+      {"9477", "no port"},
+      {"127.0.0.1:", "the port must be 1..65535"},
+      {"127.0.0.1:0", "the port must be 1..65535"},
+      {"127.0.0.1:65536", "the port must be 1..65535"},
+      {":9477", "no host"},
+      {"[::1:9477", "an unclosed [IPv6] address"},
+      {"[zz]:9477", "not an IPv6 address"},
+      {"host name:9477", "not a host name"},
+  };
+  for (const auto& [value, message] : bad) {
+    Config config = DefaultConfig(RootEnv());
+    absl::Status status =
+        ApplyConfigText(std::string("metrics_listen = ") + value + "\n", "t", &config);
+    EXPECT_THAT(std::string(status.message()), HasSubstr(message)) << value;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("t:1: metrics_listen: ")) << value;
+  }
 }
 
 TEST(ConfigFile, AppliesFileAndRecordsIt) {
@@ -581,6 +612,7 @@ TEST(DescribeConfig, RoundTripsEveryKey) {
   config.poll_idle_us = 0;
   config.log_level = Severity::kWarning;
   config.drain_timeout_ms = 0;
+  config.metrics_listen = "127.0.0.1:9477";
   config.config_file = "/etc/tierd/tierd.conf";
 
   std::string text = DescribeConfig(config);

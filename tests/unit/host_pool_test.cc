@@ -23,6 +23,49 @@ TEST(HostPool, CreatesUsableMemoryAndHandsOutExtents) {
   EXPECT_FALSE((*pool)->locked());
 }
 
+// Huge pages and parallel faulting change how the pool is made, not what it is: every byte is
+// there and writable, the huge-page pool starts on a 2 MiB boundary (so the kernel can back it
+// with huge pages), and the threads asked for are used (one per 64 MiB at most).
+TEST(HostPool, HugePagesAndParallelPopulateGiveTheSamePool) {
+  for (bool huge : {false, true}) {
+    for (uint32_t threads : {1u, 3u}) {
+      HostPoolOptions options{.bytes = 256ull << 20, .lock = LockMode::kBestEffort};
+      options.huge_pages = huge;
+      options.populate_threads = threads;
+      auto pool = HostPool::Create(options);
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      const PoolSetup& setup = (*pool)->setup();
+      EXPECT_EQ(setup.threads, threads) << "huge " << huge;
+      EXPECT_EQ((*pool)->bytes(), 256ull << 20);
+      if (huge) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>((*pool)->base()) % (2 << 20), 0u);
+      } else {
+        EXPECT_FALSE(setup.huge_pages);
+        EXPECT_EQ(setup.huge_bytes, 0u);
+      }
+      EXPECT_LE(setup.huge_bytes, (*pool)->bytes());
+      // Every page, first and last byte of every thread's range included.
+      char* base = (*pool)->base();
+      for (uint64_t off = 0; off < (*pool)->bytes(); off += 4096) base[off] = char(off >> 12);
+      base[(*pool)->bytes() - 1] = 7;
+      for (uint64_t off = 0; off < (*pool)->bytes(); off += 4096) {
+        ASSERT_EQ(base[off], char(off >> 12)) << off;
+      }
+      EXPECT_EQ(base[(*pool)->bytes() - 1], 7);
+    }
+  }
+}
+
+// A pool smaller than a huge page is made of small pages (nothing to align).
+TEST(HostPool, SmallPoolNeedsNoHugePage) {
+  HostPoolOptions options{.bytes = 1 << 20, .lock = LockMode::kOff};
+  options.huge_pages = true;
+  auto pool = HostPool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_FALSE((*pool)->setup().huge_pages);
+  EXPECT_EQ((*pool)->setup().threads, 1u);
+}
+
 TEST(HostPool, RejectsBadOptions) {
   EXPECT_FALSE(HostPool::Create({.bytes = 0}).ok());
   EXPECT_FALSE(HostPool::Create({.bytes = 1 << 20, .alignment = 3000}).ok());

@@ -461,7 +461,8 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "spill_bandwidth_bytes_per_s", "fetch_bandwidth_bytes_per_s",
                                    "prefetches", "bytes_prefetched", "prefetch_hits",
                                    "prefetch_misses", "spill_files", "buffers", "gpu_lanes",
-                                   "pending_releases"}));
+                                   "pending_releases", "spills", "fetches", "job_kinds",
+                                   "latency_bucket_bounds_seconds"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);

@@ -1,0 +1,90 @@
+"""The offload planner's arithmetic (tier/_offload_planner.py), on made-up steps: no daemon."""
+
+import pytest
+
+from tier._offload_planner import Link, Site, plan, simulate
+
+GB = 1e9
+
+
+def test_one_copy_that_fits_under_compute_costs_nothing():
+    # 1 GB produced at 0 s, needed again at 2.0 s; forward ends at 1 s; 10 GB/s: 0.1 s each way.
+    sites = [Site(0, 1 * GB, 0.0, 2.0)]
+    sim = simulate(sites, forward_end=1.0, link=Link(10 * GB, 10 * GB))
+    assert sim.offload_done[0] == pytest.approx(0.1)
+    assert sim.reload_start[0] == pytest.approx(1.9)  # just early enough
+    assert sim.overhead == pytest.approx(0.0)
+
+
+def test_a_reload_that_cannot_start_in_time_stalls_backward():
+    # Needed right at the start of backward: the reload can only begin when backward begins.
+    sites = [Site(0, 1 * GB, 0.9, 1.0)]
+    sim = simulate(sites, forward_end=1.0, link=Link(10 * GB, 10 * GB))
+    assert sim.overhead == pytest.approx(0.1)
+
+
+def test_offload_still_running_delays_its_reload():
+    # A slow D2H link: the offload lands at 0.5 + 2 = 2.5 s, after the use at 2 s.
+    sites = [Site(0, 2 * GB, 0.5, 2.0)]
+    sim = simulate(sites, forward_end=1.0, link=Link(1 * GB, 100 * GB))
+    assert sim.offload_done[0] == pytest.approx(2.5)
+    assert sim.overhead == pytest.approx(2.5 + 0.02 - 2.0)
+
+
+def test_reloads_share_one_link_in_order_of_use():
+    # Two 1 GB reloads needed at 1.5 and 1.6 s at 10 GB/s: the first must start by 1.3 s.
+    sites = [Site(0, 1 * GB, 0.0, 1.6), Site(1, 1 * GB, 0.1, 1.5)]
+    sim = simulate(sites, forward_end=1.0, link=Link(100 * GB, 10 * GB))
+    assert sim.reload_end[1] <= 1.5 + 1e-9
+    assert sim.reload_start[0] >= sim.reload_end[1] - 1e-9
+    assert sim.overhead == pytest.approx(0.0)
+
+
+def _step(n=8, size=GB // 4):
+    # Forward 0..1 s produces n tensors evenly; backward 1..2 s needs them in reverse.
+    return [Site(i, size, i / n, 2.0 - i / n - 0.5 / n) for i in range(n)]
+
+
+def test_budget_picks_what_hides_and_leaves_the_rest():
+    sites = _step()
+    # 1 GB/s each way: all 2 GB would take 2 s each way, twice the step's compute.
+    link = Link(1 * GB, 1 * GB)
+    everything = simulate(sites, 1.0, link).overhead
+    assert everything > 0.05 * 2.0
+    p = plan(sites, forward_end=1.0, step_seconds=2.0, link=link, max_overhead=0.05)
+    assert p.predicted_overhead <= 0.05 * 2.0 + 1e-12
+    assert 0 < len(p.indices) < len(sites)
+    # The longest-lived (produced first, needed last) go first.
+    assert 0 in p.indices
+    assert p.offloaded_bytes + p.kept_bytes == sum(s.nbytes for s in sites)
+
+
+def test_zero_budget_offloads_only_what_is_free():
+    sites = _step()
+    p = plan(sites, 1.0, 2.0, Link(2.5 * GB, 2.5 * GB), max_overhead=0.0)
+    assert simulate([s for s in sites if s.index in p.indices], 1.0,
+                    Link(2.5 * GB, 2.5 * GB)).overhead == pytest.approx(0.0)
+    assert len(p.indices) > 0
+
+
+def test_target_alone_offloads_until_it_fits():
+    sites = _step(n=8, size=100)
+    p = plan(sites, 1.0, 2.0, Link(1e12, 1e12), target_bytes=450)
+    assert p.kept_bytes <= 450 and p.met_target
+    assert p.offloaded_bytes == 400  # four tensors of 100: no more than needed
+
+
+def test_budget_wins_over_target_and_says_so():
+    sites = _step()
+    p = plan(sites, 1.0, 2.0, Link(0.5 * GB, 0.5 * GB), max_overhead=0.01, target_bytes=0)
+    assert not p.met_target
+    assert p.predicted_overhead <= 0.01 * 2.0 + 1e-12
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        plan([], 1.0, 2.0, Link(1, 1))
+    with pytest.raises(ValueError):
+        plan([], 1.0, 2.0, Link(1, 1), max_overhead=-1)
+    with pytest.raises(ValueError):
+        Link(0, 1)

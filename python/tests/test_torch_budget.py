@@ -1,0 +1,104 @@
+"""offload_activations(max_overhead=..., target_bytes=...): one timed calibration step, then only
+the planned saved tensors are offloaded; loss and gradients stay bit-identical in every mode (CPU,
+real tierd, host engine; one run under delay injection)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tier
+import tier.torch as tt
+
+
+class Net(nn.Module):
+    def __init__(self, d=64, layers=4):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+            for _ in range(layers))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def _step(model, x, ctx):
+    model.zero_grad()
+    with ctx:
+        loss = model(x).square().mean()
+        loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _train(client, steps=3, **budget):
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    off = tt.offload_activations(min_bytes=0, client=client, **budget)
+    per_step = []
+    for i in range(steps):
+        x = torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(i))
+        want = _step(ref, x, tt.no_offload())
+        before = off.stats.offloaded_storages
+        got = _step(model, x, off)
+        assert torch.equal(got[0], want[0])
+        for g, w in zip(got[1], want[1]):
+            assert torch.equal(g, w)
+        per_step.append(off.stats.offloaded_storages - before)
+    with off:  # a step's start ends the one before: its figures are in
+        pass
+    return off, per_step
+
+
+def test_fast_link_offloads_every_site_after_calibration(client):
+    off, per_step = _train(client, max_overhead=0.05, link=(1e15, 1e15))
+    assert per_step[0] == 0  # the calibration step offloads nothing
+    assert per_step[1] > 0 and per_step[2] == per_step[1]
+    b = off.budget
+    assert b.calibrations == 1 and b.plans >= 1
+    assert b.sites > 0 and b.chosen_sites == b.sites
+    assert b.predicted_overhead <= 0.05
+    assert off.plan.offloaded_bytes == b.planned_bytes > 0
+
+
+def test_slow_link_offloads_nothing_within_the_budget(client):
+    off, per_step = _train(client, max_overhead=0.05, link=(1e3, 1e3))
+    assert per_step == [0, 0, 0]
+    assert off.budget.chosen_sites == 0 and off.budget.sites > 0
+
+
+def test_target_alone_offloads_what_it_takes_whatever_the_link(client):
+    off, per_step = _train(client, target_bytes=0, link=(1e3, 1e3))
+    assert per_step[0] == 0 and per_step[1] > 0
+    assert off.plan.kept_bytes == 0 and off.budget.met_target == 1
+
+
+def test_half_the_activations_with_a_target(client):
+    off, _ = _train(client, target_bytes=1, link=(1e15, 1e15))
+    total = off.plan.offloaded_bytes + off.plan.kept_bytes
+    off2, per_step = _train(client, target_bytes=total // 2, link=(1e15, 1e15))
+    assert off2.plan.kept_bytes <= total // 2
+    assert 0 < off2.plan.offloaded_bytes < total
+    assert 0 < off2.budget.chosen_sites < off2.budget.sites
+    assert per_step[1] > 0
+
+
+def test_measured_link_and_delay_injection(make_daemon):
+    d = make_daemon(extra=("--copy_delay_us=500",))
+    with tier.Client(socket=d.socket, name="budget") as c:
+        off, per_step = _train(c, steps=3, max_overhead=0.5)
+    b = off.budget
+    assert b.link_d2h > 0 and b.link_h2d > 0
+    assert b.calibration_step_s > 0 and b.plans >= 1
+    assert per_step[0] == 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_overhead=-0.1), dict(target_bytes=-1),
+                                    dict(max_overhead=0.05, link=(0, 1))])
+def test_bad_budgets_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        tt.offload_activations(**kwargs)

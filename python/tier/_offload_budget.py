@@ -1,0 +1,194 @@
+"""The learning half of ``offload_activations(max_overhead=..., target_bytes=...)``: it watches one
+step with nothing offloaded (the calibration step), measures the link, asks the planner
+(tier/_offload_planner.py) which saved tensors hide under compute, and from the next step on
+answers, for each saved tensor in forward order, whether to offload it. It re-plans when a step
+takes longer than the plan predicted.
+
+A site is a saved tensor's position among the step's candidates (tensors the offloader could
+offload: big enough, not parameters); a model whose forward saves the same tensors in the same
+order every step (the usual case) has the same sites every step. When the count changes, it
+calibrates again.
+
+Times: CUDA tensors are timed with CUDA events on the current stream (the host runs ahead of the
+GPU), CPU tensors with the host clock.
+"""
+
+import time
+
+import torch
+
+from . import _offload_planner as planner
+
+PROBE_BYTES = 16 << 20
+
+
+class _Clock:
+    """Seconds since the step began, on the GPU's timeline for CUDA tensors."""
+
+    def __init__(self):
+        self._t0 = time.perf_counter()
+        self._cuda_start = {}   # device -> event recorded at its first stamp
+        self._stamps = []       # (key, device or None, event or host time)
+
+    def stamp(self, key, device):
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(device))
+            if device not in self._cuda_start:
+                self._cuda_start[device] = (event, time.perf_counter() - self._t0)
+            self._stamps.append((key, device, event))
+        else:
+            self._stamps.append((key, None, time.perf_counter() - self._t0))
+
+    def resolve(self):
+        """{key: seconds}; waits for the CUDA events."""
+        out = {}
+        for key, device, value in self._stamps:
+            if device is None:
+                out[key] = value
+            else:
+                start, host_offset = self._cuda_start[device]
+                value.synchronize()
+                out[key] = host_offset + start.elapsed_time(value) / 1e3
+        return out
+
+
+class BudgetStats:
+    """What the policy chose and how it went (``off.budget``)."""
+
+    __slots__ = ("calibrations", "plans", "sites", "chosen_sites", "planned_bytes",
+                 "predicted_overhead", "measured_overhead", "calibration_step_s", "last_step_s",
+                 "link_d2h", "link_h2d", "met_target")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return ("BudgetStats(%d of %d sites, %d bytes, predicted overhead %.1f%%, measured %.1f%%, "
+                "step %.1f ms (calibration %.1f ms), link %.2f/%.2f GB/s)" % (
+                    self.chosen_sites, self.sites, self.planned_bytes,
+                    100 * self.predicted_overhead, 100 * self.measured_overhead,
+                    1e3 * self.last_step_s, 1e3 * self.calibration_step_s,
+                    self.link_d2h / 1e9, self.link_h2d / 1e9))
+
+
+class OffloadBudget:
+    def __init__(self, client_fn, max_overhead=None, target_bytes=None, link=None):
+        if max_overhead is None and target_bytes is None:
+            raise ValueError("a budget needs max_overhead or target_bytes")
+        if max_overhead is not None and not 0 <= max_overhead <= 10:
+            raise ValueError("max_overhead is a fraction of the step (0.05 = 5%%), got %r"
+                             % (max_overhead,))
+        if target_bytes is not None and target_bytes < 0:
+            raise ValueError("target_bytes must be >= 0")
+        self._client_fn = client_fn
+        self.max_overhead = max_overhead
+        self.target_bytes = target_bytes
+        self._link = planner.Link(*link) if link is not None else None
+        self._plan = None
+        self._base_step = None
+        self._clock = None
+        self._sizes = []          # this step's candidates' sizes, in order
+        self._devices = []
+        self._open = False
+        self.stats = BudgetStats()
+
+    @property
+    def plan(self):
+        return self._plan
+
+    def begin_step(self):
+        if self._open:
+            self.end_step()
+        self._clock = _Clock()
+        self._sizes = []
+        self._devices = []
+        self._open = True
+
+    def candidate(self, nbytes, device):
+        """A saved tensor the offloader could offload; returns (site, offload it?)."""
+        site = len(self._sizes)
+        self._sizes.append(nbytes)
+        self._devices.append(device)
+        self._clock.stamp(("p", site), device)
+        if self._plan is None:
+            return site, False
+        return site, site in self._plan.indices
+
+    def used(self, site, device):
+        """Backward needs the saved tensor of `site` now (first use counts)."""
+        if self._open and self._clock is not None:
+            self._clock.stamp(("u", site), device)
+
+    def end_step(self):
+        if not self._open:
+            return
+        self._open = False
+        times = self._clock.resolve()
+        produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
+        needed = {}
+        for k, v in times.items():
+            if k[0] == "u" and k[1] not in needed:
+                needed[k[1]] = v
+        if not produced or not needed:
+            return  # no backward ran (inference, or no candidates): nothing to learn
+        step = max(needed.values())
+        if self._plan is not None and len(self._sizes) == len(self._plan_sizes):
+            self.stats.last_step_s = step
+            self.stats.measured_overhead = max(0.0, step / self._base_step - 1.0)
+            if self.max_overhead is not None and \
+                    self.stats.measured_overhead > max(2 * self.max_overhead,
+                                                       self.max_overhead + 0.02):
+                # Slower than predicted: the link is slower than measured (other processes
+                # share it): take the evidence and plan again with less.
+                self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
+                self._replan()
+            return
+        # Calibration: nothing was offloaded in this step (or the sites changed).
+        self.stats.calibrations += 1
+        self._base_step = step
+        self.stats.calibration_step_s = step
+        self.stats.last_step_s = step
+        self._sites = [planner.Site(i, self._sizes[i], produced[i], needed[i])
+                       for i in range(len(self._sizes)) if i in needed]
+        self._forward_end = max(produced.values())
+        self._plan_sizes = list(self._sizes)
+        if self._link is None:
+            self._link = self._measure_link()
+        self._replan()
+
+    def _replan(self):
+        self._plan = planner.plan(self._sites, self._forward_end, self._base_step, self._link,
+                                  max_overhead=self.max_overhead, target_bytes=self.target_bytes)
+        self.stats.plans += 1
+        self.stats.sites = len(self._sites)
+        self.stats.chosen_sites = len(self._plan.indices)
+        self.stats.planned_bytes = self._plan.offloaded_bytes
+        self.stats.predicted_overhead = (self._plan.predicted_overhead / self._base_step
+                                         if self._base_step else 0.0)
+        self.stats.link_d2h = self._link.d2h
+        self.stats.link_h2d = self._link.h2d
+        self.stats.met_target = int(self._plan.met_target)
+
+    def _measure_link(self):
+        """One offload and one reload of PROBE_BYTES on the candidates' device, timed."""
+        device = self._devices[0] if self._devices else torch.device("cpu")
+        client = self._client_fn()
+        probe = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        handle = client.offload(probe)
+        client.synchronize()
+        t1 = time.perf_counter()
+        back = handle.reload()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t2 = time.perf_counter()
+        del back
+        handle.free()
+        return planner.Link(PROBE_BYTES / max(t1 - t0, 1e-6), PROBE_BYTES / max(t2 - t1, 1e-6))
