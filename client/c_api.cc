@@ -168,9 +168,12 @@ tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
   });
 }
 
-tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t offset,
-                         uint64_t len, const tier_offload_options* options, tier_object_id* object,
-                         tier_job_id* job) {
+namespace {
+
+// tier_offload and tier_offload_persistent; `name`: the persistent object's, or NULL.
+tier_status Offload(tier_session* session, const char* name, tier_buffer_id buffer,
+                    uint64_t offset, uint64_t len, const tier_offload_options* options,
+                    tier_object_id* object, tier_job_id* job) {
   return Guard([&] {
     if (session == nullptr || object == nullptr || job == nullptr) {
       return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
@@ -181,6 +184,14 @@ tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t 
     tier::client::JobRequest request;
     request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kOffload);
     request.object = session->impl->NewObjectId();
+    if (name != nullptr) {
+      // One round trip on the session socket binds the id to the name; the offload itself is an
+      // ordinary ring job.
+      if (absl::Status bound = session->impl->CreatePersistent(name, request.object, len);
+          !bound.ok()) {
+        return Fail(bound);
+      }
+    }
     request.buffer = buffer;
     request.offset = offset;
     request.len = len;
@@ -207,6 +218,45 @@ tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t 
     if (!submitted.ok()) return Fail(submitted.status());
     *object = request.object;
     *job = *submitted;
+    return TIER_OK;
+  });
+}
+
+}  // namespace
+
+tier_status tier_offload(tier_session* session, tier_buffer_id buffer, uint64_t offset,
+                         uint64_t len, const tier_offload_options* options, tier_object_id* object,
+                         tier_job_id* job) {
+  return Offload(session, nullptr, buffer, offset, len, options, object, job);
+}
+
+tier_status tier_offload_persistent(tier_session* session, const char* name,
+                                    tier_buffer_id buffer, uint64_t offset, uint64_t len,
+                                    const tier_offload_options* options, tier_object_id* object,
+                                    tier_job_id* job) {
+  if (name == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL name");
+  return Offload(session, name, buffer, offset, len, options, object, job);
+}
+
+tier_status tier_object_open(tier_session* session, const char* name, tier_object_id* object,
+                             uint64_t* len) {
+  return Guard([&] {
+    if (session == nullptr || name == nullptr || object == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    uint64_t id = session->impl->NewObjectId();
+    absl::StatusOr<uint64_t> opened = session->impl->OpenPersistent(name, id);
+    if (!opened.ok()) return Fail(opened.status());
+    *object = id;
+    if (len != nullptr) *len = *opened;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_object_delete(tier_session* session, const char* name, uint32_t uid) {
+  return Guard([&] {
+    if (session == nullptr || name == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    if (absl::Status s = session->impl->DeletePersistent(name, uid); !s.ok()) return Fail(s);
     return TIER_OK;
   });
 }

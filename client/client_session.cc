@@ -200,6 +200,24 @@ uint64_t ClientSession::NewObjectId() {
   return next_object_++;
 }
 
+absl::Status ClientSession::CreatePersistent(absl::string_view name, uint64_t object_id,
+                                             uint64_t len) {
+  std::lock_guard lock(channel_mu_);
+  return channel_.ObjectRequest(wire::ObjectOp::kCreate, name, object_id, wire::kCallerUid, len)
+      .status();
+}
+
+absl::StatusOr<uint64_t> ClientSession::OpenPersistent(absl::string_view name,
+                                                       uint64_t object_id) {
+  std::lock_guard lock(channel_mu_);
+  return channel_.ObjectRequest(wire::ObjectOp::kOpen, name, object_id, wire::kCallerUid);
+}
+
+absl::Status ClientSession::DeletePersistent(absl::string_view name, uint32_t uid) {
+  std::lock_guard lock(channel_mu_);
+  return channel_.ObjectRequest(wire::ObjectOp::kDelete, name, 0, uid).status();
+}
+
 size_t ClientSession::ReapLocked() {
   // While a reaper watches the ring outside the lock it owns the completion queue's head; the
   // others leave the queue alone and are woken when it is done.

@@ -87,6 +87,14 @@ class ClientSession {
 
   // A fresh object id for an offload (unique in this session).
   uint64_t NewObjectId();
+
+  // Named, persistent objects (tier.h): each one round trip on the session socket.
+  // Binds `object_id` (fresh, not yet offloaded) to a new persistent object `name`.
+  absl::Status CreatePersistent(absl::string_view name, uint64_t object_id, uint64_t len);
+  // Binds `object_id` (fresh) to the existing persistent object `name`; returns its length.
+  absl::StatusOr<uint64_t> OpenPersistent(absl::string_view name, uint64_t object_id);
+  // Deletes `name` of `uid` (wire::kCallerUid: the caller's own).
+  absl::Status DeletePersistent(absl::string_view name, uint32_t uid);
   // Pushes a job; returns its id. Blocks only while the ring is full.
   absl::StatusOr<uint64_t> Submit(const JobRequest& request);
   // Submit for a job on a GPU buffer: `take_ticket` runs just before the push, under the lock that

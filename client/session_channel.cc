@@ -110,4 +110,26 @@ absl::Status SessionChannel::Unregister(uint64_t buffer_id) {
       .status();
 }
 
+absl::StatusOr<uint64_t> SessionChannel::ObjectRequest(wire::ObjectOp op, absl::string_view name,
+                                                       uint64_t object_id, uint32_t uid,
+                                                       uint64_t len) {
+  wire::ObjectRequest message{};
+  if (name.size() >= sizeof(message.name)) {
+    return absl::InvalidArgumentError(absl::StrCat("object name of ", name.size(),
+                                                   " bytes; at most ", sizeof(message.name) - 1));
+  }
+  uint64_t id = next_request_++;
+  message.header = Header(wire::MessageType::kObjectRequest, id);
+  message.op = static_cast<uint32_t>(op);
+  message.uid = uid;
+  message.object_id = object_id;
+  message.len = len;
+  std::memcpy(message.name, name.data(), name.size());
+  if (absl::Status s = SendMessage(fd_.get(), &message, sizeof(message)); !s.ok()) return s;
+  absl::StatusOr<wire::ObjectReply> reply = ReceiveReply<wire::ObjectReply>(
+      fd_.get(), wire::MessageType::kObjectReply, id, nullptr);
+  if (!reply.ok()) return reply.status();
+  return reply->len;
+}
+
 }  // namespace tier::client

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "tier/session_wire.h"
@@ -41,6 +42,9 @@ class SessionChannel {
   // `fds`: none, one, or one per page (kCudaVmmPages).
   absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, absl::Span<const int> fds);
   absl::Status Unregister(uint64_t buffer_id);
+  // A named-object request (tier/session_wire.h ObjectOp); returns the reply's length field.
+  absl::StatusOr<uint64_t> ObjectRequest(wire::ObjectOp op, absl::string_view name,
+                                         uint64_t object_id, uint32_t uid, uint64_t len = 0);
   int fd() const { return fd_.get(); }
 
  private:

@@ -64,6 +64,8 @@ struct Config {
   FaultInjection spill_inject_faults;
   uint64_t default_quota_bytes = 0;  // default_quota_bytes (0: the whole pool)
   uint64_t max_quota_bytes = 0;      // max_quota_bytes (0: the whole pool)
+  // persistent_quota_bytes_per_uid: named objects that outlive sessions (0: the whole pool)
+  uint64_t persistent_quota_bytes_per_uid = 0;
   uint32_t ring_entries = 1024;      // ring_entries
   uint32_t max_sessions = 256;       // max_sessions
   uint32_t attach_timeout_ms = 10000;  // attach_timeout_ms

@@ -253,6 +253,10 @@ std::vector<Key> BuildKeys() {
   keys.push_back(SizeKey("max_quota_bytes", kSessions,
                          "most bytes (all tiers) any one session may hold; 0: all the daemon holds",
                          &Config::max_quota_bytes, true, 0));
+  keys.push_back(SizeKey("persistent_quota_bytes_per_uid", kSessions,
+                         "most bytes (all tiers) the persistent objects of one user may hold; 0: "
+                         "all the daemon holds",
+                         &Config::persistent_quota_bytes_per_uid, true, 0));
   keys.push_back(IntegerKey("ring_entries", kSessions,
                             "job ring entries per session (power of two, 8..65536)",
                             &Config::ring_entries, 8, 65536, /*power_of_two=*/true));

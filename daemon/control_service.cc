@@ -44,9 +44,11 @@ ControlService::ControlService(ControlContext context, SessionRegistry& registry
                                storage::HostPool& pool, Spiller* spiller,
                                engine::CopyEngine& engine, DaemonMetrics& metrics,
                                const HealthMonitor& health,
-                               std::function<uint64_t(uint32_t)> drain)
+                               std::function<uint64_t(uint32_t)> drain,
+                               const PersistentStore* persistent)
     : context_(std::move(context)), registry_(registry), pool_(pool), spiller_(spiller),
-      engine_(engine), metrics_(metrics), health_(health), drain_(std::move(drain)) {}
+      engine_(engine), metrics_(metrics), health_(health), drain_(std::move(drain)),
+      persistent_(persistent) {}
 
 v1::HealthResponse::State ControlService::State(std::string* reason) const {
   if (registry_.draining()) {
@@ -230,6 +232,31 @@ grpc::Status ControlService::Drain(grpc::ServerContext*, const v1::DrainRequest*
                                      "carry the token in ", context_.admin_token_path));
   }
   response->set_jobs_in_flight(drain_(request->timeout_ms()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::ListObjects(grpc::ServerContext*,
+                                         const v1::ListObjectsRequest* request,
+                                         v1::ListObjectsResponse* response) {
+  // Names are private to their uid, and gRPC over a Unix socket does not say who calls: only the
+  // admin token's holders (root, tierd's user) see every uid's objects.
+  if (!AdminTokenMatches(context_.admin_token, request->admin_token())) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("listing persistent objects is for root and tierd's own "
+                                     "user: the request must carry the token in ",
+                                     context_.admin_token_path));
+  }
+  if (persistent_ == nullptr) return grpc::Status::OK;
+  response->set_quota_bytes_per_uid(persistent_->quota_bytes_per_uid());
+  for (const PersistentObjectInfo& object : persistent_->List()) {
+    v1::ObjectInfo* info = response->add_objects();
+    info->set_name(object.name);
+    info->set_uid(object.uid);
+    info->set_bytes(object.bytes);
+    info->set_tier(object.tier);
+    info->set_age_ms(object.age_ms);
+    info->set_durable(object.durable);
+  }
   return grpc::Status::OK;
 }
 

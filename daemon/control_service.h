@@ -8,6 +8,7 @@
 
 #include "daemon/health_monitor.h"
 #include "daemon/metrics.h"
+#include "daemon/persistent_store.h"
 #include "daemon/session_registry.h"
 #include "daemon/spiller.h"
 #include "storage/host_pool.h"
@@ -33,7 +34,8 @@ class ControlService final : public tier::v1::Control::Service {
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
                  Spiller* spiller, engine::CopyEngine& engine, DaemonMetrics& metrics,
                  const HealthMonitor& health,
-                 std::function<uint64_t(uint32_t)> drain);
+                 std::function<uint64_t(uint32_t)> drain,
+                 const PersistentStore* persistent = nullptr);
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
                           v1::GetVersionResponse*) override;
@@ -49,6 +51,8 @@ class ControlService final : public tier::v1::Control::Service {
                             v1::ListSessionsResponse*) override;
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*,
                      v1::DrainResponse*) override;
+  grpc::Status ListObjects(grpc::ServerContext*, const v1::ListObjectsRequest*,
+                           v1::ListObjectsResponse*) override;
 
  private:
   // The state, and why it is not SERVING (empty when it is).
@@ -62,6 +66,7 @@ class ControlService final : public tier::v1::Control::Service {
   DaemonMetrics& metrics_;
   const HealthMonitor& health_;
   std::function<uint64_t(uint32_t)> drain_;
+  const PersistentStore* const persistent_;
 };
 
 // Jobs by kind with their latency histograms (JobMetrics), into a status answer.

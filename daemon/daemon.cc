@@ -193,7 +193,24 @@ absl::Status Daemon::Init() {
   spiller.max_prefetches = config_.spill_prefetch;
   tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller);
   tiers_->Start();
-  executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_);
+  if (spill_store_ != nullptr) {
+    // Persistent objects are written through to the first spill directory and come back after a
+    // restart (daemon/persistent_journal.h).
+    absl::StatusOr<std::unique_ptr<PersistentJournal>> journal =
+        PersistentJournal::Open(config_.spill_dirs.front() + "/persistent");
+    if (!journal.ok()) return journal.status();
+    journal_ = *std::move(journal);
+  }
+  persistent_ = std::make_unique<PersistentStore>(
+      *tiers_,
+      config_.persistent_quota_bytes_per_uid ? config_.persistent_quota_bytes_per_uid : capacity,
+      journal_.get());
+  if (journal_ != nullptr) {
+    size_t restored = persistent_->Restore();
+    LogInfo("persistent objects: ", restored, " of ", journal_->records().size(),
+            " restored from ", journal_->dir());
+  }
+  executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_, persistent_.get());
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
   poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
   if (absl::Status s = poller_->Start(); !s.ok()) return s;
@@ -205,7 +222,8 @@ absl::Status Daemon::Init() {
   listener_ = std::make_unique<SessionListener>(
       *registry_, *engine_,
       ListenerLimits{config_.max_connections, config_.max_connections_per_uid,
-                     config_.attach_timeout_ms});
+                     config_.attach_timeout_ms},
+      persistent_.get());
   if (absl::Status s = listener_->Start(config_.session_socket_path, config_.socket_mode, *gid);
       !s.ok()) {
     return s;
@@ -222,7 +240,7 @@ absl::Status Daemon::Init() {
       config_.health_stall_ms);
   service_ = std::make_unique<ControlService>(
       context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
-      [this](uint32_t timeout_ms) { return Drain(timeout_ms); });
+      [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());
   ::unlink(config_.socket_path.c_str());
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
@@ -302,6 +320,8 @@ void Daemon::Shutdown() {
   if (listener_) listener_->Stop();
   if (poller_) poller_->Stop();
   if (registry_) registry_->EndAllAndWait();
+  // No job runs any more: persistent objects in host memory end with the daemon.
+  if (persistent_) persistent_->DropAll();
   if (tiers_) tiers_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());

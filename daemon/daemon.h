@@ -58,6 +58,8 @@ class Daemon {
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
   std::unique_ptr<TierManager> tiers_;  // the pool and the NVMe tier behind the executor
   std::unique_ptr<engine::CopyEngine> engine_;
+  std::unique_ptr<PersistentJournal> journal_;  // persistent objects on NVMe; null without NVMe
+  std::unique_ptr<PersistentStore> persistent_;  // named objects that outlive sessions
   std::unique_ptr<JobExecutor> executor_;
   std::unique_ptr<SessionRegistry> registry_;
   std::unique_ptr<RingPoller> poller_;

@@ -107,33 +107,42 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
         absl::StrCat("an offload of ", e.len, " bytes can never fit: the host pool holds ",
                      tiers_.pool().bytes(), " bytes"));
   }
+  ObjectSlot slot = session->Resolve(e.object_id);
   absl::StatusOr<std::shared_ptr<Object>> object =
-      session->objects()->Create(e.object_id, e.len, e.hint,
-                                 next_seq_.fetch_add(1, std::memory_order_relaxed),
-                                 tiers_.Charge(e.len));
+      slot.table->Create(slot.id, e.len, e.hint,
+                         next_seq_.fetch_add(1, std::memory_order_relaxed), tiers_.Charge(e.len));
   if (!object.ok()) return object.status();
   // The object exists from here on (jobs naming it queue behind its fill); the copy starts once
   // it has host memory: now, or once the spiller made room, or never (no room can come).
-  tiers_.Admit(session->objects(), session->id(), *object,
-               [this, session, e, object = *object, range = *std::move(range)](
-                   absl::Status admitted) mutable {
+  tiers_.Admit(slot.table, session->id(), *object,
+               [this, session, e, table = slot.table, object = *object,
+                range = *std::move(range)](absl::Status admitted) mutable {
                  if (admitted.ok()) {
-                   CopyIn(session, e, object, std::move(range));
+                   CopyIn(session, e, table, object, std::move(range));
                    return;
                  }
-                 EndFill(*session, *object, admitted);
+                 EndFill(*table, *object, admitted);
                  Fail(session, e, std::move(admitted));
                });
   return absl::OkStatus();
 }
 
 void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                         const std::shared_ptr<ObjectTable>& table,
                          const std::shared_ptr<Object>& object, Range range) {
-  engine::CopyJob job = MakeCopyJob(engine::Direction::kToPool, *session, e,
-                                 session->objects()->extent(*object), range);
-  job.done = [this, session, e, object, buffer = std::move(range.buffer)](absl::Status status) {
-    EndFill(*session, *object, status);
-    if (status.ok()) tiers_.Filled(session->objects(), object);
+  engine::CopyJob job =
+      MakeCopyJob(engine::Direction::kToPool, *session, e, table->extent(*object), range);
+  job.done = [this, session, e, table, object,
+              buffer = std::move(range.buffer)](absl::Status status) {
+    EndFill(*table, *object, status);
+    if (status.ok()) {
+      // A persistent object is written through to NVMe (when there is a journal) before the
+      // spiller may take it.
+      if (persistent_ != nullptr && table != session->objects()) {
+        persistent_->Filled(table, object);
+      }
+      tiers_.Filled(table, object);
+    }
     tiers_.CopyEnded();
     Complete(*session, e, status);
   };
@@ -141,9 +150,9 @@ void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::Su
   engine_.Submit(std::move(job));
 }
 
-void JobExecutor::EndFill(Session& session, Object& object, const absl::Status& status) {
+void JobExecutor::EndFill(ObjectTable& table, Object& object, const absl::Status& status) {
   std::vector<ObjectWaiter> waiters;
-  tiers_.Settle(session.objects()->EndFill(object, status, &waiters));
+  tiers_.Settle(table.EndFill(object, status, &waiters));
   for (ObjectWaiter& start : waiters) start(status);
 }
 
@@ -161,8 +170,9 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
                                  const ring::SubmissionEntry& e) {
   absl::StatusOr<Range> range = CheckRange(*session, e);
   if (!range.ok()) return range.status();
-  ObjectTable& table = *session->objects();
-  absl::StatusOr<ObjectTable::Pinned> pinned = table.PinForReload(e.object_id, e.len);
+  ObjectSlot slot = session->Resolve(e.object_id);
+  ObjectTable& table = *slot.table;
+  absl::StatusOr<ObjectTable::Pinned> pinned = table.PinForReload(slot.id, e.len);
   if (!pinned.ok()) return pinned.status();
   tiers_.NoteReload(pinned->prefetch);
   // A reload of an object still filling is started by the fill's end, in the order the reloads
@@ -172,49 +182,51 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
   // the copy after yet, so its reloads wait on the host on every engine.
   if (pinned->filling && (!engine_.orders_pool_reads() || !pinned->admitted)) {
     bool waits = table.AwaitFill(
-        *pinned->object, [this, session, e, pinned = *pinned, range = *range](absl::Status fill) {
+        *pinned->object, [this, session, e, table = slot.table, pinned = *pinned,
+                          range = *range](absl::Status fill) {
           if (fill.ok()) {
-            FetchThenCopyOut(session, e, pinned, range);
+            FetchThenCopyOut(session, e, table, pinned, range);
           } else {
-            AbandonReload(session, e, *pinned.object, FillFailedError(e.object_id, fill));
+            AbandonReload(session, e, *table, *pinned.object, FillFailedError(e.object_id, fill));
           }
         });
     if (waits) return absl::OkStatus();
     if (table.FillFailed(*pinned->object)) {  // the fill ended meanwhile, and failed
-      AbandonReload(session, e, *pinned->object,
+      AbandonReload(session, e, table, *pinned->object,
                     FillFailedError(e.object_id, absl::InternalError("the fill failed")));
       return absl::OkStatus();
     }
   }
-  FetchThenCopyOut(session, e, *pinned, *std::move(range));
+  FetchThenCopyOut(session, e, slot.table, *pinned, *std::move(range));
   return absl::OkStatus();
 }
 
 void JobExecutor::FetchThenCopyOut(const std::shared_ptr<Session>& session,
                                    const ring::SubmissionEntry& e,
+                                   const std::shared_ptr<ObjectTable>& table,
                                    const ObjectTable::Pinned& pinned, Range range) {
-  tiers_.MakeReadable(session->objects(), session->id(), pinned,
-                      [this, session, e, object = pinned.object,
+  tiers_.MakeReadable(table, session->id(), pinned,
+                      [this, session, e, table, object = pinned.object,
                        range = std::move(range)](absl::StatusOr<Readable> readable) {
                         if (!readable.ok()) {
-                          AbandonReload(session, e, *object, readable.status());
+                          AbandonReload(session, e, *table, *object, readable.status());
                           return;
                         }
-                        CopyOut(session, e, object, range, *std::move(readable));
+                        CopyOut(session, e, table, object, range, *std::move(readable));
                       });
 }
 
 void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                          const std::shared_ptr<ObjectTable>& table,
                           const std::shared_ptr<Object>& object, Range range, Readable from) {
   // A feed fills its own extent from NVMe; otherwise the object's bytes are in host memory.
-  storage::Extent extent =
-      from.feed != nullptr ? from.extent : session->objects()->extent(*object);
+  storage::Extent extent = from.feed != nullptr ? from.extent : table->extent(*object);
   engine::CopyJob job = MakeCopyJob(engine::Direction::kFromPool, *session, e, extent, range);
   job.feed = std::move(from.feed);
   // (`lease` keeps a pipelined read's extent until this copy is done, whatever the read's end.)
-  job.done = [this, session, e, object, buffer = std::move(range.buffer),
+  job.done = [this, session, e, table, object, buffer = std::move(range.buffer),
               lease = std::move(from.lease)](absl::Status status) {
-    FinishReload(session, e, object, std::move(status));
+    FinishReload(session, e, table, object, std::move(status));
   };
   tiers_.CopyStarted();
   engine_.Submit(std::move(job));
@@ -222,27 +234,31 @@ void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::S
 
 void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
                                const ring::SubmissionEntry& e,
+                               const std::shared_ptr<ObjectTable>& table,
                                const std::shared_ptr<Object>& object, absl::Status copy) {
   // The copy may have been submitted while the object was still filling (GPU engines): its
   // result stands only once the fill is known to have succeeded.
-  auto finish = [this, session, e, object](absl::Status result, const absl::Status& fill) {
-    ObjectTable& table = *session->objects();
+  auto finish = [this, session, e, table, object](absl::Status result, const absl::Status& fill) {
     if (!fill.ok()) result = FillFailedError(e.object_id, fill);
-    if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) table.DropAfterReload(*object);
-    tiers_.Settle(table.Unpin(*object));
+    if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) {
+      table->DropAfterReload(*object);
+      if (persistent_ != nullptr && table != session->objects()) {
+        persistent_->Forget(table, object->id());
+      }
+    }
+    tiers_.Settle(table->Unpin(*object));
     tiers_.CopyEnded();
     Complete(*session, e, result);
   };
-  ObjectTable& table = *session->objects();
-  if (table.AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;
+  if (table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;
   finish(std::move(copy),
-         table.FillFailed(*object) ? absl::InternalError("the fill failed") : absl::OkStatus());
+         table->FillFailed(*object) ? absl::InternalError("the fill failed") : absl::OkStatus());
 }
 
 void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
-                                const ring::SubmissionEntry& e, Object& object,
-                                absl::Status status) {
-  tiers_.Settle(session->objects()->Unpin(object));
+                                const ring::SubmissionEntry& e, ObjectTable& table,
+                                Object& object, absl::Status status) {
+  tiers_.Settle(table.Unpin(object));
   // Fail, not Complete: the reload's ticket never reached the engine, and the client's streams
   // (and every later job of its lane) wait for it.
   Fail(session, e, std::move(status));
@@ -250,8 +266,13 @@ void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
 
 absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e) {
   // Jobs already accepted keep their pins; the memory returns when the last one ends.
-  absl::StatusOr<Release> released = session.objects()->Free(e.object_id);
+  // (A persistent object bound to the id is deleted: its name goes with it.)
+  ObjectSlot slot = session.Resolve(e.object_id);
+  absl::StatusOr<Release> released = slot.table->Free(slot.id);
   if (!released.ok()) return released.status();
+  if (persistent_ != nullptr && slot.table != session.objects()) {
+    persistent_->Forget(slot.table, slot.id);
+  }
   tiers_.Settle(*released);
   return absl::OkStatus();
 }
@@ -271,6 +292,8 @@ engine::CopyJob JobExecutor::MakeCopyJob(engine::Direction direction, Session& s
 
 void JobExecutor::ReleaseAll(Session& session) {
   for (const Release& release : session.objects()->DropAll()) tiers_.Settle(release);
+  // Persistent objects stay; names the session reserved and never filled go.
+  if (persistent_ != nullptr) persistent_->SessionEnded(session.id());
   // Dropped outside any lock: closing client memory is the engine's slow path.
   session.TakeAllBuffers().clear();
 }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/metrics.h"
 #include "daemon/object_table.h"
+#include "daemon/persistent_store.h"
 #include "daemon/session.h"
 #include "daemon/tier_manager.h"
 #include "engine/copy_engine.h"
@@ -32,8 +33,10 @@ namespace tier::daemon {
 
 class JobExecutor {
  public:
-  JobExecutor(TierManager& tiers, engine::CopyEngine& engine, DaemonMetrics& metrics)
-      : tiers_(tiers), engine_(engine), metrics_(metrics) {}
+  // `persistent`: the named objects that outlive sessions (null: none, as in unit tests).
+  JobExecutor(TierManager& tiers, engine::CopyEngine& engine, DaemonMetrics& metrics,
+              PersistentStore* persistent = nullptr)
+      : tiers_(tiers), engine_(engine), metrics_(metrics), persistent_(persistent) {}
 
   // Starts one entry taken from the session's submission queue. Never waits for a copy.
   void Start(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry);
@@ -59,24 +62,29 @@ class JobExecutor {
   absl::Status Free(Session& session, const ring::SubmissionEntry& e);
 
   // Offload, once the object has its host extent.
+  // (`table` is where the object lives: the session's, or a persistent object's uid table.)
   void CopyIn(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
-              const std::shared_ptr<Object>& object, Range range);
+              const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
+              Range range);
   // The fill ended (copied, or failed before or during the copy): the table's transition, the
   // memory it gave back, then the reloads that waited for it.
-  void EndFill(Session& session, Object& object, const absl::Status& status);
+  void EndFill(ObjectTable& table, Object& object, const absl::Status& status);
 
   // Reload, once the fill it must follow (if any) is known to have succeeded.
   void FetchThenCopyOut(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                        const std::shared_ptr<ObjectTable>& table,
                         const ObjectTable::Pinned& pinned, Range range);
   // Reload, once the bytes are readable in host memory (or a feed fills them from NVMe).
   void CopyOut(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
-               const std::shared_ptr<Object>& object, Range range, Readable from);
+               const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
+               Range range, Readable from);
   // The reload's copy ended; its result stands once the fill it may have run beside succeeded.
   void FinishReload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
+                    const std::shared_ptr<ObjectTable>& table,
                     const std::shared_ptr<Object>& object, absl::Status copy);
   // A reload that pinned `object` ends before its copy was submitted: unpins, and fails it.
   void AbandonReload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
-                     Object& object, absl::Status status);
+                     ObjectTable& table, Object& object, absl::Status status);
 
   engine::CopyJob MakeCopyJob(engine::Direction direction, Session& session,
                            const ring::SubmissionEntry& e, storage::Extent extent,
@@ -92,6 +100,7 @@ class JobExecutor {
   TierManager& tiers_;
   engine::CopyEngine& engine_;
   DaemonMetrics& metrics_;
+  PersistentStore* const persistent_;
   std::atomic<uint64_t> next_seq_{1};
 };
 

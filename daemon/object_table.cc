@@ -16,6 +16,20 @@ size_t ObjectTable::size() const {
   return objects_.size();
 }
 
+std::shared_ptr<Object> ObjectTable::Find(uint64_t id) const {
+  MutexLock lock(&mu_);
+  auto it = objects_.find(id);
+  return it == objects_.end() ? nullptr : it->second;
+}
+
+std::vector<uint64_t> ObjectTable::Ids() const {
+  MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  ids.reserve(objects_.size());
+  for (const auto& [id, object] : objects_) ids.push_back(id);
+  return ids;
+}
+
 absl::StatusOr<std::shared_ptr<Object>> ObjectTable::Create(uint64_t id, uint64_t len,
                                                             uint64_t hint, uint64_t seq,
                                                             uint64_t charge) {
@@ -24,7 +38,7 @@ absl::StatusOr<std::shared_ptr<Object>> ObjectTable::Create(uint64_t id, uint64_
     return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
   }
   if (used_bytes_ + charge > quota_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat("session quota exceeded: ", used_bytes_,
+    return absl::ResourceExhaustedError(absl::StrCat(quota_name_, " exceeded: ", used_bytes_,
                                                      " + ", charge, " bytes > quota of ",
                                                      quota_bytes_));
   }

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -83,13 +84,19 @@ struct Release {
 
 class ObjectTable {
  public:
-  explicit ObjectTable(uint64_t quota_bytes) : quota_bytes_(quota_bytes) {}
+  // `quota_name` says whose quota an error names ("session quota", "persistent quota of uid 7").
+  explicit ObjectTable(uint64_t quota_bytes, std::string quota_name = "session quota")
+      : quota_bytes_(quota_bytes), quota_name_(std::move(quota_name)) {}
   ObjectTable(const ObjectTable&) = delete;
   ObjectTable& operator=(const ObjectTable&) = delete;
 
   uint64_t quota_bytes() const { return quota_bytes_; }
   uint64_t used_bytes() const;  // charged to the quota now
   size_t size() const;          // objects in the table
+  // The object `id` while it is in the table (not freed, its fill not failed), else null.
+  std::shared_ptr<Object> Find(uint64_t id) const;
+  // The ids of every object in the table.
+  std::vector<uint64_t> Ids() const;
 
   // ---- life ----
   // A new object `id` of `len` bytes, filling, pinned by its fill, charged `charge` bytes (what
@@ -188,9 +195,17 @@ class ObjectTable {
   void DropLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t quota_bytes_;
+  const std::string quota_name_;
   mutable Mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Where the object a job names lives: a table, and the object's id in it (a session's own table
+// under the client's id, or a persistent object's uid table: daemon/persistent_store.h).
+struct ObjectSlot {
+  std::shared_ptr<ObjectTable> table;
+  uint64_t id = 0;
 };
 
 }  // namespace tier::daemon

@@ -267,4 +267,45 @@ SessionSnapshot Session::Snapshot() const {
   return s;
 }
 
+ObjectSlot Session::Resolve(uint64_t id) const {
+  if (any_bound_.load(std::memory_order_acquire)) {
+    MutexLock lock(&mu_);
+    auto it = bound_.find(id);
+    if (it != bound_.end()) return it->second;
+  }
+  return ObjectSlot{objects_, id};
+}
+
+absl::Status Session::CheckBindable(uint64_t id) const {
+  if (id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
+  if (objects_->Find(id) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
+  }
+  MutexLock lock(&mu_);
+  if (bound_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("object ", id, " is bound already"));
+  }
+  if (bound_.size() >= kMaxBound) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this session has bound ", kMaxBound, " ids to persistent objects, the most it may"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Bind(uint64_t id, ObjectSlot slot) {
+  if (id == 0) return absl::InvalidArgumentError("object id 0 is reserved");
+  if (objects_->Find(id) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
+  }
+  MutexLock lock(&mu_);
+  if (bound_.size() >= kMaxBound) {
+    return absl::ResourceExhaustedError(absl::StrCat("more than ", kMaxBound, " bound ids"));
+  }
+  if (!bound_.emplace(id, std::move(slot)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("object ", id, " is bound already"));
+  }
+  any_bound_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
 }  // namespace tier::daemon

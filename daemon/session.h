@@ -127,6 +127,19 @@ class Session {
 
   // The session's objects (daemon/object_table.h): every change of their state, and the quota.
   const std::shared_ptr<ObjectTable>& objects() const { return objects_; }
+  // Where the object a job names by `id` lives: a persistent object bound to `id` (its uid's
+  // table, daemon/persistent_store.h), else the session's own table under the same id.
+  ObjectSlot Resolve(uint64_t id) const;
+  // Binds the session's object id `id` to a persistent object's slot. ALREADY_EXISTS when `id`
+  // is bound already or names an object of the session's own table; INVALID_ARGUMENT for id 0;
+  // RESOURCE_EXHAUSTED past kMaxBound.
+  absl::Status Bind(uint64_t id, ObjectSlot slot);
+  // Whether Bind(id, ...) would succeed now: asked before a create reserves a name for `id`, so
+  // that a refused bind leaves no reservation behind.
+  absl::Status CheckBindable(uint64_t id) const;
+  // Ids a session may bind: each binding (and the name a create reserves for it) is daemon
+  // memory that no byte quota counts until its offload lands.
+  static constexpr size_t kMaxBound = 4096;
   // Every registered buffer, for release at close (takes the lock itself: drop them outside it).
   std::vector<std::shared_ptr<engine::ImportedBuffer>> TakeAllBuffers();
 
@@ -164,6 +177,9 @@ class Session {
   uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, std::shared_ptr<engine::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, ObjectSlot> bound_ ABSL_GUARDED_BY(mu_);
+  // bound_ is empty (the common case): jobs resolve their ids without taking mu_.
+  std::atomic<bool> any_bound_{false};
   uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of buffers_
   UsageLedger* ledger_ = nullptr;
   JobCounters counters_;

@@ -35,8 +35,8 @@ void FillReply(wire::Reply* reply, wire::MessageType type, uint64_t request_id,
 }  // namespace
 
 SessionListener::SessionListener(SessionRegistry& registry, engine::CopyEngine& engine,
-                                 ListenerLimits limits)
-    : registry_(registry), engine_(engine), limits_(limits) {}
+                                 ListenerLimits limits, PersistentStore* persistent)
+    : registry_(registry), engine_(engine), limits_(limits), persistent_(persistent) {}
 
 SessionListener::~SessionListener() { Stop(); }
 
@@ -227,6 +227,9 @@ bool SessionListener::Serve(Connection& c) {
     case wire::MessageType::kUnregisterBuffer:
       HandleUnregister(c, message->data);
       return true;
+    case wire::MessageType::kObjectRequest:
+      HandleObject(c, message->data);
+      return true;
     default:  // (ParseRequestHeader let no other type through)
       return false;
   }
@@ -358,6 +361,66 @@ void SessionListener::HandleUnregister(Connection& c, const std::vector<char>& d
   }
   FillReply(&reply.reply, wire::MessageType::kUnregisterBufferReply,
             parsed ? request.header.request_id : 0, status);
+  (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+}
+
+void SessionListener::HandleObject(Connection& c, const std::vector<char>& data) {
+  wire::ObjectRequest request{};
+  wire::ObjectReply reply{};
+  absl::Status status;
+  bool parsed = ParseMessage(data, &request);
+  const void* nul = parsed ? std::memchr(request.name, '\0', sizeof(request.name)) : nullptr;
+  absl::string_view name(request.name, nul == nullptr ? 0
+                                                       : static_cast<const char*>(nul) - request.name);
+  // Names are the caller's: its uid from SO_PEERCRED of this connection, never its word.
+  const uid_t caller = c.peer.uid;
+  if (c.session == nullptr) {
+    status = absl::FailedPreconditionError("object request before attach");
+  } else if (c.session->closing()) {
+    status = absl::FailedPreconditionError("session is ending");
+  } else if (!parsed) {
+    status = absl::InvalidArgumentError("malformed object request");
+  } else if (nul == nullptr) {
+    status = absl::InvalidArgumentError("object name is not NUL-terminated");
+  } else if (persistent_ == nullptr) {
+    status = absl::UnimplementedError("this tierd keeps no persistent objects");
+  } else if (request.op != static_cast<uint32_t>(wire::ObjectOp::kDelete) &&
+             !(status = c.session->CheckBindable(request.object_id)).ok()) {
+    // (Checked before a create reserves its name; Bind checks again.)
+  } else {
+    switch (static_cast<wire::ObjectOp>(request.op)) {
+      case wire::ObjectOp::kCreate: {
+        absl::StatusOr<ObjectSlot> slot = persistent_->Create(caller, name, c.session->id(),
+                                                                request.len);
+        status = slot.ok() ? c.session->Bind(request.object_id, *std::move(slot)) : slot.status();
+        break;
+      }
+      case wire::ObjectOp::kOpen: {
+        uint64_t len = 0;
+        absl::StatusOr<ObjectSlot> slot = persistent_->Open(caller, name, &len);
+        status = slot.ok() ? c.session->Bind(request.object_id, *std::move(slot)) : slot.status();
+        if (status.ok()) reply.len = len;
+        break;
+      }
+      case wire::ObjectOp::kDelete: {
+        uid_t owner = request.uid == wire::kCallerUid ? caller : request.uid;
+        if (owner != caller && caller != 0) {
+          // Not "permission denied": that would tell another user the name exists.
+          status = PersistentStore::CheckName(name);
+          if (status.ok()) {
+            status = absl::NotFoundError(absl::StrCat("no persistent object named \"", name, "\""));
+          }
+        } else {
+          status = persistent_->Delete(owner, name);
+        }
+        break;
+      }
+      default:
+        status = absl::InvalidArgumentError(absl::StrCat("unknown object operation ", request.op));
+    }
+  }
+  FillReply(&reply.reply, wire::MessageType::kObjectReply, parsed ? request.header.request_id : 0,
+            status);
   (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
 }
 

@@ -16,6 +16,7 @@
 #include "common/log_rate_limiter.h"
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
+#include "daemon/persistent_store.h"
 #include "daemon/session_registry.h"
 #include "engine/copy_engine.h"
 
@@ -31,7 +32,9 @@ struct ListenerLimits {
 
 class SessionListener {
  public:
-  SessionListener(SessionRegistry& registry, engine::CopyEngine& engine, ListenerLimits limits = {});
+  // `persistent`: named objects (null: object requests are answered UNIMPLEMENTED).
+  SessionListener(SessionRegistry& registry, engine::CopyEngine& engine, ListenerLimits limits = {},
+                  PersistentStore* persistent = nullptr);
   ~SessionListener();
   // Listens on `path` (mode, and group when gid >= 0) and starts the thread.
   absl::Status Start(const std::string& path, mode_t mode, gid_t gid);
@@ -60,10 +63,12 @@ class SessionListener {
   void HandleAttach(Connection& c, const std::vector<char>& data);
   void HandleRegister(Connection& c, const std::vector<char>& data, std::vector<UniqueFd> fds);
   void HandleUnregister(Connection& c, const std::vector<char>& data);
+  void HandleObject(Connection& c, const std::vector<char>& data);
 
   SessionRegistry& registry_;
   engine::CopyEngine& engine_;
   const ListenerLimits limits_;
+  PersistentStore* const persistent_;
   std::string path_;
   UniqueFd listen_fd_;
   UniqueFd epoll_fd_;

@@ -113,7 +113,7 @@ std::unique_ptr<v1::Control::Stub> ConnectControl(const std::string& socket_path
 
 bool IsCommand(std::string_view command) {
   for (std::string_view known : {"status", "clients", "sessions", "pools", "spill", "health",
-                                 "version", "drain", "top"}) {
+                                 "version", "drain", "objects", "top"}) {
     if (command == known) return true;
   }
   return false;
@@ -198,8 +198,39 @@ int RunCommand(std::string_view command, const CommandContext& ctx) {
     RenderDrain(response, ctx.drain_timeout_ms, ctx.json, *ctx.out);
     return response.jobs_in_flight() == 0 ? kExitOk : kExitFailure;
   }
+  if (command == "objects") {
+    // Every uid's names: for root and tierd's own user (the token beside the socket).
+    v1::ListObjectsRequest request;
+    absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(ctx.socket_path));
+    if (token.ok()) request.set_admin_token(*token);
+    v1::ListObjectsResponse response;
+    if (!Call(ctx, &Stub::ListObjects, request, response, exit_code)) {
+      if (!token.ok()) {
+        *ctx.err << "tierctl: listing persistent objects is for root and tierd's own user ("
+                 << token.status().message() << ")\n";
+      }
+      return exit_code;
+    }
+    RenderObjects(response, ctx.json, *ctx.out);
+    return kExitOk;
+  }
   *ctx.err << "tierctl: unknown command '" << command << "'\n";
   return kExitUsage;
+}
+
+void RenderObjects(const v1::ListObjectsResponse& objects, bool json, std::ostream& out) {
+  if (json) return PrintJson(objects, out);
+  if (objects.objects().empty()) {
+    out << "No persistent objects.\n";
+    return;
+  }
+  constexpr Align kR = Align::kRight;
+  Table table({{"NAME"}, {"UID", kR}, {"SIZE", kR}, {"TIER"}, {"AGE", kR}});
+  for (const v1::ObjectInfo& o : objects.objects()) {
+    table.AddRow({o.name(), absl::StrCat(o.uid()), FormatBytes(o.bytes()), o.tier(),
+                  FormatDuration(o.age_ms())});
+  }
+  table.Render(out);
 }
 
 int ReportNotRunning(std::string_view detail, std::ostream& err) {

@@ -57,6 +57,8 @@ void RenderTiers(const v1::GetStatusResponse& status, bool json, std::ostream& o
 // The NVMe tier, one row per spill file (device).
 void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& out);
 void RenderSessions(const v1::ListSessionsResponse& sessions, bool json, std::ostream& out);
+// Persistent objects: name, owner uid, size, tier, age.
+void RenderObjects(const v1::ListObjectsResponse& objects, bool json, std::ostream& out);
 // What a session's GPU lanes wait for, in one cell ("-" when nothing waits).
 std::string WaitSummary(const v1::SessionInfo& session);
 void RenderHealth(const v1::HealthResponse& health, bool json, std::ostream& out);

@@ -6,8 +6,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tierctl/commands.h"
+#include "tierctl/object_delete.h"
 #include "tierctl/socket_path.h"
 
 namespace tier::ctl {
@@ -30,6 +32,10 @@ commands:
   drain     stop admitting sessions and jobs, then wait for in-flight jobs (root or
             tierd's user only: it reads the token beside the socket)
             (exit 1 when jobs are still in flight at the timeout)
+  objects   persistent (named) objects of every user: name, owner uid, size, tier, age
+            (root or tierd's user only, like drain)
+  objects delete NAME [--uid U]
+            delete a persistent object: your own, or user U's if you are root
   help      this text
 
 options:
@@ -40,6 +46,7 @@ options:
   --json           print one JSON object instead of tables (top: with --once)
   --once           top: print one frame (two samples an interval apart) and exit
   --interval-ms N  top: refresh interval (default 1000)
+  --uid U          objects delete: the owner's uid (default: yours)
 
 exit status: 0 ok, 1 error, 2 usage, 3 tierd not running
 )";
@@ -51,6 +58,8 @@ struct Args {
   bool json = false;
   bool once = false;
   uint32_t interval_ms = 1000;
+  std::vector<std::string> operands;  // after the command (objects delete NAME)
+  std::optional<uint32_t> uid;
 };
 
 // A positive number of milliseconds, or nothing.
@@ -94,13 +103,30 @@ std::optional<std::string> ParseArgs(int argc, char** argv, Args& args) {
       std::optional<uint32_t> ms = ParseMs(take_value());
       if (!ms) return "--interval-ms needs a positive number of milliseconds";
       args.interval_ms = *ms;
+    } else if (arg == "--uid") {
+      auto text = take_value();
+      uint32_t uid = 0;
+      const char* end = text ? text->data() + text->size() : nullptr;
+      if (!text || text->empty() || std::from_chars(text->data(), end, uid).ptr != end) {
+        return "--uid needs a numeric uid";
+      }
+      args.uid = uid;
     } else if (arg.starts_with("-")) {
       return "unknown option " + std::string(arg);
     } else if (args.command.empty()) {
       args.command = arg;
+    } else if (args.command == "objects") {
+      args.operands.emplace_back(arg);
     } else if (args.command != "help") {
       return "unexpected argument " + std::string(arg);
     }
+  }
+  if (args.command == "objects" && !args.operands.empty() &&
+      (args.operands[0] != "delete" || args.operands.size() != 2)) {
+    return "objects takes no argument, or: delete NAME";
+  }
+  if (args.uid && (args.command != "objects" || args.operands.empty())) {
+    return "--uid goes with objects delete";
   }
   if (args.command.empty()) return "no command given";
   if (args.command != "help" && !IsCommand(args.command)) {
@@ -127,6 +153,9 @@ int Main(int argc, char** argv) {
     return ReportNotRunning("no socket at " + socket_path, std::cerr);
   }
 
+  if (args.command == "objects" && !args.operands.empty()) {
+    return DeleteObject(socket_path, args.operands[1], args.uid, std::cout, std::cerr);
+  }
   auto stub = ConnectControl(socket_path);
   CommandContext ctx;
   ctx.stub = stub.get();

@@ -93,6 +93,26 @@ class Session {
     Check(tier_reload(session_, object, buffer, offset, len, &o, &job));
     return job;
   }
+  // Named, persistent objects (tier.h). Offload into a new one; returns {object, job}.
+  std::pair<tier_object_id, tier_job_id> OffloadPersistent(const std::string& name,
+                                                           tier_buffer_id buffer, uint64_t offset,
+                                                           uint64_t len) {
+    tier_object_id object = 0;
+    tier_job_id job = 0;
+    Check(tier_offload_persistent(session_, name.c_str(), buffer, offset, len, nullptr, &object,
+                                  &job));
+    return {object, job};
+  }
+  // Returns {object, length} of the persistent object `name`.
+  std::pair<tier_object_id, uint64_t> Open(const std::string& name) {
+    tier_object_id object = 0;
+    uint64_t len = 0;
+    Check(tier_object_open(session_, name.c_str(), &object, &len));
+    return {object, len};
+  }
+  void Delete(const std::string& name, uint32_t uid = TIER_UID_SELF) {
+    Check(tier_object_delete(session_, name.c_str(), uid));
+  }
   tier_job_id Free(tier_object_id object) {
     tier_job_id job = 0;
     Check(tier_free(session_, object, &job));

@@ -27,6 +27,8 @@ enum class MessageType : uint32_t {
   kRegisterBufferReply = 4,
   kUnregisterBuffer = 5,
   kUnregisterBufferReply = 6,
+  kObjectRequest = 7,  // named, persistent objects (ObjectRequest)
+  kObjectReply = 8,
 };
 
 struct MessageHeader {
@@ -97,7 +99,37 @@ struct UnregisterBufferReply {
   Reply reply;
 };
 
+// Named, persistent objects (daemon/persistent_store.h). Names live in the namespace of the
+// caller's uid (SO_PEERCRED of this socket); another uid's names are NOT_FOUND.
+enum class ObjectOp : uint32_t {
+  // Binds the session's `object_id` to a new persistent object `name`: the session's next
+  // offload of that id fills it, and it then outlives the session. ALREADY_EXISTS.
+  kCreate = 1,
+  // Binds `object_id` to the existing persistent object `name` (reload it, free it = delete it);
+  // the reply carries its length. NOT_FOUND.
+  kOpen = 2,
+  // Deletes `name` of `uid` (kCallerUid: the caller's own; another uid only for root). NOT_FOUND.
+  kDelete = 3,
+};
+inline constexpr uint32_t kCallerUid = 0xffffffffu;
+inline constexpr size_t kObjectNameBytes = 128;  // names up to 127 bytes, NUL-terminated
+
+struct ObjectRequest {
+  MessageHeader header;
+  uint32_t op;  // ObjectOp
+  uint32_t uid;  // kDelete; kCallerUid otherwise
+  uint64_t object_id;  // kCreate, kOpen
+  uint64_t len;  // kCreate: the offload's length (checked against the uid's quota at once)
+  char name[kObjectNameBytes];
+};
+
+struct ObjectReply {
+  Reply reply;
+  uint64_t len;  // kOpen: the object's length in bytes
+};
+
 static_assert(sizeof(AttachReply) <= kMaxMessageBytes);
+static_assert(sizeof(ObjectRequest) <= kMaxMessageBytes);
 static_assert(sizeof(RegisterBuffer) <= kMaxMessageBytes);
 
 }  // namespace tier::wire

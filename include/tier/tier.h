@@ -182,6 +182,31 @@ typedef struct tier_completion {
 TIER_API tier_status tier_poll(tier_session* session, tier_completion* out, size_t max,
                                size_t* count);
 
+/* ---- Named, persistent objects ----------------------------------------------------------- */
+/* An object may be given a name in the namespace of the caller's uid (the daemon takes the uid from
+ * the session socket's kernel credentials, never from the caller) and then outlives the session:
+ * a later session of the same uid opens it by name, reloads it and deletes it. Persistent objects
+ * count against the daemon's persistent_quota_bytes_per_uid, not the session's quota; other uids
+ * get TIER_NOT_FOUND for them, as for names that do not exist. Host-memory objects end with
+ * tierd. Names: 1..127 printable ASCII bytes, no spaces. */
+
+/* tier_offload into a new persistent object `name`: TIER_ALREADY_EXISTS when the name is taken.
+ * One round trip to tierd names *object before the offload goes through the ring as usual;
+ * TIER_RESOURCE_EXHAUSTED (the uid's persistent quota) comes with the job's completion. */
+TIER_API tier_status tier_offload_persistent(tier_session* session, const char* name,
+                                             tier_buffer_id buffer, uint64_t offset, uint64_t len,
+                                             const tier_offload_options* options,
+                                             tier_object_id* object, tier_job_id* job);
+/* Gives the persistent object `name` an id in this session (*len: its length; may be NULL), for
+ * tier_reload (and tier_free, which deletes it). TIER_NOT_FOUND. */
+TIER_API tier_status tier_object_open(tier_session* session, const char* name,
+                                      tier_object_id* object, uint64_t* len);
+/* The caller's own namespace. */
+#define TIER_UID_SELF 0xffffffffu
+/* Deletes the persistent object `name` of `uid` (TIER_UID_SELF: the caller's; another uid's only
+ * for root). Its memory returns once jobs using it have finished. TIER_NOT_FOUND. */
+TIER_API tier_status tier_object_delete(tier_session* session, const char* name, uint32_t uid);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

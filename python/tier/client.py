@@ -526,6 +526,47 @@ class Client:
                                              _stream_ptr(consumer_stream), free_after, user=True)
         return job.id
 
+    # ---- named, persistent objects (tier.h) ---------------------------------------------------
+
+    def offload_persistent(self, name, buffer, offset, length):
+        """tier_offload_persistent: like offload_buffer, into a new persistent object `name` (in
+        the namespace of this process's uid) that outlives the session. Returns (object id, job
+        id). AlreadyExists when the name is taken; ResourceExhausted past the uid's quota."""
+        buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        obj = _lib.c_object_id()
+        job = _lib.c_job_id()
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_offload_persistent(
+                self._session, name.encode(), int(buffer_id), int(offset), int(length), None,
+                ctypes.byref(obj), ctypes.byref(job)),
+                "persistent offload of %d bytes as %r" % (length, name))
+            record = _Job(job.value, "offload of %d bytes as %r (object %d, job %d)" % (
+                length, name, obj.value, job.value), None, None, True, obj.value, length)
+            self._inflight[record.id] = record
+        return obj.value, job.value
+
+    def open_object(self, name):
+        """tier_object_open: (object id, length) of the persistent object `name`, for
+        reload_buffer (and free, which deletes it). NotFound."""
+        obj = _lib.c_object_id()
+        length = ctypes.c_uint64()
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_object_open(self._session, name.encode(), ctypes.byref(obj),
+                                                ctypes.byref(length)),
+                       "open of persistent object %r" % name)
+        return obj.value, length.value
+
+    def delete_object(self, name, uid=None):
+        """tier_object_delete: deletes the persistent object `name` (of `uid`: root only; None:
+        this process's own). NotFound."""
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_object_delete(self._session, name.encode(),
+                                                  0xFFFFFFFF if uid is None else int(uid)),
+                       "delete of persistent object %r" % name)
+
     def free(self, object_id):
         """tier_free: drops the object once jobs using it finish. Returns the job id."""
         with self._lock:

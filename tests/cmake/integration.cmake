@@ -26,3 +26,12 @@ tier_add_test(spill_integration_test LABEL integration TIMEOUT 600
 tier_add_test(hostile_client_test LABEL integration TIMEOUT 600
   SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/hostile_client_test.cc
   LIBS tier_test_daemon tier_client_static)
+
+# Issue 17: named, persistent objects; object_peer is a client run as another uid.
+add_executable(object_peer ${CMAKE_SOURCE_DIR}/tests/integration/object_peer.c)
+target_link_libraries(object_peer PRIVATE tierclient)
+tier_add_test(persistent_test LABEL integration TIMEOUT 600
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/persistent_test.cc
+  LIBS tier_test_daemon tier_client_static)
+target_compile_definitions(persistent_test PRIVATE OBJECT_PEER_BIN="$<TARGET_FILE:object_peer>")
+add_dependencies(persistent_test object_peer)

@@ -23,3 +23,10 @@ tier_add_test(job_executor_test LABEL unit
           ${CMAKE_SOURCE_DIR}/tests/unit/job_gauge_test.cc
   LIBS tierd_lib)
 target_compile_definitions(job_executor_test PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")
+# Named, persistent objects: the per-uid namespaces alone (issue 17).
+tier_add_test(persistent_store_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/persistent_store_test.cc
+  LIBS tierd_lib)
+tier_add_test(persistent_journal_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/persistent_journal_test.cc
+  LIBS tierd_lib)

@@ -44,6 +44,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     case tier::wire::MessageType::kUnregisterBuffer:
       CheckBody<tier::wire::UnregisterBuffer>(data);
       break;
+    case tier::wire::MessageType::kObjectRequest:
+      CheckBody<tier::wire::ObjectRequest>(data);
+      break;
     default:
       std::abort();  // a type the daemon does not receive got through
   }

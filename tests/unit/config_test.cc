@@ -65,6 +65,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.pool_lock, b.pool_lock);
   EXPECT_EQ(a.default_quota_bytes, b.default_quota_bytes);
   EXPECT_EQ(a.max_quota_bytes, b.max_quota_bytes);
+  EXPECT_EQ(a.persistent_quota_bytes_per_uid, b.persistent_quota_bytes_per_uid);
   EXPECT_EQ(a.ring_entries, b.ring_entries);
   EXPECT_EQ(a.max_sessions, b.max_sessions);
   EXPECT_EQ(a.attach_timeout_ms, b.attach_timeout_ms);
@@ -203,6 +204,17 @@ TEST(ConfigText, CommentsWhitespaceSuffixesAndOctal) {
   EXPECT_EQ(config.socket_group, "tier");
   EXPECT_EQ(config.copy_delay_us, 1500u);
   EXPECT_EQ(config.state_dir, "/var/lib/tierd");  // untouched keys keep their values
+}
+
+TEST(ConfigText, PersistentQuotaPerUidIsASize) {
+  Config config = DefaultConfig(RootEnv());
+  EXPECT_EQ(config.persistent_quota_bytes_per_uid, 0u);  // 0: the whole pool
+  ASSERT_TRUE(ApplyConfigText("persistent_quota_bytes_per_uid = 3 GiB\n", "t.conf", &config).ok());
+  EXPECT_EQ(config.persistent_quota_bytes_per_uid, 3 * kGiB);
+  absl::Status bad = ApplyConfigText("persistent_quota_bytes_per_uid = lots\n", "t.conf", &config);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  EXPECT_NE(bad.message().find("persistent_quota_bytes_per_uid"), std::string::npos) << bad;
+  EXPECT_EQ(config.persistent_quota_bytes_per_uid, 3 * kGiB);
 }
 
 TEST(ConfigText, EverySizeSuffixIsAPowerOf1024) {
@@ -588,6 +600,7 @@ TEST(DescribeConfig, RoundTripsEveryKey) {
   config.pool_max_bytes = 96 * kGiB;
   config.pool_numa_node = 1;
   config.pool_lock = storage::LockMode::kRequired;
+  config.persistent_quota_bytes_per_uid = 7 * kGiB + 3;
   config.default_quota_bytes = 1536 * kMiB;
   config.max_quota_bytes = 2 * kGiB + 4096;
   config.ring_entries = 65536;

@@ -356,6 +356,35 @@ TEST_F(TierctlCommandsTest, EmptySessionList) {
   EXPECT_EQ(json.str(), "{\"sessions\":[]}\n");
 }
 
+TEST_F(TierctlCommandsTest, ObjectsShowNameOwnerSizeTierAndAge) {
+  v1::ListObjectsResponse objects;
+  v1::ObjectInfo* a = objects.add_objects();
+  a->set_name("ckpt/step100/w0");
+  a->set_uid(1000);
+  a->set_bytes(3 * kGiB);
+  a->set_tier("host");
+  a->set_age_ms(61'000);
+  v1::ObjectInfo* b = objects.add_objects();
+  b->set_name("x");
+  b->set_uid(0);
+  b->set_bytes(4096);
+  b->set_tier("nvme");
+  b->set_age_ms(1000);
+  std::ostringstream out;
+  RenderObjects(objects, false, out);
+  EXPECT_EQ(out.str(),
+            "NAME              UID     SIZE  TIER    AGE\n"
+            "ckpt/step100/w0  1000  3.0 GiB  host  1m01s\n"
+            "x                   0  4.0 KiB  nvme     1s\n");
+  std::ostringstream json;
+  RenderObjects(objects, true, json);
+  EXPECT_NE(json.str().find("\"name\":\"ckpt/step100/w0\",\"uid\":1000"), std::string::npos)
+      << json.str();
+  std::ostringstream none;
+  RenderObjects(v1::ListObjectsResponse(), false, none);
+  EXPECT_EQ(none.str(), "No persistent objects.\n");
+}
+
 TEST_F(TierctlCommandsTest, ClientsJsonIsValidWithStableNames) {
   const Outcome run = RunInProcess("clients", true);
   ASSERT_EQ(run.exit_code, kExitOk) << run.err;
@@ -534,6 +563,14 @@ TEST_F(TierctlCommandsTest, BinaryUsageErrors) {
   run = RunBinary("status --timeout-ms soon " + SocketArg());
   EXPECT_EQ(run.exit_code, 2);
   run = RunBinary("status --bogus " + SocketArg());
+  EXPECT_EQ(run.exit_code, 2);
+  run = RunBinary("objects delete " + SocketArg());  // no name
+  EXPECT_EQ(run.exit_code, 2);
+  run = RunBinary("objects frob x " + SocketArg());
+  EXPECT_EQ(run.exit_code, 2);
+  run = RunBinary("status --uid 5 " + SocketArg());  // --uid only with objects delete
+  EXPECT_EQ(run.exit_code, 2);
+  run = RunBinary("objects delete x --uid me " + SocketArg());
   EXPECT_EQ(run.exit_code, 2);
   run = RunBinary("help");
   EXPECT_EQ(run.exit_code, 0);
