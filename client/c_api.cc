@@ -261,6 +261,30 @@ tier_status tier_object_delete(tier_session* session, const char* name, uint32_t
   });
 }
 
+tier_status tier_object_stat(tier_session* session, const char* name, tier_object_info* info) {
+  return Guard([&] {
+    if (session == nullptr || name == nullptr || info == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    if (info->struct_size < sizeof(tier_object_info)) {
+      return Fail(TIER_INVALID_ARGUMENT, "tier_object_info.struct_size too small");
+    }
+    absl::StatusOr<tier::client::PersistentState> state = session->impl->StatPersistent(name);
+    if (!state.ok()) return Fail(state.status());
+    info->flags = state->flags;
+    info->len = state->len;
+    return TIER_OK;
+  });
+}
+
+tier_status tier_object_release(tier_session* session, tier_object_id object) {
+  return Guard([&] {
+    if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    if (absl::Status s = session->impl->ReleasePersistent(object); !s.ok()) return Fail(s);
+    return TIER_OK;
+  });
+}
+
 tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffer_id buffer,
                         uint64_t offset, uint64_t len, const tier_reload_options* options,
                         tier_job_id* job) {

@@ -210,7 +210,24 @@ absl::Status ClientSession::CreatePersistent(absl::string_view name, uint64_t ob
 absl::StatusOr<uint64_t> ClientSession::OpenPersistent(absl::string_view name,
                                                        uint64_t object_id) {
   std::lock_guard lock(channel_mu_);
-  return channel_.ObjectRequest(wire::ObjectOp::kOpen, name, object_id, wire::kCallerUid);
+  absl::StatusOr<wire::ObjectReply> reply =
+      channel_.ObjectRequest(wire::ObjectOp::kOpen, name, object_id, wire::kCallerUid);
+  if (!reply.ok()) return reply.status();
+  return reply->len;
+}
+
+absl::StatusOr<PersistentState> ClientSession::StatPersistent(absl::string_view name) {
+  std::lock_guard lock(channel_mu_);
+  absl::StatusOr<wire::ObjectReply> reply =
+      channel_.ObjectRequest(wire::ObjectOp::kStat, name, 0, wire::kCallerUid);
+  if (!reply.ok()) return reply.status();
+  return PersistentState{reply->len, reply->flags};
+}
+
+absl::Status ClientSession::ReleasePersistent(uint64_t object_id) {
+  std::lock_guard lock(channel_mu_);
+  return channel_.ObjectRequest(wire::ObjectOp::kRelease, "", object_id, wire::kCallerUid)
+      .status();
 }
 
 absl::Status ClientSession::DeletePersistent(absl::string_view name, uint32_t uid) {

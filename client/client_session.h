@@ -46,6 +46,12 @@ struct Completion {
   absl::Status status;
 };
 
+// A persistent object's length and wire::kObject* flags (StatPersistent).
+struct PersistentState {
+  uint64_t len = 0;
+  uint32_t flags = 0;
+};
+
 struct JobRequest {
   uint32_t opcode = 0;
   uint32_t flags = 0;
@@ -95,6 +101,10 @@ class ClientSession {
   absl::StatusOr<uint64_t> OpenPersistent(absl::string_view name, uint64_t object_id);
   // Deletes `name` of `uid` (wire::kCallerUid: the caller's own).
   absl::Status DeletePersistent(absl::string_view name, uint32_t uid);
+  // Length and wire::kObject* flags of `name`, binding nothing.
+  absl::StatusOr<PersistentState> StatPersistent(absl::string_view name);
+  // Drops the binding of `object_id` (the object stays).
+  absl::Status ReleasePersistent(uint64_t object_id);
   // Pushes a job; returns its id. Blocks only while the ring is full.
   absl::StatusOr<uint64_t> Submit(const JobRequest& request);
   // Submit for a job on a GPU buffer: `take_ticket` runs just before the push, under the lock that

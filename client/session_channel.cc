@@ -110,7 +110,7 @@ absl::Status SessionChannel::Unregister(uint64_t buffer_id) {
       .status();
 }
 
-absl::StatusOr<uint64_t> SessionChannel::ObjectRequest(wire::ObjectOp op, absl::string_view name,
+absl::StatusOr<wire::ObjectReply> SessionChannel::ObjectRequest(wire::ObjectOp op, absl::string_view name,
                                                        uint64_t object_id, uint32_t uid,
                                                        uint64_t len) {
   wire::ObjectRequest message{};
@@ -128,8 +128,7 @@ absl::StatusOr<uint64_t> SessionChannel::ObjectRequest(wire::ObjectOp op, absl::
   if (absl::Status s = SendMessage(fd_.get(), &message, sizeof(message)); !s.ok()) return s;
   absl::StatusOr<wire::ObjectReply> reply = ReceiveReply<wire::ObjectReply>(
       fd_.get(), wire::MessageType::kObjectReply, id, nullptr);
-  if (!reply.ok()) return reply.status();
-  return reply->len;
+  return reply;
 }
 
 }  // namespace tier::client

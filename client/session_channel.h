@@ -42,9 +42,10 @@ class SessionChannel {
   // `fds`: none, one, or one per page (kCudaVmmPages).
   absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, absl::Span<const int> fds);
   absl::Status Unregister(uint64_t buffer_id);
-  // A named-object request (tier/session_wire.h ObjectOp); returns the reply's length field.
-  absl::StatusOr<uint64_t> ObjectRequest(wire::ObjectOp op, absl::string_view name,
-                                         uint64_t object_id, uint32_t uid, uint64_t len = 0);
+  // A named-object request (tier/session_wire.h ObjectOp); returns the reply (length, flags).
+  absl::StatusOr<wire::ObjectReply> ObjectRequest(wire::ObjectOp op, absl::string_view name,
+                                                  uint64_t object_id, uint32_t uid,
+                                                  uint64_t len = 0);
   int fd() const { return fd_.get(); }
 
  private:

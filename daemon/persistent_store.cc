@@ -228,6 +228,24 @@ absl::StatusOr<ObjectSlot> PersistentStore::Open(uid_t uid, absl::string_view na
   return ObjectSlot{space->second.table, it->second.id};
 }
 
+absl::StatusOr<PersistentObjectState> PersistentStore::Stat(uid_t uid,
+                                                            absl::string_view name) const {
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  MutexLock lock(&mu_);
+  auto space = spaces_.find(uid);
+  if (space == spaces_.end()) return NoSuchName(name);
+  auto it = space->second.names.find(name);
+  if (it == space->second.names.end()) return NoSuchName(name);
+  std::shared_ptr<Object> object = space->second.table->Find(it->second.id);
+  if (object == nullptr) return NoSuchName(name);
+  PersistentObjectState state;
+  state.len = object->len();
+  state.ready = space->second.table->Look(*object).state == Object::State::kReady;
+  state.durable = it->second.durable;
+  state.journaled = journal_ != nullptr;
+  return state;
+}
+
 absl::Status PersistentStore::Delete(uid_t uid, absl::string_view name) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   absl::StatusOr<Release> released;

@@ -51,6 +51,14 @@ struct PersistentObjectInfo {
   bool durable = false;  // written through to NVMe: it survives a restart of tierd
 };
 
+// What a client may learn of its own persistent object (the session socket's kStat).
+struct PersistentObjectState {
+  uint64_t len = 0;
+  bool ready = false;      // its offload landed
+  bool durable = false;    // written through to NVMe
+  bool journaled = false;  // this store writes objects through (durable follows ready)
+};
+
 class PersistentStore {
  public:
   static constexpr size_t kMaxNameBytes = 127;
@@ -77,6 +85,8 @@ class PersistentStore {
                                     uint64_t len);
   // The object `name` of `uid`, and its length. NOT_FOUND.
   absl::StatusOr<ObjectSlot> Open(uid_t uid, absl::string_view name, uint64_t* len);
+  // The state of the object `name` of `uid`. NOT_FOUND (also while its offload has not begun).
+  absl::StatusOr<PersistentObjectState> Stat(uid_t uid, absl::string_view name) const;
   // Frees the object `name` of `uid` (its memory returns once jobs using it end). NOT_FOUND.
   // With a journal, its record is gone from NVMe when this returns (it waits for a write of it
   // in progress): a deleted object never comes back after a crash.

@@ -308,4 +308,13 @@ absl::Status Session::Bind(uint64_t id, ObjectSlot slot) {
   return absl::OkStatus();
 }
 
+absl::Status Session::Unbind(uint64_t id) {
+  MutexLock lock(&mu_);
+  if (bound_.erase(id) == 0) {
+    return absl::NotFoundError(absl::StrCat("object ", id, " is not bound to a persistent object"));
+  }
+  any_bound_.store(!bound_.empty(), std::memory_order_release);
+  return absl::OkStatus();
+}
+
 }  // namespace tier::daemon

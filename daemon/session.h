@@ -137,6 +137,8 @@ class Session {
   // Whether Bind(id, ...) would succeed now: asked before a create reserves a name for `id`, so
   // that a refused bind leaves no reservation behind.
   absl::Status CheckBindable(uint64_t id) const;
+  // Drops the binding of `id` (the persistent object stays). NOT_FOUND when `id` is not bound.
+  absl::Status Unbind(uint64_t id);
   // Ids a session may bind: each binding (and the name a create reserves for it) is daemon
   // memory that no byte quota counts until its offload lands.
   static constexpr size_t kMaxBound = 4096;

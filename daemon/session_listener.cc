@@ -384,7 +384,8 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
     status = absl::InvalidArgumentError("object name is not NUL-terminated");
   } else if (persistent_ == nullptr) {
     status = absl::UnimplementedError("this tierd keeps no persistent objects");
-  } else if (request.op != static_cast<uint32_t>(wire::ObjectOp::kDelete) &&
+  } else if ((request.op == static_cast<uint32_t>(wire::ObjectOp::kCreate) ||
+              request.op == static_cast<uint32_t>(wire::ObjectOp::kOpen)) &&
              !(status = c.session->CheckBindable(request.object_id)).ok()) {
     // (Checked before a create reserves its name; Bind checks again.)
   } else {
@@ -402,6 +403,20 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
         if (status.ok()) reply.len = len;
         break;
       }
+      case wire::ObjectOp::kStat: {
+        absl::StatusOr<PersistentObjectState> state = persistent_->Stat(caller, name);
+        status = state.status();
+        if (state.ok()) {
+          reply.len = state->len;
+          reply.flags = (state->ready ? wire::kObjectReady : 0) |
+                        (state->durable ? wire::kObjectDurable : 0) |
+                        (state->journaled ? wire::kObjectJournaled : 0);
+        }
+        break;
+      }
+      case wire::ObjectOp::kRelease:
+        status = c.session->Unbind(request.object_id);
+        break;
       case wire::ObjectOp::kDelete: {
         uid_t owner = request.uid == wire::kCallerUid ? caller : request.uid;
         if (owner != caller && caller != 0) {

@@ -113,6 +113,15 @@ class Session {
   void Delete(const std::string& name, uint32_t uid = TIER_UID_SELF) {
     Check(tier_object_delete(session_, name.c_str(), uid));
   }
+  // Length and TIER_OBJECT_* flags of the persistent object `name`.
+  tier_object_info Stat(const std::string& name) {
+    tier_object_info info{};
+    info.struct_size = sizeof(info);
+    Check(tier_object_stat(session_, name.c_str(), &info));
+    return info;
+  }
+  // Drops this session's id of a persistent object (the object stays).
+  void Release(tier_object_id object) { Check(tier_object_release(session_, object)); }
   tier_job_id Free(tier_object_id object) {
     tier_job_id job = 0;
     Check(tier_free(session_, object, &job));

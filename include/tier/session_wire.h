@@ -110,7 +110,16 @@ enum class ObjectOp : uint32_t {
   kOpen = 2,
   // Deletes `name` of `uid` (kCallerUid: the caller's own; another uid only for root). NOT_FOUND.
   kDelete = 3,
+  // The state of `name` (length, ready, durable) without binding an id. NOT_FOUND.
+  kStat = 4,
+  // Drops the session's binding of `object_id` (made by kCreate or kOpen); the object stays.
+  // A job that starts on that id afterwards finds no object. NOT_FOUND when it is not bound.
+  kRelease = 5,
 };
+// ObjectReply.flags (kOpen, kStat).
+inline constexpr uint32_t kObjectReady = 1;      // its offload landed: it can be reloaded
+inline constexpr uint32_t kObjectDurable = 2;    // written through to NVMe: survives a restart
+inline constexpr uint32_t kObjectJournaled = 4;  // this tierd writes persistent objects through
 inline constexpr uint32_t kCallerUid = 0xffffffffu;
 inline constexpr size_t kObjectNameBytes = 128;  // names up to 127 bytes, NUL-terminated
 
@@ -125,7 +134,9 @@ struct ObjectRequest {
 
 struct ObjectReply {
   Reply reply;
-  uint64_t len;  // kOpen: the object's length in bytes
+  uint64_t len;  // kOpen, kStat: the object's length in bytes
+  uint32_t flags;  // kOpen, kStat: kObjectReady | kObjectDurable | kObjectJournaled
+  uint32_t reserved;
 };
 
 static_assert(sizeof(AttachReply) <= kMaxMessageBytes);

@@ -207,6 +207,27 @@ TIER_API tier_status tier_object_open(tier_session* session, const char* name,
  * for root). Its memory returns once jobs using it have finished. TIER_NOT_FOUND. */
 TIER_API tier_status tier_object_delete(tier_session* session, const char* name, uint32_t uid);
 
+/* tier_object_info.flags */
+#define TIER_OBJECT_READY 1u     /* its offload landed: it can be reloaded */
+#define TIER_OBJECT_DURABLE 2u   /* written through to NVMe: it survives a restart of tierd */
+#define TIER_OBJECT_JOURNALED 4u /* this tierd writes persistent objects through to NVMe, so
+                                    DURABLE follows READY (without it, DURABLE never comes) */
+typedef struct tier_object_info {
+  uint32_t struct_size; /* sizeof(tier_object_info), set by the caller */
+  uint32_t flags;       /* TIER_OBJECT_* */
+  uint64_t len;         /* length in bytes */
+} tier_object_info;
+/* The state of the caller's persistent object `name`, binding no id: for a caller that waits for
+ * an object to become durable. TIER_NOT_FOUND (also before its offload has begun). */
+TIER_API tier_status tier_object_stat(tier_session* session, const char* name,
+                                      tier_object_info* info);
+/* Drops this session's id `object` of a persistent object (from tier_object_open or
+ * tier_offload_persistent); the object stays. A session holds at most 4096 such ids, so a
+ * long-lived session releases the ones it is done with, after the jobs using them completed (a
+ * job that starts on a released id fails with TIER_NOT_FOUND). TIER_NOT_FOUND when `object` is
+ * not such an id. */
+TIER_API tier_status tier_object_release(tier_session* session, tier_object_id object);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -19,14 +19,14 @@ from .errors import (  # noqa: F401
     Internal, Unavailable, DataLoss, Unauthenticated, code_name, error_from_code,
 )
 from .client import (  # noqa: F401
-    Client, Handle, HostBuffer, SessionInfo, Completion, default_client,
+    Client, Handle, HostBuffer, SessionInfo, Completion, ObjectInfo, default_client,
 )
 from ._lib import library_path, version as library_version  # noqa: F401
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Handle", "HostBuffer", "SessionInfo", "Completion", "default_client",
+    "Client", "Handle", "HostBuffer", "SessionInfo", "Completion", "ObjectInfo", "default_client",
     "library_path", "library_version", "code_name", "error_from_code",
     "TierError", "Cancelled", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
     "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",

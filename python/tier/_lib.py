@@ -31,6 +31,9 @@ c_object_id = ctypes.c_uint64
 c_job_id = ctypes.c_uint64
 
 TIER_RELOAD_FREE_AFTER = 1
+TIER_OBJECT_READY = 1
+TIER_OBJECT_DURABLE = 2
+TIER_OBJECT_JOURNALED = 4
 
 
 class SessionOptions(ctypes.Structure):
@@ -83,6 +86,14 @@ class Completion(ctypes.Structure):
     ]
 
 
+class ObjectInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("len", ctypes.c_uint64),
+    ]
+
+
 def new_struct(cls):
     """A zeroed option/info struct with struct_size set to our own layout's size."""
     s = cls()
@@ -123,6 +134,8 @@ _SIGNATURES = {
     "tier_object_open": (c_status, [ctypes.c_void_p, ctypes.c_char_p, _P(c_object_id),
                                     _P(ctypes.c_uint64)]),
     "tier_object_delete": (c_status, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32]),
+    "tier_object_stat": (c_status, [ctypes.c_void_p, ctypes.c_char_p, _P(ObjectInfo)]),
+    "tier_object_release": (c_status, [ctypes.c_void_p, c_object_id]),
     "tier_stream_wait_offload": (c_status, [ctypes.c_void_p, c_job_id, ctypes.c_void_p]),
     "tier_job_wait": (c_status, [ctypes.c_void_p, c_job_id, ctypes.c_int64]),
     "tier_poll": (c_status, [ctypes.c_void_p, _P(Completion), ctypes.c_size_t,

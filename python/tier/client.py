@@ -85,6 +85,12 @@ class SessionInfo(collections.namedtuple(
     copy engine ("host", "cuda", "hip")."""
 
 
+class ObjectInfo(collections.namedtuple("ObjectInfo", "length ready durable journaled")):
+    """A persistent object's state (Client.object_info): ``ready`` once its offload landed,
+    ``durable`` once written through to NVMe (it survives a restart of tierd); ``journaled``
+    says whether this tierd writes through at all (without it ``durable`` never comes)."""
+
+
 class Completion(collections.namedtuple("Completion", "job object length status")):
     """One finished low-level job (tier_completion). ``status`` is the canonical code."""
 
@@ -528,23 +534,43 @@ class Client:
 
     # ---- named, persistent objects (tier.h) ---------------------------------------------------
 
-    def offload_persistent(self, name, buffer, offset, length):
+    def offload_persistent(self, name, buffer, offset, length, producer_streams=None, keep=None):
         """tier_offload_persistent: like offload_buffer, into a new persistent object `name` (in
         the namespace of this process's uid) that outlives the session. Returns (object id, job
-        id). AlreadyExists when the name is taken; ResourceExhausted past the uid's quota."""
+        id). AlreadyExists when the name is taken; ResourceExhausted past the uid's quota.
+        `keep`: anything to hold alive until the job completed (a source tensor)."""
         buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        options = _lib.new_struct(_lib.OffloadOptions)
+        streams = None
+        if producer_streams:
+            ptrs = [_stream_ptr(s) for s in producer_streams]
+            streams = (ctypes.c_void_p * len(ptrs))(*ptrs)
+            options.num_producer_streams = len(ptrs)
+            options.producer_streams = ctypes.cast(streams, ctypes.POINTER(ctypes.c_void_p))
         obj = _lib.c_object_id()
         job = _lib.c_job_id()
         with self._lock:
             self._check_locked()
             _lib.check(self._c.tier_offload_persistent(
-                self._session, name.encode(), int(buffer_id), int(offset), int(length), None,
-                ctypes.byref(obj), ctypes.byref(job)),
+                self._session, name.encode(), int(buffer_id), int(offset), int(length),
+                ctypes.byref(options), ctypes.byref(obj), ctypes.byref(job)),
                 "persistent offload of %d bytes as %r" % (length, name))
             record = _Job(job.value, "offload of %d bytes as %r (object %d, job %d)" % (
-                length, name, obj.value, job.value), None, None, True, obj.value, length)
+                length, name, obj.value, job.value), keep, None, True, obj.value, length)
             self._inflight[record.id] = record
         return obj.value, job.value
+
+    def stream_wait_offload(self, job_id, stream=None):
+        """tier_stream_wait_offload: makes `stream` (a torch.cuda.Stream or a raw pointer; None:
+        the current stream) wait on the GPU until offload `job_id` has read its source, so work
+        queued on it afterwards may overwrite the source. No host round trip."""
+        if stream is None:
+            stream = _torch().cuda.current_stream()
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_stream_wait_offload(self._session, int(job_id),
+                                                        ctypes.c_void_p(_stream_ptr(stream))),
+                       "stream wait for offload job %d" % job_id)
 
     def open_object(self, name):
         """tier_object_open: (object id, length) of the persistent object `name`, for
@@ -566,6 +592,27 @@ class Client:
             _lib.check(self._c.tier_object_delete(self._session, name.encode(),
                                                   0xFFFFFFFF if uid is None else int(uid)),
                        "delete of persistent object %r" % name)
+
+    def object_info(self, name):
+        """tier_object_stat: the :class:`ObjectInfo` of the persistent object `name`, binding
+        nothing. NotFound (also before its offload has begun)."""
+        info = _lib.new_struct(_lib.ObjectInfo)
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_object_stat(self._session, name.encode(), ctypes.byref(info)),
+                       "stat of persistent object %r" % name)
+        return ObjectInfo(info.len, bool(info.flags & _lib.TIER_OBJECT_READY),
+                          bool(info.flags & _lib.TIER_OBJECT_DURABLE),
+                          bool(info.flags & _lib.TIER_OBJECT_JOURNALED))
+
+    def release_object(self, object_id):
+        """tier_object_release: drops this session's id of a persistent object (from open_object
+        or offload_persistent) once the jobs using it completed; the object stays. A session holds
+        at most 4096 such ids. NotFound."""
+        with self._lock:
+            self._check_locked()
+            _lib.check(self._c.tier_object_release(self._session, int(object_id)),
+                       "release of object id %d" % object_id)
 
     def free(self, object_id):
         """tier_free: drops the object once jobs using it finish. Returns the job id."""

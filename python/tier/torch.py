@@ -21,6 +21,13 @@ Optimizer state offload (ZeRO-Offload style: Adam's moments live in Tierd betwee
     off = tier.torch.offload_optimizer_state(optimizer, group_bytes=64 << 20, prefetch=1)
     optimizer.step()        # group by group: state back, update, state out; next group prefetched
 
+Checkpoints kept in tierd (they outlive the trainer; with NVMe, tierd too)::
+
+    h = tier.torch.checkpoint.save({"model": model.state_dict(),
+                                    "optim": optimizer.state_dict(), "step": step}, "run7/rank0")
+    ...                      # training goes on; h.wait() committed, h.wait_durable() on NVMe
+    state = tier.torch.checkpoint.load("run7/rank0")   # after a restart
+
 Stream ordering (CUDA), stated once here and at each use:
 
 * Offload: the daemon's copy waits on the GPU for the current stream (the producer of the saved
@@ -44,6 +51,7 @@ import weakref
 
 import torch
 
+from . import _checkpoint as checkpoint  # noqa: F401  (tier.torch.checkpoint.save/load)
 from . import client as _client
 from ._module_selection import ModuleSelection
 from ._offload_budget import OffloadBudget
@@ -59,8 +67,8 @@ except ImportError:  # pragma: no cover - present in every torch this supports
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 
-__all__ = ["offload_activations", "no_offload", "offload_module_weights", "ActivationOffloader",
-           "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
+__all__ = ["checkpoint", "offload_activations", "no_offload", "offload_module_weights",
+           "ActivationOffloader", "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
            "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
            "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
            "get_act_offloading_ctx_manager", "apply_group_offloading"]

@@ -2,9 +2,9 @@
  * (setgid and setuid: the test runs as root) before it opens its session, does one thing with a
  * named object, and prints one line: "<op> <STATUS_NAME>". C ABI only, like a foreign client.
  *
- *   object_peer --socket=PATH [--uid=N] open|read|delete|create NAME [OWNER_UID]
+ *   object_peer --socket=PATH [--uid=N] open|read|stat|delete|create NAME [OWNER_UID]
  *
- * open: tier_object_open; read: open, then reload the object into a buffer; delete: delete NAME of
+ * open: tier_object_open; stat: tier_object_stat; read: open, then reload the object into a buffer; delete: delete NAME of
  * OWNER_UID (default: its own); create: offload 4096 bytes into a new persistent object NAME.
  */
 #include <stdint.h>
@@ -60,6 +60,11 @@ int main(int argc, char** argv) {
       if (status == TIER_OK) status = tier_reload(session, object, buffer, 0, len, NULL, &job);
       if (status == TIER_OK) status = tier_job_wait(session, job, -1);
     }
+  } else if (strcmp(op, "stat") == 0) {
+    tier_object_info info;
+    memset(&info, 0, sizeof(info));
+    info.struct_size = sizeof(info);
+    status = tier_object_stat(session, name, &info);
   } else if (strcmp(op, "delete") == 0) {
     uint32_t owner = positional[2] != NULL ? (uint32_t)strtoul(positional[2], NULL, 10)
                                            : TIER_UID_SELF;

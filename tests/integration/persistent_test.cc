@@ -168,6 +168,7 @@ TEST(Persistent, AnotherUidCannotSeeReadOrDeleteIt) {
   Persist(tierd, "secret", 8192, 5);
 
   EXPECT_EQ(Peer(tierd, kNobody, {"open", "secret"}), "open NOT_FOUND");
+  EXPECT_EQ(Peer(tierd, kNobody, {"stat", "secret"}), "stat NOT_FOUND");
   EXPECT_EQ(Peer(tierd, kNobody, {"read", "secret"}), "read NOT_FOUND");
   EXPECT_EQ(Peer(tierd, kNobody, {"delete", "secret"}), "delete NOT_FOUND");
   // Naming the owner's uid does not help (and does not reveal that the name exists).
@@ -225,7 +226,7 @@ TEST(Persistent, BadObjectRequestsAreRefusedAndTheDaemonServesOn) {
   Persist(tierd, "mine", 4096, 4);
   testing::RawSession raw(tierd);
   client::SessionChannel& channel = *raw.channel;
-  auto code = [](const absl::StatusOr<uint64_t>& r) { return r.status().code(); };
+  auto code = [](const absl::StatusOr<wire::ObjectReply>& r) { return r.status().code(); };
   EXPECT_EQ(code(channel.ObjectRequest(static_cast<wire::ObjectOp>(99), "mine", 7,
                                        wire::kCallerUid)),
             absl::StatusCode::kInvalidArgument);
@@ -310,11 +311,11 @@ TEST(Persistent, BindingsPerSessionAreBounded) {
     testing::RawSession raw(tierd);
     client::SessionChannel& channel = *raw.channel;
     for (uint64_t i = 1; i <= 4096; ++i) {
-      absl::StatusOr<uint64_t> created = channel.ObjectRequest(
+      absl::StatusOr<wire::ObjectReply> created = channel.ObjectRequest(
           wire::ObjectOp::kCreate, "n" + std::to_string(i), i, wire::kCallerUid, 4096);
       ASSERT_TRUE(created.ok()) << i << ": " << created.status();
     }
-    absl::StatusOr<uint64_t> over =
+    absl::StatusOr<wire::ObjectReply> over =
         channel.ObjectRequest(wire::ObjectOp::kCreate, "one-more", 5000, wire::kCallerUid, 4096);
     EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
   }
@@ -322,6 +323,54 @@ TEST(Persistent, BindingsPerSessionAreBounded) {
   ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 0; }));
   Persist(tierd, "n1", 4096, 1);
   Persist(tierd, "one-more", 4096, 1);
+}
+
+// A long-lived session (a trainer that saves every few steps) releases the ids it is done with:
+// the object stays, the id names nothing, and the bound ids never pile up.
+TEST(Persistent, ReleasedIdsFreeTheirSlotAndKeepTheObject) {
+  TierdProcess tierd;
+  const uint64_t len = 64 << 10;
+  Persist(tierd, "kept", len, 5);
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(len);
+  for (int i = 0; i < 5000; ++i) {  // more than Session::kMaxBound
+    auto [object, found] = session.Open("kept");
+    ASSERT_EQ(found, len);
+    if (i % 1000 == 0) {
+      std::memset(buffer.data, 0, len);
+      session.Wait(session.Reload(object, buffer.id, 0, len));
+      EXPECT_TRUE(Matches(buffer.data, len, 5));
+    }
+    session.Release(object);
+    if (i == 0) {
+      EXPECT_EQ(session.TryWait(session.Reload(object, buffer.id, 0, len)), TIER_NOT_FOUND);
+      EXPECT_EQ(CodeOf([&] { session.Release(object); }), TIER_NOT_FOUND);
+    }
+  }
+  // Released, not deleted; and an id of the session's own (never bound) is not released.
+  auto [object, found] = session.Open("kept");
+  EXPECT_EQ(found, len);
+  auto [own, job] = session.Offload(buffer.id, 0, len);
+  session.Wait(job);
+  EXPECT_EQ(CodeOf([&] { session.Release(own); }), TIER_NOT_FOUND);
+  session.Wait(session.Reload(own, buffer.id, 0, len));
+  EXPECT_TRUE(Matches(buffer.data, len, 5));
+}
+
+// Stat answers without binding: length and READY; no JOURNALED (so never DURABLE) without NVMe;
+// another uid's name and a missing name answer alike.
+TEST(Persistent, StatSaysReadyAndWhetherDurabilityWillCome) {
+  TierdProcess tierd;
+  Persist(tierd, "stat/me", 8192, 3);
+  Session session(OptionsFor(tierd));
+  tier_object_info info = session.Stat("stat/me");
+  EXPECT_EQ(info.len, 8192u);
+  EXPECT_EQ(info.flags, TIER_OBJECT_READY);
+  EXPECT_EQ(CodeOf([&] { session.Stat("stat/none"); }), TIER_NOT_FOUND);
+  EXPECT_EQ(CodeOf([&] { session.Stat("bad name"); }), TIER_INVALID_ARGUMENT);
+  tier_object_info small{};
+  small.struct_size = 4;
+  EXPECT_EQ(tier_object_stat(session.get(), "stat/me", &small), TIER_INVALID_ARGUMENT);
 }
 
 // With NVMe: a persistent object is written through and comes back after tierd is killed.
@@ -386,6 +435,9 @@ TEST_F(PersistentRestart, SurvivesSigkillBitIdentical) {
     ASSERT_TRUE(Durable(tierd, "ckpt/durable"));
     ASSERT_TRUE(Durable(tierd, "ckpt/deleted"));
     Session session(OptionsFor(tierd));
+    // What ListObjects (admin) says, the owner's Stat says too.
+    EXPECT_EQ(session.Stat("ckpt/durable").flags,
+              TIER_OBJECT_READY | TIER_OBJECT_DURABLE | TIER_OBJECT_JOURNALED);
     session.Delete("ckpt/deleted");
     auto [bound, bound_len] = session.Open("ckpt/durable");
     EXPECT_EQ(bound_len, len);

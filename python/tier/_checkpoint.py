@@ -1,0 +1,516 @@
+"""tier.torch.checkpoint: a model's and optimizer's state kept in tierd, outside the trainer.
+
+A trainer that dies (SIGKILL, a lost rank, a drained node) restarts from the copy in tierd in
+seconds instead of from remote storage in minutes; with an NVMe tier the copy also survives a
+restart of tierd. ``save`` takes a snapshot and returns at once; the copy into tierd, the commit
+and the removal of old versions run on a thread of their own.
+
+Objects, all in the caller's uid namespace (see tier.h, "Named, persistent objects"), for a
+checkpoint NAME and version V with a random token T:
+
+- ``NAME@V.T/0`` .. ``NAME@V.T/n-1``: the data. CPU tensors are packed into chunks of about
+  ``chunk_bytes``; each CUDA tensor is one object, copied by tierd straight from the GPU.
+- ``NAME@V.T/meta``: the commit record, written after every data object landed: the structure of
+  the state dict with each tensor replaced by (object, offset, bytes, dtype, shape, device).
+- ``NAME/index.0``, ``NAME/index.1``: the versions kept, newest first, with a sequence number.
+  A save rewrites the older slot, so one slot is always whole; a reader takes the valid slot with
+  the higher sequence. Before a save writes any data it records the version as *pending* in the
+  index, so the objects of a save cut short (the trainer killed half way) are found and deleted by
+  the next save instead of being left behind in the quota.
+
+Only builtin containers and scalars are stored besides tensors (a restricted unpickler reads the
+record back), so loading runs no code from the store.
+"""
+import io
+import pickle
+import secrets
+import threading
+import time
+
+import torch
+
+from . import client as _client
+from . import errors
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+_ALIGN = 64
+_FORMAT = 1
+_MAX_NAME = 96  # leaves room for "@V.T/n" within tierd's 127-byte names
+
+# One save at a time per (client, name): a second save of the same name waits for the first to
+# commit, so versions are committed in order and the index is written by one thread at a time.
+_saving_lock = threading.Lock()
+_saving = {}  # (id(client), name) -> SaveHandle
+
+
+def _error(cls, message):
+    return cls(cls.code, message)
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not name:
+        raise _error(errors.InvalidArgument, "a checkpoint name is a non-empty str")
+    if len(name) > _MAX_NAME:
+        raise _error(errors.InvalidArgument, "checkpoint name %r is %d bytes; at most %d"
+                                     % (name, len(name), _MAX_NAME))
+    if any(not (33 <= ord(c) <= 126) or c == "@" for c in name):
+        raise _error(errors.InvalidArgument, "checkpoint name %r: printable ASCII, no spaces and no '@'"
+                                     % name)
+
+
+def _object_name(name, version, token, part):
+    return "%s@%d.%s/%s" % (name, version, token, part)
+
+
+# ---- the record: the state dict's structure, tensors replaced by references --------------------
+
+class _TensorRef(tuple):
+    """(object index, offset, nbytes, dtype name, shape, device str, requires_grad)."""
+
+
+def _flatten(obj, tensors):
+    """A copy of `obj` with every tensor replaced by ("__tier_tensor__", index)."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return ("__tier_tensor__", len(tensors) - 1)
+    if isinstance(obj, dict):
+        flat = {k: _flatten(v, tensors) for k, v in obj.items()}
+        return type(obj)(flat) if type(obj) is not dict else flat
+    if isinstance(obj, list):
+        return [_flatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        items = tuple(_flatten(v, tensors) for v in obj)
+        if type(obj) is not tuple:
+            raise _error(errors.InvalidArgument, "checkpoint: named tuples are not stored (%s)"
+                                         % type(obj).__name__)
+        if len(items) == 2 and items[0] == "__tier_tensor__":
+            raise _error(errors.InvalidArgument, "checkpoint: the tuple ('__tier_tensor__', n) is reserved")
+        return items
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        return obj
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return ("__tier_torch__", str(obj))
+    raise _error(errors.InvalidArgument, "checkpoint: cannot store a %s (tensors, dicts, lists, tuples "
+                                 "and scalars only)" % type(obj).__name__)
+
+
+def _unflatten(obj, tensors):
+    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "__tier_tensor__":
+        return tensors[obj[1]]
+    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "__tier_torch__":
+        text = obj[1]
+        return getattr(torch, text[len("torch."):]) if text.startswith("torch.") else \
+            torch.device(text)
+    if isinstance(obj, dict):
+        flat = {k: _unflatten(v, tensors) for k, v in obj.items()}
+        return type(obj)(flat) if type(obj) is not dict else flat
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_unflatten(v, tensors) for v in obj)
+    return obj
+
+
+class _RecordUnpickler(pickle.Unpickler):
+    """Builtins only: a record is data, never code."""
+    _ALLOWED = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "complex",
+                                          "bytearray")} | {("collections", "OrderedDict")}
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise _error(errors.DataLoss, "checkpoint record names %s.%s: not a tierd checkpoint record"
+                              % (module, name))
+
+
+def _dumps(obj):
+    return pickle.dumps(obj, protocol=4)
+
+
+def _loads(data, what):
+    try:
+        return _RecordUnpickler(io.BytesIO(data)).load()
+    except errors.TierError:
+        raise
+    except Exception as e:  # a damaged record: say so, never return half of it
+        raise _error(errors.DataLoss, "%s is not a readable checkpoint record: %s" % (what, e)) from None
+
+
+# ---- small objects: write and read whole ------------------------------------------------------
+
+def _write_small(client, name, data):
+    buf = client.alloc_host_buffer(max(len(data), 1))
+    try:
+        buf.view()[:len(data)] = data
+        obj, job = client.offload_persistent(name, buf, 0, len(data))
+        client.wait(job)
+        client.release_object(obj)
+    finally:
+        buf.unregister()
+
+
+def _read_small(client, name):
+    obj, length = client.open_object(name)
+    try:
+        buf = client.alloc_host_buffer(max(length, 1))
+        try:
+            client.wait(client.reload_buffer(obj, buf, 0, length))
+            return bytes(buf.view()[:length])
+        finally:
+            buf.unregister()
+    finally:
+        client.release_object(obj)
+
+
+def _delete_quietly(client, name):
+    try:
+        client.delete_object(name)
+        return True
+    except errors.NotFound:
+        return False
+
+
+# ---- the index ----------------------------------------------------------------------------------
+
+def _read_index(client, name):
+    """(slot, record) of the newest whole index slot, or (None, empty record)."""
+    best = (None, {"seq": 0, "versions": [], "pending": None})
+    for slot in (0, 1):
+        try:
+            record = _loads(_read_small(client, "%s/index.%d" % (name, slot)),
+                            "the index of checkpoint %r" % name)
+        except (errors.NotFound, errors.DataLoss):
+            continue
+        if not isinstance(record, dict) or record.get("format") != _FORMAT:
+            continue
+        if record["seq"] > best[1]["seq"]:
+            best = (slot, record)
+    return best
+
+
+def _write_index(client, name, slot, record):
+    """Writes `record` into the slot that is not `slot` (the newest): the newest stays whole."""
+    target = 1 if slot == 0 else 0
+    record = dict(record, format=_FORMAT)
+    path = "%s/index.%d" % (name, target)
+    _delete_quietly(client, path)
+    _write_small(client, path, _dumps(record))
+    return target
+
+
+def _delete_version(client, name, entry):
+    _delete_quietly(client, _object_name(name, entry["version"], entry["token"], "meta"))
+    for i in range(entry["objects"]):
+        _delete_quietly(client, _object_name(name, entry["version"], entry["token"], str(i)))
+
+
+# ---- save -----------------------------------------------------------------------------------------
+
+class SaveHandle:
+    """One save in flight. ``done()``/``wait()``: the version is committed in tierd's memory (a
+    trainer that dies from then on can load it). ``wait_durable()``: it is also on NVMe (it
+    survives a restart of tierd)."""
+
+    def __init__(self, client, name, version, objects, nbytes):
+        self.client = client
+        self.name = name
+        self.version = version
+        self.nbytes = nbytes
+        self._objects = objects  # every object name of this version, meta included
+        self._index_name = None
+        self._committed = threading.Event()
+        self._error = None
+        self.seconds_to_commit = None
+
+    def done(self):
+        return self._committed.is_set()
+
+    def wait(self, timeout=None):
+        """Blocks until the version is committed in tierd (host memory); raises what failed."""
+        if not self._committed.wait(timeout):
+            raise _error(errors.DeadlineExceeded, "checkpoint %r version %d not committed within %s s"
+                                          % (self.name, self.version, timeout))
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def durable(self):
+        """Whether every object of this version (and the index naming it) is on NVMe."""
+        self.wait()
+        for object_name in self._objects + [self._index_name]:
+            info = self.client.object_info(object_name)
+            if not info.journaled:
+                raise _error(errors.FailedPrecondition, 
+                    "tierd keeps persistent objects in host memory only (no spill_dir): "
+                    "checkpoint %r lives until tierd stops" % self.name)
+            if not info.durable:
+                return False
+        return True
+
+    def wait_durable(self, timeout=None, poll_s=0.005):
+        """Blocks until durable() holds. FailedPrecondition when tierd has no NVMe tier."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.durable():
+            if deadline is not None and time.monotonic() > deadline:
+                raise _error(errors.DeadlineExceeded, "checkpoint %r version %d not on NVMe within %s s"
+                                              % (self.name, self.version, timeout))
+            time.sleep(poll_s)
+        return self
+
+    def __repr__(self):
+        state = "committed" if self.done() and self._error is None else (
+            "failed" if self._error is not None else "in flight")
+        return "<tier checkpoint %r v%d, %d bytes, %s>" % (self.name, self.version, self.nbytes,
+                                                          state)
+
+
+def _layout(tensors, chunk_bytes):
+    """Places each tensor: CUDA tensors get an object each; CPU tensors are packed in order into
+    chunks of about chunk_bytes (a larger tensor gets a chunk of its own). Returns (refs, sizes,
+    kinds): refs[i] = (object, offset, nbytes); kinds[o] = "cuda" or "host"."""
+    refs, sizes, kinds = [], [], []
+    open_chunk = None
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            refs.append((-1, 0, 0))  # nothing to store: made anew at load
+            continue
+        if t.is_cuda:
+            refs.append((len(sizes), 0, nbytes))
+            sizes.append(nbytes)
+            kinds.append("cuda")
+            continue
+        if open_chunk is None or sizes[open_chunk] + nbytes > chunk_bytes:
+            open_chunk = len(sizes)
+            sizes.append(0)
+            kinds.append("host")
+        offset = sizes[open_chunk]
+        refs.append((open_chunk, offset, nbytes))
+        sizes[open_chunk] = offset + nbytes + (-(offset + nbytes)) % _ALIGN
+    return refs, sizes, kinds
+
+
+def _byte_view(t):
+    """The bytes of a contiguous, non-empty tensor, as a 1-D uint8 tensor sharing its memory."""
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES):
+    """Saves `state_dict` (nested dicts, lists and tuples of tensors and scalars: a model's and
+    an optimizer's ``state_dict()``, or a dict of both) into tierd as the next version of `name`,
+    keeping the newest `keep` versions. Returns a :class:`SaveHandle` at once.
+
+    What happens before it returns: the snapshot. CPU tensors are copied into tierd's shared
+    buffers (memcpy speed); CUDA tensors are copied by tierd straight from the GPU, ordered after
+    the work already queued on the current stream, and the current stream waits on the GPU for
+    those copies before running anything queued later, so the step that follows may update the
+    parameters in place. The host never waits for the GPU. The copy into tierd, the commit and
+    the removal of versions past `keep` run on a thread of their own.
+
+    Sharded state: every rank saves under its own name (e.g. ``"run7/rank%d" % rank``).
+    A save of a name waits for the previous save of that name (in this process) to commit."""
+    _check_name(name)
+    if keep < 1:
+        raise _error(errors.InvalidArgument, "keep must be at least 1 (got %r)" % (keep,))
+    if chunk_bytes < _ALIGN:
+        raise _error(errors.InvalidArgument, "chunk_bytes must be at least %d" % _ALIGN)
+    client = client if client is not None else _client.default_client()
+    key = (id(client), name)
+    with _saving_lock:
+        previous = _saving.get(key)
+    if previous is not None:
+        try:
+            previous.wait()
+        except errors.TierError:
+            pass  # its failure was its caller's to see; this save starts clean
+
+    tensors = []
+    tree = _flatten(state_dict, tensors)
+    tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+    refs, sizes, kinds = _layout(tensors, chunk_bytes)
+    slot, index = _read_index(client, name)
+    if index.get("pending"):
+        _delete_version(client, name, index["pending"])
+    kept = index["versions"]
+    version = max([e["version"] for e in kept] + [index.get("last_version", 0)]) + 1
+    token = secrets.token_hex(4)
+    entry = {"version": version, "token": token, "objects": len(sizes)}
+    slot = _write_index(client, name, slot, {"seq": index["seq"] + 1, "versions": kept,
+                                             "pending": entry, "last_version": version})
+    index_seq = index["seq"] + 1
+
+    object_names = [_object_name(name, version, token, str(i)) for i in range(len(sizes))]
+    meta_name = _object_name(name, version, token, "meta")
+    handle = SaveHandle(client, name, version, object_names + [meta_name], sum(sizes))
+    started = time.monotonic()
+    jobs, staging = [], []
+    try:
+        # The snapshot: host chunks filled now, CUDA tensors copied by tierd in stream order.
+        host_views = {}
+        for o, (size, kind) in enumerate(zip(sizes, kinds)):
+            if kind == "host":
+                buf = client.alloc_host_buffer(max(size, 1))
+                staging.append(buf)
+                host_views[o] = buf
+        cuda_jobs = []
+        for t, (o, offset, nbytes) in zip(tensors, refs):
+            if o == -1:
+                continue
+            if kinds[o] == "host":
+                host_views[o].tensor(torch.uint8)[offset:offset + nbytes].copy_(_byte_view(t))
+            else:
+                stream = torch.cuda.current_stream(t.device)
+                buffer_id, buf_offset = client.register_device(t.data_ptr(), nbytes)
+                obj, job = client.offload_persistent(object_names[o], buffer_id, buf_offset,
+                                                     nbytes, producer_streams=[stream], keep=t)
+                client.stream_wait_offload(job, stream)
+                cuda_jobs.append((obj, job))
+        for o, buf in host_views.items():
+            obj, job = client.offload_persistent(object_names[o], buf, 0, sizes[o])
+            jobs.append((obj, job))
+        jobs.extend(cuda_jobs)
+    except BaseException:
+        for buf in staging:
+            buf.unregister()
+        raise
+    tensor_refs = [(o, offset, nbytes, str(t.dtype)[len("torch."):], tuple(t.shape),
+                    str(t.device), bool(t.requires_grad))
+                   for t, (o, offset, nbytes) in zip(tensors, refs)]
+    record = {"format": _FORMAT, "version": version, "sizes": sizes, "tensors": tensor_refs,
+              "tree": tree}
+
+    def commit():
+        try:
+            for obj, job in jobs:
+                client.wait(job)
+                client.release_object(obj)
+            for buf in staging:
+                buf.unregister()
+            staging.clear()
+            _write_small(client, meta_name, _dumps(record))
+            versions = [entry] + kept
+            index_slot = _write_index(client, name, slot, {
+                "seq": index_seq + 1, "versions": versions[:keep], "pending": None,
+                "last_version": version})
+            handle._index_name = "%s/index.%d" % (name, index_slot)
+            for old in versions[keep:]:
+                _delete_version(client, name, old)
+            handle.seconds_to_commit = time.monotonic() - started
+        except BaseException as e:  # noqa: B902 - reported through the handle
+            handle._error = e if isinstance(e, errors.TierError) else _error(errors.Internal,
+                "checkpoint %r version %d: %s" % (name, version, e))
+            for buf in staging:
+                try:
+                    buf.unregister()
+                except errors.TierError:
+                    pass
+        finally:
+            handle._committed.set()
+            with _saving_lock:
+                if _saving.get(key) is handle:
+                    del _saving[key]
+
+    with _saving_lock:
+        _saving[key] = handle
+    threading.Thread(target=commit, name="tier-checkpoint", daemon=True).start()
+    return handle
+
+
+# ---- load, list, delete --------------------------------------------------------------------------
+
+def versions(name, client=None):
+    """The committed versions of `name` kept in tierd, newest first."""
+    _check_name(name)
+    client = client if client is not None else _client.default_client()
+    return [e["version"] for e in _read_index(client, name)[1]["versions"]]
+
+
+def _read_version(client, name, entry, map_location):
+    record = _loads(_read_small(client, _object_name(name, entry["version"], entry["token"],
+                                                     "meta")),
+                    "checkpoint %r version %d" % (name, entry["version"]))
+    if not isinstance(record, dict) or record.get("format") != _FORMAT:
+        raise _error(errors.DataLoss, "checkpoint %r version %d: unknown record format"
+                              % (name, entry["version"]))
+    sizes = record["sizes"]
+    by_object = {}
+    for i, ref in enumerate(record["tensors"]):
+        by_object.setdefault(ref[0], []).append(i)
+    tensors = [None] * len(record["tensors"])
+    for i, (o, _, _, dtype, shape, device, requires_grad) in enumerate(record["tensors"]):
+        if o == -1:
+            tensors[i] = torch.empty(shape, dtype=getattr(torch, dtype),
+                                     device=_target_device(device, map_location))
+            tensors[i].requires_grad_(requires_grad)
+    for o, size in enumerate(sizes):
+        object_name = _object_name(name, entry["version"], entry["token"], str(o))
+        obj, length = client.open_object(object_name)
+        try:
+            if length != size:
+                raise _error(errors.DataLoss, "checkpoint %r version %d: %s holds %d bytes, the record "
+                                      "says %d" % (name, entry["version"], object_name, length,
+                                                   size))
+            buf = client.alloc_host_buffer(max(length, 1))
+            try:
+                client.wait(client.reload_buffer(obj, buf, 0, length))
+                data = buf.tensor(torch.uint8)
+                for i in by_object.get(o, []):
+                    _, offset, nbytes, dtype, shape, device, requires_grad = record["tensors"][i]
+                    t = torch.empty(shape, dtype=getattr(torch, dtype))
+                    _byte_view(t).copy_(data[offset:offset + nbytes])
+                    target = _target_device(device, map_location)
+                    if target.type != "cpu":
+                        t = t.to(target)
+                    tensors[i] = t.requires_grad_(requires_grad)
+            finally:
+                buf.unregister()
+        finally:
+            client.release_object(obj)
+    return _unflatten(record["tree"], tensors)
+
+
+def _target_device(saved, map_location):
+    if map_location is None:
+        return torch.device(saved)
+    if callable(map_location):
+        return torch.device(map_location(saved))
+    if isinstance(map_location, dict):
+        return torch.device(map_location.get(saved, saved))
+    return torch.device(map_location)
+
+
+def load(name, version=None, client=None, map_location=None):
+    """The state dict of the newest committed version of `name` (or of `version`), its tensors on
+    the devices they were saved from (or as `map_location` says: a device, a dict from saved
+    device to device, or a function). NotFound when tierd holds no whole version; a version whose
+    objects did not survive (not yet on NVMe when tierd restarted) is skipped for the one before
+    it, and a damaged one raises DataLoss."""
+    _check_name(name)
+    client = client if client is not None else _client.default_client()
+    _, index = _read_index(client, name)
+    entries = index["versions"]
+    if version is not None:
+        entries = [e for e in entries if e["version"] == version]
+    missing = []
+    for entry in entries:
+        try:
+            return _read_version(client, name, entry, map_location)
+        except errors.NotFound:
+            missing.append(entry["version"])
+    if missing:
+        raise _error(errors.NotFound, "checkpoint %r: no whole version in tierd (versions %s lost objects:"
+                              " not on NVMe when tierd restarted?)" % (name, missing))
+    raise _error(errors.NotFound, "checkpoint %r%s not in tierd" % (
+        name, "" if version is None else " version %d" % version))
+
+
+def delete(name, client=None):
+    """Deletes every version of `name` and its index. Returns how many versions went."""
+    _check_name(name)
+    client = client if client is not None else _client.default_client()
+    _, index = _read_index(client, name)
+    for entry in index["versions"] + ([index["pending"]] if index.get("pending") else []):
+        _delete_version(client, name, entry)
+    for slot in (0, 1):
+        _delete_quietly(client, "%s/index.%d" % (name, slot))
+    return len(index["versions"])
