@@ -139,25 +139,25 @@ def _loads(data, what):
 # ---- small objects: write and read whole ------------------------------------------------------
 
 def _write_small(client, name, data):
-    buf = client.alloc_host_buffer(max(len(data), 1))
+    buf = client._staging_acquire(max(len(data), 1))
     try:
         buf.view()[:len(data)] = data
         obj, job = client.offload_persistent(name, buf, 0, len(data))
         client.wait(job)
         client.release_object(obj)
     finally:
-        buf.unregister()
+        client._staging_release(buf)
 
 
 def _read_small(client, name):
     obj, length = client.open_object(name)
     try:
-        buf = client.alloc_host_buffer(max(length, 1))
+        buf = client._staging_acquire(max(length, 1))
         try:
             client.wait(client.reload_buffer(obj, buf, 0, length))
             return bytes(buf.view()[:length])
         finally:
-            buf.unregister()
+            client._staging_release(buf)
     finally:
         client.release_object(obj)
 
@@ -349,7 +349,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
         host_views = {}
         for o, (size, kind) in enumerate(zip(sizes, kinds)):
             if kind == "host":
-                buf = client.alloc_host_buffer(max(size, 1))
+                buf = client._staging_acquire(max(size, 1))
                 staging.append(buf)
                 host_views[o] = buf
         cuda_jobs = []
@@ -371,7 +371,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
         jobs.extend(cuda_jobs)
     except BaseException:
         for buf in staging:
-            buf.unregister()
+            client._staging_release(buf)
         raise
     tensor_refs = [(o, offset, nbytes, str(t.dtype)[len("torch."):], tuple(t.shape),
                     str(t.device), bool(t.requires_grad))
@@ -385,7 +385,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                 client.wait(job)
                 client.release_object(obj)
             for buf in staging:
-                buf.unregister()
+                client._staging_release(buf)
             staging.clear()
             _write_small(client, meta_name, _dumps(record))
             versions = [entry] + kept
@@ -401,7 +401,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                 "checkpoint %r version %d: %s" % (name, version, e))
             for buf in staging:
                 try:
-                    buf.unregister()
+                    client._staging_release(buf)
                 except errors.TierError:
                     pass
         finally:
@@ -450,7 +450,7 @@ def _read_version(client, name, entry, map_location):
                 raise _error(errors.DataLoss, "checkpoint %r version %d: %s holds %d bytes, the record "
                                       "says %d" % (name, entry["version"], object_name, length,
                                                    size))
-            buf = client.alloc_host_buffer(max(length, 1))
+            buf = client._staging_acquire(max(length, 1))
             try:
                 client.wait(client.reload_buffer(obj, buf, 0, length))
                 data = buf.tensor(torch.uint8)
@@ -463,7 +463,7 @@ def _read_version(client, name, entry, map_location):
                         t = t.to(target)
                     tensors[i] = t.requires_grad_(requires_grad)
             finally:
-                buf.unregister()
+                client._staging_release(buf)
         finally:
             client.release_object(obj)
     return _unflatten(record["tree"], tensors)

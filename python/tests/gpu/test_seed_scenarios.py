@@ -182,3 +182,22 @@ def test_optimizer_state_offload_identical_on_the_gpu(delayed):
                 o.step()
             for a, b in zip(ref.parameters(), model.parameters()):
                 assert torch.equal(a, b)
+
+
+def test_checkpoint_of_cuda_state_is_the_state_at_save_time(delayed):
+    """tier.torch.checkpoint on the GPU: the parameters are written by a slow kernel, saved, and
+    updated in place right after save returns, all on the current stream, with every tierd copy
+    5 ms late. The saved version must hold the values between the two: the save's copy waited for
+    the writer, and the update waited for the copy."""
+    w = torch.zeros(4 << 20, device="cuda")
+    torch.cuda._sleep(SLOW_NS)
+    w.fill_(3.0)  # the producer, late on the stream
+    h = tt.checkpoint.save({"w": w, "step": 7}, "gpu/ckpt", client=delayed)
+    w.fill_(4.0)  # the next step's in-place update
+    h.wait(timeout=60)
+    torch.cuda.synchronize()
+    state = tt.checkpoint.load("gpu/ckpt", client=delayed)
+    assert state["w"].device == w.device and state["step"] == 7
+    assert torch.equal(state["w"], torch.full_like(w, 3.0))
+    assert torch.equal(w, torch.full_like(w, 4.0))
+    tt.checkpoint.delete("gpu/ckpt", client=delayed)
