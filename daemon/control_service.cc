@@ -175,6 +175,14 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   response->set_bytes_reloaded(metrics_.totals.bytes_reloaded.load(std::memory_order_relaxed));
   response->set_recent_bandwidth_bytes_per_s(metrics_.bandwidth.BytesPerSecond(now));
   response->set_pool_locked(pool_.locked() || pool_.registered());
+  const storage::PoolSetup& setup = pool_.setup();
+  v1::PoolSetupStatus* pool_setup = response->mutable_pool_setup();
+  pool_setup->set_seconds(static_cast<double>(setup.total_ns) / 1e9);
+  pool_setup->set_populate_seconds(static_cast<double>(setup.populate_ns) / 1e9);
+  pool_setup->set_lock_seconds(static_cast<double>(setup.lock_ns) / 1e9);
+  pool_setup->set_register_seconds(static_cast<double>(setup.register_ns) / 1e9);
+  pool_setup->set_threads(setup.threads);
+  pool_setup->set_huge_page_bytes(setup.huge_bytes);
   engine::EngineCounts counts = engine_.Counts();
   response->set_buffers(counts.buffers);
   response->set_gpu_lanes(counts.lanes);

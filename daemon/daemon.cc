@@ -132,10 +132,12 @@ absl::Status Daemon::Init() {
   if (!pool.ok()) return pool.status();
   pool_ = *std::move(pool);
   if (engine_->name() != "host") {
+    const uint64_t register_start_ns = MonotonicNs();
     if (absl::Status s = engine_->RegisterPool(pool_->base(), pool_->bytes()); !s.ok()) return s;
-    pool_->set_registered(true);
+    pool_->set_registered(true, MonotonicNs() - register_start_ns);
   }
-  pool_pin_seconds_ = static_cast<double>(MonotonicNs() - start_ns) / 1e9;
+  pool_->set_setup_total_ns(MonotonicNs() - start_ns);
+  pool_pin_seconds_ = static_cast<double>(pool_->setup().total_ns) / 1e9;
   const storage::PoolSetup& setup = pool_->setup();
   LogInfo("host pool: ", pool_->bytes() >> 20, " MiB ",
           pool_->registered() ? "registered with the GPU" : (pool_->locked() ? "mlocked" : "pageable"),

@@ -41,6 +41,8 @@ struct PoolSetup {
   uint32_t threads = 1;      // that populated it
   bool huge_pages = false;   // MADV_HUGEPAGE accepted
   uint64_t huge_bytes = 0;   // of the pool in huge pages after populating (AnonHugePages)
+  uint64_t register_ns = 0;  // registering it with the GPU (set by the daemon, 0 without)
+  uint64_t total_ns = 0;     // all of it, from reserving to pinned (set by the daemon)
 };
 
 struct PoolUsage {
@@ -68,9 +70,13 @@ class HostPool {
   uint64_t alignment() const { return alignment_; }
   bool locked() const { return locked_; }
   const PoolSetup& setup() const { return setup_; }
-  // Set by the copy engine once it pinned the pool (cudaHostRegister).
-  void set_registered(bool registered) { registered_ = registered; }
+  // Set once the copy engine pinned the pool (cudaHostRegister), with the time that took.
+  void set_registered(bool registered, uint64_t register_ns = 0) {
+    registered_ = registered;
+    setup_.register_ns = register_ns;
+  }
   bool registered() const { return registered_; }
+  void set_setup_total_ns(uint64_t ns) { setup_.total_ns = ns; }
   PoolUsage Usage() const;
 
  private:

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/admin_token.h"
 #include "common/status.h"
@@ -238,13 +239,33 @@ int ReportNotRunning(std::string_view detail, std::ostream& err) {
   return kExitNotRunning;
 }
 
+// "yes, in 0.87 s (populate 0.60 s by 16 threads, mlock 0.00 s, GPU registration 0.27 s; 2.0 GiB
+// in huge pages)": what start-up paid for the pool.
+static std::string PoolPinned(const v1::GetStatusResponse& status) {
+  std::string out = YesNo(status.pool_locked());
+  if (!status.has_pool_setup()) return out;
+  const v1::PoolSetupStatus& s = status.pool_setup();
+  absl::StrAppend(&out, ", in ", absl::StrFormat("%.2f", s.seconds()), " s (populate ",
+                  absl::StrFormat("%.2f", s.populate_seconds()), " s by ", s.threads(),
+                  s.threads() == 1 ? " thread" : " threads");
+  if (s.lock_seconds() > 0) {
+    absl::StrAppend(&out, ", mlock ", absl::StrFormat("%.2f", s.lock_seconds()), " s");
+  }
+  if (s.register_seconds() > 0) {
+    absl::StrAppend(&out, ", GPU registration ", absl::StrFormat("%.2f", s.register_seconds()),
+                    " s");
+  }
+  absl::StrAppend(&out, "; ", FormatBytes(s.huge_page_bytes()), " in huge pages)");
+  return out;
+}
+
 void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
   if (json) return PrintJson(status, out);
   std::vector<std::pair<std::string, std::string>> fields = {
                 {"Version", absl::StrCat(status.version(), " (engine ", status.engine(), ")")},
                 {"State", StateName(status.state())},
                 {"Uptime", FormatDuration(status.uptime_ms())},
-                {"Host pool pinned", YesNo(status.pool_locked())},
+                {"Host pool pinned", PoolPinned(status)},
                 {"Sessions", absl::StrCat(status.sessions())},
                 {"Jobs", absl::StrCat(status.jobs_in_flight(), " in flight, ",
                                       status.jobs_completed(), " completed, ",

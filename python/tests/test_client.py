@@ -293,3 +293,10 @@ def test_threads_share_a_client(client, daemon):
     assert not errors, errors
     client.synchronize()
     daemon.wait_host_used(0)
+
+
+def test_status_says_what_the_pool_cost_at_start(daemon):
+    """tierctl status reports the pool's start-up: the whole, and populating it (issue 12)."""
+    setup = daemon.status()["pool_setup"]
+    assert setup["threads"] >= 1
+    assert 0 < setup["populate_seconds"] <= setup["seconds"] < 60
