@@ -2,7 +2,7 @@
 
 import pytest
 
-from tier._offload_planner import Link, Site, plan, simulate
+from tier._offload_planner import Link, Site, plan, reload_triggers, simulate
 
 GB = 1e9
 
@@ -88,3 +88,41 @@ def test_bad_arguments():
         plan([], 1.0, 2.0, Link(1, 1), max_overhead=-1)
     with pytest.raises(ValueError):
         Link(0, 1)
+
+
+def test_reloads_start_at_the_last_use_before_their_planned_start():
+    # Uses in backward at 1.1 (site 3), 1.3 (2), 1.6 (1), 1.9 (0); 1 GB at 10 GB/s: 0.1 s each.
+    sites = [Site(0, 1 * GB, 0.0, 1.9), Site(1, 1 * GB, 0.2, 1.6), Site(2, 1 * GB, 0.4, 1.3),
+             Site(3, 1 * GB, 0.6, 1.1)]
+    link = Link(100 * GB, 10 * GB)
+    chosen = [sites[0], sites[1]]
+    sim = simulate(chosen, 1.0, link)
+    assert sim.reload_start[0] == pytest.approx(1.8) and sim.reload_start[1] == pytest.approx(1.5)
+    # 1.8 s: after site 1's use (1.6); 1.5 s: after site 2's (1.3), a site kept on the GPU.
+    assert reload_triggers(sites, chosen, sim) == {1: [0], 2: [1]}
+
+
+def test_a_reload_due_before_backward_starts_at_its_first_use():
+    # Needed at 1.05 s, 1 GB at 10 GB/s: planned from 0.95 s, before backward's first use.
+    sites = [Site(0, 1 * GB, 0.0, 1.05), Site(1, 1 * GB, 0.5, 1.02)]
+    link = Link(100 * GB, 10 * GB)
+    chosen = [sites[0]]
+    sim = simulate(chosen, 0.9, link)
+    assert sim.reload_start[0] < 1.02
+    assert reload_triggers(sites, chosen, sim) == {1: [0]}
+    # A site needed first of all reloads at its own use: no trigger.
+    assert reload_triggers(sites, [sites[1]], simulate([sites[1]], 0.9, link)) == {}
+
+
+def test_plan_carries_the_triggers():
+    sites = _step()
+    p = plan(sites, forward_end=1.0, step_seconds=2.0, link=Link(100 * GB, 100 * GB),
+             max_overhead=0.05)
+    assert p.indices == frozenset(range(8))
+    planned = sorted(i for due in p.triggers.values() for i in due)
+    # Every offloaded site but the first needed reloads ahead of its use, at a use of a site
+    # needed before it.
+    assert planned == list(range(7))
+    needed = {s.index: s.needed for s in sites}
+    for trigger, due in p.triggers.items():
+        assert all(needed[trigger] < needed[i] for i in due)

@@ -65,6 +65,16 @@ def test_fast_link_offloads_every_site_after_calibration(client):
     assert off.plan.offloaded_bytes == b.planned_bytes > 0
 
 
+def test_planned_steps_reload_at_the_planned_points_not_by_count(client):
+    off, per_step = _train(client, max_overhead=0.05, link=(1e15, 1e15))
+    s = off.stats
+    assert s.planned_prefetches > 0
+    # The calibration step offloads nothing; the planned steps prefetch only by the plan (the
+    # count-based prefetch stays off), and every other reload starts at its own use.
+    assert s.prefetches == s.planned_prefetches
+    assert s.reloads + s.prefetches + s.source_hits >= sum(per_step)
+
+
 def test_slow_link_offloads_nothing_within_the_budget(client):
     off, per_step = _train(client, max_overhead=0.05, link=(1e3, 1e3))
     assert per_step == [0, 0, 0]

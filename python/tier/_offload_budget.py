@@ -119,6 +119,17 @@ class OffloadBudget:
             return site, False
         return site, site in self._plan.indices
 
+    def following_plan(self):
+        """Whether this step offloads by the plan (the sites match the calibration's)."""
+        return self._plan is not None and len(self._sizes) == len(self._plan_sizes)
+
+    def reloads_due(self, site):
+        """The sites whose reload the plan starts when backward first uses `site` (this step
+        follows the plan: the same sites as the calibration); () otherwise."""
+        if self._plan is None or len(self._sizes) != len(self._plan_sizes):
+            return ()
+        return self._plan.triggers.get(site, ())
+
     def used(self, site, device):
         """Backward needs the saved tensor of `site` now (first use counts)."""
         if self._open and self._clock is not None:

@@ -12,6 +12,10 @@ before its use, given the reloads after it (one pass from the last use back), bu
 offload finished nor before backward began. Where a reload cannot finish in time, backward waits:
 that wait is the step's overhead.
 
+:func:`reload_triggers` turns the planned reload starts into points of backward (a reload starts
+when backward first uses the saved tensor used last before its planned start), so reloads begin
+just early enough rather than a fixed count ahead.
+
 :func:`plan` picks the set: sites by value (size times how long it is not needed, the largest and
 longest-lived first), each kept if the step's predicted overhead stays within the budget; with a
 memory target it stops once what stays on the GPU fits the target (and with both, the budget
@@ -82,13 +86,41 @@ def simulate(sites, forward_end, link):
     return sim
 
 
+def reload_triggers(sites, chosen, sim):
+    """When to start each reload, in the only clock backward has: the uses of saved tensors.
+    Returns {trigger site: [sites whose reload starts when backward first uses the trigger]}, the
+    trigger of a reload being the last use (of any site, offloaded or not) at or before its
+    planned start; a reload planned before backward's first use starts at that first use. A site
+    reloads no later than its own use in any case (the offloader starts it there if nothing did)."""
+    uses = sorted(sites, key=lambda s: (s.needed, s.index))
+    if not uses:
+        return {}
+    needed = [s.needed for s in uses]
+    triggers = {}
+    for s in sorted(chosen, key=lambda s: (sim.reload_start[s.index], s.index)):
+        # The last use at or before the planned start (bisect on the uses' times).
+        lo, hi = 0, len(needed)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if needed[mid] <= sim.reload_start[s.index]:
+                lo = mid + 1
+            else:
+                hi = mid
+        trigger = uses[max(lo - 1, 0)].index
+        if trigger == s.index:
+            continue  # planned at its own use: no prefetch, the use itself reloads it
+        triggers.setdefault(trigger, []).append(s.index)
+    return triggers
+
+
 class Plan:
     __slots__ = ("indices", "offloaded_bytes", "kept_bytes", "predicted_overhead",
-                 "step_seconds", "budget_seconds", "target_bytes", "met_target", "link")
+                 "step_seconds", "budget_seconds", "target_bytes", "met_target", "link",
+                 "triggers")
 
     def as_dict(self):
-        out = {name: getattr(self, name) for name in self.__slots__ if name not in ("indices",
-                                                                                     "link")}
+        out = {name: getattr(self, name) for name in self.__slots__
+               if name not in ("indices", "link", "triggers")}
         out["sites"] = len(self.indices)
         out["link_d2h"] = self.link.d2h
         out["link_h2d"] = self.link.h2d
@@ -128,6 +160,7 @@ def plan(sites, forward_end, step_seconds, link, max_overhead=None, target_bytes
             break  # the target is met within the budget: no need to move more
     p = Plan()
     p.indices = frozenset(s.index for s in chosen)
+    p.triggers = reload_triggers(sites, chosen, simulate(chosen, forward_end, link))
     p.offloaded_bytes = offloaded
     p.kept_bytes = total - offloaded
     p.predicted_overhead = overhead

@@ -115,7 +115,7 @@ class ActivationStats:
 
     __slots__ = ("saved", "kept", "offloaded_tensors", "offloaded_storages", "offloaded_bytes",
                  "deduplicated", "reloads", "prefetches", "source_hits", "fallbacks",
-                 "inflight_waits")
+                 "inflight_waits", "planned_prefetches")
 
     def __init__(self):
         for name in self.__slots__:
@@ -204,6 +204,7 @@ class ActivationOffloader:
         self._next_index = 0
         self._compact_at = 1024
         self._side_streams = {}
+        self._site_records = {}  # budget: this step's site -> weakref to its _StorageRecord
         self._hooks = None
         self.stats = ActivationStats()
 
@@ -226,6 +227,7 @@ class ActivationOffloader:
             self._selection.install()
         if self._budget is not None:
             self._budget.begin_step()  # (and ends the step before: its backward has run)
+            self._site_records = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -295,6 +297,8 @@ class ActivationOffloader:
                 else:
                     self.stats.deduplicated += 1
                 self.stats.offloaded_tensors += 1
+                if site is not None:
+                    self._site_records[site] = weakref.ref(record)
         return _Saved(record, t, site)
 
     def _offload_storage(self, t, storage, nbytes):
@@ -353,6 +357,8 @@ class ActivationOffloader:
     def _unpack(self, saved):
         if isinstance(saved, _KeptSite):
             self._budget.used(saved.site, saved.tensor.device)
+            with torch.no_grad(), self._lock:
+                self._start_planned(saved.site)
             return saved.tensor
         if not isinstance(saved, _Saved):
             return saved
@@ -360,12 +366,30 @@ class ActivationOffloader:
             self._budget.used(saved.site, saved.record.device)
         record = saved.record
         with torch.no_grad(), self._lock:
-            # The one needed now is submitted first, then the next `prefetch` in reverse order of
-            # offload (the order backward needs them), then we take the current one.
+            # The one needed now is submitted first, then the ones ahead: those the budget's plan
+            # starts at this point of backward (just early enough), or else the next `prefetch`
+            # in reverse order of offload (the order backward needs them); then we take this one.
             self._start(record, prefetch=False)
-            self._prefetch_before(record)
+            if not (saved.site is not None and self._start_planned(saved.site)):
+                self._prefetch_before(record)
             flat = self._finish(record)
             return _view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
+
+    def _start_planned(self, site):
+        """Starts the reloads the budget's plan has begin at the first use of `site`. Returns
+        whether a plan is followed this step (then the count-based prefetch stays off)."""
+        if self._budget is None or self._budget.plan is None:
+            return False
+        due = self._budget.reloads_due(site)
+        if not self._budget.following_plan():
+            return False
+        for other_site in due:
+            ref = self._site_records.get(other_site)
+            other = ref() if ref is not None else None
+            if other is not None and other.tensor is None and other.pending is None:
+                self._start(other, prefetch=True)
+                self.stats.planned_prefetches += 1
+        return True
 
     def _side_stream(self, device):
         stream = self._side_streams.get(device)
