@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -67,25 +68,31 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
 }
 
 // Every session holds a few descriptors (its connection, ring and doorbells), and so does every
-// gRPC connection: take the hard limit, not the soft one (often 1024), and say so when
-// max_connections cannot be served with what is left.
-void RaiseOpenFileLimit(uint32_t max_connections) {
+// gRPC connection: take the hard limit, not the soft one (often 1024). Returns the session
+// connections the descriptors allow: max_connections, or fewer (said once) when RLIMIT_NOFILE
+// cannot serve that many and keep a reserve. Session connections must never use the process's
+// last descriptors: gRPC's server does not survive running out (a client flooding the session
+// socket made tierd die inside gRPC's method handler under UBSan), and neither would spill I/O.
+uint32_t ConnectionsTheDescriptorsAllow(uint32_t max_connections) {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return max_connections;
   if (limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &limit);
     (void)::getrlimit(RLIMIT_NOFILE, &limit);
   }
+  if (limit.rlim_cur == RLIM_INFINITY) return max_connections;
   constexpr uint64_t kPerConnection = 4;  // connection, ring memfd, two doorbells
   constexpr uint64_t kReserve = 256;      // gRPC, spill files, epoll, logs
-  if (limit.rlim_cur != RLIM_INFINITY &&
-      uint64_t{max_connections} * kPerConnection + kReserve > limit.rlim_cur) {
-    LogWarning("max_connections (", max_connections, ") needs about ",
-               uint64_t{max_connections} * kPerConnection + kReserve,
-               " descriptors, but RLIMIT_NOFILE is ", limit.rlim_cur,
-               ": raise LimitNOFILE= or lower max_connections");
-  }
+  const uint64_t reserve = std::min<uint64_t>(kReserve, limit.rlim_cur / 2);
+  const uint64_t allowed =
+      std::max<uint64_t>(1, (limit.rlim_cur - reserve) / kPerConnection);
+  if (allowed >= max_connections) return max_connections;
+  LogWarning("max_connections lowered from ", max_connections, " to ", allowed,
+             ": RLIMIT_NOFILE is ", limit.rlim_cur, ", a session holds up to ", kPerConnection,
+             " descriptors and ", reserve,
+             " are kept for gRPC, spill files and logs; raise LimitNOFILE= to serve more");
+  return static_cast<uint32_t>(allowed);
 }
 
 }  // namespace
@@ -106,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const Config& config) {
 
 absl::Status Daemon::Init() {
   if (absl::Status s = CheckNotRunning(config_.socket_path); !s.ok()) return s;
-  RaiseOpenFileLimit(config_.max_connections);
+  max_connections_ = ConnectionsTheDescriptorsAllow(config_.max_connections);
   absl::StatusOr<gid_t> gid = ResolveGroup(config_.socket_group);
   if (!gid.ok()) return gid.status();
 
@@ -223,7 +230,7 @@ absl::Status Daemon::Init() {
   }
   listener_ = std::make_unique<SessionListener>(
       *registry_, *engine_,
-      ListenerLimits{config_.max_connections, config_.max_connections_per_uid,
+      ListenerLimits{max_connections_, config_.max_connections_per_uid,
                      config_.attach_timeout_ms},
       persistent_.get());
   if (absl::Status s = listener_->Start(config_.session_socket_path, config_.socket_mode, *gid);

@@ -53,6 +53,7 @@ class Daemon {
   const uint64_t started_ms_;
   const double started_unix_s_;  // for tierd_start_time_seconds
   double pool_pin_seconds_ = 0;   // creating and pinning the host pool
+  uint32_t max_connections_ = 0;  // max_connections, as far as RLIMIT_NOFILE allows
   DaemonMetrics metrics_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
