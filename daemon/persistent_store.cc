@@ -214,34 +214,36 @@ absl::StatusOr<ObjectSlot> PersistentStore::Create(uid_t uid, absl::string_view 
   return ObjectSlot{space.table, entry.id};
 }
 
-absl::StatusOr<ObjectSlot> PersistentStore::Open(uid_t uid, absl::string_view name,
-                                                 uint64_t* len) {
+absl::StatusOr<PersistentStore::Found> PersistentStore::FindLocked(uid_t uid,
+                                                                  absl::string_view name) const {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
-  MutexLock lock(&mu_);
   auto space = spaces_.find(uid);
   if (space == spaces_.end()) return NoSuchName(name);
   auto it = space->second.names.find(name);
   if (it == space->second.names.end()) return NoSuchName(name);
   std::shared_ptr<Object> object = space->second.table->Find(it->second.id);
   if (object == nullptr) return NoSuchName(name);
-  *len = object->len();
-  return ObjectSlot{space->second.table, it->second.id};
+  return Found{space->second.table, &it->second, std::move(object)};
+}
+
+absl::StatusOr<ObjectSlot> PersistentStore::Open(uid_t uid, absl::string_view name,
+                                                 uint64_t* len) {
+  MutexLock lock(&mu_);
+  absl::StatusOr<Found> found = FindLocked(uid, name);
+  if (!found.ok()) return found.status();
+  *len = found->object->len();
+  return ObjectSlot{found->table, found->entry->id};
 }
 
 absl::StatusOr<PersistentObjectState> PersistentStore::Stat(uid_t uid,
                                                             absl::string_view name) const {
-  if (absl::Status s = CheckName(name); !s.ok()) return s;
   MutexLock lock(&mu_);
-  auto space = spaces_.find(uid);
-  if (space == spaces_.end()) return NoSuchName(name);
-  auto it = space->second.names.find(name);
-  if (it == space->second.names.end()) return NoSuchName(name);
-  std::shared_ptr<Object> object = space->second.table->Find(it->second.id);
-  if (object == nullptr) return NoSuchName(name);
+  absl::StatusOr<Found> found = FindLocked(uid, name);
+  if (!found.ok()) return found.status();
   PersistentObjectState state;
-  state.len = object->len();
-  state.ready = space->second.table->Look(*object).state == Object::State::kReady;
-  state.durable = it->second.durable;
+  state.len = found->object->len();
+  state.ready = found->table->Look(*found->object).state == Object::State::kReady;
+  state.durable = found->entry->durable;
   state.journaled = journal_ != nullptr;
   return state;
 }

@@ -134,6 +134,15 @@ class PersistentStore {
     std::map<std::string, Entry, std::less<>> names;
   };
   Namespace& SpaceLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The object a name of `uid` reaches now (NOT_FOUND for a bad name, a reservation whose offload
+  // has not run, and another uid's name alike).
+  struct Found {
+    std::shared_ptr<ObjectTable> table;
+    const Entry* entry;
+    std::shared_ptr<Object> object;
+  };
+  absl::StatusOr<Found> FindLocked(uid_t uid, absl::string_view name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   TierManager& tiers_;
   const uint64_t quota_bytes_per_uid_;
