@@ -28,9 +28,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,8 @@ REPO_ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
 
 import torch  # noqa: E402
+
+from _tierd import TierdProcess  # noqa: E402  (bench/_tierd.py)
 
 
 def build_state(params, device, weight_dtype, width):
@@ -128,44 +128,6 @@ def step_times(model, opt, device, width, steps, during=None):
     return times[1:]
 
 
-class Tierd:
-    def __init__(self, build_dir, pool_bytes, spill_dir, spill_bytes):
-        tierd = os.path.join(build_dir, "daemon", "tierd")
-        if not os.access(tierd, os.X_OK):
-            raise SystemExit("no tierd at %s: build it, or pass --build-dir / --socket" % tierd)
-        self.dir = tempfile.mkdtemp(prefix="tierckpt-")
-        self.socket = os.path.join(self.dir, "tierd.sock")
-        self.log = open(os.path.join(self.dir, "tierd.log"), "w")
-        cmd = [tierd, "--socket=" + self.socket,
-               "--session_socket=" + os.path.join(self.dir, "s.sock"),
-               "--state_dir=" + os.path.join(self.dir, "state"),
-               "--pool_bytes=%d" % pool_bytes, "--log_level=warning"]
-        if spill_dir:
-            cmd += ["--spill_dir=" + spill_dir, "--spill_bytes=%d" % spill_bytes]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def connect(self, timeout_s=120):
-        import tier
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit("tierd exited (%s); log in %s" % (self.proc.returncode, self.dir))
-            if os.path.exists(self.socket):
-                try:
-                    return tier.Client(socket=self.socket, name="checkpoint_bench")
-                except tier.TierError:
-                    pass
-            if time.monotonic() > deadline:
-                raise SystemExit("tierd did not come up; log in %s" % self.dir)
-            time.sleep(0.05)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--params", type=float, default=1.2e9)
@@ -201,8 +163,10 @@ def main():
     daemon = None
     if args.socket is None:
         pool = int(nbytes * 1.25) + (256 << 20)
-        daemon = Tierd(args.build_dir, pool, spill_dir, int(nbytes * 1.5) + (256 << 20))
-        client = daemon.connect()
+        extra = (("--spill_dir=" + spill_dir,
+                  "--spill_bytes=%d" % (int(nbytes * 1.5) + (256 << 20))) if spill_dir else ())
+        daemon = TierdProcess(args.build_dir, pool, extra)
+        client = daemon.connect("checkpoint_bench")
     else:
         import tier
         client = tier.Client(socket=args.socket, name="checkpoint_bench")

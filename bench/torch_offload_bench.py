@@ -22,12 +22,8 @@ import contextlib
 import json
 import math
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +32,8 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "python"))  # the package of this che
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
+from _tierd import TierdProcess  # noqa: E402  (bench/_tierd.py)
 import torch.nn.functional as F  # noqa: E402
 
 
@@ -268,43 +266,6 @@ def run_mode(mode, args, client):
     }
 
 
-class TierdProcess:
-    def __init__(self, build_dir, pool_bytes):
-        self.tierd = os.path.join(build_dir, "daemon", "tierd")
-        if not os.access(self.tierd, os.X_OK):
-            raise SystemExit("no tierd at %s: build it, or pass --build-dir / --socket" %
-                             self.tierd)
-        self.dir = tempfile.mkdtemp(prefix="tierbench-")
-        self.socket = os.path.join(self.dir, "tierd.sock")
-        self.log = open(os.path.join(self.dir, "tierd.log"), "w")
-        self.proc = subprocess.Popen(
-            [self.tierd, "--socket=" + self.socket,
-             "--session_socket=" + os.path.join(self.dir, "s.sock"),
-             "--state_dir=" + os.path.join(self.dir, "state"), "--pool_bytes=" + pool_bytes,
-             "--log_level=warning"], stdout=self.log, stderr=subprocess.STDOUT)
-
-    def connect(self, timeout_s=60):
-        import tier
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit("tierd exited (%s); log in %s" % (self.proc.returncode, self.dir))
-            if os.path.exists(self.socket):
-                try:
-                    return tier.Client(socket=self.socket, name="torch_offload_bench")
-                except tier.TierError:
-                    pass
-            if time.monotonic() > deadline:
-                raise SystemExit("tierd did not come up; log in %s" % self.dir)
-            time.sleep(0.05)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the results here")
@@ -345,7 +306,7 @@ def main():
             client = tier.Client(socket=args.socket, name="torch_offload_bench")
         else:
             daemon = TierdProcess(args.build_dir, args.pool_bytes)
-            client = daemon.connect()
+            client = daemon.connect("torch_offload_bench")
         notes.append("tierd engine: %s" % client.engine)
         if args.device == "cuda" and client.engine != "cuda":
             notes.append("WARNING: tierd has no GPU engine; tierd mode stages through host memory")

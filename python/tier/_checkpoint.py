@@ -64,10 +64,6 @@ def _object_name(name, version, token, part):
 
 # ---- the record: the state dict's structure, tensors replaced by references --------------------
 
-class _TensorRef(tuple):
-    """(object index, offset, nbytes, dtype name, shape, device str, requires_grad)."""
-
-
 def _flatten(obj, tensors):
     """A copy of `obj` with every tensor replaced by ("__tier_tensor__", index)."""
     if isinstance(obj, torch.Tensor):
@@ -373,6 +369,8 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
         for buf in staging:
             client._staging_release(buf)
         raise
+    # Per tensor: (object index, or -1 for no bytes; offset; nbytes; dtype; shape; device;
+    # requires_grad).
     tensor_refs = [(o, offset, nbytes, str(t.dtype)[len("torch."):], tuple(t.shape),
                     str(t.device), bool(t.requires_grad))
                    for t, (o, offset, nbytes) in zip(tensors, refs)]

@@ -18,6 +18,7 @@ import time
 import torch
 
 from . import _offload_planner as planner
+from ._counters import Counters
 
 PROBE_BYTES = 16 << 20
 
@@ -53,19 +54,12 @@ class _Clock:
         return out
 
 
-class BudgetStats:
+class BudgetStats(Counters):
     """What the policy chose and how it went (``off.budget``)."""
 
     __slots__ = ("calibrations", "plans", "sites", "chosen_sites", "planned_bytes",
                  "predicted_overhead", "measured_overhead", "calibration_step_s", "last_step_s",
                  "link_d2h", "link_h2d", "met_target")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
 
     def __repr__(self):
         return ("BudgetStats(%d of %d sites, %d bytes, predicted overhead %.1f%%, measured %.1f%%, "

@@ -23,24 +23,15 @@ import types
 import torch
 
 from . import client as _client
+from ._counters import Counters
 
 DEFAULT_GROUP_BYTES = 64 << 20
 DEFAULT_STATE_MIN_BYTES = 4096
 
 
-class OptimizerStateStats:
+class OptimizerStateStats(Counters):
     __slots__ = ("steps", "groups", "offloads", "offloaded_bytes", "reloads", "prefetched_groups",
                  "resident_tensors")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return "OptimizerStateStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
 class _Away:

@@ -70,6 +70,19 @@ def _stream_ptr(stream):
     return int(ptr)
 
 
+def _offload_options(stream_ptrs, hint):
+    """tier_offload_options for producer streams `stream_ptrs` (ints, or None) and a next-use
+    hint; returns (options, the stream array the options point into: keep it for the call)."""
+    options = _lib.new_struct(_lib.OffloadOptions)
+    options.next_use_hint = int(hint)
+    streams = None
+    if stream_ptrs:
+        streams = (ctypes.c_void_p * len(stream_ptrs))(*stream_ptrs)
+        options.num_producer_streams = len(stream_ptrs)
+        options.producer_streams = ctypes.cast(streams, ctypes.POINTER(ctypes.c_void_p))
+    return options, streams
+
+
 def _staging_class(nbytes):
     """Staging buffers come in size classes: 64 KiB, then four classes per power of two (at most
     25% waste), so buffers are reused across tensors of nearby sizes."""
@@ -469,13 +482,7 @@ class Client:
 
     def _submit_offload_locked(self, buffer_id, offset, length, stream_ptrs, hint, keep,
                                on_done=None, user=False):
-        options = _lib.new_struct(_lib.OffloadOptions)
-        options.next_use_hint = int(hint)
-        streams = None
-        if stream_ptrs:
-            streams = (ctypes.c_void_p * len(stream_ptrs))(*stream_ptrs)
-            options.num_producer_streams = len(stream_ptrs)
-            options.producer_streams = ctypes.cast(streams, ctypes.POINTER(ctypes.c_void_p))
+        options, _streams = _offload_options(stream_ptrs, hint)  # (_streams: alive for the call)
         obj = _lib.c_object_id()
         job = _lib.c_job_id()
         _lib.check(self._c.tier_offload(self._session, int(buffer_id), int(offset), int(length),
@@ -540,13 +547,8 @@ class Client:
         id). AlreadyExists when the name is taken; ResourceExhausted past the uid's quota.
         `keep`: anything to hold alive until the job completed (a source tensor)."""
         buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
-        options = _lib.new_struct(_lib.OffloadOptions)
-        streams = None
-        if producer_streams:
-            ptrs = [_stream_ptr(s) for s in producer_streams]
-            streams = (ctypes.c_void_p * len(ptrs))(*ptrs)
-            options.num_producer_streams = len(ptrs)
-            options.producer_streams = ctypes.cast(streams, ctypes.POINTER(ctypes.c_void_p))
+        options, _streams = _offload_options(
+            [_stream_ptr(s) for s in producer_streams] if producer_streams else None, 0)
         obj = _lib.c_object_id()
         job = _lib.c_job_id()
         with self._lock:

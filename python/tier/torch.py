@@ -53,6 +53,7 @@ import torch
 
 from . import _checkpoint as checkpoint  # noqa: F401  (tier.torch.checkpoint.save/load)
 from . import client as _client
+from ._counters import Counters
 from ._module_selection import ModuleSelection
 from ._offload_budget import OffloadBudget
 from ._optimizer_state import (DEFAULT_GROUP_BYTES, DEFAULT_STATE_MIN_BYTES,  # noqa: F401
@@ -110,22 +111,12 @@ def no_offload():
 
 # ---- activation offload -----------------------------------------------------------------------
 
-class ActivationStats:
+class ActivationStats(Counters):
     """Counters of one ActivationOffloader (monotonic; read them any time)."""
 
     __slots__ = ("saved", "kept", "offloaded_tensors", "offloaded_storages", "offloaded_bytes",
                  "deduplicated", "reloads", "prefetches", "source_hits", "fallbacks",
                  "inflight_waits", "planned_prefetches")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return "ActivationStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
 class _StorageRecord:
@@ -492,19 +483,9 @@ def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, mo
 
 # ---- module weight offload --------------------------------------------------------------------
 
-class WeightStats:
+class WeightStats(Counters):
     __slots__ = ("offloaded_tensors", "offloaded_bytes", "onloads", "prefetches", "releases",
                  "reoffloads", "kept_resident")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return "WeightStats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
 class _WeightSlot:
