@@ -1,6 +1,6 @@
 // The GPU ordering protocol between a client's streams and the daemon's copy streams: the
 // tickets, the semaphore page's layout, and why the protocol cannot deadlock. One place for both
-// sides: the client's GPU layer (client/gpu/client_gpu.h) and the daemon's stream engine
+// sides: the client's GPU layer (client/gpu/device_sync.h) and the daemon's stream engine
 // (engine/stream_engine.h) include it.
 //
 // TICKETS AND THE SEMAPHORE PAGE. Per session and per GPU the client keeps four monotonically

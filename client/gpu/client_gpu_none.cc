@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring:
   return absl::UnimplementedError("this client library was built without GPU support");
 }
 
-absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int, ring::TicketSlot*) {
+absl::StatusOr<std::unique_ptr<SyncRuntime>> NewSyncRuntime() {
   return absl::UnimplementedError("this client library was built without GPU support");
 }
 

@@ -10,3 +10,6 @@ tier_add_test(log_rate_limiter_test LABEL unit
 
 tier_add_test(session_channel_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/session_channel_test.cc LIBS tier_client_core)
+
+tier_add_test(device_sync_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/device_sync_test.cc LIBS tier_client_gpu)
