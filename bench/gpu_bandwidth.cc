@@ -3,8 +3,11 @@
 // once, against cudaMemcpyAsync between device memory and pinned host memory; and the latency one
 // small job adds (submit to GPU-visible completion) against a bare copy of the same size.
 //
-//   tier_gpu_bench [--socket=PATH | --tierd=BIN] [--max-mib=1024] [--json=FILE]
+//   tier_gpu_bench [--socket=PATH | --tierd=BIN] [--tierd-flag=--KEY=VALUE]... [--max-mib=1024]
+//                  [--json=FILE]
 //
+// --tierd-flag passes a setting to the private tierd (repeatable): the same run with and without
+// --tierd-flag=--metrics_listen=127.0.0.1:9477 shows what the metrics cost the job path.
 // Without --socket it starts a private tierd (the one built beside this program, or --tierd) with
 // the CUDA engine and a pool large enough for the largest size. Prints a table and writes JSON.
 #include <cuda_runtime_api.h>
@@ -227,14 +230,18 @@ class Bench {
 int main(int argc, char** argv) {
   std::string socket, json_path = "gpu_bench.json", tierd_bin;
   uint64_t max_bytes = kGiB;
+  std::vector<std::string> tierd_flags;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--socket=", 0) == 0) socket = arg.substr(9);
     else if (arg.rfind("--tierd=", 0) == 0) tierd_bin = arg.substr(8);
     else if (arg.rfind("--json=", 0) == 0) json_path = arg.substr(7);
     else if (arg.rfind("--max-mib=", 0) == 0) max_bytes = std::stoull(arg.substr(10)) * kMiB;
+    else if (arg.rfind("--tierd-flag=", 0) == 0) tierd_flags.push_back(arg.substr(13));
     else {
-      std::fprintf(stderr, "usage: %s [--socket=PATH | --tierd=BIN] [--max-mib=N] [--json=FILE]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--socket=PATH | --tierd=BIN] [--tierd-flag=--KEY=VALUE]... "
+                   "[--max-mib=N] [--json=FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -261,6 +268,7 @@ int main(int argc, char** argv) {
                                      "--state_dir=" + dir + "/state",
                                      "--pool_bytes=" + std::to_string((2 * total + kGiB) >> 20) + "M",
                                      "--pool_lock=best-effort", "--log_level=warning"};
+    args.insert(args.end(), tierd_flags.begin(), tierd_flags.end());
     daemon = ::fork();
     if (daemon == 0) {
       std::vector<char*> argv2;

@@ -78,22 +78,27 @@ void Check(const absl::Status& status) {
 int main(int argc, char** argv) {
   std::string socket, json_path, tierd_bin;
   int iterations = 20000;
+  std::vector<std::string> tierd_flags = {"--pool_bytes=256M", "--engine=host",
+                                          "--log_level=warning"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--socket=", 0) == 0) socket = arg.substr(9);
     else if (arg.rfind("--json=", 0) == 0) json_path = arg.substr(7);
     else if (arg.rfind("--tierd=", 0) == 0) tierd_bin = arg.substr(8);
     else if (arg.rfind("--iterations=", 0) == 0) iterations = std::max(100, std::stoi(arg.substr(13)));
+    else if (arg.rfind("--tierd-flag=", 0) == 0) tierd_flags.push_back(arg.substr(13));
     else {
-      std::fprintf(stderr, "usage: %s [--socket=PATH | --tierd=BIN] [--iterations=N] [--json=FILE]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--socket=PATH | --tierd=BIN] [--tierd-flag=--KEY=VALUE]... "
+                   "[--iterations=N] [--json=FILE]\n",
+                   argv[0]);
       return 2;
     }
   }
 
   std::unique_ptr<tier::bench::PrivateDaemon> daemon;
   if (socket.empty()) {
-    auto started = tier::bench::PrivateDaemon::Start(
-        tierd_bin, {"--pool_bytes=256M", "--engine=host", "--log_level=warning"});
+    auto started = tier::bench::PrivateDaemon::Start(tierd_bin, tierd_flags);
     Check(started.status());
     daemon = *std::move(started);
     socket = daemon->socket();
