@@ -6,7 +6,12 @@ Between steps every state tensor of the optimizer (Adam's ``exp_avg`` and ``exp_
 memory, or NVMe when the pool is full. ``optimizer.step()`` runs group by group (a group is a set
 of parameters whose state is about ``group_bytes``): group i's state comes back, the optimizer
 updates group i's parameters only, and group i's state goes back out, while the reloads of the next
-``prefetch`` groups run. So the process holds one to ``1 + prefetch`` groups of state at a time.
+``prefetch`` groups run. Before a group's state goes out, the host waits until the copies out of
+the group two before it finished (their sources are then freed): without that wait the host,
+which never waits for the GPU otherwise, would queue the whole step at once and every group's
+state would be allocated on the GPU together. So the process holds at most ``3 + prefetch``
+groups of state on the GPU at a time: the prefetched ones, the one being updated, two being
+copied out (one group of slack keeps the host's wait off the GPU's critical path).
 
 Stream ordering (CUDA), as in tier.torch: an offload's copy waits on the GPU for the current stream
 (which ran the update); a prefetched group's reloads are allocated on a side stream that waits for
@@ -18,6 +23,7 @@ Offloads carry ``next_use_hint`` = the position of the group in the next step, i
 the spiller writes to NVMe the groups needed last and prefetches them back in step order.
 """
 
+import collections
 import types
 
 import torch
@@ -27,6 +33,8 @@ from ._counters import Counters
 
 DEFAULT_GROUP_BYTES = 64 << 20
 DEFAULT_STATE_MIN_BYTES = 4096
+# Groups whose copies out may still run when the next group's state goes out.
+_GROUPS_GOING_OUT = 2
 
 
 class OptimizerStateStats(Counters):
@@ -138,6 +146,8 @@ class OptimizerStateOffloader:
     # ---- moving state ------------------------------------------------------------------------
 
     def _offload_group(self, group, hint):
+        """Sends a group's state out; returns the handles (each keeps its source until copied)."""
+        handles = []
         for p in group:
             state = self._opt.state.get(p)
             if not state:
@@ -155,6 +165,15 @@ class OptimizerStateOffloader:
                 state[key] = torch.empty(0, dtype=value.dtype, device=value.device)
                 self.stats.offloads += 1
                 self.stats.offloaded_bytes += _nbytes(value)
+                handles.append(handle)
+        return handles
+
+    @staticmethod
+    def _await_copied_out(handles):
+        """Waits until the offloads' copies finished, so their GPU sources are freed. A failed
+        offload keeps its data in the handle (retain_on_failure): nothing is raised here."""
+        for handle in handles:
+            handle._wait_offload()
 
     def _side_stream(self, device):
         stream = self._side_streams.get(device)
@@ -228,6 +247,7 @@ class OptimizerStateOffloader:
         members = [set(map(id, g)) for g in groups]
         saved = [pg["params"] for pg in opt.param_groups]
         class_step = type(opt).step
+        going_out = collections.deque()  # the handles of the last groups' offloads
         try:
             for gi in range(min(len(groups), 1 + self._prefetch)):
                 self._start_group(gi, groups[gi], prefetch=gi > 0)
@@ -245,7 +265,9 @@ class OptimizerStateOffloader:
                 finally:
                     for pg, params in zip(opt.param_groups, saved):
                         pg["params"] = params
-                self._offload_group(group, self._hint(gi, len(groups)))
+                if len(going_out) == _GROUPS_GOING_OUT:
+                    self._await_copied_out(going_out.popleft())
+                going_out.append(self._offload_group(group, self._hint(gi, len(groups))))
         except BaseException:
             # Whatever was reloaded stays resident (state is never lost); the rest stays away.
             for gi, group in enumerate(groups):
