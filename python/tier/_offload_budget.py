@@ -20,7 +20,8 @@ import torch
 from . import _offload_planner as planner
 from ._counters import Counters
 
-PROBE_BYTES = 16 << 20
+PROBE_BYTES = 64 << 20
+PROBE_ROUNDS = 2
 
 
 class _Clock:
@@ -52,6 +53,46 @@ class _Clock:
                 value.synchronize()
                 out[key] = host_offset + start.elapsed_time(value) / 1e3
         return out
+
+
+class _StepTimer:
+    """The length of a step that follows the plan, at the cost of two CUDA events per device (the
+    first stamp and the latest first use, recorded again and again) and read without waiting:
+    per-site events and a host wait for them at every step cost a 24 ms step a third of its time
+    on the H100, which the policy then took for link time."""
+
+    def __init__(self):
+        self._t0 = time.perf_counter()
+        self._start = {}   # device -> (event, host seconds at the first stamp)
+        self._last = {}    # device -> event of the latest use
+        self._host_last = None
+
+    def stamp(self, key, device):
+        if device.type != "cuda":
+            if key[0] == "u":
+                self._host_last = time.perf_counter() - self._t0
+            return
+        stream = torch.cuda.current_stream(device)
+        if device not in self._start:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(stream)
+            self._start[device] = (event, time.perf_counter() - self._t0)
+        if key[0] == "u":
+            event = self._last.get(device)
+            if event is None:
+                event = self._last[device] = torch.cuda.Event(enable_timing=True)
+            event.record(stream)
+
+    def ready(self):
+        return all(event.query() for event in self._last.values())
+
+    def step_s(self):
+        """Seconds from the step's start to its last first use; None if nothing was used."""
+        times = [self._host_last] if self._host_last is not None else []
+        for device, last in self._last.items():
+            start, host_offset = self._start[device]
+            times.append(host_offset + start.elapsed_time(last) / 1e3)
+        return max(times) if times else None
 
 
 class BudgetStats(Counters):
@@ -89,6 +130,7 @@ class OffloadBudget:
         self._sizes = []          # this step's candidates' sizes, in order
         self._devices = []
         self._open = False
+        self._timers = []         # plan-following steps not read yet (their GPU work may run)
         self.stats = BudgetStats()
 
     @property
@@ -98,7 +140,8 @@ class OffloadBudget:
     def begin_step(self):
         if self._open:
             self.end_step()
-        self._clock = _Clock()
+        # Per-site stamps only while calibrating; a step that follows the plan is only timed.
+        self._clock = _Clock() if self._plan is None else _StepTimer()
         self._sizes = []
         self._devices = []
         self._open = True
@@ -133,6 +176,15 @@ class OffloadBudget:
         if not self._open:
             return
         self._open = False
+        if isinstance(self._clock, _StepTimer):
+            if len(self._sizes) != len(self._plan_sizes):
+                # Other sites than the calibration's: calibrate again (next step, by stamps).
+                self._plan = None
+                self._timers.clear()
+                return
+            self._timers.append(self._clock)
+            self._read_timers()
+            return
         times = self._clock.resolve()
         produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
         needed = {}
@@ -142,17 +194,6 @@ class OffloadBudget:
         if not produced or not needed:
             return  # no backward ran (inference, or no candidates): nothing to learn
         step = max(needed.values())
-        if self._plan is not None and len(self._sizes) == len(self._plan_sizes):
-            self.stats.last_step_s = step
-            self.stats.measured_overhead = max(0.0, step / self._base_step - 1.0)
-            if self.max_overhead is not None and \
-                    self.stats.measured_overhead > max(2 * self.max_overhead,
-                                                       self.max_overhead + 0.02):
-                # Slower than predicted: the link is slower than measured (other processes
-                # share it): take the evidence and plan again with less.
-                self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
-                self._replan()
-            return
         # Calibration: nothing was offloaded in this step (or the sites changed).
         self.stats.calibrations += 1
         self._base_step = step
@@ -165,6 +206,24 @@ class OffloadBudget:
         if self._link is None:
             self._link = self._measure_link()
         self._replan()
+
+    def _read_timers(self):
+        """Takes the measured length of every timed step whose GPU work has finished, in order."""
+        while self._timers and self._timers[0].ready():
+            step = self._timers.pop(0).step_s()
+            if step is None or self._plan is None:
+                continue
+            self.stats.last_step_s = step
+            self.stats.measured_overhead = max(0.0, step / self._base_step - 1.0)
+            if self.max_overhead is not None and self._plan.offloaded_bytes > 0 and \
+                    self.stats.measured_overhead > max(2 * self.max_overhead,
+                                                       self.max_overhead + 0.02):
+                # Slower than predicted: the link is slower than measured (other processes
+                # share it): take the evidence and plan again with less. (Only when the plan
+                # moves bytes: a step slower with nothing offloaded says nothing of the link.)
+                self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
+                self._replan()
+                self._timers.clear()  # steps timed under the old plan
 
     def _replan(self):
         self._plan = planner.plan(self._sites, self._forward_end, self._base_step, self._link,
@@ -180,20 +239,30 @@ class OffloadBudget:
         self.stats.met_target = int(self._plan.met_target)
 
     def _measure_link(self):
-        """One offload and one reload of PROBE_BYTES on the candidates' device, timed."""
+        """Offloads and reloads of PROBE_BYTES on the candidates' device: one untimed round first
+        (the probe's registration with tierd and the lane's start would otherwise be timed as
+        transfer: a 16 MiB probe measured 2-18 GB/s on a 55 GB/s link), then the best of
+        PROBE_ROUNDS timed rounds in each direction."""
         device = self._devices[0] if self._devices else torch.device("cpu")
         client = self._client_fn()
         probe = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        handle = client.offload(probe)
-        client.synchronize()
-        t1 = time.perf_counter()
-        back = handle.reload()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
-        del back
-        handle.free()
-        return planner.Link(PROBE_BYTES / max(t1 - t0, 1e-6), PROBE_BYTES / max(t2 - t1, 1e-6))
+
+        def sync():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        best_d2h = best_h2d = float("inf")
+        for round_ in range(1 + PROBE_ROUNDS):
+            sync()
+            t0 = time.perf_counter()
+            handle = client.offload(probe)
+            client.synchronize()
+            t1 = time.perf_counter()
+            back = handle.reload()
+            sync()
+            t2 = time.perf_counter()
+            del back
+            handle.free()
+            if round_ > 0:
+                best_d2h, best_h2d = min(best_d2h, t1 - t0), min(best_h2d, t2 - t1)
+        return planner.Link(PROBE_BYTES / max(best_d2h, 1e-6), PROBE_BYTES / max(best_h2d, 1e-6))
