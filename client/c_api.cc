@@ -2,6 +2,8 @@
 // thread-local message, exceptions never escape.
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "client/client_session.h"
 #include "common/status.h"
@@ -22,8 +24,8 @@ tier_status Fail(const absl::Status& status) {
   return static_cast<tier_status>(status.code());
 }
 
-tier_status Fail(tier_status code, const char* message) {
-  last_error = message;
+tier_status Fail(tier_status code, std::string message) {
+  last_error = std::move(message);
   return code;
 }
 
@@ -318,6 +320,151 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
     if (!submitted.ok()) return Fail(submitted.status());
     *job = *submitted;
     if (absl::Status waited = sync->WaitReloadDone(consumer, request.sync); !waited.ok()) {
+      return Fail(waited);
+    }
+    return TIER_OK;
+  });
+}
+
+namespace {
+
+// The jobs of a batch as requests, checked: the array (stride jobs[0].struct_size), the count,
+// and that every buffer lies on one GPU (*device), or all in host memory (*device = -1).
+tier_status BatchRequests(tier_session* session, tier_batch_job* jobs, size_t count,
+                          tier::ring::Opcode opcode,
+                          std::vector<tier::client::JobRequest>* requests, int* device) {
+  if (session == nullptr || (jobs == nullptr && count > 0)) {
+    return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+  }
+  if (count > TIER_MAX_BATCH_JOBS) {
+    return Fail(TIER_INVALID_ARGUMENT, absl::StrCat("a batch of ", count, " jobs; at most ",
+                                                    TIER_MAX_BATCH_JOBS));
+  }
+  *device = -1;
+  if (count == 0) return TIER_OK;
+  const uint32_t stride = jobs[0].struct_size;
+  if (stride < sizeof(tier_batch_job)) {
+    return Fail(TIER_INVALID_ARGUMENT, "tier_batch_job.struct_size too small");
+  }
+  requests->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    const auto& job = *reinterpret_cast<const tier_batch_job*>(
+        reinterpret_cast<const char*>(jobs) + i * stride);
+    if (job.struct_size != stride) {
+      return Fail(TIER_INVALID_ARGUMENT,
+                  absl::StrCat("tier_batch_job ", i, " has struct_size ", job.struct_size,
+                               "; job 0 has ", stride));
+    }
+    int on = session->impl->devices().DeviceOf(job.buffer);
+    if (i == 0) {
+      *device = on;
+    } else if (on != *device) {
+      return Fail(TIER_INVALID_ARGUMENT,
+                  absl::StrCat("a batch mixes buffers of ",
+                               *device < 0 ? std::string("host memory")
+                                           : absl::StrCat("GPU ", *device),
+                               " and ", on < 0 ? std::string("host memory")
+                                               : absl::StrCat("GPU ", on),
+                               " (job ", i, "); submit one batch per GPU"));
+    }
+    tier::client::JobRequest& r = (*requests)[i];
+    r.opcode = static_cast<uint32_t>(opcode);
+    r.buffer = job.buffer;
+    r.offset = job.offset;
+    r.len = job.len;
+    r.device = on;
+    if (opcode == tier::ring::Opcode::kOffload) {
+      r.hint = job.next_use_hint;
+    } else {
+      r.object = job.object;
+      if (job.flags & TIER_RELOAD_FREE_AFTER) r.flags |= tier::ring::kFlagFreeAfterReload;
+    }
+  }
+  return TIER_OK;
+}
+
+// Writes the submitted ids back into the caller's array.
+void StoreBatchIds(tier_batch_job* jobs, const std::vector<tier::client::JobRequest>& requests,
+                   const std::vector<uint64_t>& ids) {
+  const uint32_t stride = jobs[0].struct_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto& job = *reinterpret_cast<tier_batch_job*>(reinterpret_cast<char*>(jobs) + i * stride);
+    job.object = requests[i].object;
+    job.job = ids[i];
+  }
+}
+
+}  // namespace
+
+tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
+                               const tier_offload_options* options) {
+  return Guard([&] {
+    if (options != nullptr && options->struct_size < sizeof(tier_offload_options)) {
+      return Fail(TIER_INVALID_ARGUMENT, "tier_offload_options.struct_size too small");
+    }
+    std::vector<tier::client::JobRequest> requests;
+    int device = -1;
+    if (tier_status s = BatchRequests(session, jobs, count, tier::ring::Opcode::kOffload,
+                                      &requests, &device);
+        s != TIER_OK || count == 0) {
+      return s;
+    }
+    for (auto& r : requests) r.object = session->impl->NewObjectId();
+    absl::StatusOr<std::vector<uint64_t>> submitted;
+    if (device < 0) {
+      submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
+                                             []() -> absl::StatusOr<uint64_t> { return 0; });
+    } else {
+      if (options != nullptr && options->num_producer_streams > 0 &&
+          options->producer_streams == nullptr) {
+        return Fail(TIER_INVALID_ARGUMENT, "num_producer_streams > 0 but producer_streams is NULL");
+      }
+      absl::Span<void* const> producers;
+      if (options != nullptr && options->num_producer_streams > 0) {
+        producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
+      }
+      tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
+      submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
+                                             [&] { return sync->TicketOffload(producers); });
+    }
+    if (!submitted.ok()) return Fail(submitted.status());
+    StoreBatchIds(jobs, requests, *submitted);
+    return TIER_OK;
+  });
+}
+
+tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
+                              const tier_reload_options* options) {
+  return Guard([&] {
+    if (options != nullptr && options->struct_size < sizeof(tier_reload_options)) {
+      return Fail(TIER_INVALID_ARGUMENT, "tier_reload_options.struct_size too small");
+    }
+    std::vector<tier::client::JobRequest> requests;
+    int device = -1;
+    if (tier_status s = BatchRequests(session, jobs, count, tier::ring::Opcode::kReload,
+                                      &requests, &device);
+        s != TIER_OK || count == 0) {
+      return s;
+    }
+    if (options != nullptr && (options->flags & TIER_RELOAD_FREE_AFTER)) {
+      for (auto& r : requests) r.flags |= tier::ring::kFlagFreeAfterReload;
+    }
+    if (device < 0) {
+      absl::StatusOr<std::vector<uint64_t>> submitted = session->impl->SubmitBatch(
+          absl::MakeSpan(requests), []() -> absl::StatusOr<uint64_t> { return 0; });
+      if (!submitted.ok()) return Fail(submitted.status());
+      StoreBatchIds(jobs, requests, *submitted);
+      return TIER_OK;
+    }
+    // As tier_reload: the copies wait for the consumer's work so far, and the consumer waits for
+    // the batch's one completion value.
+    void* consumer = options != nullptr ? options->consumer_stream : nullptr;
+    tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
+    absl::StatusOr<std::vector<uint64_t>> submitted = session->impl->SubmitBatch(
+        absl::MakeSpan(requests), [&] { return sync->TicketReload(consumer); });
+    if (!submitted.ok()) return Fail(submitted.status());
+    StoreBatchIds(jobs, requests, *submitted);
+    if (absl::Status waited = sync->WaitReloadDone(consumer, requests[0].sync); !waited.ok()) {
       return Fail(waited);
     }
     return TIER_OK;

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include <cstdlib>
@@ -377,6 +378,57 @@ absl::StatusOr<uint64_t> ClientSession::SubmitTicketed(
     offload_tickets_[entry.job_id] = Ticket{request.device, entry.sync};
   }
   return entry.job_id;
+}
+
+absl::StatusOr<std::vector<uint64_t>> ClientSession::SubmitBatch(
+    absl::Span<JobRequest> requests, absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket) {
+  const size_t n = requests.size();
+  if (n == 0) return std::vector<uint64_t>{};
+  const size_t limit = std::min<size_t>(ring_.capacity(), ring::kMaxBatchJobs);
+  if (n > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", n, " jobs; at most ", limit,
+                                                   " fit this session's ring"));
+  }
+  std::unique_lock lock(mu_);
+  if (daemon_gone_) return absl::UnavailableError("tierd went away");
+  // Room for the whole batch before its ticket is taken: the daemon signals the ticket only once
+  // every job of it arrived, so a batch stuck half pushed would wait for itself.
+  if (pending_.size() + n > ring_.capacity()) {
+    WaitLocked(lock, -1, [&] { return pending_.size() + n <= ring_.capacity(); },
+               [&] { return absl::StrCat("room in the ring for a batch of ", n, " jobs"); });
+    if (daemon_gone_) return absl::UnavailableError("tierd went away");
+  }
+  absl::StatusOr<uint64_t> ticket = take_ticket();
+  if (!ticket.ok()) return ticket.status();
+  std::vector<ring::SubmissionEntry> entries(n);
+  std::vector<uint64_t> jobs(n);
+  const uint32_t batch_flags = *ticket != 0 && n > 1 ? ring::BatchSizeFlags(n) : 0;
+  for (size_t i = 0; i < n; ++i) {
+    JobRequest& request = requests[i];
+    request.sync = *ticket;
+    ring::SubmissionEntry& entry = entries[i];
+    entry.job_id = jobs[i] = next_job_ + i;
+    entry.opcode = request.opcode;
+    entry.flags = request.flags | batch_flags;
+    entry.object_id = request.object;
+    entry.buffer_id = request.buffer;
+    entry.offset = request.offset;
+    entry.len = request.len;
+    entry.hint = request.hint;
+    entry.sync = request.sync;
+  }
+  if (!ring_.PushAll(entries)) {
+    if (*ticket != 0) MarkDaemonGoneLocked();  // as in SubmitTicketed: a taken ticket is lost
+    return absl::InternalError("submission queue full despite admission");
+  }
+  next_job_ += n;
+  for (size_t i = 0; i < n; ++i) {
+    pending_.insert(jobs[i]);
+    if (*ticket != 0 && requests[i].opcode == static_cast<uint32_t>(ring::Opcode::kOffload)) {
+      offload_tickets_[jobs[i]] = Ticket{requests[i].device, *ticket};
+    }
+  }
+  return jobs;
 }
 
 absl::Status ClientSession::StreamWaitOffload(uint64_t job, void* stream) {

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/functional/function_ref.h"
+#include "absl/types/span.h"
 #include "client/control_client.h"
 #include "client/device_registry.h"
 #include "client/job_ring.h"
@@ -112,6 +113,12 @@ class ClientSession {
   // it fails nothing is pushed. The ticket taken is stored in request.sync.
   absl::StatusOr<uint64_t> SubmitTicketed(JobRequest& request,
                                           absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket);
+  // A batch: `take_ticket` runs once (a GPU batch shares one ticket; for host buffers it returns
+  // 0), then all requests go to the ring together, each marked with the batch's size. At most
+  // min(ring_entries, ring::kMaxBatchJobs) requests; waits for room for all of them first, so a
+  // batch is never half pushed. Returns the job ids, in request order.
+  absl::StatusOr<std::vector<uint64_t>> SubmitBatch(
+      absl::Span<JobRequest> requests, absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket);
   // Makes `stream` wait on the GPU until offload `job` has copied its source out (no-op for a
   // finished job or one on host memory): after this the stream may free or overwrite the source.
   absl::Status StreamWaitOffload(uint64_t job, void* stream);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <utility>
 
 #include "common/status.h"
@@ -50,6 +51,21 @@ JobRing::~JobRing() {
 
 bool JobRing::Push(const ring::SubmissionEntry& entry) {
   if (!sq_.TryPush(entry)) return false;
+  RingDoorbell();
+  return true;
+}
+
+bool JobRing::PushAll(absl::Span<const ring::SubmissionEntry> entries) {
+  std::optional<uint32_t> used = sq_.Pending();
+  if (!used || entries.size() > sq_.capacity() - *used) return false;
+  for (const ring::SubmissionEntry& entry : entries) {
+    if (!sq_.TryPush(entry)) return false;  // cannot happen: there was room for all
+  }
+  RingDoorbell();
+  return true;
+}
+
+void JobRing::RingDoorbell() {
   if (sq_.ConsumerWantsWakeup()) {
     uint64_t one = 1;
     // The doorbell is a socket: send with MSG_NOSIGNAL, so a daemon that died costs an EPIPE
@@ -60,7 +76,6 @@ bool JobRing::Push(const ring::SubmissionEntry& entry) {
       [[maybe_unused]] ssize_t n = ::write(sq_doorbell_.get(), &one, sizeof(one));
     }
   }
-  return true;
 }
 
 bool JobRing::Pop(ring::CompletionEntry* entry) {

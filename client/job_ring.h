@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "tier/ring.h"
 
@@ -23,6 +24,9 @@ class JobRing {
   uint32_t capacity() const { return sq_.capacity(); }
   // False when the submission queue is full.
   bool Push(const ring::SubmissionEntry& entry);
+  // Pushes all of `entries` (false, pushing none, unless there is room for all) and rings the
+  // doorbell at most once.
+  bool PushAll(absl::Span<const ring::SubmissionEntry> entries);
   bool Pop(ring::CompletionEntry* entry);
   bool CompletionsEmpty() const { return cq_.Empty(); }
   // The session's ticket page (tier/ring.h), for the GPU layer; page aligned.
@@ -35,6 +39,7 @@ class JobRing {
 
  private:
   JobRing() = default;
+  void RingDoorbell();
   void* base_ = nullptr;
   uint64_t bytes_ = 0;
   ring::TicketPage* tickets_ = nullptr;

@@ -71,6 +71,7 @@ void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::Subm
   job.len = 0;
   job.session = session->engine_session();
   job.sync = entry.sync;
+  job.batch_size = ring::BatchSizeOf(entry.flags);
   if (std::shared_ptr<engine::ImportedBuffer> buffer = session->FindBuffer(entry.buffer_id)) {
     job.device = buffer->device();
   }
@@ -287,6 +288,7 @@ engine::CopyJob JobExecutor::MakeCopyJob(engine::Direction direction, Session& s
   job.len = e.len;
   job.session = session.engine_session();
   job.sync = e.sync;
+  job.batch_size = ring::BatchSizeOf(e.flags);
   return job;
 }
 

@@ -118,6 +118,11 @@ struct CopyJob {
   // before copying must still be submitted as a ticket-only job (below) and then reported failed,
   // or every later job of that lane waits until the session ends.
   uint64_t sync = 0;
+  // How many jobs share `sync` (a batch: the client took one ticket for all of them; 0 or 1: a
+  // lone job). The engine issues them once all have been submitted, in submission order, and
+  // signals the ticket once, after the last copy. Every job of a batch must reach Submit (a
+  // rejected one as a ticket-only job), as for lone tickets; each still completes on its own.
+  uint32_t batch_size = 1;
   // A job with len == 0 is ticket-only: no copy; the GPU engine still waits for the ticket and
   // signals it (so the client's streams are released), then calls done(OK). The host engine
   // completes it at once. `client` may then be null; `device` says which GPU's lane it belongs to.

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
@@ -147,6 +148,37 @@ class CudaRuntime final : public GpuRuntime {
                                           static_cast<cudaStream_t>(stream));
     return CheckRuntime(e, direction == Direction::kToPool ? "cudaMemcpyAsync D2H"
                                                            : "cudaMemcpyAsync H2D");
+  }
+
+  // One cudaMemcpyBatchAsync for the copies of a burst (CUDA 12.8 and newer): one driver call
+  // and one submission for many small copies. Falls back to a cudaMemcpyAsync each, for good,
+  // if the driver refuses it.
+  absl::Status CopyBatchAsync(GpuStream stream, Direction direction,
+                              absl::Span<const CopyOp> ops) override {
+#if CUDART_VERSION >= 12080
+    if (ops.size() > 1 && batch_copies_.load(std::memory_order_relaxed)) {
+      absl::InlinedVector<void*, 32> dsts;
+      absl::InlinedVector<const void*, 32> srcs;
+      absl::InlinedVector<size_t, 32> sizes;
+      for (const CopyOp& op : ops) {
+        bool d2h = direction == Direction::kToPool;
+        dsts.push_back(d2h ? op.pool : op.client);
+        srcs.push_back(d2h ? op.client : op.pool);
+        sizes.push_back(op.len);
+      }
+      cudaMemcpyAttributes attrs{};
+      attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), ops.size(),
+                                           &attrs, &first, 1, static_cast<cudaStream_t>(stream));
+      if (e == cudaSuccess) return absl::OkStatus();
+      (void)cudaGetLastError();
+      batch_copies_.store(false, std::memory_order_relaxed);
+      LogWarning(CheckRuntime(e, "cudaMemcpyBatchAsync").message(),
+                 "; copies of a batch go one cudaMemcpyAsync each from now on");
+    }
+#endif
+    return GpuRuntime::CopyBatchAsync(stream, direction, ops);
   }
 
   absl::Status HostCopyAsync(GpuStream stream, char* dst, const char* src,
@@ -352,6 +384,7 @@ class CudaRuntime final : public GpuRuntime {
   }
 
   const Driver& driver_;
+  std::atomic<bool> batch_copies_{true};  // cudaMemcpyBatchAsync works here
 };
 
 // Stream memory operations on the engine's mapped host words, once, before any session: a write

@@ -132,6 +132,13 @@ struct QueuedJob {
   uint64_t chunks_issued = 0;    // fed
   std::shared_ptr<FeedProgress> progress;  // fed
   absl::Status status;           // a failure while issuing, reported at completion
+  bool signal = true;            // writes done = sync after its copy (the last job of its ticket)
+};
+
+// The jobs of one ticket on a lane, until all of them arrived and every smaller ticket is queued.
+struct HeldTicket {
+  uint32_t expected = 1;  // the batch's size, as its first job said
+  std::vector<QueuedJob> jobs;
 };
 
 // A job issued on the stream, waiting for its `completed` write.
@@ -211,8 +218,14 @@ struct Lane {
   uint64_t done_addr = 0;
   uint64_t next_seq = 1;
   uint64_t next_ticket = 1;
-  std::map<uint64_t, QueuedJob> held;  // tickets waiting for a smaller one to arrive
+  // Tickets not yet queued: a smaller ticket has not arrived, or not all jobs of the batch.
+  std::map<uint64_t, HeldTicket> held;
+  uint64_t held_jobs = 0;
   std::deque<QueuedJob> queue;       // accepted in ticket order, not yet issued
+  // Copies issued by this pass of the worker and not yet given to the runtime (one
+  // CopyBatchAsync per run of plain copies), and the seq of the first job among them.
+  std::vector<GpuRuntime::CopyOp> staged;
+  uint64_t staged_from_seq = 0;
   std::deque<PendingJob> pending;    // issued on the stream, in seq order
   bool abandoned = false;
   uint64_t progress_ns = 0;    // last completion, or when the first pending job was issued
@@ -696,23 +709,26 @@ class StreamEngine final : public CopyEngine {
                           absl::FailedPreconditionError(absl::StrCat(
                               "job carries ticket ", job.sync, " but the session registered no "
                               "semaphore page for GPU ", device))});
-      } else if (job.sync < lane.next_ticket || lane.held.contains(job.sync)) {
-        failed.push_back({std::move(job.done),
-                          absl::InvalidArgumentError(absl::StrCat(
-                              "ticket ", job.sync, " was already used on this GPU and direction"))});
-      } else if (job.sync > lane.next_ticket) {
-        // A smaller ticket has not arrived yet (the daemon may hold a job back, e.g. a reload of
-        // a spilled object). Issuing this one first would signal done = sync while the smaller
-        // job has not copied, so it waits here, on the host.
-        uint64_t ticket = job.sync;
-        lane.held.emplace(ticket, Accept(lane, std::move(job), host));
       } else {
-        lane.queue.push_back(Accept(lane, std::move(job), host));
-        ++lane.next_ticket;
-        while (!lane.held.empty() && lane.held.begin()->first == lane.next_ticket) {
-          lane.queue.push_back(std::move(lane.held.begin()->second));
-          lane.held.erase(lane.held.begin());
-          ++lane.next_ticket;
+        // Held on the host until every smaller ticket and every job of this one arrived (the
+        // daemon may hold a job back, e.g. a reload of a spilled object): issuing it earlier
+        // would signal done = sync while another job up to that ticket has not copied.
+        HeldTicket* held = nullptr;
+        if (job.sync >= lane.next_ticket) {
+          auto [it, fresh] = lane.held.try_emplace(job.sync);
+          if (fresh) it->second.expected = std::max<uint32_t>(job.batch_size, 1);
+          held = &it->second;
+        }
+        if (held == nullptr || held->jobs.size() >= held->expected) {
+          failed.push_back({std::move(job.done),
+                            absl::InvalidArgumentError(absl::StrCat(
+                                "ticket ", job.sync, " was already used on this GPU and direction",
+                                held == nullptr ? "" : absl::StrCat(" by the ", held->expected,
+                                                                    " jobs of its batch")))});
+        } else {
+          held->jobs.push_back(Accept(lane, std::move(job), host));
+          ++lane.held_jobs;
+          QueueArrived(lane);
         }
       }
     }
@@ -731,15 +747,19 @@ class StreamEngine final : public CopyEngine {
     for (auto& lane : lanes) {
       std::lock_guard lock(lane->mu);
       lane->abandoned = true;  // the worker cancels what is queued; it reads no ticket any more
-      for (auto& [ticket, q] : lane->held) {
-        pool_writes_.End(q.pool_write, q.job.pool);
-        if (q.job.feed != nullptr) q.job.feed->Unsubscribe();
-        failed.push_back({std::move(q.job.done),
-                          absl::CancelledError(absl::StrCat(
-                              "session ended while ticket ", ticket, " waited for ticket ",
-                              lane->next_ticket))});
+      for (auto& [ticket, held] : lane->held) {
+        for (QueuedJob& q : held.jobs) {
+          pool_writes_.End(q.pool_write, q.job.pool);
+          if (q.job.feed != nullptr) q.job.feed->Unsubscribe();
+          failed.push_back({std::move(q.job.done),
+                            absl::CancelledError(absl::StrCat(
+                                "session ended while ticket ", ticket, " waited for ticket ",
+                                lane->next_ticket, " (", held.jobs.size(), " of its ",
+                                held.expected, " jobs arrived)"))});
+        }
       }
       lane->held.clear();
+      lane->held_jobs = 0;
     }
     RunFailed(failed);
     for (auto& lane : lanes) lane->worker.Wake(lane);
@@ -790,7 +810,7 @@ class StreamEngine final : public CopyEngine {
       s.device = lane->device;
       s.direction = lane->direction;
       s.queued = lane->queue.size();
-      s.held = lane->held.size();
+      s.held = lane->held_jobs;
       s.in_flight = lane->pending.size();
       s.client_ticket = lane->client_ticket;
       if (!lane->queue.empty()) s.blocked_on = lane->blocked;
@@ -904,6 +924,23 @@ class StreamEngine final : public CopyEngine {
     releaser_->Post([m = std::move(mapping)]() mutable { m.reset(); });
   }
 
+  // Moves the tickets that are complete and next in order from `held` to the queue; the last job
+  // of each ticket signals it. Called with lane.mu held.
+  static void QueueArrived(Lane& lane) {
+    while (!lane.held.empty()) {
+      auto it = lane.held.begin();
+      if (it->first != lane.next_ticket || it->second.jobs.size() < it->second.expected) return;
+      std::vector<QueuedJob>& jobs = it->second.jobs;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        jobs[i].signal = i + 1 == jobs.size();
+        lane.queue.push_back(std::move(jobs[i]));
+      }
+      lane.held_jobs -= jobs.size();
+      lane.held.erase(it);
+      ++lane.next_ticket;
+    }
+  }
+
   // A job accepted on its lane (queued or held), in the order the daemon submitted it: its place
   // among the pool writes is fixed now, so a reload submitted after an offload into the same
   // pool bytes is ordered after it even while either waits for a smaller ticket. Called with
@@ -961,7 +998,9 @@ class StreamEngine final : public CopyEngine {
     return true;
   }
 
-  bool IssueHead(Lane& lane, QueuedJob& q, uint64_t now, std::vector<FailedJob>& failed);
+  bool IssueHead(Lane& lane, QueuedJob& q, uint64_t now);
+  absl::Status FlushStaged(Lane& lane);
+  void MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<FailedJob>& failed);
   bool Complete(Lane& lane, uint64_t now);
   absl::Status Copy(GpuStream stream, Direction direction, bool host, char* client, char* pool,
                     uint64_t len) {
@@ -988,9 +1027,12 @@ class StreamEngine final : public CopyEngine {
 GpuSession::~GpuSession() { engine_.Abandon(*state_); }
 
 // Issues the lane's head job if it is ready, or as much of it as is ready (fed reloads). True if
-// the job was fully issued (then the caller pops it). Called by the worker with lane.mu held.
-bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
-                             std::vector<FailedJob>& failed) {
+// the job was fully issued (then the caller pops it; its `completed` write comes at the end of
+// the pass, MarkCompleted). A plain copy is staged, to go to the runtime with the copies of the
+// jobs after it in one call; any other stream operation, and the ticket's done write, first
+// flushes what is staged, so the stream runs them in job order. Called by the worker with lane.mu
+// held.
+bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
   CopyJob& job = q.job;
   if (job.sync != 0) {
     // The client's ticket: its ticket stream raised it after the job's producers (offload) or
@@ -1030,6 +1072,12 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
     }
   }
   GpuStream stream = lane.stream;
+  const uint64_t seq = lane.next_seq;
+  bool staged = false;
+  auto flush = [&] {
+    absl::Status flushed = FlushStaged(lane);
+    if (!flushed.ok() && staged && q.status.ok()) q.status = flushed;
+  };
   if (copy && !q.started) {
     if (job.direction == Direction::kFromPool) {
       // A reload may read pool bytes an offload is still writing (the daemon submits the reload
@@ -1040,6 +1088,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
         lane.blocked = "an offload into the same pool bytes to be issued";
         return false;
       }
+      if (!writes.empty()) flush();
       for (const PoolWrites::Write& w : writes) {
         if (q.status.ok()) q.status = runtime_->WaitValue64(stream, w.completed_addr, w.seq);
         q.gpu_waits.push_back(GpuWait{w.completed_host, w.seq});
@@ -1051,6 +1100,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
     if (q.progress != nullptr) {
       // Fed: chunk i goes once the feed has it in place (all of them once it ended; the bytes it
       // could not deliver are zeroed first). The lane's later jobs wait behind this one.
+      flush();
       const uint64_t chunk = job.feed->chunk_bytes();
       const uint64_t chunks = job.feed->chunks();
       uint64_t ready = std::min(q.progress->ready_chunks.load(), chunks);
@@ -1064,26 +1114,27 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
         lane.blocked = "NVMe chunks";
         return false;
       }
-    } else {
+    } else if (q.host) {
+      flush();
       q.status = Copy(stream, job.direction, q.host, job.client, job.pool, job.len);
+    } else {
+      if (lane.staged.empty()) lane.staged_from_seq = seq;
+      lane.staged.push_back(GpuRuntime::CopyOp{job.client, job.pool, job.len});
+      staged = true;
     }
   }
   lane.blocked = "";
-  const uint64_t seq = lane.next_seq;
   if (q.pool_write != 0 && q.status.ok()) {
     pool_writes_.Issued(q.pool_write, job.pool, lane.completed_addr(), &lane.word.host->completed,
                         seq);
   }
   // Whatever failed above, the ticket is still signalled: the client's streams wait on it and
-  // must not hang. The failure reaches the client through the job's completion.
+  // must not hang. The failure reaches the client through the job's completion. A batch signals
+  // once, after its last job's copy.
   absl::Status signal;
-  if (job.sync != 0) signal = runtime_->WriteValue64(stream, lane.done_addr, job.sync);
-  absl::Status mark = runtime_->WriteValue64(stream, lane.completed_addr(), seq);
-  if (!mark.ok()) {
-    pool_writes_.End(q.pool_write, job.pool);
-    if (job.feed != nullptr) job.feed->Unsubscribe();
-    failed.push_back({std::move(job.done), q.status.ok() ? mark : q.status});
-    return true;
+  if (job.sync != 0 && q.signal) {
+    flush();
+    signal = runtime_->WriteValue64(stream, lane.done_addr, job.sync);
   }
   ++lane.next_seq;
   absl::Status status = q.status.ok() ? signal : q.status;
@@ -1091,6 +1142,35 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now,
   lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), q.pool_write,
                                     job.pool, std::move(job.feed), std::move(q.gpu_waits), now});
   return true;
+}
+
+// Gives the staged copies to the runtime in one call. A failure fails every job among them.
+absl::Status StreamEngine::FlushStaged(Lane& lane) {
+  if (lane.staged.empty()) return absl::OkStatus();
+  absl::Status s = runtime_->CopyBatchAsync(lane.stream, lane.direction, lane.staged);
+  lane.staged.clear();
+  if (!s.ok()) {
+    for (PendingJob& p : lane.pending) {
+      if (p.seq >= lane.staged_from_seq && p.status.ok()) p.status = s;
+    }
+  }
+  return s;
+}
+
+// The end of a pass that issued jobs first_seq and up: flushes staged copies and writes the
+// lane's `completed` word once, for the last of them. If that write cannot be queued, the jobs
+// of the pass would never complete: they fail now. Called with lane.mu held.
+void StreamEngine::MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<FailedJob>& failed) {
+  (void)FlushStaged(lane);  // a failure is recorded on the jobs it concerns
+  absl::Status mark = runtime_->WriteValue64(lane.stream, lane.completed_addr(), lane.next_seq - 1);
+  if (mark.ok()) return;
+  while (!lane.pending.empty() && lane.pending.back().seq >= first_seq) {
+    PendingJob& p = lane.pending.back();
+    pool_writes_.End(p.pool_write, p.pool);
+    if (p.feed != nullptr) p.feed->Unsubscribe();
+    failed.push_back({std::move(p.done), p.status.ok() ? mark : std::move(p.status)});
+    lane.pending.pop_back();
+  }
 }
 
 bool StreamEngine::Step(Lane& lane, uint64_t now, bool* busy) {
@@ -1109,11 +1189,13 @@ bool StreamEngine::Step(Lane& lane, uint64_t now, bool* busy) {
       lane.queue.clear();
       lane.wait_since_ns = 0;
     }
+    const uint64_t first_seq = lane.next_seq;
     while (!lane.queue.empty()) {
-      if (!IssueHead(lane, lane.queue.front(), now, failed)) break;
+      if (!IssueHead(lane, lane.queue.front(), now)) break;
       lane.queue.pop_front();
       moved = true;
     }
+    if (lane.next_seq != first_seq) MarkCompleted(lane, first_seq, failed);
   }
   RunFailed(failed);
   moved |= Complete(lane, now);

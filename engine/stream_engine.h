@@ -13,7 +13,10 @@
 //   copy                                 (fed reloads: one copy per chunk, issued as chunks land)
 //   write(semaphore[done] = k)           device memory of the client: releases its streams
 //   write(completed = seq)               host-mapped word the worker reads for completion
-// `seq` is the lane's own job counter.
+// `seq` is the lane's own job counter. A batch (the jobs of one ticket, CopyJob::batch_size) is
+// issued once all of its jobs arrived: its copies in one CopyBatchAsync, then one done write. The
+// completed write is made once per pass of the worker over the lane, for the last job issued in
+// it (the word only grows, so it completes every job up to it).
 //
 // WHY TIERD CANNOT DEADLOCK ON THE GPU (the rule, checked by the tests). A tierd stream waits on
 // the GPU only for copies tierd has already issued (the pool-write wait above). Nothing queued on
@@ -49,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "engine/copy_engine.h"
 
 namespace tier::engine {
@@ -95,6 +99,23 @@ class GpuRuntime {
   virtual absl::Status WriteValue64(GpuStream stream, uint64_t addr, uint64_t value) = 0;
   virtual absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
                                  uint64_t len) = 0;  // enqueue
+  // Several copies of one direction in one call, in stream order after what was queued before
+  // (the copies of one call may run in any order among themselves; they never overlap). Enqueue.
+  // The default issues one CopyAsync each; CUDA >= 12.8 issues them with one cudaMemcpyBatchAsync.
+  struct CopyOp {
+    char* client;
+    char* pool;
+    uint64_t len;
+  };
+  virtual absl::Status CopyBatchAsync(GpuStream stream, Direction direction,
+                                      absl::Span<const CopyOp> ops) {
+    for (const CopyOp& op : ops) {
+      if (absl::Status s = CopyAsync(stream, direction, op.client, op.pool, op.len); !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
   // A copy between two host buffers, in stream order, that does not block the caller: a memcpy
   // run by the runtime's host-function thread when the stream reaches it. (A host-to-host
   // cudaMemcpyAsync is synchronous with the calling thread: it would wait there for everything

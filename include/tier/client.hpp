@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "tier/tier.h"
@@ -92,6 +93,26 @@ class Session {
     tier_job_id job = 0;
     Check(tier_reload(session_, object, buffer, offset, len, &o, &job));
     return job;
+  }
+  // Batches (tier.h): one tier_batch_job per job; each job's object and job are filled in.
+  static tier_batch_job BatchJob(tier_buffer_id buffer, uint64_t offset, uint64_t len,
+                                 tier_object_id object = 0) {
+    tier_batch_job job{};
+    job.struct_size = sizeof(job);
+    job.buffer = buffer;
+    job.offset = offset;
+    job.len = len;
+    job.object = object;
+    return job;
+  }
+  void OffloadBatch(std::vector<tier_batch_job>& jobs) {
+    Check(tier_offload_batch(session_, jobs.data(), jobs.size(), nullptr));
+  }
+  void ReloadBatch(std::vector<tier_batch_job>& jobs, bool free_after = false) {
+    tier_reload_options o;
+    tier_reload_options_init(&o);
+    o.flags = free_after ? TIER_RELOAD_FREE_AFTER : 0;
+    Check(tier_reload_batch(session_, jobs.data(), jobs.size(), &o));
   }
   // Named, persistent objects (tier.h). Offload into a new one; returns {object, job}.
   std::pair<tier_object_id, tier_job_id> OffloadPersistent(const std::string& name,

@@ -38,6 +38,14 @@ enum class Opcode : uint32_t {
 };
 
 inline constexpr uint32_t kFlagFreeAfterReload = 1u << 0;
+// A batch (GPU jobs): the client took one ticket (`sync`) for several offloads or reloads of one
+// GPU; each of their entries carries the batch's size in the flags' top 16 bits (0 or 1: a lone
+// job). The daemon's engine issues the batch once all of its entries arrived and signals the
+// ticket once, after the last copy; each job still completes on its own.
+inline constexpr uint32_t kBatchSizeShift = 16;
+inline constexpr uint32_t kMaxBatchJobs = 0xffff;
+constexpr uint32_t BatchSizeFlags(uint32_t jobs) { return jobs << kBatchSizeShift; }
+constexpr uint32_t BatchSizeOf(uint32_t flags) { return flags >> kBatchSizeShift; }
 
 // 64 bytes: one cache line per entry.
 struct SubmissionEntry {

@@ -159,6 +159,36 @@ TIER_API tier_status tier_reload(tier_session* session, tier_object_id object,
 /* Drops the object; its memory returns to the pool once jobs using it have finished. */
 TIER_API tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id* job);
 
+/* ---- Batches ---------------------------------------------------------------------------- */
+/* Many offloads (or reloads) submitted as one: on a GPU they share one ticket, so the client
+ * pays one stream wait and one ticket write for all of them, the daemon issues their copies in one
+ * driver call where the runtime allows, and one completion value releases the consumer. All jobs
+ * of a batch use buffers of the same GPU, or all host buffers. Each job still completes (and
+ * fails) on its own, with its own tier_job_id. A batch is pushed whole or not at all; on an error
+ * before the push nothing was submitted. */
+typedef struct tier_batch_job {
+  uint32_t struct_size;   /* sizeof(tier_batch_job); the array's stride is jobs[0].struct_size */
+  uint32_t flags;         /* reloads: TIER_RELOAD_* for this job (ORed with the options' flags) */
+  tier_buffer_id buffer;
+  uint64_t offset;
+  uint64_t len;
+  uint64_t next_use_hint; /* offloads: as tier_offload_options.next_use_hint */
+  tier_object_id object;  /* offloads: set to the new object; reloads: the object to copy */
+  tier_job_id job;        /* set to the job's id */
+} tier_batch_job;
+
+/* Jobs per batch: at most this many, and at most the session's ring_entries. */
+#define TIER_MAX_BATCH_JOBS 1024u
+
+/* Offloads jobs[0..count): one tier_offload each, sharing the options (producer streams, which
+ * wrote every source; next_use_hint comes from each job). */
+TIER_API tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
+                                        const tier_offload_options* options);
+/* Reloads jobs[0..count) for the options' consumer stream: before it returns, the consumer
+ * waits (on the GPU) for all of their copies. */
+TIER_API tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
+                                       const tier_reload_options* options);
+
 /* GPU offloads: makes `stream` (cudaStream_t / hipStream_t; NULL: the legacy default stream) wait,
  * on the GPU, until the offload's copy has read its source. Work queued on the stream afterwards
  * may free or overwrite the source at once, with no host round trip. For a finished job or an

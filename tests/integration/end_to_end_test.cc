@@ -145,6 +145,51 @@ TEST(EndToEnd, BadJobsFailAloneWithClearCodes) {
   EXPECT_EQ(TierdProcess::HostTier(status).used_bytes(), 4096u);
 }
 
+// Batches over the host engine: each job completes on its own, a bad one fails alone, and the
+// data goes out and comes back whole. (The GPU engine's side of batches, one ticket for all, is
+// in stream_engine_test and daemon_gpu_test.)
+TEST(EndToEnd, BatchesOffloadAndReloadWithPerJobResults) {
+  TierdProcess tierd({"--ring_entries=64"});
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kJob = 16 << 10;
+  constexpr int kJobs = 48;
+  HostBuffer buffer = session.AllocHost(kJob * kJobs);
+  for (int i = 0; i < kJobs; ++i) Fill(static_cast<char*>(buffer.data) + i * kJob, kJob, 100 + i);
+  std::vector<tier_batch_job> out;
+  for (int i = 0; i < kJobs; ++i) out.push_back(Session::BatchJob(buffer.id, i * kJob, kJob));
+  out[5].len = 0;  // invalid: fails alone
+  session.OffloadBatch(out);
+  for (int i = 0; i < kJobs; ++i) {
+    EXPECT_NE(out[i].job, 0u);
+    EXPECT_EQ(session.TryWait(out[i].job), i == 5 ? TIER_INVALID_ARGUMENT : TIER_OK) << i;
+  }
+  std::memset(buffer.data, 0, buffer.bytes);
+  std::vector<tier_batch_job> back;
+  for (int i = 0; i < kJobs; ++i) {
+    if (i != 5) back.push_back(Session::BatchJob(buffer.id, i * kJob, kJob, out[i].object));
+  }
+  session.ReloadBatch(back, /*free_after=*/true);
+  for (const tier_batch_job& j : back) session.Wait(j.job);
+  for (int i = 0; i < kJobs; ++i) {
+    if (i != 5) {
+      EXPECT_TRUE(Matches(static_cast<char*>(buffer.data) + i * kJob, kJob, 100 + i)) << i;
+    }
+  }
+  EXPECT_TRUE(tierd.WaitForStatus(
+      [](const v1::GetStatusResponse& s) { return TierdProcess::HostTier(s).used_bytes() == 0; }));
+
+  // A batch larger than the ring, or than the limit, is refused whole; an empty one is fine.
+  std::vector<tier_batch_job> big(65, Session::BatchJob(buffer.id, 0, kJob));
+  EXPECT_EQ(tier_offload_batch(session.get(), big.data(), big.size(), nullptr),
+            TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tier_offload_batch(session.get(), big.data(), TIER_MAX_BATCH_JOBS + 1, nullptr),
+            TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tier_offload_batch(session.get(), nullptr, 0, nullptr), TIER_OK);
+  big[3].struct_size = 8;
+  EXPECT_EQ(tier_offload_batch(session.get(), big.data(), 4, nullptr), TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tierd.Status().jobs_in_flight(), 0u);
+}
+
 TEST(EndToEnd, QuotaIsEnforcedAndFreedBytesReturnToIt) {
   TierdProcess tierd;
   Session session(OptionsFor(tierd, "quota", 1 << 20));
