@@ -1,10 +1,13 @@
 // GPU data path through tierd against the same copies made in this process, in one run:
 // bandwidth of jobs from 64 KiB to 1 GiB, device->host (offload), host->device (reload) and both at
-// once, against cudaMemcpyAsync between device memory and pinned host memory; and the latency one
-// small job adds (submit to GPU-visible completion) against a bare copy of the same size.
+// once, against cudaMemcpyAsync between device memory and pinned host memory (the same copies,
+// one cudaMemcpyAsync each, as a process copying tensor by tensor does); tierd with lone jobs
+// (tier_offload / tier_reload) and with batches of --batch jobs (tier_offload_batch /
+// tier_reload_batch: one ticket per batch); and the latency one small job adds (submit to
+// GPU-visible completion) against a bare copy of the same size.
 //
 //   tier_gpu_bench [--socket=PATH | --tierd=BIN] [--tierd-flag=--KEY=VALUE]... [--max-mib=1024]
-//                  [--json=FILE]
+//                  [--batch=16] [--json=FILE]
 //
 // --tierd-flag passes a setting to the private tierd (repeatable): the same run with and without
 // --tierd-flag=--metrics_listen=127.0.0.1:9477 shows what the metrics cost the job path.
@@ -22,6 +25,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tier/tier.h"
@@ -50,6 +54,7 @@ struct Row {
   uint64_t bytes;
   int jobs;
   double base_d2h, tier_d2h, base_h2d, tier_h2d, base_both, tier_both;  // GB/s
+  double batch_d2h, batch_h2d, batch_both;  // GB/s, tierd with batches
 };
 
 constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024, kGiB = 1024 * kMiB;
@@ -95,7 +100,7 @@ class Bench {
   // Through tierd: n offloads (timed: submit to every completion), then n reloads of those
   // objects (timed: submit to GPU-visible completion on the consumer stream), then both at once
   // (offloads of new objects interleaved with reloads of the first ones).
-  void Daemon(uint64_t bytes, int n, double* d2h, double* h2d, double* both) {
+  void Daemon(uint64_t bytes, int n, int batch, double* d2h, double* h2d, double* both) {
     std::vector<tier_object_id> first(n), second(n);
     std::vector<tier_job_id> jobs;
     jobs.reserve(2 * n);
@@ -110,36 +115,25 @@ class Bench {
     reload.consumer_stream = h2d_;
 
     double t0 = Now();
-    for (int i = 0; i < n; ++i) {
-      tier_job_id job;
-      Check(tier_offload(session_, buffer_, base_offset_ + Slot(bytes, i), bytes, &offload,
-                         &first[i], &job), "offload");
-      jobs.push_back(job);
+    for (int i = 0; i < n; i += batch) {
+      Offload(bytes, i, std::min(batch, n - i), offload, first, jobs);
     }
     WaitAll(jobs);
     *d2h = static_cast<double>(bytes) * n / (Now() - t0) / 1e9;
 
     t0 = Now();
-    for (int i = 0; i < n; ++i) {
-      tier_job_id job;
-      Check(tier_reload(session_, first[i], buffer_, base_offset_ + Slot(bytes, i + n), bytes,
-                        &reload, &job), "reload");
-      jobs.push_back(job);
+    for (int i = 0; i < n; i += batch) {
+      Reload(bytes, i, std::min(batch, n - i), n, reload, first, jobs);
     }
     Check(cudaStreamSynchronize(h2d_), "sync");
     *h2d = static_cast<double>(bytes) * n / (Now() - t0) / 1e9;
     WaitAll(jobs);
 
     t0 = Now();
-    for (int i = 0; i < n; ++i) {
-      tier_job_id job;
-      Check(tier_offload(session_, buffer_, base_offset_ + Slot(bytes, i), bytes, &offload,
-                         &second[i], &job), "offload");
-      jobs.push_back(job);
-      reload.flags = TIER_RELOAD_FREE_AFTER;
-      Check(tier_reload(session_, first[i], buffer_, base_offset_ + Slot(bytes, i + n), bytes,
-                        &reload, &job), "reload");
-      jobs.push_back(job);
+    reload.flags = TIER_RELOAD_FREE_AFTER;
+    for (int i = 0; i < n; i += batch) {
+      Offload(bytes, i, std::min(batch, n - i), offload, second, jobs);
+      Reload(bytes, i, std::min(batch, n - i), n, reload, first, jobs);
     }
     WaitAll(jobs);
     Check(cudaStreamSynchronize(h2d_), "sync");
@@ -203,6 +197,53 @@ class Bench {
   }
 
  private:
+  // Offloads of slots [i, i + count) into objects[i...]: lone jobs, or one batch.
+  void Offload(uint64_t bytes, int i, int count, const tier_offload_options& options,
+               std::vector<tier_object_id>& objects, std::vector<tier_job_id>& jobs) {
+    if (count == 1) {
+      tier_job_id job;
+      Check(tier_offload(session_, buffer_, base_offset_ + Slot(bytes, i), bytes, &options,
+                         &objects[i], &job), "offload");
+      jobs.push_back(job);
+      return;
+    }
+    std::vector<tier_batch_job> batch(count);
+    for (int k = 0; k < count; ++k) {
+      batch[k] = tier_batch_job{};
+      batch[k].struct_size = sizeof(tier_batch_job);
+      batch[k].buffer = buffer_;
+      batch[k].offset = base_offset_ + Slot(bytes, i + k);
+      batch[k].len = bytes;
+    }
+    Check(tier_offload_batch(session_, batch.data(), batch.size(), &options), "offload batch");
+    for (int k = 0; k < count; ++k) {
+      objects[i + k] = batch[k].object;
+      jobs.push_back(batch[k].job);
+    }
+  }
+  // Reloads of objects[i, i + count) into slots n + i...: lone jobs, or one batch.
+  void Reload(uint64_t bytes, int i, int count, int n, const tier_reload_options& options,
+              const std::vector<tier_object_id>& objects, std::vector<tier_job_id>& jobs) {
+    if (count == 1) {
+      tier_job_id job;
+      Check(tier_reload(session_, objects[i], buffer_, base_offset_ + Slot(bytes, i + n), bytes,
+                        &options, &job), "reload");
+      jobs.push_back(job);
+      return;
+    }
+    std::vector<tier_batch_job> batch(count);
+    for (int k = 0; k < count; ++k) {
+      batch[k] = tier_batch_job{};
+      batch[k].struct_size = sizeof(tier_batch_job);
+      batch[k].buffer = buffer_;
+      batch[k].offset = base_offset_ + Slot(bytes, i + k + n);
+      batch[k].len = bytes;
+      batch[k].object = objects[i + k];
+    }
+    Check(tier_reload_batch(session_, batch.data(), batch.size(), &options), "reload batch");
+    for (int k = 0; k < count; ++k) jobs.push_back(batch[k].job);
+  }
+
   uint64_t Slot(uint64_t bytes, int i) const {
     uint64_t slots = std::max<uint64_t>(1, arena_ / bytes);
     return (static_cast<uint64_t>(i) % slots) * bytes;
@@ -230,6 +271,7 @@ class Bench {
 int main(int argc, char** argv) {
   std::string socket, json_path = "gpu_bench.json", tierd_bin;
   uint64_t max_bytes = kGiB;
+  int batch = 16;
   std::vector<std::string> tierd_flags;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -238,10 +280,11 @@ int main(int argc, char** argv) {
     else if (arg.rfind("--json=", 0) == 0) json_path = arg.substr(7);
     else if (arg.rfind("--max-mib=", 0) == 0) max_bytes = std::stoull(arg.substr(10)) * kMiB;
     else if (arg.rfind("--tierd-flag=", 0) == 0) tierd_flags.push_back(arg.substr(13));
+    else if (arg.rfind("--batch=", 0) == 0) batch = std::max(1, std::stoi(arg.substr(8)));
     else {
       std::fprintf(stderr,
                    "usage: %s [--socket=PATH | --tierd=BIN] [--tierd-flag=--KEY=VALUE]... "
-                   "[--max-mib=N] [--json=FILE]\n",
+                   "[--max-mib=N] [--batch=N] [--json=FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -303,30 +346,36 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     for (uint64_t bytes = 64 * kKiB; bytes <= max_bytes; bytes *= 4) {
       int n = static_cast<int>(std::clamp<uint64_t>(total / 4 / bytes, 2, 2048));
-      Row row{bytes, n, 0, 0, 0, 0, 0, 0};
+      Row row{bytes, n, 0, 0, 0, 0, 0, 0, 0, 0, 0};
       bench.Baseline(bytes, std::min(n, 8), true, true);  // warm up
       row.base_d2h = bench.Baseline(bytes, n, true, false);
       row.base_h2d = bench.Baseline(bytes, n, false, true);
       row.base_both = bench.Baseline(bytes, n, true, true);
-      bench.Daemon(bytes, n, &row.tier_d2h, &row.tier_h2d, &row.tier_both);
+      bench.Daemon(bytes, n, 1, &row.tier_d2h, &row.tier_h2d, &row.tier_both);
+      if (batch > 1) bench.Daemon(bytes, n, batch, &row.batch_d2h, &row.batch_h2d, &row.batch_both);
       rows.push_back(row);
     }
     double lat[4];
     bench.Latency(4 * kKiB, 1000, lat);
 
-    std::printf("\n%10s %6s | %8s %8s %6s | %8s %8s %6s | %8s %8s %6s\n", "job", "jobs",
-                "D2H base", "tierd", "ratio", "H2D base", "tierd", "ratio", "both base", "tierd",
-                "ratio");
+    std::printf("\n%10s %6s | %8s %7s %5s %7s %5s | %8s %7s %5s %7s %5s | %8s %7s %5s %7s %5s\n",
+                "job", "jobs", "D2H base", "tierd", "ratio", "batch", "ratio", "H2D base", "tierd",
+                "ratio", "batch", "ratio", "both base", "tierd", "ratio", "batch", "ratio");
     for (const Row& r : rows) {
       char size[32];
       if (r.bytes >= kMiB) std::snprintf(size, sizeof size, "%llu MiB", (unsigned long long)(r.bytes / kMiB));
       else std::snprintf(size, sizeof size, "%llu KiB", (unsigned long long)(r.bytes / kKiB));
-      std::printf("%10s %6d | %8.2f %8.2f %5.0f%% | %8.2f %8.2f %5.0f%% | %8.2f %8.2f %5.0f%%\n",
-                  size, r.jobs, r.base_d2h, r.tier_d2h, 100 * r.tier_d2h / r.base_d2h, r.base_h2d,
-                  r.tier_h2d, 100 * r.tier_h2d / r.base_h2d, r.base_both, r.tier_both,
-                  100 * r.tier_both / r.base_both);
+      std::printf("%10s %6d", size, r.jobs);
+      for (auto [base, lone, batched] : {std::tuple{r.base_d2h, r.tier_d2h, r.batch_d2h},
+                                         std::tuple{r.base_h2d, r.tier_h2d, r.batch_h2d},
+                                         std::tuple{r.base_both, r.tier_both, r.batch_both}}) {
+        std::printf(" | %8.2f %7.2f %4.0f%% %7.2f %4.0f%%", base, lone, 100 * lone / base, batched,
+                    100 * batched / base);
+      }
+      std::printf("\n");
     }
-    std::printf("(GB/s; both = D2H + H2D at once)\n\n");
+    std::printf("(GB/s; base = one cudaMemcpyAsync per job in this process; tierd = lone jobs; "
+                "batch = tierd with batches of %d jobs; both = D2H + H2D at once)\n\n", batch);
     std::printf("4 KiB job latency, median of 1000: reload %.1f us (bare H2D copy %.1f us, added %.1f us)"
                 "; offload %.1f us (bare D2H copy %.1f us, added %.1f us)\n",
                 lat[1] * 1e6, lat[0] * 1e6, (lat[1] - lat[0]) * 1e6, lat[3] * 1e6, lat[2] * 1e6,
@@ -334,16 +383,18 @@ int main(int argc, char** argv) {
 
     FILE* json = std::fopen(json_path.c_str(), "w");
     if (json != nullptr) {
-      std::fprintf(json, "{\"device\": \"%s\", \"engine\": \"%s\", \"bandwidth_gbps\": [", prop.name,
-                   info.engine);
+      std::fprintf(json, "{\"device\": \"%s\", \"engine\": \"%s\", \"batch\": %d, \"bandwidth_gbps\": [",
+                   prop.name, info.engine, batch);
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         std::fprintf(json,
                      "%s{\"bytes\": %llu, \"jobs\": %d, \"d2h_base\": %.3f, \"d2h_tierd\": %.3f, "
                      "\"h2d_base\": %.3f, \"h2d_tierd\": %.3f, \"both_base\": %.3f, "
-                     "\"both_tierd\": %.3f}",
+                     "\"both_tierd\": %.3f, \"d2h_batch\": %.3f, \"h2d_batch\": %.3f, "
+                     "\"both_batch\": %.3f}",
                      i ? ", " : "", (unsigned long long)r.bytes, r.jobs, r.base_d2h, r.tier_d2h,
-                     r.base_h2d, r.tier_h2d, r.base_both, r.tier_both);
+                     r.base_h2d, r.tier_h2d, r.base_both, r.tier_both, r.batch_d2h, r.batch_h2d,
+                     r.batch_both);
       }
       std::fprintf(json,
                    "], \"latency_4k_us\": {\"bare_h2d\": %.2f, \"reload\": %.2f, \"bare_d2h\": %.2f, "

@@ -86,6 +86,7 @@ struct Config {
   uint32_t host_engine_threads = 2;  // host_engine_threads (per direction)
   uint64_t copy_delay_us = 0;        // copy_delay_us: test-only delay injection per copy
   uint32_t poll_idle_us = 50;        // poll_idle_us: ring poller spins this long before sleeping
+  uint32_t gpu_poll_spin_us = 50;    // gpu_poll_spin_us: GPU workers spin this long after progress
   uint32_t lane_wait_warn_ms = 10000;  // lane_wait_warn_ms: log a lane waiting this long
 
   // Service.

@@ -305,6 +305,10 @@ std::vector<Key> BuildKeys() {
                             &Config::copy_delay_us, 0, 60 * 1000 * 1000));
   keys.push_back(IntegerKey("poll_idle_us", kEngine, "ring poller spins this long before sleeping",
                             &Config::poll_idle_us, 0, 1000 * 1000));
+  keys.push_back(IntegerKey("gpu_poll_spin_us", kEngine,
+                            "GPU engine: a GPU's worker spins this long after progress (tickets "
+                            "and completions) before it backs off to short sleeps",
+                            &Config::gpu_poll_spin_us, 0, 1000 * 1000));
   keys.push_back(IntegerKey("lane_wait_warn_ms", kEngine,
                             "a GPU lane that waits this long for a client's ticket logs it once",
                             &Config::lane_wait_warn_ms, 1, 3600 * 1000));

@@ -123,6 +123,7 @@ absl::Status Daemon::Init() {
   engine_options.host_threads = static_cast<int>(config_.host_engine_threads);
   engine_options.copy_delay_us = config_.copy_delay_us;
   engine_options.lane_wait_warn_ms = config_.lane_wait_warn_ms;
+  engine_options.gpu_poll_spin_us = config_.gpu_poll_spin_us;
   absl::StatusOr<std::unique_ptr<engine::CopyEngine>> engine = engine::MakeCopyEngine(engine_options);
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);

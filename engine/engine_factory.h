@@ -17,6 +17,7 @@ struct EngineOptions {
   int host_threads = 2;       // host engine: worker threads per direction
   uint64_t copy_delay_us = 0;  // test-only delay injection, every engine
   uint32_t lane_wait_warn_ms = 10000;  // GPU engines: see GpuEngineOptions
+  uint32_t gpu_poll_spin_us = 50;      // GPU engines: GpuEngineOptions::poll_spin_us
 };
 
 absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(const EngineOptions& options);

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -167,6 +168,46 @@ class Session {
     EXPECT_EQ(s, TIER_OK) << tier_last_error();
     return job;
   }
+  // Batches of (buffer, offset, len[, object]); returns the jobs (objects filled in for offloads).
+  std::vector<tier_batch_job> OffloadBatch(tier_buffer_id buffer,
+                                           const std::vector<uint64_t>& offsets, uint64_t len,
+                                           std::vector<void*> producers) {
+    std::vector<tier_batch_job> jobs;
+    for (uint64_t offset : offsets) jobs.push_back(BatchJob(buffer, offset, len, 0));
+    tier_offload_options options;
+    tier_offload_options_init(&options);
+    options.num_producer_streams = static_cast<uint32_t>(producers.size());
+    options.producer_streams = producers.data();
+    tier_status s = tier_offload_batch(session_, jobs.data(), jobs.size(), &options);
+    EXPECT_EQ(s, TIER_OK) << tier_last_error();
+    return jobs;
+  }
+  std::vector<tier_batch_job> ReloadBatch(tier_buffer_id buffer,
+                                          const std::vector<uint64_t>& offsets, uint64_t len,
+                                          const std::vector<tier_object_id>& objects,
+                                          cudaStream_t consumer, bool free_after = false) {
+    std::vector<tier_batch_job> jobs;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      jobs.push_back(BatchJob(buffer, offsets[i], len, objects[i]));
+    }
+    tier_reload_options options;
+    tier_reload_options_init(&options);
+    options.consumer_stream = consumer;
+    if (free_after) options.flags = TIER_RELOAD_FREE_AFTER;
+    tier_status s = tier_reload_batch(session_, jobs.data(), jobs.size(), &options);
+    EXPECT_EQ(s, TIER_OK) << tier_last_error();
+    return jobs;
+  }
+  static tier_batch_job BatchJob(tier_buffer_id buffer, uint64_t offset, uint64_t len,
+                                 tier_object_id object) {
+    tier_batch_job job{};
+    job.struct_size = sizeof(job);
+    job.buffer = buffer;
+    job.offset = offset;
+    job.len = len;
+    job.object = object;
+    return job;
+  }
   tier_status Wait(tier_job_id job, int64_t timeout_ms = 30000) {
     return tier_job_wait(session_, job, timeout_ms);
   }
@@ -206,6 +247,9 @@ class DaemonGpuTest : public ::testing::TestWithParam<Alloc> {
     tierd_.emplace(std::vector<std::string>{"--engine=cuda", "--pool_bytes=512M",
                                             "--copy_delay_us=" + std::to_string(delay_us)});
   }
+  // Thousands of offloads and reloads over several streams in a random order (batches of 1 to
+  // max_batch jobs on one stream), every reload checked on its consumer stream.
+  void RandomGraph(int max_batch);
   std::optional<TierdProcess> tierd_;
 };
 
@@ -310,7 +354,12 @@ TEST_P(DaemonGpuTest, StreamWaitOffloadProtectsTheSource) {
 
 // Thousands of offloads and reloads over several streams in a random order, every reload checked
 // byte for byte on its consumer stream; finishes (no deadlock) and leaks nothing.
-TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) {
+TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) { RandomGraph(1); }
+
+// The same with batches: one ticket for up to 8 jobs of a stream, under delay injection.
+TEST_P(DaemonGpuTest, RandomGraphOfBatchesOverSeveralStreams) { RandomGraph(8); }
+
+void DaemonGpuTest::RandomGraph(int max_batch) {
   Start(500);
   Session session(*tierd_);
   constexpr int kStreams = 4;
@@ -338,43 +387,82 @@ TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) {
   std::vector<std::pair<int, uint8_t>> expected;  // readback slot -> value
   // Each slot of src/dst is used by one stream at a time: the last stream that touched it.
   std::vector<int> src_owner(kSlots, 0), dst_owner(kSlots, 0);
-  for (int op = 0; op < kOps; ++op) {
+  // The stream waits for the slot's previous user (an event).
+  auto take_slot = [&](std::vector<int>& owner, int slot, int stream) {
+    cudaEvent_t e;
+    CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(e, streams[owner[slot]]));
+    CUDA_OK(cudaStreamWaitEvent(streams[stream], e, 0));
+    cudaEventDestroy(e);
+    owner[slot] = stream;
+  };
+  // `count` distinct slots.
+  auto pick_slots = [&](int count) {
+    std::vector<int> all(kSlots);
+    for (int i = 0; i < kSlots; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    return std::vector<int>(all.begin(), all.begin() + count);
+  };
+  for (int op = 0; op < kOps && !HasFatalFailure();) {
     bool offload = live.empty() || (live.size() < 200 && rng() % 2 == 0);
     int stream = static_cast<int>(rng() % kStreams);
+    int count = 1 + static_cast<int>(rng() % max_batch);
+    if (!offload) count = std::min<int>(count, static_cast<int>(live.size()));
+    op += count;
+    std::vector<int> slots = pick_slots(count);
+    std::vector<uint64_t> offsets;
     if (offload) {
-      int slot = static_cast<int>(rng() % kSlots);
-      auto value = static_cast<uint8_t>(rng());
-      // The slot's previous user must be done with it: order after its stream (an event).
-      cudaEvent_t e;
-      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      CUDA_OK(cudaEventRecord(e, streams[src_owner[slot]]));
-      CUDA_OK(cudaStreamWaitEvent(streams[stream], e, 0));
-      cudaEventDestroy(e);
-      CUDA_OK(cudaMemsetAsync(src.get() + slot * kChunk, value, kChunk, streams[stream]));
-      auto [object, job] = session.Offload(src_buffer, src_base + slot * kChunk, kChunk,
-                                           {streams[stream]});
-      ASSERT_EQ(tier_stream_wait_offload(session.get(), job, streams[stream]), TIER_OK);
-      src_owner[slot] = stream;
-      jobs.push_back(job);
-      live.push_back({object, value});
+      std::vector<uint8_t> values;
+      for (int slot : slots) {
+        take_slot(src_owner, slot, stream);
+        values.push_back(static_cast<uint8_t>(rng()));
+        CUDA_OK(cudaMemsetAsync(src.get() + slot * kChunk, values.back(), kChunk, streams[stream]));
+        offsets.push_back(src_base + slot * kChunk);
+      }
+      std::vector<std::pair<tier_object_id, tier_job_id>> done;
+      if (count == 1) {
+        done.push_back(session.Offload(src_buffer, offsets[0], kChunk, {streams[stream]}));
+      } else {
+        for (const tier_batch_job& j :
+             session.OffloadBatch(src_buffer, offsets, kChunk, {streams[stream]})) {
+          done.push_back({j.object, j.job});
+        }
+      }
+      for (size_t i = 0; i < done.size(); ++i) {
+        ASSERT_EQ(tier_stream_wait_offload(session.get(), done[i].second, streams[stream]),
+                  TIER_OK);
+        jobs.push_back(done[i].second);
+        live.push_back({done[i].first, values[i]});
+      }
     } else {
-      size_t pick = rng() % live.size();
-      Live item = live[pick];
-      live.erase(live.begin() + static_cast<long>(pick));
-      int slot = static_cast<int>(rng() % kSlots);
-      cudaEvent_t e;
-      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      CUDA_OK(cudaEventRecord(e, streams[dst_owner[slot]]));
-      CUDA_OK(cudaStreamWaitEvent(streams[stream], e, 0));
-      cudaEventDestroy(e);
-      jobs.push_back(session.Reload(item.object, dst_buffer, dst_base + slot * kChunk, kChunk,
-                                    streams[stream], true));
-      // Sample 16 bytes spread over the chunk (first, last and between).
-      int index = static_cast<int>(expected.size());
-      CUDA_OK(cudaMemcpy2DAsync(readback + index * 16, 1, dst.get() + slot * kChunk, kChunk / 16,
-                                1, 16, cudaMemcpyDeviceToHost, streams[stream]));
-      expected.push_back({index, item.value});
-      dst_owner[slot] = stream;
+      std::vector<Live> items;
+      std::vector<tier_object_id> objects;
+      for (int i = 0; i < count; ++i) {
+        size_t pick = rng() % live.size();
+        items.push_back(live[pick]);
+        objects.push_back(live[pick].object);
+        live.erase(live.begin() + static_cast<long>(pick));
+      }
+      for (int slot : slots) {
+        take_slot(dst_owner, slot, stream);
+        offsets.push_back(dst_base + slot * kChunk);
+      }
+      if (count == 1) {
+        jobs.push_back(session.Reload(objects[0], dst_buffer, offsets[0], kChunk,
+                                      streams[stream], true));
+      } else {
+        for (const tier_batch_job& j : session.ReloadBatch(dst_buffer, offsets, kChunk, objects,
+                                                           streams[stream], true)) {
+          jobs.push_back(j.job);
+        }
+      }
+      for (int i = 0; i < count; ++i) {
+        // Sample 16 bytes spread over the chunk (first, last and between).
+        int index = static_cast<int>(expected.size());
+        CUDA_OK(cudaMemcpy2DAsync(readback + index * 16, 1, dst.get() + slots[i] * kChunk,
+                                  kChunk / 16, 1, 16, cudaMemcpyDeviceToHost, streams[stream]));
+        expected.push_back({index, items[i].value});
+      }
     }
     // Reap as we go so the ring never fills with unreaped results.
     if (jobs.size() >= 256) {
@@ -389,7 +477,6 @@ TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) {
     for (int i = 0; i < 16; ++i) wrong += readback[index * 16 + i] != value;
   }
   EXPECT_EQ(wrong, 0) << "of " << expected.size() * 16 << " bytes sampled";
-  // The full contents of every destination slot match the value last reloaded into it as well.
   for (auto& s : streams) cudaStreamDestroy(s);
   cudaFreeHost(readback);
   for (const Live& item : live) {
@@ -397,6 +484,54 @@ TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) {
     ASSERT_EQ(tier_free(session.get(), item.object, &job), TIER_OK);
     ASSERT_EQ(session.Wait(job), TIER_OK);
   }
+  EXPECT_TRUE(tierd_->WaitForStatus(
+      [](const v1::GetStatusResponse& s) { return TierdProcess::HostTier(s).used_bytes() == 0; }));
+}
+
+// A batch waits for every producer stream before any of its copies, and one completion value
+// releases the consumer for all of them (20 ms delay injection: a missing wait is a wrong byte).
+TEST_P(DaemonGpuTest, BatchWaitsForEveryProducerAndReleasesTheConsumerForAll) {
+  Session session(*tierd_);
+  constexpr int kJobs = 8;
+  DeviceMemory memory(GetParam(), 2 * kJobs * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  CUDA_OK(cudaMemset(memory.get(), 0x11, 2 * kJobs * kMiB));
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaStream_t first, second, consumer;
+  CUDA_OK(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  Gate gate_first, gate_second;
+  gate_first.Hold(first);
+  gate_second.Hold(second);
+  std::vector<uint64_t> sources, targets;
+  for (int i = 0; i < kJobs; ++i) {
+    CUDA_OK(cudaMemsetAsync(memory.get() + i * kMiB, 0x60 + i, kMiB, i % 2 ? second : first));
+    sources.push_back(base + i * kMiB);
+    targets.push_back(base + (kJobs + i) * kMiB);
+  }
+  std::vector<tier_batch_job> out = session.OffloadBatch(buffer, sources, kMiB, {first, second});
+  ASSERT_EQ(out.size(), static_cast<size_t>(kJobs));
+  EXPECT_EQ(session.Wait(out[0].job, 300), TIER_DEADLINE_EXCEEDED) << "copied before produced";
+  gate_first.Open();
+  EXPECT_EQ(session.Wait(out[0].job, 300), TIER_DEADLINE_EXCEEDED)
+      << "the batch waited for one producer stream of two";
+  gate_second.Open();
+  std::vector<tier_object_id> objects;
+  for (const tier_batch_job& j : out) {
+    ASSERT_EQ(session.Wait(j.job), TIER_OK) << tier_last_error();
+    objects.push_back(j.object);
+  }
+  std::vector<tier_batch_job> back =
+      session.ReloadBatch(buffer, targets, kMiB, objects, consumer, /*free_after=*/true);
+  for (int i = 0; i < kJobs; ++i) {  // read on the consumer right away: no host wait
+    EXPECT_TRUE(DeviceHolds(memory.get() + (kJobs + i) * kMiB, kMiB,
+                            static_cast<uint8_t>(0x60 + i), consumer))
+        << "job " << i;
+  }
+  for (const tier_batch_job& j : back) EXPECT_EQ(session.Wait(j.job), TIER_OK);
+  for (cudaStream_t s : {first, second, consumer}) cudaStreamDestroy(s);
   EXPECT_TRUE(tierd_->WaitForStatus(
       [](const v1::GetStatusResponse& s) { return TierdProcess::HostTier(s).used_bytes() == 0; }));
 }
