@@ -28,11 +28,22 @@
 // stream, produced and reload_ready only grow; the daemon issues each lane's jobs in ticket
 // order, so the done counters only grow.
 //
+// BATCHES (tier_offload_batch / tier_reload_batch). Several jobs of one GPU and direction may
+// share one ticket k: the client takes it once (one producer wait, or one consumer point), writes
+// produced/reload_ready = k once, and pushes all of the batch's entries, each carrying the
+// batch's size (ring::BatchSizeFlags), before it enqueues any wait on k; it waits for ring room
+// for the whole batch before taking the ticket, so no entry of a batch waits behind a completion
+// of the same batch. The daemon treats the batch as one job of the protocol: it issues the copies
+// only once every entry of the batch (and every smaller ticket) arrived, and writes done = k once,
+// after the last copy. Each entry still completes on its own in the ring. Batching across
+// tickets is not allowed: a client stream may wait on done k before it produces job k+1.
+//
 // WHY THIS CANNOT DEADLOCK. (1) No daemon stream waits for a client: the daemon issues a copy only
 // after its ticket is visible, so everything queued on the daemon's streams finishes on its own
 // (engine/stream_engine.h; the daemon's threads may block in the driver for a bounded time only).
 // (2) The client enqueues `produced = k` / `reload_ready = k` on its ticket stream before it
-// pushes job k, and any wait of a client stream on a done counter is enqueued after that push.
+// pushes job k (for a batch: all of its entries), and any wait of a client stream on a done
+// counter is enqueued after that push.
 // So, ordering the client's GPU operations by the time they were enqueued, every wait points at
 // something enqueued earlier: a done value whose daemon copy needs only a ticket enqueued before
 // the wait, or an event of work enqueued before. Induction on enqueue time: the earliest
