@@ -924,6 +924,7 @@ TEST_F(StreamEngineTest, CallbacksThatSubmitAndLateTicketsNeverStrandALane) {
   std::atomic<uint64_t> ended{0};
   std::atomic<uint64_t> offload_tickets{0};
   std::atomic<uint64_t> reload_tickets{0};
+  std::atomic<int> helpers{0};  // detached submitters still running (they use this frame)
   std::mutex submit_mu;  // one submitter at a time per lane, as the ring poller
   std::function<void(int, uint64_t)> submit_reload;
   submit_reload = [&](int slot, uint64_t) {
@@ -963,7 +964,11 @@ TEST_F(StreamEngineTest, CallbacksThatSubmitAndLateTicketsNeverStrandALane) {
         // Its completion submits a reload of what it filled (from the worker thread).
         job.done = [&, slot, i](absl::Status) {
           ++ended;
-          std::thread([&, slot, i] { submit_reload(slot, i); }).detach();
+          ++helpers;
+          std::thread([&, slot, i] {
+            submit_reload(slot, i);
+            --helpers;  // last: this frame may go once every helper is out
+          }).detach();
         };
         engine_->Submit(std::move(job));
       }
@@ -979,6 +984,9 @@ TEST_F(StreamEngineTest, CallbacksThatSubmitAndLateTicketsNeverStrandALane) {
   }
   stop = true;
   client.join();
+  for (int i = 0; i < 10000 && helpers.load() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_TRUE(all) << ended.load() << " of " << kRounds * 2 + kRounds / 5
                    << " jobs ended; lanes: " << engine_->Lanes(a_.session.get())[1].queued
                    << " reloads queued";
