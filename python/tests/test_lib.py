@@ -19,6 +19,7 @@ STRUCTS = {
     "tier_offload_options": _lib.OffloadOptions,
     "tier_reload_options": _lib.ReloadOptions,
     "tier_completion": _lib.Completion,
+    "tier_batch_job": _lib.BatchJob,
 }
 
 
@@ -52,6 +53,7 @@ def test_struct_layouts_match_the_c_compiler():
             lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));' % (cname, field, cname,
                                                                          field))
     lines.append('printf("tier_status size %zu\\n", sizeof(tier_status));')
+    lines.append('printf("TIER_MAX_BATCH_JOBS %u\\n", TIER_MAX_BATCH_JOBS);')
     lines.append("return 0; }")
     d = tempfile.mkdtemp(prefix="tierabi-")
     try:
@@ -70,6 +72,7 @@ def test_struct_layouts_match_the_c_compiler():
         for field, _ in cls._fields_:
             assert int(seen["%s.%s" % (cname, field)]) == getattr(cls, field).offset, (cname, field)
     assert int(seen["tier_status size"]) == ctypes.sizeof(_lib.c_status)
+    assert int(seen["TIER_MAX_BATCH_JOBS"]) == _lib.TIER_MAX_BATCH_JOBS
 
 
 def test_status_names_match_the_library():

@@ -31,6 +31,7 @@ c_object_id = ctypes.c_uint64
 c_job_id = ctypes.c_uint64
 
 TIER_RELOAD_FREE_AFTER = 1
+TIER_MAX_BATCH_JOBS = 1024  # jobs per tier_offload_batch / tier_reload_batch (and <= ring_entries)
 TIER_OBJECT_READY = 1
 TIER_OBJECT_DURABLE = 2
 TIER_OBJECT_JOURNALED = 4
@@ -76,6 +77,22 @@ class ReloadOptions(ctypes.Structure):
     ]
 
 
+class BatchJob(ctypes.Structure):
+    """tier_batch_job: one job of tier_offload_batch / tier_reload_batch. Every element of an
+    array passed to them carries our struct_size (the library walks the array with jobs[0]'s as
+    the stride); new_batch() builds such arrays."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),        # reloads: TIER_RELOAD_* of this job
+        ("buffer", c_buffer_id),
+        ("offset", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("next_use_hint", ctypes.c_uint64),  # offloads
+        ("object", c_object_id),           # offloads: set to the new object; reloads: the source
+        ("job", c_job_id),                 # set to the job's id
+    ]
+
+
 class Completion(ctypes.Structure):
     _fields_ = [
         ("job", c_job_id),
@@ -99,6 +116,15 @@ def new_struct(cls):
     s = cls()
     s.struct_size = ctypes.sizeof(cls)
     return s
+
+
+def new_batch(count):
+    """A zeroed array of `count` tier_batch_job, each with struct_size set to our layout's size."""
+    jobs = (BatchJob * count)()
+    size = ctypes.sizeof(BatchJob)
+    for job in jobs:
+        job.struct_size = size
+    return jobs
 
 
 _P = ctypes.POINTER
@@ -127,6 +153,10 @@ _SIGNATURES = {
                                 _P(OffloadOptions), _P(c_object_id), _P(c_job_id)]),
     "tier_reload": (c_status, [ctypes.c_void_p, c_object_id, c_buffer_id, ctypes.c_uint64,
                                ctypes.c_uint64, _P(ReloadOptions), _P(c_job_id)]),
+    "tier_offload_batch": (c_status, [ctypes.c_void_p, _P(BatchJob), ctypes.c_size_t,
+                                      _P(OffloadOptions)]),
+    "tier_reload_batch": (c_status, [ctypes.c_void_p, _P(BatchJob), ctypes.c_size_t,
+                                     _P(ReloadOptions)]),
     "tier_free": (c_status, [ctypes.c_void_p, c_object_id, _P(c_job_id)]),
     "tier_offload_persistent": (c_status, [ctypes.c_void_p, ctypes.c_char_p, c_buffer_id,
                                            ctypes.c_uint64, ctypes.c_uint64, _P(OffloadOptions),

@@ -5,9 +5,13 @@ Two layers:
 * Low level, one method per C call: :meth:`Client.alloc_host_buffer` (a :class:`HostBuffer` with a
   memoryview / numpy / torch view of memory shared with the daemon), :meth:`Client.register_fd`,
   :meth:`Client.register_device`, :meth:`Client.unregister`, :meth:`Client.offload_buffer`,
-  :meth:`Client.reload_buffer`, :meth:`Client.free`, :meth:`Client.wait`, :meth:`Client.poll`.
+  :meth:`Client.reload_buffer`, :meth:`Client.free`, :meth:`Client.wait`, :meth:`Client.poll`;
+  batches (tier_offload_batch / tier_reload_batch, many jobs under one GPU ticket):
+  :meth:`Client.offload_buffer_batch`, :meth:`Client.reload_buffer_batch`.
 * Tensors: ``h = client.offload(t, streams=None)`` gives a :class:`Handle`; ``h.reload(stream=None)``
   a tensor of the same shape, dtype and device; ``h.free()``. Handles may simply be dropped.
+  ``client.offload_batch(ts)`` / ``client.reload_batch(handles)`` do the same for many tensors,
+  one batch per GPU (one producer wait, one consumer wait) and batches of host jobs for CPU ones.
 
 Ownership rules (DESIGN.md section 5), and where each is kept:
 
@@ -318,6 +322,8 @@ class Client:
         info = self.info()
         self.session_id = info.session_id
         self.engine = info.engine
+        # Jobs per tier_offload_batch / tier_reload_batch call; larger batches go as several.
+        self._batch_limit = max(1, min(info.ring_entries, _lib.TIER_MAX_BATCH_JOBS))
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -538,6 +544,148 @@ class Client:
             job = self._submit_reload_locked(object_id, buffer_id, offset, length,
                                              _stream_ptr(consumer_stream), free_after, user=True)
         return job.id
+
+    # ---- jobs: batches ------------------------------------------------------------------------
+
+    @property
+    def batch_limit(self):
+        """Jobs per batch call: min(the session's ring_entries, 1024). Larger batches given to the
+        *_batch methods are split into several calls of at most this many jobs."""
+        return self._batch_limit
+
+    def _chunks(self, count):
+        """(start, end) of the consecutive calls a batch of `count` jobs is split into."""
+        step = self._batch_limit
+        return [(lo, min(lo + step, count)) for lo in range(0, count, step)]
+
+    def _offload_batch_locked(self, rows, stream_ptrs, keeps=None, on_dones=None, user=False):
+        """One tier_offload_batch (at most batch_limit rows of (buffer id, offset, length,
+        next_use_hint)), all sharing the producer streams. Returns (object id, _Job) per row. A
+        batch of one is a plain tier_offload (the same job)."""
+        n = len(rows)
+        keeps = keeps or [None] * n
+        on_dones = on_dones or [None] * n
+        if n == 1:
+            buffer_id, offset, length, hint = rows[0]
+            return [self._submit_offload_locked(buffer_id, offset, length, stream_ptrs, hint,
+                                                keeps[0], on_dones[0], user)]
+        options, _streams = _offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
+        jobs = _lib.new_batch(n)
+        for job, (buffer_id, offset, length, hint) in zip(jobs, rows):
+            job.buffer = int(buffer_id)
+            job.offset = int(offset)
+            job.len = int(length)
+            job.next_use_hint = int(hint)
+        _lib.check(self._c.tier_offload_batch(self._session, jobs, n, ctypes.byref(options)),
+                   "batch of %d offloads" % n)
+        out = []
+        for i, job in enumerate(jobs):
+            record = _Job(job.job, "offload of %d bytes (object %d, job %d, in a batch of %d)" % (
+                job.len, job.object, job.job, n), keeps[i], on_dones[i], user, job.object, job.len)
+            self._inflight[record.id] = record
+            out.append((job.object, record))
+        return out
+
+    def _reload_batch_locked(self, rows, stream_ptr, keeps=None, on_dones=None, user=False):
+        """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
+        length, free_after)) for one consumer stream. Returns a _Job per row. A batch of one is a
+        plain tier_reload (the same job)."""
+        n = len(rows)
+        keeps = keeps or [None] * n
+        on_dones = on_dones or [None] * n
+        if n == 1:
+            object_id, buffer_id, offset, length, free_after = rows[0]
+            return [self._submit_reload_locked(object_id, buffer_id, offset, length, stream_ptr,
+                                               free_after, keeps[0], on_dones[0], user)]
+        options = _lib.new_struct(_lib.ReloadOptions)
+        options.consumer_stream = stream_ptr
+        jobs = _lib.new_batch(n)
+        for job, (object_id, buffer_id, offset, length, free_after) in zip(jobs, rows):
+            job.object = int(object_id)
+            job.buffer = int(buffer_id)
+            job.offset = int(offset)
+            job.len = int(length)
+            job.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
+        _lib.check(self._c.tier_reload_batch(self._session, jobs, n, ctypes.byref(options)),
+                   "batch of %d reloads" % n)
+        out = []
+        for i, job in enumerate(jobs):
+            record = _Job(job.job, "reload of object %d (%d bytes, job %d, in a batch of %d)" % (
+                job.object, job.len, job.job, n), keeps[i], on_dones[i], user, job.object,
+                job.len)
+            self._inflight[record.id] = record
+            out.append(record)
+        return out
+
+    def offload_buffer_batch(self, jobs, producer_streams=None):
+        """tier_offload_batch: offload_buffer for many ranges at once. ``jobs``: tuples (buffer,
+        offset, length) or (buffer, offset, length, next_use_hint). Every buffer of a call lies in
+        host memory, or all on one GPU (else tier.InvalidArgument, and nothing is submitted: one
+        call per GPU). On a GPU the jobs share one ticket: the daemon's copies wait once for
+        ``producer_streams`` (default: the legacy default stream), which wrote every source.
+
+        Returns [(object id, job id)] in the order of ``jobs``; each job completes or fails on its
+        own (:meth:`wait`, :meth:`poll`). More jobs than one call takes (:attr:`batch_limit`) are
+        submitted as several batches, in order; each is submitted whole or not at all. If a batch
+        after the first fails, the error raised carries ``submitted``: the (object id, job id) of
+        the batches before it, which are in flight (wait for them, free their objects).
+        """
+        rows = []
+        for item in jobs:
+            item = tuple(item)
+            if len(item) not in (3, 4):
+                raise ValueError("offload_buffer_batch: each job is (buffer, offset, length"
+                                 "[, next_use_hint]), got %r" % (item,))
+            buffer, offset, length = item[:3]
+            hint = item[3] if len(item) == 4 else 0
+            rows.append((buffer.id if isinstance(buffer, HostBuffer) else int(buffer),
+                         int(offset), int(length), int(hint)))
+        ptrs = [_stream_ptr(s) for s in producer_streams] if producer_streams else None
+        out = []
+        with self._lock:
+            self._check_locked()
+            for lo, hi in self._chunks(len(rows)):
+                try:
+                    submitted = self._offload_batch_locked(rows[lo:hi], ptrs, user=True)
+                except errors.TierError as e:
+                    e.submitted = out
+                    raise
+                out.extend((obj, job.id) for obj, job in submitted)
+        return out
+
+    def reload_buffer_batch(self, jobs, consumer_stream=None, free_after=False):
+        """tier_reload_batch: reload_buffer for many objects at once. ``jobs``: tuples (object id,
+        buffer, offset, length) or (object id, buffer, offset, length, free_after); ``free_after``
+        applies to every job (ORed with a job's own). Buffers as for :meth:`offload_buffer_batch`
+        (host memory, or one GPU). On a GPU, ``consumer_stream`` waits (on the GPU) for every copy
+        of the call before it returns, as reload_buffer does for one.
+
+        Returns the job ids in the order of ``jobs``; each job completes or fails on its own.
+        Split as :meth:`offload_buffer_batch` is; ``submitted`` on a later batch's error lists
+        the job ids already in flight.
+        """
+        rows = []
+        for item in jobs:
+            item = tuple(item)
+            if len(item) not in (4, 5):
+                raise ValueError("reload_buffer_batch: each job is (object, buffer, offset, "
+                                 "length[, free_after]), got %r" % (item,))
+            object_id, buffer, offset, length = item[:4]
+            free = bool(free_after) or (len(item) == 5 and bool(item[4]))
+            rows.append((int(object_id), buffer.id if isinstance(buffer, HostBuffer)
+                         else int(buffer), int(offset), int(length), free))
+        ptr = _stream_ptr(consumer_stream)
+        out = []
+        with self._lock:
+            self._check_locked()
+            for lo, hi in self._chunks(len(rows)):
+                try:
+                    submitted = self._reload_batch_locked(rows[lo:hi], ptr, user=True)
+                except errors.TierError as e:
+                    e.submitted = out
+                    raise
+                out.extend(job.id for job in submitted)
+        return out
 
     # ---- named, persistent objects (tier.h) ---------------------------------------------------
 
@@ -770,6 +918,22 @@ class Client:
         """Through a staging buffer: CPU tensors, and CUDA tensors when the daemon has no GPU
         engine (then the copy runs on the current stream after the producer streams, and copy_
         into pageable memory returns only when the bytes are on the host)."""
+        staging = self._stage(handle, t, streams)
+        done = self._staged_offload_done(handle, staging, retain_on_failure)
+        try:
+            with self._lock:
+                self._check_locked()
+                obj, job = self._submit_offload_locked(staging.id, 0, handle.nbytes, None, hint,
+                                                       staging, done)
+                handle._object, handle._job = obj, job
+        except BaseException:
+            self._staging_release(staging)
+            raise
+        return handle
+
+    def _stage(self, handle, t, streams):
+        """A staging buffer holding t's bytes (a CUDA t is copied on the current stream after the
+        producer streams; copy_ into pageable memory returns once the bytes are on the host)."""
         torch = _torch()
         nbytes = handle.nbytes
         if t.device.type == "cuda":
@@ -787,6 +951,10 @@ class Client:
         except BaseException:
             self._staging_release(staging)
             raise
+        return staging
+
+    def _staged_offload_done(self, handle, staging, retain_on_failure):
+        """The completion callback of a staged offload."""
         weak_handle = weakref.ref(handle)
 
         def done(job):
@@ -797,16 +965,7 @@ class Client:
                 h._fallback = staging
             else:
                 self._staging.release(staging)
-        try:
-            with self._lock:
-                self._check_locked()
-                obj, job = self._submit_offload_locked(staging.id, 0, nbytes, None, hint, staging,
-                                                       done)
-                handle._object, handle._job = obj, job
-        except BaseException:
-            self._staging_release(staging)
-            raise
-        return handle
+        return done
 
     def _no_device_direct(self, why):
         if self._device_direct is None:
@@ -864,6 +1023,340 @@ class Client:
             handle._object, handle._job = obj, job
             handle._direct = True
         return True
+
+    # ---- tensors, in batches -------------------------------------------------------------------
+
+    def offload_batch(self, tensors, streams=None, next_use_hints=None):
+        """offload() for many tensors at once: a :class:`Handle` per tensor, in order.
+
+        CUDA tensors of one GPU (the GPU engine copies them) go as one batch sharing one ticket:
+        the daemon's copies all wait, on the GPU, for ``streams`` (default: that GPU's current
+        stream), which must together have written every tensor of the batch. With tensors on
+        several GPUs there is one batch per GPU, and each waits for the streams of ``streams``
+        on its GPU (raw stream handles: for every GPU). CPU tensors (and CUDA tensors when the
+        daemon has no GPU engine) are staged as offload() stages them and go as batches of host
+        jobs. More jobs than one call takes (:attr:`batch_limit`) go as several batches.
+
+        ``next_use_hints``: one per tensor, or one int for all (default 0). Each offload
+        completes or fails on its own (``handle.wait()``), as with offload(); a tensor that
+        cannot be one job (spanning two physical pages of an expandable segment) stays on the GPU
+        as with offload(). The tensors must not be modified until their handles are done.
+        """
+        return self._offload_batch(tensors, streams, next_use_hints, retain_on_failure=False)
+
+    def _offload_batch(self, tensors, streams, hints, retain_on_failure):
+        """offload_batch(); retain_on_failure as in _offload (tier.torch uses it)."""
+        torch = _torch()
+        tensors = list(tensors)
+        hints = _batch_hints(hints, len(tensors))
+        handles = []
+        staged = []                           # (handle, tensor, hint, producer streams)
+        direct = collections.OrderedDict()    # device -> [(handle, tensor, hint)]
+        for tensor, hint in zip(tensors, hints):
+            # Every tensor is checked before anything is submitted.
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError("offload_batch() takes torch.Tensors, got %s" %
+                                type(tensor).__name__)
+            if tensor.layout != torch.strided:
+                raise TypeError("offload_batch() takes dense (strided) tensors, got %s" %
+                                tensor.layout)
+            if tensor.device.type not in ("cpu", "cuda"):
+                raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
+                                tensor.device.type)
+            t = tensor.detach()
+            nbytes = t.numel() * t.element_size()
+            handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
+            handles.append(handle)
+            if nbytes == 0:
+                continue
+            if t.device.type == "cpu":
+                staged.append((handle, t, hint, None))
+                continue
+            if self._device_direct is None and self.engine == "host":
+                self._no_device_direct("tierd runs the host engine")
+            if self._device_direct is not False:
+                direct.setdefault(t.device, []).append((handle, t, hint))
+            else:
+                staged.append((handle, t, hint, _streams_of_device(streams, t.device)))
+        producers = {device: _streams_of_device(streams, device) for device in direct}
+        for device, items in direct.items():
+            # The library may turn out to have no GPU support: those tensors are staged instead.
+            staged.extend(self._offload_batch_cuda(device, items, producers[device],
+                                                   retain_on_failure))
+        if staged:
+            self._offload_batch_staged(staged, retain_on_failure)
+        return handles
+
+    def _offload_batch_cuda(self, device, items, streams, retain_on_failure):
+        """_offload_cuda for one GPU's tensors, as one batch (split at batch_limit): one ticket,
+        one wait for the producer streams for all of them. Returns the items to stage instead
+        (the library has no GPU support)."""
+        torch = _torch()
+        cur = torch.cuda.current_stream(device)
+        producers = list(streams) if streams else [cur]
+        if any(not t.is_contiguous() for _, t, _ in items):
+            # Gather on the current stream, after every producer stream. The current stream then
+            # follows every producer of the batch, so it alone is the producer of all its bytes:
+            # the gathered ones and the others alike (one wait for the whole batch).
+            for s in producers:
+                _wait_stream(cur, s)
+            with torch.no_grad(), torch.cuda.device(device):
+                items = [(h, t, t if t.is_contiguous() else t.contiguous(), hint)
+                         for h, t, hint in items]
+            producers = [cur]
+        else:
+            items = [(h, t, t, hint) for h, t, hint in items]
+        rows, batch, fallback = [], [], []
+        for i, (handle, t, src, hint) in enumerate(items):
+            try:
+                buffer_id, offset = self.register_device(src.data_ptr(), handle.nbytes)
+            except errors.Unimplemented:
+                self._no_device_direct("libtierclient has no GPU support")
+                fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
+                break
+            except errors.OutOfRange:
+                # As in _offload_cuda: spans two physical allocations (expandable segments), so
+                # it cannot be one job; it stays on the GPU and reload() hands it back.
+                if not self._warned_kept:
+                    self._warned_kept = True
+                    warnings.warn("tier: a tensor spanning two physical pages of an expandable "
+                                  "segment stays on the GPU (not offloaded)", RuntimeWarning,
+                                  stacklevel=4)
+                handle._kept = (src, producers)
+                handle._direct = True
+                continue
+            self._device_direct = True
+            rows.append((buffer_id, offset, handle.nbytes, hint))
+            batch.append((handle, t, src))
+        if not batch:
+            return fallback
+        ptrs = [_stream_ptr(s) for s in producers]
+        # Each job keeps its source (and the tensor it came from) alive until the daemon's copy
+        # completed: dropping tensors and handles meanwhile cannot free memory under it.
+        keeps = [(src, t) for _, t, src in batch]
+        dones = [_cuda_offload_done(handle, src, retain_on_failure) for handle, _, src in batch]
+        with self._lock:
+            self._check_locked()
+            self._reap_locked()
+            for lo, hi in self._chunks(len(rows)):
+                submitted = self._offload_batch_locked(rows[lo:hi], ptrs, keeps[lo:hi],
+                                                       dones[lo:hi])
+                for (handle, _, _), (obj, job) in zip(batch[lo:hi], submitted):
+                    handle._object, handle._job = obj, job
+                    handle._direct = True
+        return fallback
+
+    def _staged_chunks(self, items, nbytes_of):
+        """Consecutive runs of items of at most batch_limit items and at most the staging
+        cache's bytes (at least one item each): the staging buffers of a batch are all taken
+        before it is submitted, so a large batch must not hold all of its staging memory at
+        once."""
+        budget = self._staging._cache_bytes
+        chunk, used = [], 0
+        for item in items:
+            nbytes = nbytes_of(item)
+            if chunk and (len(chunk) >= self._batch_limit or used + nbytes > budget):
+                yield chunk
+                chunk, used = [], 0
+            chunk.append(item)
+            used += nbytes
+        if chunk:
+            yield chunk
+
+    def _offload_batch_staged(self, items, retain_on_failure):
+        """_offload_staged for many tensors: each staged as it would be alone, then submitted as
+        batches of host jobs."""
+        for chunk in self._staged_chunks(items, lambda item: item[0].nbytes):
+            stagings = []
+            try:
+                for handle, t, _, streams in chunk:
+                    stagings.append(self._stage(handle, t, streams))
+                rows = [(staging.id, 0, handle.nbytes, hint)
+                        for (handle, _, hint, _), staging in zip(chunk, stagings)]
+                dones = [self._staged_offload_done(handle, staging, retain_on_failure)
+                         for (handle, _, _, _), staging in zip(chunk, stagings)]
+                with self._lock:
+                    self._check_locked()
+                    submitted = self._offload_batch_locked(rows, None, stagings, dones)
+            except BaseException:
+                for staging in stagings:  # none was submitted: they are still ours
+                    self._staging_release(staging)
+                raise
+            for (handle, _, _, _), (obj, job) in zip(chunk, submitted):
+                handle._object, handle._job = obj, job
+
+    def reload_batch(self, handles, stream=None, free=False):
+        """Handle.reload() for many handles at once: a tensor per handle, in order.
+
+        CUDA handles of one GPU go as one batch for ``stream`` (default: that GPU's current
+        stream): the destinations are allocated on it, and it waits on the GPU for every copy of
+        the batch before this returns, so work queued on it may use every tensor at once (no host
+        wait). CPU handles return when their data is there. ``free=True`` drops the objects after
+        these reloads (a handle may then appear once). Raises for a freed handle, or one whose
+        offload failed, before anything is submitted; a reload that fails raises as reload()
+        does (the first such error).
+        """
+        handles = list(handles)
+        self._check_reload_batch(handles, stream, free)
+        out = []
+        # Staged reloads hold a staging buffer each until their results are taken: bounded.
+        for chunk in self._staged_chunks(handles, _staged_reload_bytes):
+            out.extend(started.result()
+                       for started in self._start_reload_batch(chunk, stream, free))
+        return out
+
+    def _check_reload_batch(self, handles, stream, free):
+        """What Handle._start_reload refuses, checked for every handle before any is started."""
+        seen = set()
+        for h in handles:
+            if not isinstance(h, Handle) or h._client is not self:
+                raise ValueError("reload_batch() takes handles of this client, got %r" % (h,))
+            if h._freed:
+                raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
+                                                "reload of a freed handle")
+            if free and id(h) in seen:
+                raise ValueError("reload_batch(free=True): a handle appears twice")
+            seen.add(id(h))
+            if h.device.type == "cuda":
+                _consumer_stream(stream, h.device)  # refuses a stream of another device
+        for h in handles:
+            if h._kept is not None or h._object is None:
+                continue
+            if not h._direct:
+                h._wait_offload()  # staged: the offload's own result comes first
+            if h.failed and h._fallback is None:
+                raise h._job.error()
+
+    def _start_reload_batch(self, handles, stream=None, free=False):
+        """Handle._start_reload for many handles: a started reload per handle (its result() is the
+        tensor). The reloads of one GPU's handles are one batch: a side stream prefetching several
+        tensors takes one ticket and waits once for all of their copies. Staged reloads (CPU, or
+        CUDA without a GPU engine) go as batches of host jobs."""
+        handles = list(handles)
+        self._check_reload_batch(handles, stream, free)
+        started = [None] * len(handles)
+        direct = collections.OrderedDict()  # device -> [index]
+        staged = []
+        for i, h in enumerate(handles):
+            if h._kept is not None:
+                started[i] = _Ready(h._from_kept(stream, free))
+            elif h._object is None:
+                started[i] = _Ready(h._empty(stream))
+            elif h.failed:
+                if h._fallback is None:
+                    raise h._job.error()
+                started[i] = _Ready(h._from_fallback(stream))
+            elif h._direct:
+                direct.setdefault(h.device, []).append(i)
+            else:
+                staged.append(i)
+        for device, indices in direct.items():
+            dsts = self._reload_batch_cuda([handles[i] for i in indices], device, stream, free)
+            for i, dst in zip(indices, dsts):
+                started[i] = _Ready(dst)
+        if staged:
+            for i, s in zip(staged, self._reload_batch_staged([handles[i] for i in staged],
+                                                              stream, free)):
+                started[i] = s
+        return started
+
+    def _reload_batch_cuda(self, handles, device, stream, free):
+        """Handle._reload_cuda for one GPU's handles, as one batch (split at batch_limit)."""
+        torch = _torch()
+        stream = _consumer_stream(stream, device)
+        # As in _reload_cuda: every destination is allocated on the consumer stream before the
+        # batch's ticket is taken on it in tier_reload_batch, so no copy can overwrite memory
+        # still in use; when it returns, `stream` waits (on the GPU) for every copy of the
+        # batch, and a destination dropped early is reused only by work ordered after them.
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            dsts = [torch.empty(h.shape, dtype=h.dtype, device=h.device) for h in handles]
+        rows = []
+        for h, dst in zip(handles, dsts):
+            buffer_id, offset = self.register_device(dst.data_ptr(), h.nbytes)
+            rows.append((h._object, buffer_id, offset, h.nbytes, free))
+        ptr = _stream_ptr(stream)
+        with self._lock:
+            self._check_locked()
+            self._reap_locked()
+            for lo, hi in self._chunks(len(rows)):
+                jobs = self._reload_batch_locked(rows[lo:hi], ptr)
+                for h, job in zip(handles[lo:hi], jobs):
+                    h._reloads = [j for j in h._reloads if j.status is None]
+                    h._reloads.append(job)
+                    if free:
+                        h._freed = True
+        return dsts
+
+    def _reload_batch_staged(self, handles, stream, free):
+        """Handle._start_reload's staging path for many handles, as batches of host jobs."""
+        streams = [_consumer_stream(stream, h.device) if h.device.type == "cuda" else stream
+                   for h in handles]
+        stagings = []
+        out = []
+        try:
+            for h in handles:
+                stagings.append(self._staging_acquire(h.nbytes))
+            with self._lock:
+                self._check_locked()
+                for lo, hi in self._chunks(len(handles)):
+                    rows = [(h._object, staging.id, 0, h.nbytes, free)
+                            for h, staging in zip(handles[lo:hi], stagings[lo:hi])]
+                    jobs = self._reload_batch_locked(rows, None)
+                    # Submitted: each staging buffer now belongs to its started reload.
+                    for h, staging, job, s in zip(handles[lo:hi], stagings[lo:hi], jobs,
+                                                  streams[lo:hi]):
+                        out.append(_StagedReload(h, staging, job, s))
+                        if free:
+                            h._freed = True
+        except BaseException:
+            for staging in stagings[len(out):]:
+                self._staging_release(staging)
+            raise
+        return out
+
+
+def _batch_hints(hints, count):
+    """next_use_hints of a batch: None (0 each), one int for all, or one per job."""
+    if hints is None:
+        return [0] * count
+    if isinstance(hints, int):
+        return [int(hints)] * count
+    hints = [int(h) for h in hints]
+    if len(hints) != count:
+        raise ValueError("%d next_use_hints for %d tensors" % (len(hints), count))
+    return hints
+
+
+def _streams_of_device(streams, device):
+    """The producer streams of `streams` on `device` (raw stream handles count for every device);
+    None when streams is None or empty (the device's current stream is then the producer)."""
+    if not streams:
+        return None
+    mine = [s for s in streams
+            if isinstance(s, int) or getattr(s, "device", None) in (None, device)]
+    if not mine:
+        raise ValueError("streams: none of %r is a stream of %s, where tensors of the batch are"
+                         % (list(streams), device))
+    return mine
+
+
+def _cuda_offload_done(handle, src, retain_on_failure):
+    """The completion callback of a GPU-engine offload (as in Client._offload_cuda)."""
+    weak_handle = weakref.ref(handle)
+
+    def done(job):
+        if retain_on_failure and job.status != errors.OK:
+            h = weak_handle()
+            if h is not None:
+                h._fallback = src  # intact: nothing else writes it (autograd saved it)
+    return done
+
+
+def _staged_reload_bytes(h):
+    """Staging bytes a reload of handle h takes until its result is taken (0: none)."""
+    if h._direct or h._kept is not None or h._object is None:
+        return 0
+    return h.nbytes
 
 
 def _wait_stream(cur, stream):

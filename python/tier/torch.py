@@ -36,9 +36,11 @@ Stream ordering (CUDA), stated once here and at each use:
   the GPU for the copy before tier_reload returns.
 * Prefetch: destination allocated on a side stream, which waits for the copy; an event recorded on
   the side stream after the reload is waited for by the consumer stream before first use
-  (``wait_event``: this is the ordering). ``record_stream`` then only tells the caching allocator
-  that the memory is also used on the consumer stream, so it is not handed out again before that
-  work finished; it orders nothing.
+  (``wait_event``: this is the ordering). Several reloads started at once (a weight group, the
+  activations prefetched together) go as one batch: one ticket, the side stream waits once for
+  all of their copies, and one event after them orders each before its first use.
+  ``record_stream`` then only tells the caching allocator that the memory is also used on the
+  consumer stream, so it is not handed out again before that work finished; it orders nothing.
 """
 
 import bisect
@@ -374,12 +376,15 @@ class ActivationOffloader:
         due = self._budget.reloads_due(site)
         if not self._budget.following_plan():
             return False
+        ahead = []
         for other_site in due:
             ref = self._site_records.get(other_site)
             other = ref() if ref is not None else None
-            if other is not None and other.tensor is None and other.pending is None:
-                self._start(other, prefetch=True)
-                self.stats.planned_prefetches += 1
+            if (other is not None and other.tensor is None and other.pending is None
+                    and all(other is not a for a in ahead)):
+                ahead.append(other)
+        self._start_records(ahead, prefetch=True)  # as one batch
+        self.stats.planned_prefetches += len(ahead)
         return True
 
     def _side_stream(self, device):
@@ -390,33 +395,51 @@ class ActivationOffloader:
         return stream
 
     def _start(self, record, prefetch):
-        if record.tensor is not None or record.pending is not None:
-            return
-        if record.handle.failed:
-            self.stats.fallbacks += 1  # the offload failed: the handle kept the data
-        if record.device.type == "cuda":
-            source = record.handle._pending_source()
-            if source is not None:
-                # The offload is still in flight, so the bytes never left the GPU: use them.
-                record.tensor = source
-                self.stats.source_hits += 1
-                return
-            if prefetch:
-                stream = self._side_stream(record.device)
-                # Allocated on the side stream, which waits (GPU) for the copy; the consumer
+        self._start_records([record], prefetch)
+
+    def _start_records(self, records, prefetch):
+        """Starts the reloads of the records not started yet. Those of one device go as one
+        batch (one ticket): prefetching on CUDA, the side stream waits (GPU) once for all of their
+        copies, and the one event recorded after them orders each before its first use on the
+        consumer stream (_finish)."""
+        todo = collections.OrderedDict()  # device -> [record]
+        seen = set()
+        for record in records:
+            if record.tensor is not None or record.pending is not None or id(record) in seen:
+                continue
+            seen.add(id(record))
+            if record.handle.failed:
+                self.stats.fallbacks += 1  # the offload failed: the handle kept the data
+            if record.device.type == "cuda":
+                source = record.handle._pending_source()
+                if source is not None:
+                    # The offload is still in flight, so the bytes never left the GPU: use them.
+                    record.tensor = source
+                    self.stats.source_hits += 1
+                    continue
+            todo.setdefault(record.device, []).append(record)
+        client = self.client
+        for device, group in todo.items():
+            handles = [record.handle for record in group]
+            event = None
+            if device.type == "cuda" and prefetch:
+                stream = self._side_stream(device)
+                # Allocated on the side stream, which waits (GPU) for the copies; the consumer
                 # stream waits for `event` before first use (_finish).
-                record.pending = record.handle._start_reload(stream=stream)
-                record.event = torch.cuda.Event()
-                record.event.record(stream)
+                started = client._start_reload_batch(handles, stream=stream)
+                event = torch.cuda.Event()
+                event.record(stream)
             else:
-                # Allocated on the current stream, which waits (GPU) for the copy.
-                record.pending = record.handle._start_reload()
-        else:
-            record.pending = record.handle._start_reload()  # CPU: submitted now, taken in _finish
-        if prefetch:
-            self.stats.prefetches += 1
-        else:
-            self.stats.reloads += 1
+                # CUDA: allocated on the current stream, which waits (GPU) for the copies.
+                # CPU: submitted now, taken in _finish.
+                started = client._start_reload_batch(handles)
+            for record, pending in zip(group, started):
+                record.pending = pending
+                record.event = event
+                if prefetch:
+                    self.stats.prefetches += 1
+                else:
+                    self.stats.reloads += 1
 
     def _finish(self, record):
         if record.tensor is None:
@@ -432,15 +455,15 @@ class ActivationOffloader:
         if self.prefetch == 0:
             return
         pos = bisect.bisect_left(self._order_index, record.index)
-        found = 0
+        ahead = []
         j = pos - 1
-        while j >= 0 and found < self.prefetch:
+        while j >= 0 and len(ahead) < self.prefetch:
             other = self._order[j]()
             j -= 1
             if other is None:
                 continue  # its backward already ran
-            found += 1
-            self._start(other, prefetch=True)
+            ahead.append(other)
+        self._start_records(ahead, prefetch=True)  # those not started yet, as one batch
 
 
 def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
@@ -485,7 +508,7 @@ def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, mo
 
 class WeightStats(Counters):
     __slots__ = ("offloaded_tensors", "offloaded_bytes", "onloads", "prefetches", "releases",
-                 "reoffloads", "kept_resident")
+                 "reoffloads", "kept_resident", "source_hits")
 
 
 class _WeightSlot:
@@ -557,8 +580,7 @@ class WeightOffloader:
                         taken.add(id(t))
                         g.slots.append(_WeightSlot(t, None))
         for g in self._groups:
-            for slot in g.slots:
-                self._offload_slot(slot)
+            self._offload_slots(g.slots)  # a group's weights as one batch
         for gi, g in enumerate(self._groups):
             for bi, block in enumerate(g.blocks):
                 self._hooks.append(block.register_forward_pre_hook(
@@ -578,19 +600,24 @@ class WeightOffloader:
         self.remove()
         return False
 
-    def _offload_slot(self, slot):
-        # CUDA: the daemon's copy waits for the current stream; the job keeps the old data alive
-        # until the copy completed, so the swap to a placeholder below frees nothing early.
-        t = slot.tensor
-        old = slot.handle
+    def _offload_slots(self, slots):
+        # One batch per device (Client._offload_batch). CUDA: the daemon's copies wait for the
+        # current stream; each job keeps its old data alive until its copy completed, so the
+        # swap to a placeholder below frees nothing early.
+        if not slots:
+            return
         # retain_on_failure: a failed offload (pool full) keeps the data in the handle, so the
         # weights come back from there: never lost.
-        slot.handle = self._client._offload(t.data, None, 0, retain_on_failure=True)
-        if old is not None:
-            old.free()
-        self.stats.offloaded_tensors += 1
-        self.stats.offloaded_bytes += t.numel() * t.element_size()
-        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        handles = self._client._offload_batch([slot.tensor.data for slot in slots], None, 0,
+                                              retain_on_failure=True)
+        for slot, handle in zip(slots, handles):
+            t = slot.tensor
+            old, slot.handle = slot.handle, handle
+            if old is not None:
+                old.free()
+            self.stats.offloaded_tensors += 1
+            self.stats.offloaded_bytes += t.numel() * t.element_size()
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
 
     def _side_stream(self, device):
         stream = self._side_streams.get(device)
@@ -603,31 +630,51 @@ class WeightOffloader:
         g = self._groups[gi]
         if g.onloaded or g.pending is not None or not g.slots:
             return
-        pending = []
         event = None
         device = g.slots[0].tensor.device
         if device.type == "cuda":
             stream = self._side_stream(device)
-            # Destinations allocated on the side stream, which waits (GPU) for each copy; the
-            # consumer stream waits for `event` before the group runs (_onload).
-            for slot in g.slots:
-                pending.append((slot, slot.handle._start_reload(stream=stream)))
+            # The group as one batch: destinations allocated on the side stream, which waits
+            # (GPU) for every copy of it; the consumer stream waits for `event` before the group
+            # runs (_onload).
+            g.pending = self._start_group(g, stream)
             event = torch.cuda.Event()
             event.record(stream)
         else:
-            for slot in g.slots:
-                pending.append((slot, slot.handle._start_reload()))
-        g.pending = pending
+            g.pending = self._start_group(g, None)
         g.event = event
         self.stats.prefetches += 1
+
+    def _start_group(self, g, stream):
+        """(slot, started reload) for each of the group's weights, the reloads as one batch. A
+        weight whose offload is still in flight never left the GPU: its source is used as it is
+        (a reload now would fail if that offload then failed for room, and the weight with it)."""
+        started = [None] * len(g.slots)
+        todo = []
+        for i, slot in enumerate(g.slots):
+            source = None
+            if slot.tensor.device.type == "cuda":
+                source = slot.handle._pending_source()
+            if source is not None:
+                started[i] = _client._Ready(source)
+                self.stats.source_hits += 1
+            else:
+                todo.append(i)
+        if todo:
+            reloads = self._client._start_reload_batch([g.slots[i].handle for i in todo],
+                                                       stream=stream)
+            for i, reload in zip(todo, reloads):
+                started[i] = reload
+        return list(zip(g.slots, started))
 
     def _onload(self, gi):
         g = self._groups[gi]
         if g.onloaded:
             return
         if g.pending is None:
-            # Not prefetched: reload on the current stream (it waits on the GPU for each copy).
-            pending = [(slot, slot.handle._start_reload()) for slot in g.slots]
+            # Not prefetched: the group as one batch on the current stream (it waits on the GPU
+            # for every copy of it).
+            pending = self._start_group(g, None)
             event = None
         else:
             pending, event = g.pending, g.event
@@ -658,15 +705,17 @@ class WeightOffloader:
                               "so weights stay resident after use (offload applies under "
                               "torch.no_grad() / inference)", RuntimeWarning, stacklevel=3)
             return
+        changed = []
         for slot in g.slots:
             if slot.tensor._version != slot.version:
                 # Changed in place while resident (optimizer step, running stats): Tierd's copy is
                 # stale, so offload the new data.
                 self.stats.reoffloads += 1
-                self._offload_slot(slot)
+                changed.append(slot)
             else:
                 slot.tensor.data = torch.empty(0, dtype=slot.tensor.dtype,
                                                device=slot.tensor.device)
+        self._offload_slots(changed)  # as one batch
         g.onloaded = False
         self.stats.releases += 1
 

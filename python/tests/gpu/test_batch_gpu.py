@@ -1,0 +1,215 @@
+"""Batched submission on the GPU from Python (issue 12): Client.offload_batch / reload_batch and
+their use by tier.torch, under delay injection (every copy 5 ms late, so a missing wait is a
+wrong value, not a rare race). On the device:
+
+    python3 -m pytest -q python/tests/gpu/test_batch_gpu.py
+
+Skipped where torch.cuda is unavailable (the same paths on the host engine, with CPU tensors:
+python/tests/test_batch.py).
+"""
+
+import collections
+import copy
+import os
+
+import pytest
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("torch.cuda is not available: GPU tests skipped", allow_module_level=True)
+
+import tier  # noqa: E402
+import tier.torch as tt  # noqa: E402
+from conftest import Daemon  # noqa: E402
+
+SLOW_NS = 20_000_000  # a producer kernel that runs ~20 ms: any copy not waiting for it is early
+BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch")
+
+
+@pytest.fixture(scope="module")
+def delayed():
+    d = Daemon(pool_bytes="4G", pool_lock="best-effort", extra=["--copy_delay_us=5000"])
+    with tier.Client(socket=d.socket, name="batch-gpu") as c:
+        assert c.engine == "cuda", "build tierd with CUDA for these tests"
+        yield c
+    assert d.stop() == 0
+
+
+class _Counter:
+    """Stands in for the client's library: records the size of every batch call."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.sizes = collections.defaultdict(list)
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if name not in BATCH_CALLS:
+            return fn
+
+        def call(session, jobs, count, options):
+            self.sizes[name].append(int(count))
+            return fn(session, jobs, count, options)
+        return call
+
+
+@pytest.fixture()
+def counted(delayed):
+    lib = delayed._c
+    counter = _Counter(lib)
+    delayed._c = counter
+    yield counter
+    delayed._c = lib
+
+
+def test_batch_of_two_fresh_producer_streams_reloaded_on_a_side_stream(delayed, counted):
+    c = delayed
+    x = torch.randn(4096, 1024, device="cuda")  # 16 MiB
+    torch.cuda.synchronize()
+    for round_ in range(3):
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()  # fresh streams, both producers
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(SLOW_NS)
+            a = [x * (k + 2) for k in range(3)]
+        with torch.cuda.stream(s2):
+            torch.cuda._sleep(2 * SLOW_NS)  # the second producer is later still
+            b = [x * (k + 10) for k in range(3)]
+        hs = c.offload_batch(a + b, streams=[s1, s2])
+        assert all(h._direct and h._job is not None for h in hs)  # the GPU engine's path
+        del a, b  # dropped at once: each job keeps its source until its copy completed
+        with torch.cuda.stream(s1):  # memory the allocator could hand out again
+            junk = [torch.full((4096, 1024), 7.0, device="cuda") for _ in range(4)]
+        with torch.cuda.stream(s2):
+            junk += [torch.full((4096, 1024), 9.0, device="cuda") for _ in range(4)]
+        side = torch.cuda.Stream()
+        outs = c.reload_batch(hs, stream=side, free=round_ == 2)
+        with torch.cuda.stream(side):
+            ys = [o + 0 for o in outs]  # enqueued right after reload_batch(): no host wait
+        side.synchronize()
+        for k, y in zip([2, 3, 4, 10, 11, 12], ys):
+            assert torch.equal(y, x * k), (round_, k)
+        del junk, outs, ys, hs
+    # One call each way per round: the six jobs shared one ticket.
+    assert counted.sizes["tier_offload_batch"] == [6] * 3
+    assert counted.sizes["tier_reload_batch"] == [6] * 3
+
+
+def test_batch_on_the_current_stream_with_a_gathered_view(delayed, counted):
+    c = delayed
+    x = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.synchronize()
+    user = torch.cuda.Stream()
+    with torch.cuda.stream(user):  # the producer is the current (user) stream
+        torch.cuda._sleep(SLOW_NS)
+        ts = [x * 3, (x * 5).t(), (x * 7)[::2, 1::3], x * 9]  # two views, gathered first
+        assert [t.is_contiguous() for t in ts] == [True, False, False, True]
+        hs = c.offload_batch(ts)  # streams=None: the current stream
+        del ts
+        outs = c.reload_batch(hs)  # onto the current stream, which waits for every copy
+        ys = [o + 0 for o in outs]
+    user.synchronize()
+    want = [x * 3, (x * 5).t(), (x * 7)[::2, 1::3], x * 9]
+    for y, w in zip(ys, want):
+        assert y.shape == w.shape and torch.equal(y, w)
+    assert counted.sizes["tier_offload_batch"] == [4]
+    assert counted.sizes["tier_reload_batch"] == [4]
+
+
+class Block(nn.Module):
+    def __init__(self, d=512):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, d=512, blocks=6):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
+        self.output = nn.Linear(d, 16)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.output(x)
+
+
+def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
+    torch.manual_seed(0)
+    ref = Model().cuda().eval()
+    model = copy.deepcopy(ref)
+    x = torch.randn(8, 128, 512, device="cuda")
+    with torch.no_grad():
+        want = ref(x)
+    w = tt.offload_module_weights(model, group=2, client=delayed)
+    per_group = 2 * 6  # two blocks of LayerNorm + 2 Linear: 6 tensors each
+    assert counted.sizes["tier_offload_batch"] == [per_group] * 3
+    torch.cuda.synchronize()  # x, want: ready before another stream reads them
+    user = torch.cuda.Stream()
+    got = []
+    with torch.cuda.stream(user), torch.no_grad():
+        for _ in range(2):
+            torch.cuda._sleep(SLOW_NS)  # the compute stream is late: the onloads must not be
+            got.append(model(x))
+            for p in model.blocks.parameters():
+                assert p.numel() == 0  # between uses the blocks' weights are away
+    user.synchronize()
+    for y in got:
+        assert torch.equal(y, want)
+    # Per pass: group 0 onloaded on the current stream, groups 1 and 2 prefetched on the side
+    # stream: one batch each.
+    assert counted.sizes["tier_reload_batch"] == [per_group] * 6
+    assert w.stats.onloads == 6 and w.stats.prefetches == 4, w.stats
+    w.remove()
+    with torch.no_grad():
+        assert torch.equal(model(x), want)
+
+
+def test_activation_prefetch_in_batches_identical_under_delay(delayed, counted):
+    torch.manual_seed(1)
+    ref = Model().cuda()
+    model = copy.deepcopy(ref)
+    x = torch.randn(8, 128, 512, device="cuda")
+    ref(x).square().mean().backward()
+    want = [p.grad.clone() for p in ref.parameters()]
+    torch.cuda.synchronize()  # x and the copied model: ready before another stream reads them
+    user = torch.cuda.Stream()
+    with torch.cuda.stream(user):
+        off = tt.offload_activations(min_bytes=0, prefetch=4, client=delayed, module=model,
+                                     max_inflight_bytes=8 << 20)
+        with off:
+            loss = model(x).square().mean()
+        delayed.synchronize()  # every offload done: backward reloads (no source hits)
+        loss.backward()
+    user.synchronize()
+    for g, w in zip([p.grad for p in model.parameters()], want):
+        assert torch.equal(g, w)
+    sizes = counted.sizes["tier_reload_batch"]
+    assert sizes and max(sizes) >= 2, sizes  # several prefetched at once went as one batch
+    assert off.stats.prefetches > 0 and off.stats.fallbacks == 0, off.stats
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_batch_over_two_gpus_goes_as_one_batch_per_gpu(delayed, counted):
+    c = delayed
+    ts = []
+    for d in (0, 1):
+        with torch.cuda.device(d):
+            x = torch.randn(1024, 1024, device="cuda")
+            torch.cuda._sleep(SLOW_NS)
+            ts += [x * 2, x * 3]
+    hs = c.offload_batch([ts[0], ts[2], ts[1], ts[3]])
+    assert sorted(counted.sizes["tier_offload_batch"]) == [2, 2]
+    outs = c.reload_batch(hs)
+    assert sorted(counted.sizes["tier_reload_batch"]) == [2, 2]
+    for o, t in zip(outs, [ts[0], ts[2], ts[1], ts[3]]):
+        assert o.device == t.device
+        with torch.cuda.device(o.device):
+            assert torch.equal(o + 0, t)
