@@ -356,6 +356,14 @@ tier_status BatchRequests(tier_session* session, tier_batch_job* jobs, size_t co
                                "; job 0 has ", stride));
     }
     int on = session->impl->devices().DeviceOf(job.buffer);
+    if (on < 0 && !session->impl->IsHostBuffer(job.buffer) && *device >= 0) {
+      // Not a GPU buffer any more, e.g. a registration the library dropped because its memory was
+      // freed and mapped anew (registering another range of the batch found it stale).
+      return Fail(TIER_NOT_FOUND,
+                  absl::StrCat("job ", i, ": buffer ", job.buffer, " is no registered GPU buffer of "
+                               "this session (dropped as stale, or never registered); register the "
+                               "batch's ranges again"));
+    }
     if (i == 0) {
       *device = on;
     } else if (on != *device) {

@@ -181,6 +181,11 @@ absl::Status ClientSession::UnregisterRaw(uint64_t buffer_id) {
   return channel_.Unregister(buffer_id);
 }
 
+bool ClientSession::IsHostBuffer(uint64_t buffer_id) {
+  std::lock_guard lock(channel_mu_);
+  return host_buffers_.contains(buffer_id);
+}
+
 absl::Status ClientSession::UnregisterBuffer(uint64_t buffer_id) {
   // Jobs naming the buffer must be done before it goes; waiting for all is simple and safe.
   if (absl::Status s = WaitAll(-1); !s.ok()) return s;

@@ -91,6 +91,8 @@ class ClientSession {
   absl::StatusOr<DeviceRegistry::Registered> RegisterDevice(const void* device_ptr,
                                                             uint64_t len = 0);
   DeviceRegistry& devices() { return *devices_; }
+  // Whether `buffer_id` is host memory this session shares with the daemon (AllocHostBuffer).
+  bool IsHostBuffer(uint64_t buffer_id);
 
   // A fresh object id for an offload (unique in this session).
   uint64_t NewObjectId();

@@ -1087,6 +1087,20 @@ class Client:
             self._offload_batch_staged(staged, retain_on_failure)
         return handles
 
+    def _stable_registrations(self, ranges, ids):
+        """(buffer id, offset) of every (pointer, bytes) in `ranges`, all valid at once. `ids` are
+        their first registrations, one by one; but registering one range drops a cached
+        registration it finds stale (memory freed and mapped anew at its address, e.g. a page of
+        an expandable segment), which an earlier range of the batch may be using. So they are
+        registered again (from the library's cache: no round trip) until no id changes; then
+        none of them names a dropped registration."""
+        for _ in range(4):
+            again = [self.register_device(p, n) for p, n in ranges]
+            if again == ids:
+                return ids
+            ids = again
+        return ids
+
     def _offload_batch_cuda(self, device, items, streams, retain_on_failure):
         """_offload_cuda for one GPU's tensors, as one batch (split at batch_limit): one ticket,
         one wait for the producer streams for all of them. Returns the items to stage instead
@@ -1130,6 +1144,9 @@ class Client:
             batch.append((handle, t, src))
         if not batch:
             return fallback
+        ids = self._stable_registrations([(src.data_ptr(), h.nbytes) for h, _, src in batch],
+                                         [(row[0], row[1]) for row in rows])
+        rows = [(b, o, n, hint) for (b, o), (_, _, n, hint) in zip(ids, rows)]
         ptrs = [_stream_ptr(s) for s in producers]
         # Each job keeps its source (and the tensor it came from) alive until the daemon's copy
         # completed: dropping tensors and handles meanwhile cannot free memory under it.
@@ -1270,10 +1287,9 @@ class Client:
         # batch, and a destination dropped early is reused only by work ordered after them.
         with torch.cuda.device(device), torch.cuda.stream(stream):
             dsts = [torch.empty(h.shape, dtype=h.dtype, device=h.device) for h in handles]
-        rows = []
-        for h, dst in zip(handles, dsts):
-            buffer_id, offset = self.register_device(dst.data_ptr(), h.nbytes)
-            rows.append((h._object, buffer_id, offset, h.nbytes, free))
+        ranges = [(dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
+        ids = self._stable_registrations(ranges, [self.register_device(p, n) for p, n in ranges])
+        rows = [(h._object, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
         ptr = _stream_ptr(stream)
         with self._lock:
             self._check_locked()

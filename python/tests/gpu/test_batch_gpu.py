@@ -152,6 +152,9 @@ def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
     per_group = 2 * 6  # two blocks of LayerNorm + 2 Linear: 6 tensors each
     assert counted.sizes["tier_offload_batch"] == [per_group] * 3
     torch.cuda.synchronize()  # x, want: ready before another stream reads them
+    # The offloads land first: a weight whose offload is still in flight is used from its source
+    # (no reload; test_weight_in_flight_is_used_from_its_source), and here the reloads are tested.
+    delayed.synchronize()
     user = torch.cuda.Stream()
     got = []
     with torch.cuda.stream(user), torch.no_grad():
@@ -170,6 +173,28 @@ def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
     w.remove()
     with torch.no_grad():
         assert torch.equal(model(x), want)
+
+
+def test_weight_in_flight_is_used_from_its_source(delayed, counted):
+    # Onloaded while the offloads are still 5 ms from their copies: the weights never left the
+    # GPU, so they are used as they are (a reload then would fail if such an offload failed for
+    # room), and the results are the same.
+    torch.manual_seed(1)
+    ref = Model(blocks=2).cuda().eval()
+    model = copy.deepcopy(ref)
+    x = torch.randn(4, 64, 512, device="cuda")
+    with torch.no_grad():
+        want = ref(x)
+    torch.cuda.synchronize()
+    w = tt.offload_module_weights(model, group=1, client=delayed)
+    with torch.no_grad():
+        got = model(x)
+    assert torch.equal(got, want)
+    assert w.stats.source_hits > 0, w.stats
+    delayed.synchronize()
+    with torch.no_grad():
+        assert torch.equal(model(x), want)  # and from Tierd once the copies landed
+    w.remove()
 
 
 def test_activation_prefetch_in_batches_identical_under_delay(delayed, counted):
