@@ -88,7 +88,9 @@ def test_bit_identical_to_no_offload(client, daemon, kind, dtype):
         assert _state_is_away(opt) > 0
     assert off.stats.steps == 4
     assert off.stats.groups > 1
-    assert off.stats.prefetched_groups > 0
+    # Steps 2-4 (the state exists from step 1 on) prefetch each group with state away but the
+    # first, once (groups of small tensors only stay resident).
+    assert 0 < off.stats.prefetched_groups <= 3 * (off.stats.groups - 1)
     client.synchronize()
     assert daemon.host_used_bytes() > 0
     off.remove()

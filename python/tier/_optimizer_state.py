@@ -146,8 +146,9 @@ class OptimizerStateOffloader:
     # ---- moving state ------------------------------------------------------------------------
 
     def _offload_group(self, group, hint):
-        """Sends a group's state out; returns the handles (each keeps its source until copied)."""
-        handles = []
+        """Sends a group's state out, as one batch per device; returns the handles (each keeps
+        its source until copied)."""
+        keys, values = [], []
         for p in group:
             state = self._opt.state.get(p)
             if not state:
@@ -158,14 +159,19 @@ class OptimizerStateOffloader:
                 if _nbytes(value) < self._min_bytes:
                     self.stats.resident_tensors += 1
                     continue
-                # retain_on_failure: a failed offload (pool and NVMe full) keeps the data in the
-                # handle, and the reload serves it from there: state is never lost.
-                handle = self._client._offload(value, None, hint, retain_on_failure=True)
-                self._away[(id(p), key)] = _Away(handle)
-                state[key] = torch.empty(0, dtype=value.dtype, device=value.device)
-                self.stats.offloads += 1
-                self.stats.offloaded_bytes += _nbytes(value)
-                handles.append(handle)
+                keys.append((p, key))
+                values.append(value)
+        if not values:
+            return []
+        # retain_on_failure: a failed offload (pool and NVMe full) keeps the data in the handle,
+        # and the reload serves it from there: state is never lost.
+        handles = self._client._offload_batch(values, None, [hint] * len(values),
+                                              retain_on_failure=True)
+        for (p, key), value, handle in zip(keys, values, handles):
+            self._away[(id(p), key)] = _Away(handle)
+            self._opt.state[p][key] = torch.empty(0, dtype=value.dtype, device=value.device)
+            self.stats.offloads += 1
+            self.stats.offloaded_bytes += _nbytes(value)
         return handles
 
     @staticmethod
@@ -183,25 +189,33 @@ class OptimizerStateOffloader:
         return stream
 
     def _start_group(self, gi, group, prefetch):
-        """Starts the reloads of a group's state (on a side stream when prefetching on CUDA)."""
-        event_devices = set()
+        """Starts the reloads of a group's state not started yet, as one batch per device (on a
+        side stream when prefetching on CUDA: one ticket, the side stream waits once for all of
+        the group's copies, and one event after them orders the group before its update)."""
+        todo = collections.OrderedDict()  # (device, side stream or None) -> [away]
         for p in group:
             for key in list(self._opt.state.get(p, {}).keys()):
                 away = self._away.get((id(p), key))
                 if away is None or away.started is not None:
                     continue
-                stream = None
-                if prefetch and away.handle.device.type == "cuda":
-                    stream = self._side_stream(away.handle.device)
-                    event_devices.add(away.handle.device)
-                away.started = away.handle._start_reload(stream=stream, free=True)
-                self.stats.reloads += 1
-        if event_devices:
-            events = []
-            for device in event_devices:
+                device = away.handle.device
+                side = prefetch and device.type == "cuda"
+                todo.setdefault((device, side), []).append(away)
+        if not todo:
+            return
+        events = []
+        for (device, side), aways in todo.items():
+            stream = self._side_stream(device) if side else None
+            started = self._client._start_reload_batch([a.handle for a in aways], stream=stream,
+                                                       free=True)
+            for away, reload in zip(aways, started):
+                away.started = reload
+            self.stats.reloads += len(aways)
+            if side:
                 event = torch.cuda.Event()
-                event.record(self._side_stream(device))
+                event.record(stream)
                 events.append((device, event))
+        if events:
             self._group_events[gi] = events
         if prefetch:
             self.stats.prefetched_groups += 1
