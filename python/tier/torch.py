@@ -114,9 +114,16 @@ def no_offload():
 # ---- activation offload -----------------------------------------------------------------------
 
 class ActivationStats(Counters):
-    """Counters of one ActivationOffloader (monotonic; read them any time)."""
+    """Counters of one ActivationOffloader (monotonic; read them any time).
+
+    offloaded_storages / offloaded_bytes: what was sent to Tierd. stayed_on_gpu_storages /
+    stayed_on_gpu_bytes: storages that could not be one job and stayed on the GPU (a tensor over
+    two physical pages of a PyTorch expandable segment that cannot be registered as one range);
+    backward uses them in place. Every saved storage is one of the two, and each is reloaded (or
+    handed back) once: reloads + prefetches == offloaded_storages + stayed_on_gpu_storages."""
 
     __slots__ = ("saved", "kept", "offloaded_tensors", "offloaded_storages", "offloaded_bytes",
+                 "stayed_on_gpu_storages", "stayed_on_gpu_bytes",
                  "deduplicated", "reloads", "prefetches", "source_hits", "fallbacks",
                  "inflight_waits", "planned_prefetches")
 
@@ -309,9 +316,13 @@ class ActivationOffloader:
         self._order.append(weakref.ref(record))
         if len(self._order) >= self._compact_at:
             self._compact()
-        self.stats.offloaded_storages += 1
-        self.stats.offloaded_bytes += nbytes
-        if handle._direct:
+        if handle._kept is not None:
+            self.stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
+            self.stats.stayed_on_gpu_bytes += nbytes
+        else:
+            self.stats.offloaded_storages += 1
+            self.stats.offloaded_bytes += nbytes
+        if handle._direct and handle._kept is None:
             self._bound_inflight(handle, nbytes)
         return record
 

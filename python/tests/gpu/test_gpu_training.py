@@ -299,11 +299,33 @@ def test_training_identical_with_expandable_segments():
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
          "-k", "training_identical_and_activation or tensor_round_trip or stream_ordering or "
-               "weight_offload"],
+               "weight_offload or stays_on_the_gpu"],
         env=env, capture_output=True, text=True, timeout=1200)
     tail = r.stdout[-6000:] + r.stderr[-3000:]
     assert r.returncode == 0, tail
     assert " passed" in r.stdout and "failed" not in r.stdout, tail
+
+
+@needs_cuda
+def test_tensor_over_too_many_segment_pages_stays_on_the_gpu_and_is_counted(gpu_client):
+    # Expandable segments (the child run): a saved tensor of 512 MiB spans more physical pages
+    # than one registration may hold, so it cannot be one job. It stays on the GPU, backward uses
+    # it in place, and the stats say so instead of counting it as offloaded.
+    if os.environ.get("TIER_GPU_TEST_CHILD") != "1":
+        pytest.skip("runs in the expandable-segments child only")
+    x = torch.randn(128 << 20, device="cuda", requires_grad=True)  # 512 MiB
+    small = torch.randn(1 << 20, device="cuda", requires_grad=True)  # 4 MiB: offloadable
+    torch.cuda.synchronize()
+    with tt.offload_activations(min_bytes=1 << 20, client=gpu_client) as off:
+        # sin saves its input: activations (x * 2), not the leaves themselves
+        loss = torch.sin(x * 2).sum() + torch.sin(small * 2).sum()
+        loss.backward()
+    assert torch.equal(x.grad, torch.cos(x.detach() * 2) * 2)
+    assert torch.equal(small.grad, torch.cos(small.detach() * 2) * 2)
+    s = off.stats
+    assert s.stayed_on_gpu_storages >= 1 and s.stayed_on_gpu_bytes >= 512 << 20, s
+    assert s.offloaded_bytes < 512 << 20, s
+    assert s.reloads + s.prefetches == s.offloaded_storages + s.stayed_on_gpu_storages, s
 
 
 @needs_cuda
