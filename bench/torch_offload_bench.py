@@ -352,6 +352,9 @@ class Tierd(Mode):
         self.head_region = tt.no_offload
         self.session = session
         self.budget_args = budget
+        if getattr(args, "activation_batch", None):
+            # Saved storages per batch (one ticket each); 1: every storage its own job.
+            tt.ActivationOffloader.BATCH_TENSORS = args.activation_batch
         self.off = tt.offload_activations(min_bytes=args.min_bytes, prefetch=args.prefetch,
                                           client=session.client, module=model,
                                           max_inflight_bytes=args.max_inflight_mib * MiB,
@@ -822,6 +825,8 @@ def parse_args(argv=None):
     p.add_argument("--min-bytes", type=int,
                    help="offload saved tensors of at least this many bytes (1 MiB; CPU 4 KiB)")
     p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--activation-batch", type=int, default=0,
+                   help="tierd: saved storages per batch (0: the package's default; 1: none)")
     p.add_argument("--max-fwd-stash", type=int, default=5, help="inprocess: GPU tensors kept")
     p.add_argument("--max-inflight-mib", type=int, default=512,
                    help="tierd: see offload_activations")

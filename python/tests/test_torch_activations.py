@@ -326,3 +326,46 @@ def test_full_quota_keeps_tensors_instead_of_failing(daemon):
     assert all(torch.equal(a, b) for a, b in zip(ref_grads, grads))
     assert stats[0].fallbacks > 0, stats[0]
     assert stats[0].fallbacks < stats[0].offloaded_storages, stats[0]  # some did fit
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_saved_storages_go_out_in_batches(client, daemon, prefetch, monkeypatch):
+    # On a GPU the saved storages are submitted in batches (one ticket each); here the same
+    # bookkeeping runs on the host engine: batches of at most BATCH_TENSORS, the rest when the
+    # context ends, results identical to no offload.
+    batches = _batches()
+    ref_losses, ref_grads, _ = _train_steps(_fresh_model(), batches)
+    sizes = []
+    real = client._offload_batch
+
+    def counting(tensors, *args, **kwargs):
+        tensors = list(tensors)
+        sizes.append(len(tensors))
+        return real(tensors, *args, **kwargs)
+    monkeypatch.setattr(client, "_offload_batch", counting)
+
+    def deferring():
+        off = tt.offload_activations(min_bytes=1024, prefetch=prefetch, client=client)
+        off._defer_cpu = True
+        return off
+    losses, grads, stats = _train_steps(_fresh_model(), batches, deferring)
+    for a, b in zip(losses + grads, ref_losses + ref_grads):
+        assert torch.equal(a, b)
+    limit = tt.ActivationOffloader.BATCH_TENSORS
+    assert sizes and max(sizes) == limit and min(sizes) >= 1, sizes
+    for s in stats:
+        assert s.offloaded_storages >= 10, s
+        assert s.reloads + s.prefetches == s.offloaded_storages + s.stayed_on_gpu_storages, s
+    assert sum(sizes) == sum(s.offloaded_storages for s in stats)
+
+
+def test_deferred_storages_of_a_dropped_graph_are_not_sent(client, daemon):
+    off = tt.offload_activations(min_bytes=1024, client=client)
+    off._defer_cpu = True
+    model = _fresh_model()
+    idx, _ = _batches(1)[0]
+    with off:
+        model(idx)  # the graph is dropped at once: nothing will need what it saved
+        gc.collect()
+    assert off.stats.offloaded_storages < off.stats.saved - off.stats.kept, off.stats
+    client.synchronize()

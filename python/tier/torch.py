@@ -207,6 +207,18 @@ class ActivationOffloader:
         self._site_records = {}  # budget: this step's site -> weakref to its _StorageRecord
         self._hooks = None
         self.stats = ActivationStats()
+        # CUDA storages packed and not yet submitted: sent as one batch per (device, producer
+        # stream) once BATCH_TENSORS of them or BATCH_BYTES wait, and before anything needs them
+        # (the first unpack, the end of the context). Not with a budget (its plan times each
+        # offload from the tensor's production), nor for CPU tensors, whose bytes are staged
+        # when saved (a storage changed in place afterwards is offloaded as it was when saved;
+        # on a GPU the copy runs after the producer's work queued so far, as every GPU offload).
+        self._deferred = []  # (weakref to _StorageRecord, flat bytes, producer stream or None)
+        self._deferred_bytes = 0
+        self._defer_cpu = False  # tests: the deferral's bookkeeping on the host engine
+
+    BATCH_TENSORS = 16
+    BATCH_BYTES = 32 << 20
 
     @property
     def client(self):
@@ -235,6 +247,8 @@ class ActivationOffloader:
     def __exit__(self, *exc):
         hooks, self._hooks = self._hooks, None
         hooks.__exit__(*exc)
+        with self._lock:
+            self._flush()
         if self._selection is not None:
             self._selection.remove()
         return False
@@ -306,25 +320,55 @@ class ActivationOffloader:
         # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
         # alive until the copy completed.
         flat = _storage_bytes(t)
-        # retain_on_failure: if the offload fails (pool or quota full), the handle keeps the data
-        # and backward uses it from there: not offloaded, but not lost either.
-        handle = self.client._offload(flat, None, 0, retain_on_failure=True)
         weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
-        record = _StorageRecord(handle, self._next_index, t.device, nbytes, weak, t._version)
+        record = _StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
         self._next_index += 1
         self._order_index.append(record.index)
         self._order.append(weakref.ref(record))
         if len(self._order) >= self._compact_at:
             self._compact()
+        if self._budget is not None or (t.device.type != "cuda" and not self._defer_cpu):
+            # retain_on_failure: if the offload fails (pool or quota full), the handle keeps the
+            # data and backward uses it from there: not offloaded, but not lost either.
+            self._submitted(record, self.client._offload(flat, None, 0, retain_on_failure=True))
+            return record
+        # The producer is the current stream now (it may be another by the time of the batch).
+        stream = torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
+        self._deferred.append((weakref.ref(record), flat, stream))
+        self._deferred_bytes += nbytes
+        if len(self._deferred) >= self.BATCH_TENSORS or self._deferred_bytes >= self.BATCH_BYTES:
+            self._flush()
+        return record
+
+    def _flush(self):
+        """Submits the deferred storages: one batch per (device, producer stream); each job
+        waits (GPU) for its producer stream and keeps its source alive until copied. Storages
+        whose saved tensors are all gone already are dropped. Called with self._lock held."""
+        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        groups = collections.OrderedDict()  # (device, stream) -> [(record, flat)]
+        for ref, flat, stream in deferred:
+            record = ref()
+            if record is not None:
+                groups.setdefault((record.device, stream), []).append((record, flat))
+        for (_, stream), items in groups.items():
+            # retain_on_failure: if an offload fails (pool or quota full), its handle keeps the
+            # data and backward uses it from there: not offloaded, but not lost either.
+            handles = self.client._offload_batch([flat for _, flat in items],
+                                                 [stream] if stream is not None else None,
+                                                 None, retain_on_failure=True)
+            for (record, _), handle in zip(items, handles):
+                self._submitted(record, handle)
+
+    def _submitted(self, record, handle):
+        record.handle = handle
         if handle._kept is not None:
             self.stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
-            self.stats.stayed_on_gpu_bytes += nbytes
+            self.stats.stayed_on_gpu_bytes += record.nbytes
         else:
             self.stats.offloaded_storages += 1
-            self.stats.offloaded_bytes += nbytes
+            self.stats.offloaded_bytes += record.nbytes
         if handle._direct and handle._kept is None:
-            self._bound_inflight(handle, nbytes)
-        return record
+            self._bound_inflight(handle, record.nbytes)
 
     def _bound_inflight(self, handle, nbytes):
         """CUDA: a source's memory is released only once its copy is known (on the host) to have
@@ -370,6 +414,8 @@ class ActivationOffloader:
             self._budget.used(saved.site, saved.record.device)
         record = saved.record
         with torch.no_grad(), self._lock:
+            if self._deferred:
+                self._flush()  # backward began: whatever forward saved goes out now
             # The one needed now is submitted first, then the ones ahead: those the budget's plan
             # starts at this point of backward (just early enough), or else the next `prefetch`
             # in reverse order of offload (the order backward needs them); then we take this one.
