@@ -466,7 +466,8 @@ def test_activation_prefetch_goes_as_batches(client, daemon, counted):
     assert sizes and max(sizes) >= 2, sizes
     assert sum(sizes) <= sum(s.prefetches for s in stats), (sizes, stats)
     for s in stats:
-        assert s.reloads + s.prefetches == s.offloaded_storages + s.stayed_on_gpu_storages, s
+        assert (s.reloads + s.prefetches + s.source_hits
+                == s.offloaded_storages + s.stayed_on_gpu_storages), s
     del stats
     gc.collect()
     client.synchronize()

@@ -105,7 +105,8 @@ def test_transformer_identical_loss_and_grads(client, daemon, prefetch):
     for s in stats:
         assert s.offloaded_storages >= 10, s  # it really offloaded
         assert s.deduplicated >= 1, s         # a storage saved by two ops goes once
-        assert s.reloads + s.prefetches == s.offloaded_storages + s.stayed_on_gpu_storages, s
+        assert (s.reloads + s.prefetches + s.source_hits
+                == s.offloaded_storages + s.stayed_on_gpu_storages), s
         if prefetch == 0:
             assert s.prefetches == 0
         else:
@@ -355,7 +356,8 @@ def test_saved_storages_go_out_in_batches(client, daemon, prefetch, monkeypatch)
     assert sizes and max(sizes) == limit and min(sizes) >= 1, sizes
     for s in stats:
         assert s.offloaded_storages >= 10, s
-        assert s.reloads + s.prefetches == s.offloaded_storages + s.stayed_on_gpu_storages, s
+        assert (s.reloads + s.prefetches + s.source_hits
+                == s.offloaded_storages + s.stayed_on_gpu_storages), s
     assert sum(sizes) == sum(s.offloaded_storages for s in stats)
 
 

@@ -119,8 +119,10 @@ class ActivationStats(Counters):
     offloaded_storages / offloaded_bytes: what was sent to Tierd. stayed_on_gpu_storages /
     stayed_on_gpu_bytes: storages that could not be one job and stayed on the GPU (a tensor over
     two physical pages of a PyTorch expandable segment that cannot be registered as one range);
-    backward uses them in place. Every saved storage is one of the two, and each is reloaded (or
-    handed back) once: reloads + prefetches == offloaded_storages + stayed_on_gpu_storages."""
+    backward uses them in place. Every saved storage is one of the two, and backward gets each
+    once: reloaded, prefetched, or (source_hits) taken from its source while the offload's copy
+    was still in flight (the bytes never left the GPU):
+    reloads + prefetches + source_hits == offloaded_storages + stayed_on_gpu_storages."""
 
     __slots__ = ("saved", "kept", "offloaded_tensors", "offloaded_storages", "offloaded_bytes",
                  "stayed_on_gpu_storages", "stayed_on_gpu_bytes",

@@ -139,6 +139,9 @@ def test_torchtune_offload_activations_with_streams(delayed):
         logits = model(x)
         # Memory the allocator could hand out again while the copies still run.
         junk = [torch.full((1024, 1024), 7.0, device="cuda") for _ in range(8)]
+    # The copies land (5 ms each under delay injection): backward then reloads and prefetches
+    # every storage, none is taken from a source still being copied.
+    delayed.synchronize()
     nn.functional.cross_entropy(logits.flatten(0, 1), torch.zeros(8 * 128, dtype=torch.long,
                                                                   device="cuda")).backward()
     del junk
