@@ -371,3 +371,24 @@ def test_deferred_storages_of_a_dropped_graph_are_not_sent(client, daemon):
         gc.collect()
     assert off.stats.offloaded_storages < off.stats.saved - off.stats.kept, off.stats
     client.synchronize()
+
+
+def test_deferred_storages_refused_stay_where_they_are(client, daemon, monkeypatch):
+    # A batch refused before anything was submitted (tierd gone, ...): the saved bytes stay in
+    # place and backward uses them; a warning says so; results identical to no offload.
+    batches = _batches(1)
+    ref_losses, ref_grads, _ = _train_steps(_fresh_model(), batches, steps=1)
+
+    def refuse(*args, **kwargs):
+        raise tier.errors.Unavailable(tier.errors.UNAVAILABLE, "tierd went away (test)")
+    monkeypatch.setattr(client, "_offload_batch", refuse)
+
+    def deferring():
+        off = tt.offload_activations(min_bytes=1024, prefetch=2, client=client)
+        off._defer_cpu = True
+        return off
+    with pytest.warns(RuntimeWarning, match="stay on the GPU"):
+        losses, grads, stats = _train_steps(_fresh_model(), batches, deferring, steps=1)
+    for a, b in zip(losses + grads, ref_losses + ref_grads):
+        assert torch.equal(a, b)
+    assert stats[0].offloaded_storages == 0 and stats[0].fallbacks >= 10, stats[0]

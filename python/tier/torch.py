@@ -55,6 +55,7 @@ import torch
 
 from . import _checkpoint as checkpoint  # noqa: F401  (tier.torch.checkpoint.save/load)
 from . import client as _client
+from . import errors as _errors
 from ._counters import Counters
 from ._module_selection import ModuleSelection
 from ._offload_budget import OffloadBudget
@@ -218,6 +219,7 @@ class ActivationOffloader:
         self._deferred = []  # (weakref to _StorageRecord, flat bytes, producer stream or None)
         self._deferred_bytes = 0
         self._defer_cpu = False  # tests: the deferral's bookkeeping on the host engine
+        self._warned_flush = False
 
     BATCH_TENSORS = 16
     BATCH_BYTES = 32 << 20
@@ -355,9 +357,22 @@ class ActivationOffloader:
         for (_, stream), items in groups.items():
             # retain_on_failure: if an offload fails (pool or quota full), its handle keeps the
             # data and backward uses it from there: not offloaded, but not lost either.
-            handles = self.client._offload_batch([flat for _, flat in items],
-                                                 [stream] if stream is not None else None,
-                                                 None, retain_on_failure=True)
+            try:
+                handles = self.client._offload_batch([flat for _, flat in items],
+                                                     [stream] if stream is not None else None,
+                                                     None, retain_on_failure=True)
+            except _errors.TierError as e:
+                # Refused before anything was submitted (tierd gone, ...). Raised here it would
+                # surface far from its cause (a later save, or backward); the bytes stay where
+                # they are and backward uses them.
+                for record, flat in items:
+                    record.tensor = flat
+                    self.stats.fallbacks += 1
+                if not self._warned_flush:
+                    self._warned_flush = True
+                    warnings.warn("tier: saved activations stay on the GPU: %s" % e,
+                                  RuntimeWarning, stacklevel=2)
+                continue
             for (record, _), handle in zip(items, handles):
                 self._submitted(record, handle)
 
