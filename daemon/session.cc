@@ -112,11 +112,7 @@ PeerCredentials Session::peer() const {
 }
 
 bool Session::CanAdmit() {
-  uint64_t in_flight;
-  {
-    MutexLock lock(&mu_);
-    in_flight = jobs_in_flight_;
-  }
+  const uint64_t in_flight = in_flight_seen_.load(std::memory_order_acquire);
   MutexLock lock(&cq_mu_);
   std::optional<uint32_t> pending = cq_.Pending();
   if (!pending) {
@@ -209,24 +205,23 @@ std::shared_ptr<engine::ImportedBuffer> Session::FindBuffer(uint64_t buffer_id) 
 bool Session::BeginJob() {
   MutexLock lock(&mu_);
   if (closing_) return false;
-  ++jobs_in_flight_;
+  in_flight_seen_.store(++jobs_in_flight_, std::memory_order_release);
   return true;
 }
 
 void Session::EndJob() {
   MutexLock lock(&mu_);
-  if (--jobs_in_flight_ == 0) idle_cv_.SignalAll();
+  in_flight_seen_.store(--jobs_in_flight_, std::memory_order_release);
+  if (jobs_in_flight_ == 0) idle_cv_.SignalAll();
 }
 
 void Session::MarkClosing() {
   MutexLock lock(&mu_);
   closing_ = true;
+  closing_seen_.store(true, std::memory_order_release);
 }
 
-bool Session::closing() const {
-  MutexLock lock(&mu_);
-  return closing_;
-}
+bool Session::closing() const { return closing_seen_.load(std::memory_order_acquire); }
 
 void Session::WaitIdle() {
   MutexLock lock(&mu_);

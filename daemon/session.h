@@ -8,6 +8,7 @@
 #define TIER_DAEMON_SESSION_H_
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <cstdint>
 #include <memory>
@@ -177,6 +178,12 @@ class Session {
   PeerCredentials peer_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Copies of closing_ and jobs_in_flight_, written under mu_ with them, for the ring poller's
+  // checks on every entry and every pass (closing(), CanAdmit()) without taking mu_. The poller
+  // is the only thread that raises jobs_in_flight_, so its copy is never below the truth there:
+  // a stale value only admits later.
+  std::atomic<bool> closing_seen_{false};
+  std::atomic<uint64_t> in_flight_seen_{0};
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, std::shared_ptr<engine::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, ObjectSlot> bound_ ABSL_GUARDED_BY(mu_);
