@@ -3,7 +3,6 @@
 (Client.offload_batch / reload_batch), splitting above the ring size, a bad job failing alone,
 the errors, and its use by tier.torch (weight groups, activation prefetch)."""
 
-import collections
 import ctypes
 import gc
 
@@ -16,46 +15,18 @@ import tier
 import tier.torch as tt
 from tier import _lib, errors
 
+from batch_counter import Installer
+
 MiB = 1 << 20
 KiB = 1 << 10
-BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch")
-
-
-class _CountingLib:
-    """Stands in for the client's CDLL: counts the batch calls and their sizes, and can fail
-    the n-th one (without calling the library) to test what a failed later batch leaves."""
-
-    def __init__(self, lib, fail_call=None):
-        self._lib = lib
-        self.sizes = collections.defaultdict(list)
-        self._fail_call = fail_call  # (name, call number from 1)
-
-    def __getattr__(self, name):
-        fn = getattr(self._lib, name)
-        if name not in BATCH_CALLS:
-            return fn
-
-        def call(session, jobs, count, options):
-            self.sizes[name].append(int(count))
-            if self._fail_call == (name, len(self.sizes[name])):
-                return errors.INTERNAL
-            return fn(session, jobs, count, options)
-        return call
 
 
 @pytest.fixture()
 def counted():
     """counted(client, fail_call=None) -> the counter; the client's library is restored after."""
-    patched = []
-
-    def install(client, fail_call=None):
-        counter = _CountingLib(client._c, fail_call)
-        patched.append((client, client._c))
-        client._c = counter
-        return counter
+    install = Installer()
     yield install
-    for client, lib in patched:
-        client._c = lib
+    install.restore()
 
 
 def _filled(client, nbytes, seed=0):

@@ -8,7 +8,6 @@ Skipped where torch.cuda is unavailable (the same paths on the host engine, with
 python/tests/test_batch.py).
 """
 
-import collections
 import copy
 import os
 
@@ -16,53 +15,25 @@ import pytest
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 torch = pytest.importorskip("torch")
-import torch.nn as nn  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda is not available: GPU tests skipped", allow_module_level=True)
 
-import tier  # noqa: E402
 import tier.torch as tt  # noqa: E402
-from conftest import Daemon  # noqa: E402
-
-SLOW_NS = 20_000_000  # a producer kernel that runs ~20 ms: any copy not waiting for it is early
-BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch")
+from batch_counter import Installer  # noqa: E402
+from gpu_models import SLOW_NS, Model, delayed_client  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def delayed():
-    d = Daemon(pool_bytes="4G", pool_lock="best-effort", extra=["--copy_delay_us=5000"])
-    with tier.Client(socket=d.socket, name="batch-gpu") as c:
-        assert c.engine == "cuda", "build tierd with CUDA for these tests"
-        yield c
-    assert d.stop() == 0
-
-
-class _Counter:
-    """Stands in for the client's library: records the size of every batch call."""
-
-    def __init__(self, lib):
-        self._lib = lib
-        self.sizes = collections.defaultdict(list)
-
-    def __getattr__(self, name):
-        fn = getattr(self._lib, name)
-        if name not in BATCH_CALLS:
-            return fn
-
-        def call(session, jobs, count, options):
-            self.sizes[name].append(int(count))
-            return fn(session, jobs, count, options)
-        return call
+    yield from delayed_client("batch-gpu")
 
 
 @pytest.fixture()
 def counted(delayed):
-    lib = delayed._c
-    counter = _Counter(lib)
-    delayed._c = counter
-    yield counter
-    delayed._c = lib
+    install = Installer()
+    yield install(delayed)
+    install.restore()
 
 
 def test_batch_of_two_fresh_producer_streams_reloaded_on_a_side_stream(delayed, counted):
@@ -116,29 +87,6 @@ def test_batch_on_the_current_stream_with_a_gathered_view(delayed, counted):
         assert y.shape == w.shape and torch.equal(y, w)
     assert counted.sizes["tier_offload_batch"] == [4]
     assert counted.sizes["tier_reload_batch"] == [4]
-
-
-class Block(nn.Module):
-    def __init__(self, d=512):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
-
-
-class Model(nn.Module):
-    def __init__(self, d=512, blocks=6):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
-        self.output = nn.Linear(d, 16)
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = b(x)
-        return self.output(x)
 
 
 def test_weight_offload_in_batches_identical_under_delay(delayed, counted):

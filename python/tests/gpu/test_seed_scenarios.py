@@ -20,43 +20,14 @@ import torch.nn as nn  # noqa: E402
 if not torch.cuda.is_available():
     pytest.skip("torch.cuda is not available: GPU tests skipped", allow_module_level=True)
 
-import tier  # noqa: E402
 import tier.torch as tt  # noqa: E402
-from conftest import Daemon  # noqa: E402
+from gpu_models import SLOW_NS, Model, delayed_client  # noqa: E402
 
-SLOW_NS = 20_000_000  # a producer kernel that runs ~20 ms: any copy not waiting for it is early
 
 
 @pytest.fixture(scope="module")
 def delayed():
-    d = Daemon(pool_bytes="4G", pool_lock="best-effort", extra=["--copy_delay_us=5000"])
-    with tier.Client(socket=d.socket, name="seed-scenarios") as c:
-        assert c.engine == "cuda", "build tierd with CUDA for these tests"
-        yield c
-    assert d.stop() == 0
-
-
-class Block(nn.Module):
-    def __init__(self, d=512):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
-
-
-class Model(nn.Module):
-    def __init__(self, d=512, blocks=6):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
-        self.output = nn.Linear(d, 16)
-
-    def forward(self, x):
-        for b in self.blocks:
-            x = b(x)
-        return self.output(x)
+    yield from delayed_client("seed-scenarios")
 
 
 def _grads(model):
