@@ -207,14 +207,7 @@ class Bench {
       jobs.push_back(job);
       return;
     }
-    std::vector<tier_batch_job> batch(count);
-    for (int k = 0; k < count; ++k) {
-      batch[k] = tier_batch_job{};
-      batch[k].struct_size = sizeof(tier_batch_job);
-      batch[k].buffer = buffer_;
-      batch[k].offset = base_offset_ + Slot(bytes, i + k);
-      batch[k].len = bytes;
-    }
+    std::vector<tier_batch_job> batch = Batch(bytes, i, count);
     Check(tier_offload_batch(session_, batch.data(), batch.size(), &options), "offload batch");
     for (int k = 0; k < count; ++k) {
       objects[i + k] = batch[k].object;
@@ -231,17 +224,23 @@ class Bench {
       jobs.push_back(job);
       return;
     }
+    std::vector<tier_batch_job> batch = Batch(bytes, i + n, count);
+    for (int k = 0; k < count; ++k) batch[k].object = objects[i + k];
+    Check(tier_reload_batch(session_, batch.data(), batch.size(), &options), "reload batch");
+    for (int k = 0; k < count; ++k) jobs.push_back(batch[k].job);
+  }
+
+  // `count` jobs of `bytes` on slots first, first + 1, ... of the arena.
+  std::vector<tier_batch_job> Batch(uint64_t bytes, int first, int count) const {
     std::vector<tier_batch_job> batch(count);
     for (int k = 0; k < count; ++k) {
       batch[k] = tier_batch_job{};
       batch[k].struct_size = sizeof(tier_batch_job);
       batch[k].buffer = buffer_;
-      batch[k].offset = base_offset_ + Slot(bytes, i + k + n);
+      batch[k].offset = base_offset_ + Slot(bytes, first + k);
       batch[k].len = bytes;
-      batch[k].object = objects[i + k];
     }
-    Check(tier_reload_batch(session_, batch.data(), batch.size(), &options), "reload batch");
-    for (int k = 0; k < count; ++k) jobs.push_back(batch[k].job);
+    return batch;
   }
 
   uint64_t Slot(uint64_t bytes, int i) const {
