@@ -66,7 +66,7 @@ bool JobRing::PushAll(absl::Span<const ring::SubmissionEntry> entries) {
 }
 
 void JobRing::RingDoorbell() {
-  if (sq_.ConsumerWantsWakeup()) {
+  if (sq_.TakeWakeupRequest()) {
     uint64_t one = 1;
     // The doorbell is a socket: send with MSG_NOSIGNAL, so a daemon that died costs an EPIPE
     // (the jobs then fail through the session socket's hang-up), not a SIGPIPE that kills the

@@ -132,7 +132,7 @@ bool Session::PostCompletion(const ring::CompletionEntry& entry) {
       broken_ = true;
       return false;
     }
-    wake = cq_.ConsumerWantsWakeup();
+    wake = cq_.TakeWakeupRequest();
   }
   if (wake) {
     uint64_t one = 1;

@@ -13,7 +13,10 @@
 // queue's need_wakeup flag, issues a seq_cst fence, and looks at the queue once more before it
 // blocks on the queue's eventfd. A producer publishes its tail, issues a seq_cst fence, and writes
 // the eventfd only if need_wakeup is set. With both fences, either the consumer sees the new entry
-// or the producer sees the flag (Dekker), so no wake-up is lost.
+// or the producer sees the flag (Dekker), so no wake-up is lost. The producer clears the flag as it
+// takes the request (TakeWakeupRequest), so a burst of entries to a sleeping consumer costs one
+// wake-up, not one per entry: the first one's write is pending on the eventfd until the consumer
+// wakes and reads it, and a consumer that sleeps again sets the flag again first.
 #ifndef TIER_RING_H_
 #define TIER_RING_H_
 
@@ -171,10 +174,13 @@ class Producer {
     return true;
   }
 
-  // After publishing: true when the consumer asked to be woken (then write its eventfd).
-  bool ConsumerWantsWakeup() const {
+  // After publishing: true when the consumer asked to be woken; the request is then taken
+  // (cleared), and the caller must write the consumer's eventfd. False: it is awake, or an earlier
+  // write of the eventfd will wake it.
+  bool TakeWakeupRequest() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    return indices_->need_wakeup.value.load(std::memory_order_relaxed) != 0;
+    if (indices_->need_wakeup.value.load(std::memory_order_relaxed) == 0) return false;
+    return indices_->need_wakeup.value.exchange(0, std::memory_order_relaxed) != 0;
   }
 
  private:

@@ -72,11 +72,32 @@ TEST(Ring, SleepProtocolNeverLosesAWakeup) {
   // Consumer announces sleep; a push afterwards must see the flag.
   EXPECT_FALSE(c.PrepareSleep());
   ASSERT_TRUE(p.TryPush(SubmissionEntry{.job_id = 1}));
-  EXPECT_TRUE(p.ConsumerWantsWakeup());
+  EXPECT_TRUE(p.TakeWakeupRequest());
   c.CancelSleep();
-  EXPECT_FALSE(p.ConsumerWantsWakeup());
+  EXPECT_FALSE(p.TakeWakeupRequest());
   // An entry published before the announcement is seen by the re-check.
   EXPECT_TRUE(c.PrepareSleep());
+}
+
+TEST(Ring, ABurstToASleepingConsumerAsksForOneWakeup) {
+  Segment s(8);
+  Consumer<SubmissionEntry> c(&s.header->sq, s.view.sq, 8);
+  Producer<SubmissionEntry> p(&s.header->sq, s.view.sq, 8);
+  EXPECT_FALSE(c.PrepareSleep());
+  int wakeups = 0;
+  for (uint64_t i = 1; i <= 5; ++i) {
+    ASSERT_TRUE(p.TryPush(SubmissionEntry{.job_id = i}));
+    wakeups += p.TakeWakeupRequest() ? 1 : 0;
+  }
+  EXPECT_EQ(wakeups, 1);  // the first write is still pending on the eventfd for the rest
+  // The consumer wakes, takes what is there and sleeps again: the next entry asks again.
+  c.CancelSleep();
+  SubmissionEntry e;
+  while (c.TryPop(&e) == Consumer<SubmissionEntry>::Result::kEntry) {
+  }
+  EXPECT_FALSE(c.PrepareSleep());
+  ASSERT_TRUE(p.TryPush(SubmissionEntry{.job_id = 6}));
+  EXPECT_TRUE(p.TakeWakeupRequest());
 }
 
 TEST(Ring, ConcurrentProducerAndConsumerSeeEveryEntryOnce) {
