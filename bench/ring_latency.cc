@@ -1,7 +1,11 @@
 // Ring latency benchmark: submit-to-completion time of small jobs through a session's shared-memory
 // ring, against one gRPC unary call to the same daemon over the same Unix socket, in one run.
 //
-//   tier_ring_bench [--socket=PATH | --tierd=BIN] [--iterations=N] [--json=FILE]
+//   tier_ring_bench [--socket=PATH | --tierd=BIN] [--iterations=N] [--json=FILE] [--pipelined]
+//
+// The "pipelined" rows keep the ring full (submit while earlier jobs run, take completions as
+// they come) and report the daemon's time per job at that rate: its host work per job, which
+// bounds small-job throughput on any engine.
 //
 // Without --socket it starts a private tierd (the one built beside this program, or --tierd) in a
 // temporary directory, with a small pool.
@@ -78,6 +82,7 @@ void Check(const absl::Status& status) {
 int main(int argc, char** argv) {
   std::string socket, json_path, tierd_bin;
   int iterations = 20000;
+  bool pipelined_only = false;  // only the pipelined rows (to profile the daemon at full rate)
   std::vector<std::string> tierd_flags = {"--pool_bytes=256M", "--engine=host",
                                           "--log_level=warning"};
   for (int i = 1; i < argc; ++i) {
@@ -87,10 +92,11 @@ int main(int argc, char** argv) {
     else if (arg.rfind("--tierd=", 0) == 0) tierd_bin = arg.substr(8);
     else if (arg.rfind("--iterations=", 0) == 0) iterations = std::max(100, std::stoi(arg.substr(13)));
     else if (arg.rfind("--tierd-flag=", 0) == 0) tierd_flags.push_back(arg.substr(13));
+    else if (arg == "--pipelined") pipelined_only = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--socket=PATH | --tierd=BIN] [--tierd-flag=--KEY=VALUE]... "
-                   "[--iterations=N] [--json=FILE]\n",
+                   "[--iterations=N] [--json=FILE] [--pipelined]\n",
                    argv[0]);
       return 2;
     }
@@ -142,8 +148,9 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   tier::client::JobRequest nop;
   nop.opcode = static_cast<uint32_t>(tier::ring::Opcode::kNop);
-  results.push_back(Measure("ring: nop job", iterations, [&] { run_job(nop); }));
+  if (!pipelined_only) results.push_back(Measure("ring: nop job", iterations, [&] { run_job(nop); }));
   for (uint64_t len : {4096ull, 65536ull}) {
+    if (pipelined_only) break;
     std::vector<uint64_t> objects;
     results.push_back(Measure("ring: offload " + std::to_string(len / 1024) + " KiB", iterations, [&] {
       tier::client::JobRequest request = offload_then_free(len);
@@ -160,7 +167,7 @@ int main(int argc, char** argv) {
       }
     }));
   }
-  {
+  if (!pipelined_only) {
     tier::client::JobRequest keep = offload_then_free(4096);
     run_job(keep);
     tier::client::JobRequest reload;
@@ -171,8 +178,46 @@ int main(int argc, char** argv) {
     reload.len = 4096;
     results.push_back(Measure("ring: reload 4 KiB", iterations, [&] { run_job(reload); }));
   }
+  {
+    // Throughput: reloads of one 4 KiB object, lone or in batches, with the ring kept full.
+    tier::client::JobRequest keep = offload_then_free(4096);
+    run_job(keep);
+    for (size_t batch : {size_t{1}, size_t{16}}) {
+      std::vector<tier::client::JobRequest> requests(batch);
+      for (size_t k = 0; k < batch; ++k) {
+        requests[k].opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
+        requests[k].object = keep.object;
+        requests[k].buffer = *buffer;
+        requests[k].offset = (1 << 19) + 4096 * k;
+        requests[k].len = 4096;
+      }
+      const size_t jobs = static_cast<size_t>(std::max(16, iterations)) * 16;
+      size_t done = 0;
+      auto take = [&] {
+        for (const tier::client::Completion& c : (*session)->Poll(1 << 20)) {
+          Check(c.status);
+          ++done;
+        }
+      };
+      const auto t0 = Clock::now();
+      for (size_t submitted = 0; submitted < jobs; submitted += batch) {
+        Check((*session)->SubmitBatch(absl::MakeSpan(requests), [] { return uint64_t{0}; })
+                  .status());
+        take();
+      }
+      Check((*session)->WaitAll(-1));
+      take();
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (done != jobs) Check(absl::InternalError("pipelined: completions lost"));
+      Result r;
+      r.name = "ring: pipelined reload, batch " + std::to_string(batch);
+      r.n = jobs;
+      r.min_us = r.p50_us = r.p99_us = r.mean_us = us / static_cast<double>(jobs);
+      results.push_back(r);
+    }
+  }
   // The daemon's poller sleeps after 50 us idle: a job after a pause pays the doorbell wake-up.
-  results.push_back(Measure(
+  if (!pipelined_only) results.push_back(Measure(
       "ring: nop after 1 ms idle", std::max(200, iterations / 50), [&] { run_job(nop); },
       [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }));
   results.push_back(Measure("gRPC unary GetVersion", std::max(500, iterations / 10), [&] {
