@@ -13,11 +13,11 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tier::storage {
@@ -72,24 +72,58 @@ uint32_t PopulateInParallel(char* base, uint64_t bytes, uint32_t threads) {
   return static_cast<uint32_t>(workers.size() + 1);
 }
 
-// AnonHugePages of the range, from /proc/self/smaps (0 where it cannot be read).
-uint64_t HugeBytesOf(const char* base) {
+// AnonHugePages of [base, base + bytes), from /proc/self/smaps (0 where it cannot be read). The
+// range may be several mappings: the kernel splits one where the parts' NUMA policies differ.
+uint64_t HugeBytesOf(const char* base, uint64_t bytes) {
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
   bool in_range = false;
-  char start_text[32];
-  std::snprintf(start_text, sizeof(start_text), "%lx-", reinterpret_cast<unsigned long>(base));
+  uint64_t total = 0;
+  const uint64_t begin = reinterpret_cast<uint64_t>(base);
+  const uint64_t end = begin + bytes;
   while (std::getline(smaps, line)) {
+    unsigned long start = 0;
+    unsigned long stop = 0;
     if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
         line.find('-') != std::string::npos && line.find(' ') > line.find('-')) {
-      in_range = line.rfind(start_text, 0) == 0;
+      in_range = std::sscanf(line.c_str(), "%lx-%lx", &start, &stop) == 2 && start >= begin &&
+                 stop <= end;
       continue;
     }
     if (in_range && line.rfind("AnonHugePages:", 0) == 0) {
-      return std::strtoull(line.c_str() + 14, nullptr, 10) * 1024;
+      total += std::strtoull(line.c_str() + 14, nullptr, 10) * 1024;
     }
   }
-  return 0;
+  return total;
+}
+
+// The parts' sizes: each its weight's share of `bytes`, rounded down to `granule`; the last takes
+// the rest. Every part must get at least one granule.
+absl::StatusOr<std::vector<uint64_t>> SplitSizes(uint64_t bytes, uint64_t granule,
+                                                 const std::vector<PoolPartOptions>& parts) {
+  long double total_weight = 0;
+  for (const PoolPartOptions& part : parts) {
+    if (part.weight == 0) return absl::InvalidArgumentError("a pool part's weight must be > 0");
+    total_weight += static_cast<long double>(part.weight);
+  }
+  std::vector<uint64_t> sizes;
+  uint64_t given = 0;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const long double share =
+        static_cast<long double>(bytes) * static_cast<long double>(parts[i].weight) / total_weight;
+    const uint64_t size = static_cast<uint64_t>(share) / granule * granule;
+    sizes.push_back(size);
+    given += size;
+  }
+  sizes.push_back(bytes - given);
+  for (uint64_t size : sizes) {
+    if (size < granule) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a host pool of ", bytes, " bytes is too small for ", parts.size(),
+          " parts (each needs at least ", granule, " bytes)"));
+    }
+  }
+  return sizes;
 }
 
 }  // namespace
@@ -117,18 +151,37 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions
     if (head > 0) ::munmap(raw, head);
     if (reserve - head - bytes > 0) ::munmap(base + bytes, reserve - head - bytes);
   }
-  if (options.numa_node >= 0) {
-    if (absl::Status bound = BindToNode(base, bytes, options.numa_node); !bound.ok()) {
-      ::munmap(base, bytes);
-      return bound;
+  // Each part's policy before any of its pages exists: the first touch (populating, below)
+  // allocates every page on its part's node, whichever thread touches it.
+  std::vector<PoolPartOptions> wanted = options.parts;
+  if (wanted.empty()) wanted.push_back(PoolPartOptions{options.numa_node, 1});
+  absl::StatusOr<std::vector<uint64_t>> sizes =
+      SplitSizes(bytes, huge ? std::max(kHugePage, alignment) : alignment, wanted);
+  if (!sizes.ok()) {
+    ::munmap(base, bytes);
+    return sizes.status();
+  }
+  std::vector<std::unique_ptr<PoolPart>> parts;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const int node = wanted[i].numa_node;
+    if (node >= 0) {
+      if (absl::Status bound = BindToNode(base + offset, (*sizes)[i], node); !bound.ok()) {
+        ::munmap(base, bytes);
+        return bound;
+      }
     }
+    parts.push_back(std::make_unique<PoolPart>(offset, (*sizes)[i], alignment, node));
+    offset += (*sizes)[i];
   }
   PoolSetup setup;
   setup.huge_pages = huge && ::madvise(base, bytes, MADV_HUGEPAGE) == 0;
   uint64_t t0 = NowNs();
+  // One set of threads over the whole range: a page lands on its part's node whichever thread
+  // faults it, since the policy, not the toucher, decides.
   setup.threads = PopulateInParallel(base, bytes, options.populate_threads);
   setup.populate_ns = NowNs() - t0;
-  if (setup.huge_pages) setup.huge_bytes = HugeBytesOf(base);
+  if (setup.huge_pages) setup.huge_bytes = HugeBytesOf(base, bytes);
 
   bool locked = false;
   if (options.lock != LockMode::kOff) {
@@ -147,29 +200,77 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(const HostPoolOptions
                  " (raise LimitMEMLOCK or grant CAP_IPC_LOCK to pin it)");
     }
   }
-  return std::unique_ptr<HostPool>(new HostPool(base, bytes, alignment, locked, setup));
+  return std::unique_ptr<HostPool>(
+      new HostPool(base, bytes, alignment, locked, setup, std::move(parts)));
 }
 
-HostPool::HostPool(char* base, uint64_t bytes, uint64_t alignment, bool locked, PoolSetup setup)
+HostPool::HostPool(char* base, uint64_t bytes, uint64_t alignment, bool locked, PoolSetup setup,
+                   std::vector<std::unique_ptr<PoolPart>> parts)
     : base_(base), bytes_(bytes), alignment_(alignment), locked_(locked), setup_(setup),
-      allocator_(bytes, alignment) {}
+      parts_(std::move(parts)) {}
 
 HostPool::~HostPool() { ::munmap(base_, bytes_); }
 
-std::optional<Extent> HostPool::Allocate(uint64_t bytes) {
-  MutexLock lock(&mu_);
-  return allocator_.Allocate(bytes);
+std::optional<Extent> HostPool::Allocate(uint64_t bytes, int preferred_part) {
+  const bool preferred =
+      preferred_part >= 0 && static_cast<size_t>(preferred_part) < parts_.size();
+  if (preferred) {
+    if (std::optional<Extent> extent = parts_[preferred_part]->Allocate(bytes, Locality::kLocal)) {
+      return extent;
+    }
+  }
+  if (parts_.size() == 1) {
+    return preferred ? std::nullopt : parts_[0]->Allocate(bytes, Locality::kAny);
+  }
+  // The others, the emptiest first (read without holding every lock: a part that filled in the
+  // meantime just refuses, and the next is tried).
+  std::vector<std::pair<uint64_t, size_t>> order;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (preferred && i == static_cast<size_t>(preferred_part)) continue;
+    order.emplace_back(parts_[i]->free_bytes(), i);
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  const Locality locality = preferred ? Locality::kRemote : Locality::kAny;
+  for (const auto& [free, i] : order) {
+    if (std::optional<Extent> extent = parts_[i]->Allocate(bytes, locality)) return extent;
+  }
+  return std::nullopt;
 }
 
-void HostPool::Free(Extent extent) {
-  MutexLock lock(&mu_);
-  allocator_.Free(extent);
+void HostPool::Free(Extent extent) { parts_[PartOf(extent.offset)]->Free(extent); }
+
+int HostPool::PartOf(uint64_t offset) const {
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (parts_[i]->Contains(offset)) return static_cast<int>(i);
+  }
+  return 0;
+}
+
+uint64_t HostPool::largest_part_bytes() const {
+  uint64_t largest = 0;
+  for (const auto& part : parts_) largest = std::max(largest, part->bytes());
+  return largest;
+}
+
+std::vector<PoolPartUsage> HostPool::PartUsage() const {
+  std::vector<PoolPartUsage> usage;
+  for (const auto& part : parts_) usage.push_back(part->Usage());
+  return usage;
 }
 
 PoolUsage HostPool::Usage() const {
-  MutexLock lock(&mu_);
-  return PoolUsage{allocator_.capacity(), allocator_.used_bytes(), allocator_.free_bytes(),
-                   allocator_.largest_free(), allocator_.allocations()};
+  PoolUsage total;
+  for (const auto& part : parts_) {
+    PoolPartUsage u = part->Usage();
+    total.capacity_bytes += u.capacity_bytes;
+    total.used_bytes += u.used_bytes;
+    total.free_bytes += u.free_bytes;
+    total.largest_free = std::max(total.largest_free, u.largest_free);
+    total.allocations += u.allocations;
+  }
+  return total;
 }
 
 }  // namespace tier::storage
