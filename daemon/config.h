@@ -26,6 +26,18 @@ struct FaultInjection {
   std::vector<storage::FaultRule> rules;
 };
 
+// pool_numa: how the host pool is split over NUMA nodes (docs/architecture.md, "The host pool").
+struct PoolNuma {
+  enum class Mode {
+    kAuto,   // one part per NUMA node that has GPUs, when more than one node has; else one part
+    kOff,    // one part (bound to pool_numa_node when that is set)
+    kNodes,  // one part per entry of `nodes`, in that order (a node may appear more than once)
+  };
+  Mode mode = Mode::kAuto;
+  std::vector<int> nodes;  // kNodes only
+  friend bool operator==(const PoolNuma&, const PoolNuma&) = default;
+};
+
 struct Config {
   // Paths. Defaults: $XDG_RUNTIME_DIR/tierd when set (non-root use), else /run/tierd; state under
   // $XDG_STATE_HOME/tierd or /var/lib/tierd. Under systemd, $RUNTIME_DIRECTORY/$STATE_DIRECTORY
@@ -46,7 +58,8 @@ struct Config {
   uint64_t pool_bytes = 0;          // pool_bytes  (0: pool_fraction of MemAvailable, <= pool_max_bytes)
   double pool_fraction = 0.25;      // pool_fraction
   uint64_t pool_max_bytes = 8ull << 30;  // pool_max_bytes
-  int pool_numa_node = -1;          // pool_numa_node
+  int pool_numa_node = -1;          // pool_numa_node: bind the one part to this node; -1: none
+  PoolNuma pool_numa;               // pool_numa: auto | off | N,N,...
   storage::LockMode pool_lock = storage::LockMode::kBestEffort;  // pool_lock: off | best-effort | required
 
   // Sessions.
@@ -98,6 +111,8 @@ struct Config {
   // metrics_listen: serve Prometheus metrics (GET /metrics) on this TCP address, HOST:PORT
   // (e.g. 127.0.0.1:9477, [::1]:9477); empty: off. TCP only (see ParseMetricsListen).
   std::string metrics_listen;
+  // topology_sysfs_root: where tierd reads NUMA and PCI topology (TEST ONLY: a fake tree).
+  std::string topology_sysfs_root = "/sys";
 
   // Files the settings came from, for the log.
   std::string config_file;           // config (flag only)

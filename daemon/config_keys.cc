@@ -206,6 +206,41 @@ std::vector<Key> BuildKeys() {
                          &Config::pool_max_bytes, /*allow_zero=*/false, kMinDerivedPoolBytes));
   keys.push_back(IntegerKey("pool_numa_node", kPool, "NUMA node the pool is bound to; -1: none",
                             &Config::pool_numa_node, -1, 1023));
+  {
+    Key key{"pool_numa",
+            kPool,
+            "auto|off|N,N,...",
+            "split the pool over NUMA nodes: auto (one part per node with GPUs, when several "
+            "nodes have GPUs), off (one part), or one part per listed node",
+            nullptr,
+            nullptr};
+    key.set = [](absl::string_view value, Config& config) {
+      if (value == "auto" || value == "off") {
+        config.pool_numa.mode = value == "auto" ? PoolNuma::Mode::kAuto : PoolNuma::Mode::kOff;
+        config.pool_numa.nodes.clear();
+        return absl::OkStatus();
+      }
+      absl::StatusOr<std::vector<int>> nodes = ParseNodeNumbers(value);
+      if (!nodes.ok()) {
+        return KeyError("pool_numa", absl::StrCat("must be auto, off or NUMA nodes (0,1): ",
+                                                  nodes.status().message()));
+      }
+      config.pool_numa = PoolNuma{PoolNuma::Mode::kNodes, *std::move(nodes)};
+      return absl::OkStatus();
+    };
+    key.print = [](const Config& config) -> std::string {
+      switch (config.pool_numa.mode) {
+        case PoolNuma::Mode::kAuto:
+          return "auto";
+        case PoolNuma::Mode::kOff:
+          return "off";
+        case PoolNuma::Mode::kNodes:
+          return absl::StrJoin(config.pool_numa.nodes, ",");
+      }
+      return "auto";
+    };
+    keys.push_back(std::move(key));
+  }
   keys.push_back(EnumKey("pool_lock", kPool,
                          "mlock the pool: off, best-effort (warn on failure) or required",
                          &Config::pool_lock, kPoolLockNames));
@@ -339,6 +374,9 @@ std::vector<Key> BuildKeys() {
     key.print = [](const Config& config) { return config.metrics_listen; };
     keys.push_back(std::move(key));
   }
+  keys.push_back(PathKey("topology_sysfs_root", kService,
+                         "TEST ONLY: read NUMA and PCI topology under this directory, not /sys",
+                         &Config::topology_sysfs_root, /*allow_empty=*/false));
   {
     Key key{"config",
             kService,

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "daemon/config.h"
 #include "daemon/config_keys.h"
@@ -109,7 +110,8 @@ absl::Status Finalize(Config* config) {
   }
 
   // Re-check what setters check, for configs built in code rather than parsed.
-  for (absl::string_view name : {"socket", "session_socket", "state_dir", "spill_dir"}) {
+  for (absl::string_view name :
+       {"socket", "session_socket", "state_dir", "spill_dir", "topology_sysfs_root", "pool_numa"}) {
     const config::Key* key = config::FindKey(name);
     if (absl::Status status = key->set(key->print(*config), *config); !status.ok()) return status;
   }
@@ -127,6 +129,13 @@ absl::Status Finalize(Config* config) {
   if (config->socket_path == config->session_socket_path) {
     return absl::InvalidArgumentError(
         absl::StrCat("socket and session_socket are both ", config->socket_path));
+  }
+  if (config->pool_numa.mode == PoolNuma::Mode::kNodes && config->pool_numa_node >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool_numa_node (", config->pool_numa_node, ") and a pool_numa node list (",
+        absl::StrJoin(config->pool_numa.nodes, ","),
+        ") both place the pool: set one (pool_numa_node binds one part; the list makes one part "
+        "per node)"));
   }
   if (config->spill_low_pct > config->spill_high_pct) {
     return absl::InvalidArgumentError(absl::StrCat("spill_low_pct (", config->spill_low_pct,

@@ -170,6 +170,24 @@ absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value) 
   return paths;
 }
 
+absl::StatusOr<std::vector<int>> ParseNodeNumbers(absl::string_view text) {
+  std::vector<int> nodes;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    absl::StatusOr<uint64_t> node = ParseUnsigned(item);
+    if (!node.ok() || *node > 1023) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected NUMA nodes 0..1023, comma-separated, got '", item, "'"));
+    }
+    if (nodes.size() == kMaxNodeListEntries) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("at most ", kMaxNodeListEntries, " parts"));
+    }
+    nodes.push_back(static_cast<int>(*node));
+  }
+  return nodes;
+}
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus(absl::StrCat("cannot open ", path));

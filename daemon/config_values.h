@@ -40,6 +40,11 @@ absl::Status CheckPathText(absl::string_view path);
 // "a,b,c": absolute paths, none empty, none twice (after dropping a trailing '/'); "" is none.
 absl::StatusOr<std::vector<std::string>> ParsePathList(absl::string_view value);
 
+// NUMA nodes "0,1,1" (pool_numa): each 0..1023, in the given order, repeats allowed, at least
+// one and at most kMaxNodeListEntries; blanks around each allowed.
+inline constexpr size_t kMaxNodeListEntries = 64;
+absl::StatusOr<std::vector<int>> ParseNodeNumbers(absl::string_view text);
+
 // An enum setting: its names, each for one value.
 template <typename E>
 struct Choice {

@@ -62,6 +62,8 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.pool_fraction, b.pool_fraction);
   EXPECT_EQ(a.pool_max_bytes, b.pool_max_bytes);
   EXPECT_EQ(a.pool_numa_node, b.pool_numa_node);
+  EXPECT_EQ(a.pool_numa, b.pool_numa);
+  EXPECT_EQ(a.topology_sysfs_root, b.topology_sysfs_root);
   EXPECT_EQ(a.pool_lock, b.pool_lock);
   EXPECT_EQ(a.default_quota_bytes, b.default_quota_bytes);
   EXPECT_EQ(a.max_quota_bytes, b.max_quota_bytes);
@@ -207,6 +209,25 @@ TEST(ConfigText, CommentsWhitespaceSuffixesAndOctal) {
   EXPECT_EQ(config.state_dir, "/var/lib/tierd");  // untouched keys keep their values
 }
 
+TEST(ConfigText, PoolNumaIsAutoOffOrANodeList) {
+  Config config = DefaultConfig(RootEnv());
+  EXPECT_EQ(config.pool_numa.mode, PoolNuma::Mode::kAuto);  // the default
+  EXPECT_EQ(config.topology_sysfs_root, "/sys");
+  ASSERT_TRUE(ApplyConfigText("pool_numa = 1, 0,1\n", "t.conf", &config).ok());
+  EXPECT_EQ(config.pool_numa, (PoolNuma{PoolNuma::Mode::kNodes, {1, 0, 1}}));  // order, repeats
+  EXPECT_THAT(DescribeConfig(config), HasSubstr("\npool_numa = 1,0,1\n"));
+  ASSERT_TRUE(ApplyConfigText("pool_numa = off\n", "t.conf", &config).ok());
+  EXPECT_EQ(config.pool_numa, (PoolNuma{PoolNuma::Mode::kOff, {}}));
+  ASSERT_TRUE(ApplyConfigText("pool_numa = auto\n", "t.conf", &config).ok());
+  EXPECT_EQ(config.pool_numa, (PoolNuma{PoolNuma::Mode::kAuto, {}}));
+  std::string many = "pool_numa = 0";
+  for (int i = 1; i <= 64; ++i) many += ",0";
+  absl::Status too_many = ApplyConfigText(many + "\n", "t.conf", &config);
+  EXPECT_THAT(std::string(too_many.message()), HasSubstr("at most 64 parts"));
+  ASSERT_TRUE(ApplyConfigText("topology_sysfs_root = /tmp/sys\n", "t.conf", &config).ok());
+  EXPECT_EQ(config.topology_sysfs_root, "/tmp/sys");
+}
+
 TEST(ConfigText, PersistentQuotaPerUidIsASize) {
   Config config = DefaultConfig(RootEnv());
   EXPECT_EQ(config.persistent_quota_bytes_per_uid, 0u);  // 0: the whole pool
@@ -285,6 +306,17 @@ TEST(ConfigText, BadInputNamesTheLine) {
       {"pool_bytes = 1M", "pool_bytes: must be 0 or at least 2MiB"},
       {"pool_max_bytes = 32M", "pool_max_bytes: must be at least 64MiB"},
       {"pool_numa_node = -2", "pool_numa_node: must be in -1..1023"},
+      {"pool_numa = on", "pool_numa: must be auto, off or NUMA nodes (0,1): expected NUMA "
+                         "nodes 0..1023, comma-separated, got 'on'"},
+      {"pool_numa = 0,,1", "pool_numa: must be auto, off or NUMA nodes (0,1): expected NUMA "
+                           "nodes 0..1023, comma-separated, got ''"},
+      {"pool_numa = 0,1024", "pool_numa: must be auto, off or NUMA nodes (0,1): expected NUMA "
+                        "nodes 0..1023, comma-separated, got '1024'"},
+      {"pool_numa = -1", "pool_numa: must be auto, off or NUMA nodes (0,1): expected NUMA "
+                        "nodes 0..1023, comma-separated, got '-1'"},
+      {"pool_numa = 0-1", "pool_numa: must be auto, off or NUMA nodes (0,1): expected NUMA "
+                        "nodes 0..1023, comma-separated, got '0-1'"},
+      {"topology_sysfs_root = sys", "topology_sysfs_root: must be an absolute path"},
       {"max_sessions = 0", "max_sessions: must be in 1..65536"},
       {"config = /etc/tierd/other.conf", "'config' can only be given as a flag"},
   };
@@ -579,6 +611,17 @@ TEST(Finalize, RejectsCrossFieldProblems) {
   EXPECT_TRUE(Finalize(&config).ok());
 
   config = DefaultConfig(RootEnv());
+  config.pool_bytes = 64 * kMiB;
+  config.pool_numa = PoolNuma{PoolNuma::Mode::kNodes, {0, 1}};
+  config.pool_numa_node = 1;
+  EXPECT_THAT(std::string(Finalize(&config).message()),
+              HasSubstr("pool_numa_node (1) and a pool_numa node list (0,1) both place the pool"));
+  config.pool_numa_node = -1;
+  EXPECT_TRUE(Finalize(&config).ok());
+  config.pool_numa.nodes.clear();  // a list with no nodes, set in code
+  EXPECT_THAT(std::string(Finalize(&config).message()), HasSubstr("pool_numa: "));
+
+  config = DefaultConfig(RootEnv());
   config.state_dir = "relative";  // set in code, not parsed: Finalize still checks
   EXPECT_THAT(std::string(Finalize(&config).message()),
               HasSubstr("state_dir: must be an absolute path"));
@@ -600,6 +643,8 @@ TEST(DescribeConfig, RoundTripsEveryKey) {
   config.pool_fraction = 1.0 / 3.0;
   config.pool_max_bytes = 96 * kGiB;
   config.pool_numa_node = 1;
+  config.pool_numa = PoolNuma{PoolNuma::Mode::kOff, {}};
+  config.topology_sysfs_root = "/tmp/fake-sys";
   config.pool_lock = storage::LockMode::kRequired;
   config.persistent_quota_bytes_per_uid = 7 * kGiB + 3;
   config.default_quota_bytes = 1536 * kMiB;
