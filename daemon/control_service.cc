@@ -183,11 +183,45 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   pool_setup->set_register_seconds(static_cast<double>(setup.register_ns) / 1e9);
   pool_setup->set_threads(setup.threads);
   pool_setup->set_huge_page_bytes(setup.huge_bytes);
+  AddPoolParts(response);
   engine::EngineCounts counts = engine_.Counts();
   response->set_buffers(counts.buffers);
   response->set_gpu_lanes(counts.lanes);
   response->set_pending_releases(counts.pending_releases);
   return grpc::Status::OK;
+}
+
+void ControlService::AddPoolParts(v1::GetStatusResponse* response) const {
+  const std::vector<storage::PoolPartUsage> parts = pool_.PartUsage();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const storage::PoolPartUsage& usage = parts[i];
+    v1::PoolPartStatus* part = response->add_pool_parts();
+    part->set_part(static_cast<uint32_t>(i));
+    part->set_numa_node(usage.numa_node);
+    part->set_capacity_bytes(usage.capacity_bytes);
+    part->set_used_bytes(usage.used_bytes);
+    part->set_free_bytes(usage.free_bytes);
+    part->set_objects(usage.allocations);
+    if (i < context_.pool_layout.parts.size()) {
+      for (int gpu : context_.pool_layout.parts[i].gpus) part->add_gpus(gpu);
+    }
+    part->set_local_allocations(usage.local_allocations);
+    part->set_remote_allocations(usage.remote_allocations);
+    part->set_any_allocations(usage.any_allocations);
+  }
+  response->set_pool_layout(context_.pool_layout.summary);
+  for (const GpuLocation& location : context_.gpus) {
+    v1::GpuPlacement* gpu = response->add_gpus();
+    gpu->set_device(location.device);
+    gpu->set_pci_bus_id(location.pci_bus_id);
+    gpu->set_numa_node(location.numa_node);
+    gpu->set_pci_root(location.pci_root);
+    const std::vector<int>& part_of_gpu = context_.pool_layout.part_of_gpu;
+    gpu->set_pool_part(location.device >= 0 &&
+                               static_cast<size_t>(location.device) < part_of_gpu.size()
+                           ? part_of_gpu[location.device]
+                           : -1);
+  }
 }
 
 grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,

@@ -5,10 +5,13 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "daemon/health_monitor.h"
 #include "daemon/metrics.h"
+#include "daemon/numa_topology.h"
 #include "daemon/persistent_store.h"
+#include "daemon/pool_layout.h"
 #include "daemon/session_registry.h"
 #include "daemon/spiller.h"
 #include "storage/host_pool.h"
@@ -25,6 +28,10 @@ struct ControlContext {
   // Drain needs it (common/admin_token.h); admin_token_path is named in the refusal.
   std::string admin_token;
   std::string admin_token_path;
+  // The host pool's parts as laid out at start, and where the GPUs are (status: pool_parts,
+  // pool_layout, gpus).
+  PoolLayout pool_layout;
+  std::vector<GpuLocation> gpus;
 };
 
 class ControlService final : public tier::v1::Control::Service {
@@ -57,6 +64,8 @@ class ControlService final : public tier::v1::Control::Service {
  private:
   // The state, and why it is not SERVING (empty when it is).
   v1::HealthResponse::State State(std::string* reason = nullptr) const;
+  // The pool's parts and the GPUs' places, into a status answer.
+  void AddPoolParts(v1::GetStatusResponse* response) const;
 
   const ControlContext context_;
   SessionRegistry& registry_;

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "common/unix_socket.h"
 #include "engine/engine_factory.h"
+#include "engine/gpu_pci.h"
 #include "storage/faulty_io_queue.h"
 
 namespace tier::daemon {
@@ -131,11 +132,28 @@ absl::Status Daemon::Init() {
     LogWarning("delay injection on: every copy waits ", config_.copy_delay_us, " us (test only)");
   }
 
+  // Where the GPUs are decides how the pool is split: one part per NUMA node with GPUs (or as
+  // pool_numa lists), each part's memory on its node, each GPU's offloads in its local part.
+  const NumaTopology topology =
+      NumaTopology::Read(config_.topology_sysfs_root, engine::GpuPciBusIds(engine_->name()));
+  for (const GpuLocation& gpu : topology.gpus()) {
+    LogInfo("GPU ", gpu.device, ": PCI ", gpu.pci_bus_id.empty() ? "?" : gpu.pci_bus_id,
+            gpu.pci_root.empty() ? "" : absl::StrCat(" under ", gpu.pci_root), ", NUMA node ",
+            gpu.numa_node < 0 ? "unknown" : absl::StrCat(gpu.numa_node),
+            gpu.problem.empty() ? "" : absl::StrCat(" (", gpu.problem, ")"));
+  }
+  absl::StatusOr<PoolLayout> layout =
+      PlanPoolLayout(config_.pool_numa, config_.pool_numa_node, topology);
+  if (!layout.ok()) return layout.status();
+  pool_layout_ = *std::move(layout);
+  gpus_ = topology.gpus();
+  for (const std::string& warning : pool_layout_.warnings) LogWarning(warning);
+
   uint64_t start_ns = MonotonicNs();
   storage::HostPoolOptions pool_options;
   pool_options.bytes = config_.pool_bytes;
-  pool_options.numa_node = config_.pool_numa_node;
   pool_options.lock = config_.pool_lock;
+  pool_options.parts = pool_layout_.PartOptions();
   absl::StatusOr<std::unique_ptr<storage::HostPool>> pool = storage::HostPool::Create(pool_options);
   if (!pool.ok()) return pool.status();
   pool_ = *std::move(pool);
@@ -152,6 +170,11 @@ absl::Status Daemon::Init() {
           " in ", (MonotonicNs() - start_ns) / 1000000, " ms (populated by ", setup.threads,
           " threads in ", setup.populate_ns / 1000000, " ms, ", setup.huge_bytes >> 20,
           " MiB in huge pages; mlock ", setup.lock_ns / 1000000, " ms); engine: ", engine_->name());
+  for (const storage::PoolPartUsage& part : pool_->PartUsage()) {
+    LogInfo("host pool part at ", part.offset >> 20, " MiB: ", part.capacity_bytes >> 20,
+            " MiB, ", part.numa_node < 0 ? "not bound" : absl::StrCat("NUMA node ", part.numa_node));
+  }
+  LogInfo("host pool layout: ", pool_layout_.summary);
 
   // Quotas count a session's bytes in every tier: by default, all the daemon can hold.
   const uint64_t capacity = pool_->bytes() + config_.spill_bytes * config_.spill_dirs.size();
@@ -201,7 +224,8 @@ absl::Status Daemon::Init() {
   SpillerOptions spiller;
   spiller.watermarks = Watermarks{config_.spill_high_pct, config_.spill_low_pct};
   spiller.max_prefetches = config_.spill_prefetch;
-  tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller);
+  tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller,
+                                         pool_layout_.part_of_gpu);
   tiers_->Start();
   if (spill_store_ != nullptr) {
     // Persistent objects are written through to the first spill directory and come back after a
@@ -241,7 +265,7 @@ absl::Status Daemon::Init() {
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
                          config_.attach_timeout_ms, started_ms_, "",
-                         AdminTokenPath(config_.socket_path)};
+                         AdminTokenPath(config_.socket_path), pool_layout_, gpus_};
   absl::StatusOr<std::string> token = WriteAdminToken(context.admin_token_path);
   if (!token.ok()) return token.status();
   context.admin_token = *std::move(token);

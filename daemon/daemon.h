@@ -5,6 +5,7 @@
 #define TIER_DAEMON_DAEMON_H_
 
 #include <memory>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -16,6 +17,8 @@
 #include "daemon/job_executor.h"
 #include "daemon/metrics_collector.h"
 #include "daemon/metrics_exporter.h"
+#include "daemon/numa_topology.h"
+#include "daemon/pool_layout.h"
 #include "daemon/tier_manager.h"
 #include "daemon/metrics.h"
 #include "daemon/ring_poller.h"
@@ -55,6 +58,8 @@ class Daemon {
   double pool_pin_seconds_ = 0;   // creating and pinning the host pool
   uint32_t max_connections_ = 0;  // max_connections, as far as RLIMIT_NOFILE allows
   DaemonMetrics metrics_;
+  PoolLayout pool_layout_;         // how the pool is split over NUMA nodes
+  std::vector<GpuLocation> gpus_;  // where the engine's GPUs are
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> spill_store_;  // NVMe tier; null without one
   std::unique_ptr<TierManager> tiers_;  // the pool and the NVMe tier behind the executor

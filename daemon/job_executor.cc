@@ -106,7 +106,7 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
   if (!tiers_.CanEverHold(e.len)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("an offload of ", e.len, " bytes can never fit: the host pool holds ",
-                     tiers_.pool().bytes(), " bytes"));
+                     tiers_.pool().largest_part_bytes(), " bytes in one part"));
   }
   ObjectSlot slot = session->Resolve(e.object_id);
   absl::StatusOr<std::shared_ptr<Object>> object =
@@ -115,7 +115,8 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
   if (!object.ok()) return object.status();
   // The object exists from here on (jobs naming it queue behind its fill); the copy starts once
   // it has host memory: now, or once the spiller made room, or never (no room can come).
-  tiers_.Admit(slot.table, session->id(), *object,
+  const int device = range->buffer->device();  // its GPU's pool part first
+  tiers_.Admit(slot.table, session->id(), *object, device,
                [this, session, e, table = slot.table, object = *object,
                 range = *std::move(range)](absl::Status admitted) mutable {
                  if (admitted.ok()) {

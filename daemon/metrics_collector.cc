@@ -22,6 +22,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   }
 
   s.pool = sources_.pool.Usage();
+  s.pool_parts = sources_.pool.PartUsage();
   s.pool_pinned = sources_.pool.locked() || sources_.pool.registered();
   s.pool_pin_seconds = build_.pool_pin_seconds;
   if (Spiller* spiller = sources_.spiller) {

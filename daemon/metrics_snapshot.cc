@@ -73,6 +73,34 @@ void AddBuildAndHealth(const MetricsSnapshot& s, Families& f) {
   }
 }
 
+// The host pool's parts (one per NUMA node with GPUs): how full each is, and whom it served.
+void AddPoolParts(const MetricsSnapshot& s, Families& f) {
+  MetricFamily& capacity = f.Add("tierd_pool_part_capacity_bytes",
+                                 "Bytes a part of the host pool holds", MetricType::Gauge);
+  MetricFamily& used =
+      f.Add("tierd_pool_part_used_bytes", "Bytes in use in a part of the host pool",
+            MetricType::Gauge);
+  MetricFamily& allocations = f.Add(
+      "tierd_pool_part_allocations_total",
+      "Extents a part of the host pool handed out, by locality: local (a GPU on its NUMA node), "
+      "remote (a GPU whose own part was full), any (no GPU)",
+      MetricType::Counter);
+  for (size_t i = 0; i < s.pool_parts.size(); ++i) {
+    const storage::PoolPartUsage& part = s.pool_parts[i];
+    const std::string node = part.numa_node < 0 ? "none" : absl::StrCat(part.numa_node);
+    Labels labels = {{"part", absl::StrCat(i)}, {"numa_node", node}};
+    Families::Sample(capacity, static_cast<double>(part.capacity_bytes), labels);
+    Families::Sample(used, static_cast<double>(part.used_bytes), labels);
+    for (auto [locality, count] : {std::pair<const char*, uint64_t>{"local", part.local_allocations},
+                                   {"remote", part.remote_allocations},
+                                   {"any", part.any_allocations}}) {
+      Labels with = labels;
+      with.push_back({"locality", locality});
+      Families::Sample(allocations, static_cast<double>(count), std::move(with));
+    }
+  }
+}
+
 void AddTiers(const MetricsSnapshot& s, Families& f) {
   f.Gauge("tierd_pool_pinned", "1 when the host pool is pinned (mlock or GPU registration)",
           s.pool_pinned ? 1 : 0);
@@ -107,6 +135,7 @@ void AddTiers(const MetricsSnapshot& s, Families& f) {
     Families::Sample(free, static_cast<double>(tier.capacity - tier.used), labels);
     Families::Sample(objects, static_cast<double>(tier.objects), labels);
   }
+  AddPoolParts(s, f);
 }
 
 void AddSpill(const MetricsSnapshot& s, Families& f) {

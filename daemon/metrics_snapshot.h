@@ -64,6 +64,7 @@ struct MetricsSnapshot {
 
   // Host pool and NVMe tier.
   storage::PoolUsage pool;
+  std::vector<storage::PoolPartUsage> pool_parts;  // the pool's parts (one when not split)
   bool pool_pinned = false;
   double pool_pin_seconds = 0;  // creating and pinning the pool at start
   bool has_nvme = false;

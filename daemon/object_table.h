@@ -19,6 +19,7 @@
 #ifndef TIER_DAEMON_OBJECT_TABLE_H_
 #define TIER_DAEMON_OBJECT_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,6 +55,10 @@ class Object {
   uint64_t len() const { return len_; }
   uint64_t hint() const { return hint_; }  // the offload's next-use hint (0: none)
   uint64_t seq() const { return seq_; }    // offload order within the daemon
+  // The host pool part its bytes belong in (its GPU's; storage::HostPool::kAnyPart: none): set
+  // at admission (TierManager::Admit), read when a fetch from NVMe needs a new extent.
+  int home_part() const { return home_part_.load(std::memory_order_relaxed); }
+  void set_home_part(int part) { home_part_.store(part, std::memory_order_relaxed); }
 
  private:
   friend class ObjectTable;
@@ -62,6 +67,7 @@ class Object {
   const uint64_t len_;
   const uint64_t hint_;
   const uint64_t seq_;
+  std::atomic<int> home_part_{-1};
   // Read and written under the owning table's lock only.
   State state_ = State::kFilling;
   Where where_ = Where::kHost;

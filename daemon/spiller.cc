@@ -294,7 +294,12 @@ bool Spiller::StartFetch(const std::shared_ptr<ObjectTable>& table,
                          bool may_allocate) {
   const bool prefetch = reader == ObjectTable::Reader::kPrefetch;
   std::function<std::optional<storage::Extent>()> allocate;
-  if (may_allocate) allocate = [this, len = object->len()] { return pool_.Allocate(len); };
+  // Back into the part its GPU copies from (TierManager::Admit), when that one has room.
+  if (may_allocate) {
+    allocate = [this, len = object->len(), part = object->home_part()] {
+      return pool_.Allocate(len, part);
+    };
+  }
   // A reload that joins a read already running copies once the read ended.
   ObjectWaiter join = [then](absl::Status read) {
     if (read.ok()) {

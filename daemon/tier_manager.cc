@@ -7,8 +7,8 @@
 namespace tier::daemon {
 
 TierManager::TierManager(storage::HostPool& pool, storage::SpillStore* store,
-                         SpillerOptions options)
-    : pool_(pool), admission_([this](bool first) {
+                         SpillerOptions options, std::vector<int> part_of_device)
+    : pool_(pool), part_of_device_(std::move(part_of_device)), admission_([this](bool first) {
         if (spiller_ != nullptr) spiller_->WaitBegan(first);
       }) {
   if (store != nullptr) {
@@ -27,13 +27,22 @@ void TierManager::Stop() {
   if (spiller_ != nullptr) spiller_->Stop();
 }
 
+int TierManager::PartOf(int device) const {
+  if (device < 0 || static_cast<size_t>(device) >= part_of_device_.size()) {
+    return storage::HostPool::kAnyPart;
+  }
+  return part_of_device_[device];
+}
+
 void TierManager::Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
-                        const std::shared_ptr<Object>& object,
+                        const std::shared_ptr<Object>& object, int device,
                         std::function<void(absl::Status)> then) {
   const uint64_t len = object->len();
+  const int part = PartOf(device);
+  object->set_home_part(part);
   // With jobs already waiting for room, this one waits behind them (in order).
   if (spiller_ == nullptr || !admission_.HasWaiters()) {
-    if (std::optional<storage::Extent> extent = pool_.Allocate(len)) {
+    if (std::optional<storage::Extent> extent = pool_.Allocate(len, part)) {
       then(AdmitWith(*table, *object, *extent));
       return;
     }
@@ -48,8 +57,8 @@ void TierManager::Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queu
   auto shared_then = std::make_shared<std::function<void(absl::Status)>>(std::move(then));
   admission_.Wait(
       queue,
-      [this, table, object, shared_then]() {
-        std::optional<storage::Extent> extent = pool_.Allocate(object->len());
+      [this, table, object, shared_then, part]() {
+        std::optional<storage::Extent> extent = pool_.Allocate(object->len(), part);
         if (!extent) return false;
         (*shared_then)(AdmitWith(*table, *object, *extent));
         return true;

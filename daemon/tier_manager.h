@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,8 +24,10 @@ namespace tier::daemon {
 
 class TierManager {
  public:
-  // `store`: the NVMe tier, or null for none.
-  TierManager(storage::HostPool& pool, storage::SpillStore* store, SpillerOptions options);
+  // `store`: the NVMe tier, or null for none. `part_of_device[d]`: the pool part GPU d's
+  // offloads take extents from first (daemon/pool_layout.h); a GPU beyond it, or -1, has none.
+  TierManager(storage::HostPool& pool, storage::SpillStore* store, SpillerOptions options,
+              std::vector<int> part_of_device = {});
   ~TierManager();
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
@@ -37,8 +40,11 @@ class TierManager {
   // The NVMe tier's mover (status and counters), or null.
   Spiller* spiller() { return spiller_.get(); }
 
-  // Whether an object of `len` bytes could ever be in host memory (it must be, to be filled).
-  bool CanEverHold(uint64_t len) const { return len <= pool_.bytes(); }
+  // Whether an object of `len` bytes could ever be in host memory (it must be, to be filled): an
+  // extent lies within one part of the pool.
+  bool CanEverHold(uint64_t len) const { return len <= pool_.largest_part_bytes(); }
+  // The pool part GPU `device` prefers (storage::HostPool::kAnyPart for none, or host memory).
+  int PartOf(int device) const;
   // The quota charge of an object of `len` bytes: the extent the pool will hand out for it.
   uint64_t Charge(uint64_t len) const {
     return (len + pool_.alignment() - 1) & ~(pool_.alignment() - 1);
@@ -47,9 +53,12 @@ class TierManager {
   // A new object in `table` needs its host extent: `then(OK)` once it has it (ObjectTable::Admit
   // done), on this thread when there is room now and nobody waits before it, else later, in the
   // order of `queue` (the session), once the spiller made room; `then(RESOURCE_EXHAUSTED)` when
-  // no room can come.
+  // no room can come. `device`: the GPU its bytes come from (-1: host memory); the extent comes
+  // from that GPU's pool part when it has room, else from another part (counted as remote)
+  // before the object waits for the spiller. A fetch back from NVMe prefers the same part.
   void Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
-             const std::shared_ptr<Object>& object, std::function<void(absl::Status)> then);
+             const std::shared_ptr<Object>& object, int device,
+             std::function<void(absl::Status)> then);
   // A reload found its object so (a prefetch hit or miss: counters).
   void NoteReload(ObjectTable::Prefetch prefetch);
   // A reload pinned `pinned`: `then` gets what to copy from (see Readable and Spiller::Fetch);
@@ -70,6 +79,7 @@ class TierManager {
   absl::Status AdmitWith(ObjectTable& table, Object& object, storage::Extent extent);
 
   storage::HostPool& pool_;
+  const std::vector<int> part_of_device_;
   AdmissionQueue admission_;
   std::unique_ptr<Spiller> spiller_;
 };

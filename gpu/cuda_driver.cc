@@ -151,6 +151,16 @@ absl::StatusOr<std::array<uint8_t, 16>> DeviceUuid(int device) {
   return uuid;
 }
 
+absl::StatusOr<std::string> PciBusId(int device) {
+  char id[32] = {};  // "DDDDDDDD:BB:DD.F" and a NUL at most
+  if (absl::Status s = CheckRuntime(cudaDeviceGetPCIBusId(id, sizeof(id), device),
+                                    absl::StrCat("PCI bus id of GPU ", device));
+      !s.ok()) {
+    return s;
+  }
+  return std::string(id);
+}
+
 std::optional<int> DeviceForUuid(const std::array<uint8_t, 16>& uuid) {
   int count = DeviceCount();
   for (int device = 0; device < count; ++device) {

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +66,9 @@ absl::StatusOr<std::array<uint8_t, 16>> DeviceUuid(int device);
 
 // This process's ordinal of the GPU with `uuid`, or nullopt.
 std::optional<int> DeviceForUuid(const std::array<uint8_t, 16>& uuid);
+
+// The device's PCI bus id as the runtime writes it ("0000:3B:00.0").
+absl::StatusOr<std::string> PciBusId(int device);
 
 // FAILED_PRECONDITION unless `device` supports 64-bit stream memory operations (wait/write).
 absl::Status CheckStreamMemOps(int device);

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,17 @@ inline absl::StatusOr<std::array<uint8_t, 16>> DeviceUuid(int ordinal) {
   static_assert(sizeof(uuid.bytes) == 16);
   std::memcpy(out.data(), uuid.bytes, out.size());
   return out;
+}
+
+// The device's PCI bus id as the runtime writes it ("0000:3b:00.0").
+inline absl::StatusOr<std::string> PciBusId(int ordinal) {
+  char id[32] = {};
+  if (absl::Status s = CheckHip(hipDeviceGetPCIBusId(id, sizeof(id), ordinal),
+                                absl::StrCat("PCI bus id of GPU ", ordinal));
+      !s.ok()) {
+    return s;
+  }
+  return std::string(id);
 }
 
 inline std::optional<int> DeviceForUuid(const std::array<uint8_t, 16>& uuid) {

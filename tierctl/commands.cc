@@ -67,6 +67,40 @@ void RenderTiersTable(const v1::GetStatusResponse& status, std::ostream& out) {
   table.Render(out);
 }
 
+std::string NodeText(int node) { return node < 0 ? "-" : absl::StrCat(node); }
+
+// The host pool's parts (one per NUMA node with GPUs, or as pool_numa lists) and the GPUs'
+// places: what `tierctl pools` adds below the tiers.
+void RenderPoolParts(const v1::GetStatusResponse& status, std::ostream& out) {
+  if (status.pool_parts_size() == 0) return;  // a tierd from before the parts
+  out << "\nHost pool: " << status.pool_layout() << '\n';
+  Table parts({{"PART", Align::kRight}, {"NODE", Align::kRight}, {"CAPACITY", Align::kRight},
+               {"USED", Align::kRight}, {"FREE", Align::kRight}, {"USE", Align::kRight},
+               {"OBJECTS", Align::kRight}, {"GPUS"}, {"LOCAL", Align::kRight},
+               {"REMOTE", Align::kRight}, {"ANY", Align::kRight}});
+  for (const v1::PoolPartStatus& part : status.pool_parts()) {
+    parts.AddRow({absl::StrCat(part.part()), NodeText(part.numa_node()),
+                  FormatBytes(part.capacity_bytes()), FormatBytes(part.used_bytes()),
+                  FormatBytes(part.free_bytes()),
+                  FormatPercent(part.used_bytes(), part.capacity_bytes()),
+                  absl::StrCat(part.objects()),
+                  part.gpus().empty() ? "-" : absl::StrJoin(part.gpus(), ","),
+                  absl::StrCat(part.local_allocations()), absl::StrCat(part.remote_allocations()),
+                  absl::StrCat(part.any_allocations())});
+  }
+  parts.Render(out);
+  if (status.gpus_size() == 0) return;
+  out << '\n';
+  Table gpus({{"GPU", Align::kRight}, {"PCI"}, {"ROOT"}, {"NODE", Align::kRight},
+              {"PART", Align::kRight}});
+  for (const v1::GpuPlacement& gpu : status.gpus()) {
+    gpus.AddRow({absl::StrCat(gpu.device()), gpu.pci_bus_id().empty() ? "?" : gpu.pci_bus_id(),
+                 gpu.pci_root().empty() ? "?" : gpu.pci_root(), NodeText(gpu.numa_node()),
+                 gpu.pool_part() < 0 ? "any" : absl::StrCat(gpu.pool_part())});
+  }
+  gpus.Render(out);
+}
+
 int ReportRpcError(const grpc::Status& status, const CommandContext& ctx) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     // gRPC's message names every address it tried; its last clause ("Connection refused") is
@@ -298,8 +332,16 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
 }
 
 void RenderTiers(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
-  if (!json) return RenderTiersTable(status, out);
-  PrintJson(status, out, "tiers");
+  if (!json) {
+    RenderTiersTable(status, out);
+    RenderPoolParts(status, out);
+    return;
+  }
+  PrintJson(status, out, "tiers", [&status](JsonWriter& json) {
+    for (std::string_view field : {"pool_layout", "pool_parts", "gpus"}) {
+      WriteProtoFields(status, json, field);
+    }
+  });
 }
 
 void RenderSpill(const v1::GetStatusResponse& status, bool json, std::ostream& out) {

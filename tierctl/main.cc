@@ -22,7 +22,8 @@ Shows and steers the tierd daemon on this node.
 commands:
   status    version, state, uptime, tiers, sessions, jobs, traffic
   clients   one row per session (alias: sessions)
-  pools     the memory tiers: capacity, used, free, objects
+  pools     the memory tiers, and the host pool's parts per NUMA node: which GPUs use
+            each, local and remote allocations
   spill     the NVMe tier, one row per spill directory: I/O mode, use, traffic, errors
   health    serving, draining or not_serving (jobs stopped moving; exit 1 unless serving)
   version   tierctl's and tierd's versions

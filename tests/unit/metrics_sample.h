@@ -19,6 +19,21 @@ inline MetricsSnapshot SampleSnapshot() {
   s.start_time_seconds = 1.7e9;
   s.health = "serving";
   s.pool = storage::PoolUsage{1 << 30, 256 << 20, 768 << 20, 512 << 20, 12};
+  // Two parts (two NUMA nodes), half the pool each; node 1's GPUs overflowed into node 0's once.
+  for (int node = 0; node < 2; ++node) {
+    storage::PoolPartUsage part;
+    part.numa_node = node;
+    part.offset = uint64_t(node) << 29;
+    part.capacity_bytes = 512 << 20;
+    part.used_bytes = node == 0 ? 192 << 20 : 64 << 20;
+    part.free_bytes = part.capacity_bytes - part.used_bytes;
+    part.largest_free = part.free_bytes;
+    part.allocations = node == 0 ? 9 : 3;
+    part.local_allocations = node == 0 ? 40 : 30;
+    part.remote_allocations = node == 0 ? 1 : 0;
+    part.any_allocations = 2;
+    s.pool_parts.push_back(part);
+  }
   s.pool_pinned = true;
   s.pool_pin_seconds = 0.038;
   s.has_nvme = true;

@@ -54,6 +54,25 @@ TEST(MetricsSnapshot, TiersAndSpillFiles) {
   EXPECT_THAT(text, HasSubstr("tierd_prefetch_hits_total 4\n"));
 }
 
+TEST(MetricsSnapshot, HostPoolPartsPerNumaNode) {
+  std::string text = Exposition(SampleSnapshot());
+  EXPECT_THAT(text, HasSubstr("tierd_pool_part_capacity_bytes{part=\"1\",numa_node=\"1\"} "
+                              "536870912\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_pool_part_used_bytes{part=\"0\",numa_node=\"0\"} "
+                              "201326592\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE tierd_pool_part_allocations_total counter\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_pool_part_allocations_total{part=\"0\",numa_node=\"0\","
+                              "locality=\"remote\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_pool_part_allocations_total{part=\"1\",numa_node=\"1\","
+                              "locality=\"local\"} 30\n"));
+  // An unbound part says so.
+  MetricsSnapshot s = SampleSnapshot();
+  s.pool_parts.resize(1);
+  s.pool_parts[0].numa_node = -1;
+  EXPECT_THAT(Exposition(s),
+              HasSubstr("tierd_pool_part_used_bytes{part=\"0\",numa_node=\"none\"} "));
+}
+
 TEST(MetricsSnapshot, WithoutNvmeTheTrafficCountersStillReadZero) {
   MetricsSnapshot s = SampleSnapshot();
   s.has_nvme = false;

@@ -259,7 +259,7 @@ TEST_F(SpillerTest, AnAdmissionWaitsForASpillThenGetsItsRoom) {
   StartSpiller(Watermarks{100, 100}, /*prefetches=*/0);      // the watermarks never spill
   std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<absl::Status> admitted;
-  tiers_->Admit(table_, 1, late, [&](absl::Status s) { admitted.set_value(s); });
+  tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) { admitted.set_value(s); });
   auto future = admitted.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   ASSERT_TRUE(future.get().ok());
@@ -275,7 +275,7 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   StartSpiller(Watermarks{100, 100}, /*prefetches=*/0);
   std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<absl::Status> admitted;
-  tiers_->Admit(table_, 1, late, [&](absl::Status s) { admitted.set_value(s); });
+  tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) { admitted.set_value(s); });
   ASSERT_TRUE(admitted.get_future().get().ok());  // one object went to NVMe for it
   std::vector<ObjectWaiter> waiters;
   tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
@@ -309,7 +309,7 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false);
   std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<absl::Status> answer;
-  tiers_->Admit(table_, 1, late, [&](absl::Status s) { answer.set_value(s); });
+  tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) { answer.set_value(s); });
   auto future = answer.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(future.get().code(), absl::StatusCode::kResourceExhausted);
@@ -332,7 +332,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<std::chrono::steady_clock::time_point> gave_up;
   auto start = std::chrono::steady_clock::now();
-  tiers_->Admit(table_, 1, late, [&](absl::Status s) {
+  tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) {
     EXPECT_FALSE(s.ok());
     gave_up.set_value(std::chrono::steady_clock::now());
   });
@@ -357,7 +357,7 @@ TEST_F(SpillerTest, StopEndsEveryWait) {
   std::atomic<int> ended{0};
   for (uint64_t i = 0; i < 3; ++i) {
     late.push_back(*table_->Create(1000 + i, kObject, 0, 1000 + i, kObject));
-    tiers_->Admit(table_, 1 + i, late.back(), [&](absl::Status s) {
+    tiers_->Admit(table_, 1 + i, late.back(), /*device=*/-1, [&](absl::Status s) {
       EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
       ++ended;
     });

@@ -77,6 +77,27 @@ class FakeControl final : public v1::Control::Service {
     response->mutable_pool_setup()->set_register_seconds(0.27);
     response->mutable_pool_setup()->set_threads(16);
     response->mutable_pool_setup()->set_huge_page_bytes(2 * kGiB);
+    // Two sockets: GPU 0 on node 0, GPU 1 on node 1, a part each.
+    response->set_pool_layout(
+        "2 parts (auto, GPUs on several NUMA nodes): node 0 (GPUs 0); node 1 (GPUs 1)");
+    for (int i = 0; i < 2; ++i) {
+      v1::PoolPartStatus* part = response->add_pool_parts();
+      part->set_part(i);
+      part->set_numa_node(i);
+      part->set_capacity_bytes(32 * kGiB);
+      part->set_used_bytes(i == 0 ? 12 * kGiB : 4 * kGiB);
+      part->set_free_bytes(i == 0 ? 20 * kGiB : 28 * kGiB);
+      part->set_objects(i == 0 ? 1000 : 234);
+      part->add_gpus(i);
+      part->set_local_allocations(i == 0 ? 5000 : 4000);
+      part->set_remote_allocations(i == 0 ? 0 : 17);
+      v1::GpuPlacement* gpu = response->add_gpus();
+      gpu->set_device(i);
+      gpu->set_pci_bus_id(i == 0 ? "0000:18:00.0" : "0000:af:00.0");
+      gpu->set_pci_root(i == 0 ? "pci0000:17" : "pci0000:ae");
+      gpu->set_numa_node(i);
+      gpu->set_pool_part(i);
+    }
     response->set_buffers(5);
     response->set_gpu_lanes(2);
     response->set_spill_io("io_uring");
@@ -294,11 +315,40 @@ TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
             "nvme  512.0 GiB       0 B  512.0 GiB   0.0%        0\n");
 }
 
-TEST_F(TierctlCommandsTest, PoolsIsTheTiersTable) {
+TEST_F(TierctlCommandsTest, PoolsIsTheTiersThenTheHostPoolsPartsAndTheGpus) {
   const Outcome run = RunInProcess("pools", false);
   ASSERT_EQ(run.exit_code, kExitOk) << run.err;
-  ASSERT_EQ(Lines(run.out).size(), 3u) << run.out;
-  EXPECT_EQ(Lines(run.out)[1], "host   64.0 GiB  16.0 GiB   48.0 GiB  25.0%     1234");
+  EXPECT_EQ(run.out,
+            "TIER   CAPACITY      USED       FREE    USE  OBJECTS\n"
+            "host   64.0 GiB  16.0 GiB   48.0 GiB  25.0%     1234\n"
+            "nvme  512.0 GiB       0 B  512.0 GiB   0.0%        0\n"
+            "\n"
+            "Host pool: 2 parts (auto, GPUs on several NUMA nodes): node 0 (GPUs 0); node 1 "
+            "(GPUs 1)\n"
+            "PART  NODE  CAPACITY      USED      FREE    USE  OBJECTS  GPUS  LOCAL  REMOTE  ANY\n"
+            "   0     0  32.0 GiB  12.0 GiB  20.0 GiB  37.5%     1000  0      5000       0    0\n"
+            "   1     1  32.0 GiB   4.0 GiB  28.0 GiB  12.5%      234  1      4000      17    0\n"
+            "\n"
+            "GPU  PCI           ROOT        NODE  PART\n"
+            "  0  0000:18:00.0  pci0000:17     0     0\n"
+            "  1  0000:af:00.0  pci0000:ae     1     1\n");
+}
+
+TEST_F(TierctlCommandsTest, PoolsJsonHasTheTiersPartsAndGpus) {
+  const Outcome run = RunInProcess("pools", true);
+  ASSERT_EQ(run.exit_code, kExitOk) << run.err;
+  const google::protobuf::Struct parsed = ParseJson(run.out);
+  EXPECT_EQ(Keys(parsed), (std::set<std::string>{"tiers", "pool_layout", "pool_parts", "gpus"}));
+  const auto& parts = parsed.fields().at("pool_parts").list_value();
+  ASSERT_EQ(parts.values_size(), 2);
+  const auto& second = parts.values(1).struct_value().fields();
+  EXPECT_EQ(second.at("numa_node").number_value(), 1);
+  EXPECT_EQ(second.at("remote_allocations").number_value(), 17);
+  EXPECT_EQ(second.at("gpus").list_value().values(0).number_value(), 1);
+  const auto& gpus = parsed.fields().at("gpus").list_value();
+  ASSERT_EQ(gpus.values_size(), 2);
+  EXPECT_EQ(gpus.values(1).struct_value().fields().at("pci_bus_id").string_value(),
+            "0000:af:00.0");
 }
 
 TEST_F(TierctlCommandsTest, SpillShowsOneRowPerSpillDirectory) {
@@ -468,7 +518,8 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "prefetches", "bytes_prefetched", "prefetch_hits",
                                    "prefetch_misses", "spill_files", "buffers", "gpu_lanes",
                                    "pending_releases", "spills", "fetches", "job_kinds",
-                                   "latency_bucket_bounds_seconds", "pool_setup"}));
+                                   "latency_bucket_bounds_seconds", "pool_setup",
+                                   "pool_parts", "pool_layout", "gpus"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
