@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -351,44 +352,26 @@ absl::StatusOr<uint64_t> ClientSession::Submit(const JobRequest& request) {
 
 absl::StatusOr<uint64_t> ClientSession::SubmitTicketed(
     JobRequest& request, absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket) {
-  std::unique_lock lock(mu_);
-  if (daemon_gone_) return absl::UnavailableError("tierd went away");
-  // At most ring-capacity jobs in flight: then neither queue can overflow.
-  if (pending_.size() >= ring_.capacity()) {
-    WaitLocked(lock, -1, [&] { return pending_.size() < ring_.capacity(); },
-               [&] { return absl::StrCat("room in the ring (", ring_.capacity(), " jobs)"); });
-    if (daemon_gone_) return absl::UnavailableError("tierd went away");
+  uint64_t job = 0;
+  if (absl::Status s = PushBatch(absl::MakeSpan(&request, 1), take_ticket, absl::MakeSpan(&job, 1));
+      !s.ok()) {
+    return s;
   }
-  absl::StatusOr<uint64_t> ticket = take_ticket();
-  if (!ticket.ok()) return ticket.status();
-  request.sync = *ticket;
-  ring::SubmissionEntry entry{};
-  entry.job_id = next_job_++;
-  entry.opcode = request.opcode;
-  entry.flags = request.flags;
-  entry.object_id = request.object;
-  entry.buffer_id = request.buffer;
-  entry.offset = request.offset;
-  entry.len = request.len;
-  entry.hint = request.hint;
-  entry.sync = request.sync;
-  if (!ring_.Push(entry)) {
-    // Cannot happen (admission keeps the queue from overflowing); if it did, a taken ticket
-    // would never reach the daemon, so this session's GPU lanes are released for good.
-    if (entry.sync != 0) MarkDaemonGoneLocked();
-    return absl::InternalError("submission queue full despite admission");
-  }
-  pending_.insert(entry.job_id);
-  if (entry.sync != 0 && request.opcode == static_cast<uint32_t>(ring::Opcode::kOffload)) {
-    offload_tickets_[entry.job_id] = Ticket{request.device, entry.sync};
-  }
-  return entry.job_id;
+  return job;
 }
 
 absl::StatusOr<std::vector<uint64_t>> ClientSession::SubmitBatch(
     absl::Span<JobRequest> requests, absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket) {
+  std::vector<uint64_t> jobs(requests.size());
+  if (absl::Status s = PushBatch(requests, take_ticket, absl::MakeSpan(jobs)); !s.ok()) return s;
+  return jobs;
+}
+
+absl::Status ClientSession::PushBatch(absl::Span<JobRequest> requests,
+                                      absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket,
+                                      absl::Span<uint64_t> jobs) {
   const size_t n = requests.size();
-  if (n == 0) return std::vector<uint64_t>{};
+  if (n == 0) return absl::OkStatus();
   const size_t limit = std::min<size_t>(ring_.capacity(), ring::kMaxBatchJobs);
   if (n > limit) {
     return absl::InvalidArgumentError(absl::StrCat("a batch of ", n, " jobs; at most ", limit,
@@ -396,17 +379,18 @@ absl::StatusOr<std::vector<uint64_t>> ClientSession::SubmitBatch(
   }
   std::unique_lock lock(mu_);
   if (daemon_gone_) return absl::UnavailableError("tierd went away");
-  // Room for the whole batch before its ticket is taken: the daemon signals the ticket only once
-  // every job of it arrived, so a batch stuck half pushed would wait for itself.
+  // At most ring-capacity jobs in flight, so neither queue can overflow; and room for the whole
+  // batch before its ticket is taken: the daemon signals the ticket only once every job of it
+  // arrived, so a batch stuck half pushed would wait for itself.
   if (pending_.size() + n > ring_.capacity()) {
     WaitLocked(lock, -1, [&] { return pending_.size() + n <= ring_.capacity(); },
-               [&] { return absl::StrCat("room in the ring for a batch of ", n, " jobs"); });
+               [&] { return absl::StrCat("room in the ring (", ring_.capacity(), " jobs) for ", n,
+                                         n == 1 ? " job" : " jobs"); });
     if (daemon_gone_) return absl::UnavailableError("tierd went away");
   }
   absl::StatusOr<uint64_t> ticket = take_ticket();
   if (!ticket.ok()) return ticket.status();
-  std::vector<ring::SubmissionEntry> entries(n);
-  std::vector<uint64_t> jobs(n);
+  absl::InlinedVector<ring::SubmissionEntry, 1> entries(n);
   const uint32_t batch_flags = *ticket != 0 && n > 1 ? ring::BatchSizeFlags(n) : 0;
   for (size_t i = 0; i < n; ++i) {
     JobRequest& request = requests[i];
@@ -423,7 +407,9 @@ absl::StatusOr<std::vector<uint64_t>> ClientSession::SubmitBatch(
     entry.sync = request.sync;
   }
   if (!ring_.PushAll(entries)) {
-    if (*ticket != 0) MarkDaemonGoneLocked();  // as in SubmitTicketed: a taken ticket is lost
+    // Cannot happen (admission keeps the queue from overflowing); if it did, a taken ticket
+    // would never reach the daemon, so this session's GPU lanes are released for good.
+    if (*ticket != 0) MarkDaemonGoneLocked();
     return absl::InternalError("submission queue full despite admission");
   }
   next_job_ += n;
@@ -433,7 +419,7 @@ absl::StatusOr<std::vector<uint64_t>> ClientSession::SubmitBatch(
       offload_tickets_[jobs[i]] = Ticket{requests[i].device, *ticket};
     }
   }
-  return jobs;
+  return absl::OkStatus();
 }
 
 absl::Status ClientSession::StreamWaitOffload(uint64_t job, void* stream) {

@@ -112,7 +112,7 @@ class ClientSession {
   absl::StatusOr<uint64_t> Submit(const JobRequest& request);
   // Submit for a job on a GPU buffer: `take_ticket` runs just before the push, under the lock that
   // orders pushes, so tickets of a lane reach the ring in ticket order (see client/gpu/client_gpu.h). If
-  // it fails nothing is pushed. The ticket taken is stored in request.sync.
+  // it fails nothing is pushed. The ticket taken is stored in request.sync. A batch of one.
   absl::StatusOr<uint64_t> SubmitTicketed(JobRequest& request,
                                           absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket);
   // A batch: `take_ticket` runs once (a GPU batch shares one ticket; for host buffers it returns
@@ -143,6 +143,11 @@ class ClientSession {
   template <typename Pred, typename What>
   bool WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeout_ms, Pred ready, What what);
   void MarkDaemonGoneLocked();
+  // SubmitBatch's work, writing the job ids to `jobs` (requests.size() of them): one path for a
+  // lone job and a batch, with no allocation for the lone one.
+  absl::Status PushBatch(absl::Span<JobRequest> requests,
+                         absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket,
+                         absl::Span<uint64_t> jobs);
   // GPU sessions: a thread that notices the daemon's death even while no thread of the
   // application waits for a job (its streams may be waiting on the GPU) and releases them.
   void StartDeathWatch();
