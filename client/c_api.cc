@@ -154,6 +154,9 @@ tier_status tier_buffer_register_device_range(tier_session* session, const void*
     }
     *id = registered->buffer_id;
     *offset = registered->offset;
+    // The caller names the id in a later job: the registration stays in tierd until then, even
+    // if another caller finds its memory remapped meanwhile (RegistrationHolds).
+    session->impl->devices().Owe(std::move(registered->lease));
     return TIER_OK;
   });
 }
@@ -216,6 +219,8 @@ tier_status Offload(tier_session* session, const char* name, tier_buffer_id buff
       request.device = device;
       submitted = session->impl->SubmitTicketed(
           request, [&] { return sync->TicketOffload(producers); });
+      session->impl->devices().Paid(
+          buffer, submitted.ok() ? *submitted : session->impl->LastJobPushed());
     }
     if (!submitted.ok()) return Fail(submitted.status());
     *object = request.object;
@@ -317,6 +322,8 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
     tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
     absl::StatusOr<uint64_t> submitted =
         session->impl->SubmitTicketed(request, [&] { return sync->TicketReload(consumer); });
+    session->impl->devices().Paid(
+        buffer, submitted.ok() ? *submitted : session->impl->LastJobPushed());
     if (!submitted.ok()) return Fail(submitted.status());
     *job = *submitted;
     if (absl::Status waited = sync->WaitReloadDone(consumer, request.sync); !waited.ok()) {
@@ -356,14 +363,6 @@ tier_status BatchRequests(tier_session* session, tier_batch_job* jobs, size_t co
                                "; job 0 has ", stride));
     }
     int on = session->impl->devices().DeviceOf(job.buffer);
-    if (on < 0 && !session->impl->IsHostBuffer(job.buffer) && *device >= 0) {
-      // Not a GPU buffer any more, e.g. a registration the library dropped because its memory was
-      // freed and mapped anew (registering another range of the batch found it stale).
-      return Fail(TIER_NOT_FOUND,
-                  absl::StrCat("job ", i, ": buffer ", job.buffer, " is no registered GPU buffer of "
-                               "this session (dropped as stale, or never registered); register the "
-                               "batch's ranges again"));
-    }
     if (i == 0) {
       *device = on;
     } else if (on != *device) {
@@ -389,6 +388,15 @@ tier_status BatchRequests(tier_session* session, tier_batch_job* jobs, size_t co
     }
   }
   return TIER_OK;
+}
+
+// The batch's GPU jobs are on the ring (or failed to go): each pays the use its registration
+// owes (DeviceRegistry::Owe).
+void PayBatch(tier_session* session, const std::vector<tier::client::JobRequest>& requests,
+              const absl::StatusOr<std::vector<uint64_t>>& submitted) {
+  const uint64_t last = submitted.ok() && !submitted->empty() ? submitted->back()
+                                                              : session->impl->LastJobPushed();
+  for (const auto& r : requests) session->impl->devices().Paid(r.buffer, last);
 }
 
 // Writes the submitted ids back into the caller's array.
@@ -434,6 +442,7 @@ tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size
       tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
       submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
                                              [&] { return sync->TicketOffload(producers); });
+      PayBatch(session, requests, submitted);
     }
     if (!submitted.ok()) return Fail(submitted.status());
     StoreBatchIds(jobs, requests, *submitted);
@@ -470,6 +479,7 @@ tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_
     tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
     absl::StatusOr<std::vector<uint64_t>> submitted = session->impl->SubmitBatch(
         absl::MakeSpan(requests), [&] { return sync->TicketReload(consumer); });
+    PayBatch(session, requests, submitted);
     if (!submitted.ok()) return Fail(submitted.status());
     StoreBatchIds(jobs, requests, *submitted);
     if (absl::Status waited = sync->WaitReloadDone(consumer, requests[0].sync); !waited.ok()) {

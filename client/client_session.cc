@@ -86,7 +86,21 @@ ClientSession::ClientSession(const SessionOptions& options, std::unique_ptr<Cont
           [this](const wire::RegisterBuffer& request, absl::Span<const int> fds) {
             return RegisterRaw(request, fds);
           },
-          [this](uint64_t buffer_id) { return UnregisterRaw(buffer_id); }, ring_.tickets())) {}
+          [this](uint64_t buffer_id) { return UnregisterRaw(buffer_id); }, ring_.tickets(),
+          DeviceRegistry::JobMarks{[this] { return LastJobPushed(); },
+                                   [this] { return OldestPendingJob(); }})) {}
+
+uint64_t ClientSession::LastJobPushed() const {
+  std::lock_guard lock(mu_);
+  return next_job_ - 1;
+}
+
+uint64_t ClientSession::OldestPendingJob() const {
+  std::lock_guard lock(mu_);
+  uint64_t oldest = next_job_;
+  for (uint64_t job : pending_) oldest = std::min(oldest, job);
+  return oldest;
+}
 
 ClientSession::~ClientSession() {
   // Let the daemon finish what it is doing with our memory before we unmap it, then close: the

@@ -132,6 +132,10 @@ class ClientSession {
   absl::Status WaitAll(int64_t timeout_ms);
   size_t in_flight() const;
   bool daemon_gone() const;
+  // The newest job id pushed so far (0: none), and the oldest job not yet complete (the next id
+  // when none is): the registry drops a retired GPU registration only after its jobs.
+  uint64_t LastJobPushed() const;
+  uint64_t OldestPendingJob() const;
 
  private:
   ClientSession(const SessionOptions& options, std::unique_ptr<ControlClient> control,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,12 +33,12 @@ absl::StatusOr<gpu::DeviceSync*> DeviceRegistry::SyncFor(int device) {
   }
   if (ticket_registration_ == nullptr) {
     absl::StatusOr<std::unique_ptr<gpu::TicketPageRegistration>> registration =
-        gpu::RegisterTicketPage(tickets_);
+        memory_->RegisterTicketPage(tickets_);
     if (!registration.ok()) return registration.status();
     ticket_registration_ = *std::move(registration);
   }
   absl::StatusOr<std::unique_ptr<gpu::DeviceSync>> sync =
-      gpu::CreateDeviceSync(device, &tickets_->slots[device]);
+      memory_->CreateDeviceSync(device, &tickets_->slots[device]);
   if (!sync.ok()) return sync.status();
   absl::StatusOr<gpu::DeviceAllocation> page = (*sync)->Export();
   if (!page.ok()) return page.status();
@@ -62,36 +63,96 @@ std::optional<DeviceRegistry::Registered> DeviceRegistry::FindCachedLocked(
   for (size_t i = 0; i < range.pages.size(); ++i) {
     uint64_t page_end = i + 1 < range.pages.size() ? range.pages[i + 1].first : range.end;
     if (page_end <= ptr || range.pages[i].first > last) continue;  // not touched by the range
-    uint64_t id = gpu::AllocationId(reinterpret_cast<const void*>(range.pages[i].first));
+    uint64_t id = memory_->AllocationId(reinterpret_cast<const void*>(range.pages[i].first));
     if (id != range.pages[i].second) {
       // Freed (or remapped) since it was registered: the registration names memory the client
-      // no longer has there. Drop it here and, once the new one is made, in the daemon.
+      // no longer has there. It leaves the cache here, and the daemon once no caller holds it.
       stale->push_back(range.buffer_id);
-      ForgetLocked(range.buffer_id);
+      UncacheLocked(range.buffer_id);
       return std::nullopt;
     }
   }
   if (!fits) return std::nullopt;
-  return Registered{range.buffer_id, ptr - it->first, range.end - it->first, range.device};
+  holds_.Hold(range.buffer_id);
+  return Registered{range.buffer_id, ptr - it->first, range.end - it->first, range.device,
+                    Lease(this, range.buffer_id)};
+}
+
+DeviceRegistry::Lease& DeviceRegistry::Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    registry_ = std::exchange(other.registry_, nullptr);
+    id_ = other.id_;
+  }
+  return *this;
+}
+
+void DeviceRegistry::Lease::Release() {
+  if (registry_ != nullptr) std::exchange(registry_, nullptr)->Release(id_);
+}
+
+void DeviceRegistry::Release(uint64_t buffer_id) {
+  const uint64_t last = marks_.last_pushed();
+  std::lock_guard lock(mu_);
+  holds_.Release(buffer_id, last);
+}
+
+void DeviceRegistry::Owe(Lease lease) {
+  if (lease.registry_ == nullptr) return;
+  std::lock_guard lock(mu_);
+  holds_.Owe(lease.id_);
+  lease.registry_ = nullptr;
+}
+
+void DeviceRegistry::Paid(uint64_t buffer_id, uint64_t job) {
+  std::lock_guard lock(mu_);
+  holds_.Paid(buffer_id, job);
+}
+
+uint64_t DeviceRegistry::holders(uint64_t buffer_id) const {
+  std::lock_guard lock(mu_);
+  return holds_.holders(buffer_id);
+}
+
+void DeviceRegistry::Retire(const std::vector<uint64_t>& stale) {
+  if (stale.empty()) return;
+  // Read after the ids left the cache: a job naming one that was pushed by then is at or below.
+  const uint64_t last = marks_.last_pushed();
+  std::lock_guard lock(mu_);
+  for (uint64_t id : stale) holds_.Retire(id, last);
+}
+
+void DeviceRegistry::DropDue() {
+  {
+    std::lock_guard lock(mu_);
+    if (holds_.retired() == 0) return;
+  }
+  // The session's lock is taken here, never under ours (the session calls ReleaseWaiters under
+  // its own).
+  const uint64_t oldest = marks_.oldest_pending();
+  std::vector<uint64_t> due;
+  {
+    std::lock_guard lock(mu_);
+    due = holds_.TakeDue(oldest);
+    for (uint64_t id : due) by_buffer_.erase(id);
+  }
+  // No wait for jobs: all that named it are complete (RegistrationHolds, rule 2).
+  for (uint64_t id : due) (void)unregister_fn_(id);
 }
 
 absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* device_ptr,
                                                                      uint64_t len) {
   const auto ptr = reinterpret_cast<uint64_t>(device_ptr);
+  DropDue();
   std::vector<uint64_t> stale;
   {
     std::lock_guard lock(mu_);
-    if (std::optional<Registered> cached = FindCachedLocked(ptr, len, &stale)) return *cached;
-  }
-  // Registrations of memory that is gone go once this call is over, whatever it returns.
-  struct DropStale {
-    DeviceRegistry* registry;
-    std::vector<uint64_t>* ids;
-    ~DropStale() {
-      for (uint64_t id : *ids) (void)registry->unregister_fn_(id);
+    if (std::optional<Registered> cached = FindCachedLocked(ptr, len, &stale)) {
+      return *std::move(cached);
     }
-  } drop_stale{this, &stale};
-  absl::StatusOr<gpu::DeviceAllocation> allocation = gpu::ExportDeviceRange(device_ptr, len);
+  }
+  Retire(stale);
+  absl::StatusOr<gpu::DeviceAllocation> allocation = ExportDeviceRange(*memory_, device_ptr, len);
   if (!allocation.ok()) return allocation.status();
   // The physical allocations under the range, by id (gpu::AllocationId), read right after the
   // export took its handles: they tell memory mapped anew at the same address (a VMM page after
@@ -99,11 +160,11 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   // address order; one unless kCudaVmmPages.
   Range range{allocation->base + allocation->bytes, 0, allocation->device, {}};
   if (allocation->page_bytes.empty()) {
-    range.pages.push_back({allocation->base, gpu::AllocationId(device_ptr)});
+    range.pages.push_back({allocation->base, memory_->AllocationId(device_ptr)});
   } else {
     uint64_t at = allocation->base;
     for (uint64_t bytes : allocation->page_bytes) {
-      range.pages.push_back({at, gpu::AllocationId(reinterpret_cast<const void*>(at))});
+      range.pages.push_back({at, memory_->AllocationId(reinterpret_cast<const void*>(at))});
       at += bytes;
     }
   }
@@ -116,7 +177,9 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
   if (identified) {
     std::lock_guard lock(mu_);
     if (auto it = by_allocation_.find(key); it != by_allocation_.end()) {
-      return Registered{it->second, allocation->offset, allocation->bytes, allocation->device};
+      holds_.Hold(it->second);
+      return Registered{it->second, allocation->offset, allocation->bytes, allocation->device,
+                        Lease(this, it->second)};
     }
   }
   absl::StatusOr<gpu::DeviceSync*> sync = SyncFor(allocation->device);
@@ -135,7 +198,9 @@ absl::StatusOr<DeviceRegistry::Registered> DeviceRegistry::Register(const void* 
     by_allocation_[key] = *id;
     ranges_[allocation->base] = std::move(range);
   }
-  return Registered{*id, allocation->offset, allocation->bytes, allocation->device};
+  holds_.Hold(*id);
+  return Registered{*id, allocation->offset, allocation->bytes, allocation->device,
+                    Lease(this, *id)};
 }
 
 int DeviceRegistry::DeviceOf(uint64_t buffer_id) const {
@@ -152,10 +217,13 @@ gpu::DeviceSync* DeviceRegistry::Sync(int device) const {
 
 void DeviceRegistry::Forget(uint64_t buffer_id) {
   std::lock_guard lock(mu_);
-  ForgetLocked(buffer_id);
+  UncacheLocked(buffer_id);
+  holds_.Forget(buffer_id);
+  by_buffer_.erase(buffer_id);
 }
 
-void DeviceRegistry::ForgetLocked(uint64_t buffer_id) {
+void DeviceRegistry::UncacheLocked(uint64_t buffer_id) {
+  // by_buffer_ keeps it: DeviceOf still knows its GPU for jobs naming it until it is dropped.
   auto it = by_buffer_.find(buffer_id);
   if (it == by_buffer_.end()) return;
   if (auto cached = by_allocation_.find(it->second);
@@ -166,7 +234,6 @@ void DeviceRegistry::ForgetLocked(uint64_t buffer_id) {
       range != ranges_.end() && range->second.buffer_id == buffer_id) {
     ranges_.erase(range);
   }
-  by_buffer_.erase(it);
 }
 
 void DeviceRegistry::ReleaseWaiters() {

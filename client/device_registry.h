@@ -7,8 +7,10 @@
 // the same buffer id (the cache key includes the IPC handle, so a new allocation that happens to
 // reuse an address is registered anew). When a registered range turns out to hold other memory
 // now (the allocator gave it back to the driver and mapped new memory there: CUDA's buffer ids
-// differ), the old registration is dropped in the daemon as the new one is made, so the daemon
-// does not keep freed memory mapped (and alive) for the rest of the session.
+// differ), the old registration leaves the cache at once and is dropped in the daemon once no
+// caller that received it can still name it in a job (RegistrationHolds), so the daemon does not
+// keep freed memory mapped (and alive) for the rest of the session, and no job names a buffer
+// dropped under it.
 //
 // Thread-safe. Lock order: the registry never holds its own lock while it calls `register_fn`
 // (which takes the session's locks), so the session may call ReleaseWaiters() under its lock.
@@ -29,9 +31,19 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/gpu/client_gpu.h"
+#include "client/gpu/device_memory.h"
+#include "client/registration_holds.h"
 #include "tier/session_wire.h"
 
 namespace tier::client {
+
+// The session's jobs, for RegistrationHolds' rule 2: the newest job id pushed so far (0: none),
+// and the oldest not yet complete (the next id when none is). Called without the registry's lock
+// held. The defaults: no jobs.
+struct RegistryJobMarks {
+  absl::AnyInvocable<uint64_t() const> last_pushed = [] { return uint64_t{0}; };
+  absl::AnyInvocable<uint64_t() const> oldest_pending = [] { return ~uint64_t{0}; };
+};
 
 class DeviceRegistry {
  public:
@@ -41,21 +53,51 @@ class DeviceRegistry {
   // Drops a registration in the daemon (no wait for jobs: the daemon keeps the mapping until the
   // jobs that use it are done).
   using UnregisterFn = absl::AnyInvocable<absl::Status(uint64_t buffer_id)>;
-  // `tickets`: the session ring's ticket page (tier/ring.h).
-  DeviceRegistry(RegisterFn register_fn, UnregisterFn unregister_fn, ring::TicketPage* tickets)
+  using JobMarks = RegistryJobMarks;
+  // `tickets`: the session ring's ticket page (tier/ring.h). `memory`: the GPU runtime (a fake in
+  // tests).
+  DeviceRegistry(RegisterFn register_fn, UnregisterFn unregister_fn, ring::TicketPage* tickets,
+                 JobMarks marks = {},
+                 std::unique_ptr<gpu::DeviceMemory> memory = gpu::RuntimeDeviceMemory())
       : register_fn_(std::move(register_fn)), unregister_fn_(std::move(unregister_fn)),
-        tickets_(tickets) {}
+        tickets_(tickets), marks_(std::move(marks)), memory_(std::move(memory)) {}
   DeviceRegistry(const DeviceRegistry&) = delete;
   DeviceRegistry& operator=(const DeviceRegistry&) = delete;
+
+  // A caller's hold on a registration: while it lives, the registration stays registered in the
+  // daemon (RegistrationHolds). Keep it until the job naming the buffer is on the ring.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& other) noexcept { *this = std::move(other); }
+    Lease& operator=(Lease&& other) noexcept;
+    ~Lease() { Release(); }
+    void Release();
+
+   private:
+    friend class DeviceRegistry;
+    Lease(DeviceRegistry* registry, uint64_t id) : registry_(registry), id_(id) {}
+    DeviceRegistry* registry_ = nullptr;
+    uint64_t id_ = 0;
+  };
 
   struct Registered {
     uint64_t buffer_id = 0;
     uint64_t offset = 0;  // the pointer's offset in the allocation
     uint64_t bytes = 0;   // the allocation's size
     int device = -1;
+    Lease lease;
   };
-  // len > 0: the range must lie in the buffer (see gpu::ExportDeviceRange).
+  // len > 0: the range must lie in the buffer (see gpu::ExportDeviceRange). Also drops, in the
+  // daemon, retired registrations that became due.
   absl::StatusOr<Registered> Register(const void* device_ptr, uint64_t len = 0);
+  // The C ABI hands the id out: the lease becomes a use owed by the caller, paid by the first job
+  // naming the id (Paid).
+  void Owe(Lease lease);
+  // Job `job`, just pushed, names `buffer_id`.
+  void Paid(uint64_t buffer_id, uint64_t job);
+  // Leases and owed uses of `buffer_id` (tests, diagnostics).
+  uint64_t holders(uint64_t buffer_id) const;
 
   // The GPU (this process's ordinal) of a registered device buffer; -1 for any other buffer.
   int DeviceOf(uint64_t buffer_id) const;
@@ -73,6 +115,8 @@ class DeviceRegistry {
   RegisterFn register_fn_;
   UnregisterFn unregister_fn_;
   ring::TicketPage* const tickets_;
+  const JobMarks marks_;
+  const std::unique_ptr<gpu::DeviceMemory> memory_;
   std::mutex create_mu_;  // serializes creating pages (held across register_fn_)
   mutable std::mutex mu_;
   // Declared before the pages: unregistered after the last DeviceSync is gone.
@@ -104,8 +148,14 @@ class DeviceRegistry {
   // memory changed is dropped from the cache and its buffer id added to *stale.
   std::optional<Registered> FindCachedLocked(uint64_t ptr, uint64_t len,
                                              std::vector<uint64_t>* stale);
-  void ForgetLocked(uint64_t buffer_id);
+  // Removes `buffer_id` from the cache only.
+  void UncacheLocked(uint64_t buffer_id);
+  void Release(uint64_t buffer_id);
+  // Retires `stale` ids and unregisters, in the daemon, those RegistrationHolds finds due.
+  void Retire(const std::vector<uint64_t>& stale);
+  void DropDue();
   std::map<uint64_t, Range> ranges_;
+  RegistrationHolds holds_;  // guarded by mu_
 };
 
 }  // namespace tier::client

@@ -57,12 +57,6 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr);
 // cannot tell. Lets the client reuse a registration without exporting again.
 uint64_t AllocationId(const void* device_ptr);
 
-// ExportDeviceAllocation for a range: the allocation holding `device_ptr`, which must also hold
-// `len` bytes from it. A range over VMM pages mapped side by side (PyTorch expandable segments)
-// becomes one kCudaVmmPages allocation of up to wire::kMaxVmmPages pages. OUT_OF_RANGE when the
-// range crosses the end of a cudaMalloc allocation, runs into unmapped or non-exportable memory,
-// or needs more pages. len == 0 is ExportDeviceAllocation.
-absl::StatusOr<DeviceAllocation> ExportDeviceRange(const void* device_ptr, uint64_t len);
 
 // The session's ticket page registered with the GPU runtime (pinned and mapped for every GPU), so
 // that this process's streams can write it; unregistered on destruction. Create it before the

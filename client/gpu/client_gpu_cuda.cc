@@ -86,6 +86,8 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
   out.base = base;
   out.bytes = size;
   out.offset = ptr - base;
+  out.reservation_base = base;
+  out.reservation_bytes = size;
 
   // VMM memory (cuMemCreate + cuMemMap). cuMemGetAddressRange gave the whole VA reservation,
   // which may hold many physical allocations side by side (PyTorch's expandable segments map one

@@ -57,6 +57,8 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
   out.base = reinterpret_cast<uint64_t>(base);
   out.bytes = size;
   out.offset = reinterpret_cast<uint64_t>(device_ptr) - out.base;
+  out.reservation_base = out.base;
+  out.reservation_bytes = size;
   hipIpcMemHandle_t ipc;
   if (absl::Status s = CheckHip(hipIpcGetMemHandle(&ipc, base), "hipIpcGetMemHandle"); !s.ok()) {
     return s;

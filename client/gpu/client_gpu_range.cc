@@ -1,13 +1,14 @@
-// ExportDeviceRange (client/gpu/client_gpu.h): runtime neutral, over ExportDeviceAllocation.
+// ExportDeviceRange (client/gpu/device_memory.h): runtime neutral, over DeviceMemory.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "client/gpu/client_gpu.h"
+#include "client/gpu/device_memory.h"
 
 namespace tier::client::gpu {
 
-absl::StatusOr<DeviceAllocation> ExportDeviceRange(const void* device_ptr, uint64_t len) {
-  absl::StatusOr<DeviceAllocation> first = ExportDeviceAllocation(device_ptr);
+absl::StatusOr<DeviceAllocation> ExportDeviceRange(DeviceMemory& memory, const void* device_ptr,
+                                                   uint64_t len) {
+  absl::StatusOr<DeviceAllocation> first = memory.ExportAllocation(device_ptr);
   if (!first.ok() || len == 0) return first;
   if (first->offset <= first->bytes && len <= first->bytes - first->offset) return first;
   if (first->kind != wire::BufferKind::kCudaVmmFd) {
@@ -26,7 +27,7 @@ absl::StatusOr<DeviceAllocation> ExportDeviceRange(const void* device_ptr, uint6
                                                 wire::kMaxVmmPages, " VMM pages"));
     }
     absl::StatusOr<DeviceAllocation> page =
-        ExportDeviceAllocation(reinterpret_cast<const void*>(next));
+        memory.ExportAllocation(reinterpret_cast<const void*>(next));
     if (!page.ok() || page->kind != wire::BufferKind::kCudaVmmFd || page->base != next ||
         page->device != out.device) {
       return absl::OutOfRangeError(absl::StrCat(

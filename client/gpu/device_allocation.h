@@ -19,6 +19,10 @@ struct DeviceAllocation {
   uint64_t base = 0;                                    // device address of the allocation
   uint64_t bytes = 0;                                   // its size
   uint64_t offset = 0;                                  // the queried pointer's offset in it
+  // The virtual address range the allocation lies in (cuMemGetAddressRange): for VMM memory the
+  // whole reservation, which may hold many pages side by side; else the allocation itself.
+  uint64_t reservation_base = 0;
+  uint64_t reservation_bytes = 0;
   std::array<uint8_t, 64> ipc_handle{};                 // kCudaIpc, kCudaSemaphores
   UniqueFd fd;                                          // kCudaVmmFd: POSIX fd shareable handle
   // kCudaVmmPages: one fd per page, in address order; their sizes are also packed into

@@ -108,7 +108,13 @@ TIER_API tier_status tier_buffer_register_fd(tier_session* session, int fd, uint
                                              tier_buffer_id* id);
 /* Registers the GPU allocation that contains device_ptr (the whole allocation, once: later calls
  * for pointers inside an already registered allocation return the same id). *offset is
- * device_ptr's offset within the allocation, to use in jobs. UNIMPLEMENTED without a GPU engine. */
+ * device_ptr's offset within the allocation, to use in jobs. UNIMPLEMENTED without a GPU engine.
+ * When the library finds memory under a registration remapped (freed to the driver and mapped
+ * anew, e.g. an expandable segment's page after torch.cuda.empty_cache()), the registration is
+ * no longer returned and is dropped in tierd, but only after every id handed out for it was
+ * named by a job (tier_offload, tier_reload, a batch) and those jobs completed: an id returned
+ * here is always valid for the job it was registered for. Register again for each job rather
+ * than keeping ids of memory an allocator may free. */
 TIER_API tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
                                                  tier_buffer_id* id, uint64_t* offset);
 /* tier_buffer_register_device, and checks that [device_ptr, device_ptr + len) lies in that one

@@ -441,7 +441,9 @@ class Client:
         the id it already gave for pointers inside it). Returns (buffer id, offset of device_ptr in
         the allocation). With nbytes, raises tier.OutOfRange when [device_ptr, +nbytes) crosses
         the allocation's end (a tensor over two physical pages of an expandable segment). Raises
-        tier.Unimplemented without a GPU engine."""
+        tier.Unimplemented without a GPU engine. The id stays registered in tierd until a job
+        names it (tier.h), even if another registration finds its memory remapped meanwhile:
+        register again for every job rather than keeping ids of memory the allocator may free."""
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
         with self._lock:
@@ -1087,20 +1089,6 @@ class Client:
             self._offload_batch_staged(staged, retain_on_failure)
         return handles
 
-    def _stable_registrations(self, ranges, ids):
-        """(buffer id, offset) of every (pointer, bytes) in `ranges`, all valid at once. `ids` are
-        their first registrations, one by one; but registering one range drops a cached
-        registration it finds stale (memory freed and mapped anew at its address, e.g. a page of
-        an expandable segment), which an earlier range of the batch may be using. So they are
-        registered again (from the library's cache: no round trip) until no id changes; then
-        none of them names a dropped registration."""
-        for _ in range(4):
-            again = [self.register_device(p, n) for p, n in ranges]
-            if again == ids:
-                return ids
-            ids = again
-        return ids
-
     def _offload_batch_cuda(self, device, items, streams, retain_on_failure):
         """_offload_cuda for one GPU's tensors, as one batch (split at batch_limit): one ticket,
         one wait for the producer streams for all of them. Returns the items to stage instead
@@ -1144,9 +1132,8 @@ class Client:
             batch.append((handle, t, src))
         if not batch:
             return fallback
-        ids = self._stable_registrations([(src.data_ptr(), h.nbytes) for h, _, src in batch],
-                                         [(row[0], row[1]) for row in rows])
-        rows = [(b, o, n, hint) for (b, o), (_, _, n, hint) in zip(ids, rows)]
+        # Each id stays registered in tierd until a job names it, even if registering a later
+        # range of the batch found its memory remapped (the library's registration holds).
         ptrs = [_stream_ptr(s) for s in producers]
         # Each job keeps its source (and the tensor it came from) alive until the daemon's copy
         # completed: dropping tensors and handles meanwhile cannot free memory under it.
@@ -1287,8 +1274,7 @@ class Client:
         # batch, and a destination dropped early is reused only by work ordered after them.
         with torch.cuda.device(device), torch.cuda.stream(stream):
             dsts = [torch.empty(h.shape, dtype=h.dtype, device=h.device) for h in handles]
-        ranges = [(dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
-        ids = self._stable_registrations(ranges, [self.register_device(p, n) for p, n in ranges])
+        ids = [self.register_device(dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
         rows = [(h._object, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
         ptr = _stream_ptr(stream)
         with self._lock:

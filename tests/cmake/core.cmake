@@ -13,3 +13,6 @@ tier_add_test(session_channel_test LABEL unit
 
 tier_add_test(device_sync_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/device_sync_test.cc LIBS tier_client_gpu)
+
+tier_add_test(device_registry_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/device_registry_test.cc LIBS tier_client_core)
