@@ -975,6 +975,20 @@ class Client:
                           % why, RuntimeWarning, stacklevel=4)
         self._device_direct = False
 
+    def _keep_on_gpu(self, handle, src, producers):
+        """A CUDA tensor that cannot be one job (the library answered OutOfRange: it spans two
+        physical allocations, e.g. pages of an expandable segment it could not register as one):
+        it stays on the GPU, correct but not offloaded, and reload() hands it back once
+        `producers` are followed. Warns once per client."""
+        if not self._warned_kept:
+            self._warned_kept = True
+            # (stacklevel: the caller of offload() / offload_batch(), as before this helper.)
+            warnings.warn("tier: a tensor spanning two physical pages of an expandable "
+                          "segment stays on the GPU (not offloaded)", RuntimeWarning,
+                          stacklevel=5)
+        handle._kept = (src, producers)
+        handle._direct = True
+
     def _offload_cuda(self, handle, t, streams, hint, retain_on_failure):
         """The GPU engine path; False if the library has no GPU support (then staging is used)."""
         torch = _torch()
@@ -996,15 +1010,7 @@ class Client:
             self._no_device_direct("libtierclient has no GPU support")
             return False
         except errors.OutOfRange:
-            # Spans two physical allocations (expandable segments): it cannot be one job. It
-            # stays on the GPU, correct but not offloaded; reload() hands it back.
-            if not self._warned_kept:
-                self._warned_kept = True
-                warnings.warn("tier: a tensor spanning two physical pages of an expandable "
-                              "segment stays on the GPU (not offloaded)", RuntimeWarning,
-                              stacklevel=4)
-            handle._kept = (src, producers)
-            handle._direct = True
+            self._keep_on_gpu(handle, src, producers)
             return True
         self._device_direct = True
         ptrs = [_stream_ptr(s) for s in producers]
@@ -1117,15 +1123,7 @@ class Client:
                 fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
                 break
             except errors.OutOfRange:
-                # As in _offload_cuda: spans two physical allocations (expandable segments), so
-                # it cannot be one job; it stays on the GPU and reload() hands it back.
-                if not self._warned_kept:
-                    self._warned_kept = True
-                    warnings.warn("tier: a tensor spanning two physical pages of an expandable "
-                                  "segment stays on the GPU (not offloaded)", RuntimeWarning,
-                                  stacklevel=4)
-                handle._kept = (src, producers)
-                handle._direct = True
+                self._keep_on_gpu(handle, src, producers)
                 continue
             self._device_direct = True
             rows.append((buffer_id, offset, handle.nbytes, hint))
