@@ -23,12 +23,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "tier/tier.h"
+#include "tierd_process.h"
 
 namespace {
 
@@ -295,31 +297,14 @@ int main(int argc, char** argv) {
   }
   // Per size: enough bytes to reach steady state; the pool holds two sizes' worth at once.
   const uint64_t total = std::max<uint64_t>(2 * max_bytes, 2 * kGiB);
-  pid_t daemon = -1;
-  std::string dir;
+  std::unique_ptr<tier::bench::TierdProcess> daemon;
   if (socket.empty()) {
-    if (tierd_bin.empty()) {
-      tierd_bin = (std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() /
-                   "daemon" / "tierd").string();
-    }
-    char pattern[] = "/tmp/tier-gpu-bench-XXXXXX";
-    dir = ::mkdtemp(pattern);
-    socket = dir + "/tierd.sock";
-    std::vector<std::string> args = {tierd_bin, "--engine=cuda", "--socket=" + socket,
-                                     "--session_socket=" + dir + "/session.sock",
-                                     "--state_dir=" + dir + "/state",
-                                     "--pool_bytes=" + std::to_string((2 * total + kGiB) >> 20) + "M",
-                                     "--pool_lock=best-effort", "--log_level=warning"};
-    args.insert(args.end(), tierd_flags.begin(), tierd_flags.end());
-    daemon = ::fork();
-    if (daemon == 0) {
-      std::vector<char*> argv2;
-      for (auto& a : args) argv2.push_back(a.data());
-      argv2.push_back(nullptr);
-      ::execv(argv2[0], argv2.data());
-      std::perror("exec tierd");
-      ::_exit(127);
-    }
+    std::vector<std::string> flags = {
+        "--engine=cuda", "--pool_bytes=" + std::to_string((2 * total + kGiB) >> 20) + "M",
+        "--pool_lock=best-effort"};
+    flags.insert(flags.end(), tierd_flags.begin(), tierd_flags.end());
+    daemon = std::make_unique<tier::bench::TierdProcess>(tierd_bin, flags);
+    socket = daemon->socket();
   }
   tier_session_options options;
   tier_session_options_init(&options);
@@ -404,10 +389,6 @@ int main(int argc, char** argv) {
     }
   }
   tier_session_close(session);
-  if (daemon > 0) {
-    ::kill(daemon, SIGTERM);
-    ::waitpid(daemon, nullptr, 0);
-    std::filesystem::remove_all(dir);
-  }
+  daemon.reset();
   return 0;
 }
