@@ -125,6 +125,7 @@ absl::Status Daemon::Init() {
   engine_options.copy_delay_us = config_.copy_delay_us;
   engine_options.lane_wait_warn_ms = config_.lane_wait_warn_ms;
   engine_options.gpu_poll_spin_us = config_.gpu_poll_spin_us;
+  engine_options.gpu_lane_window_bytes = config_.gpu_lane_window_bytes;
   absl::StatusOr<std::unique_ptr<engine::CopyEngine>> engine = engine::MakeCopyEngine(engine_options);
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);

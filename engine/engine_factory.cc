@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeGpuEngine(const EngineOptions& o
   gpu.copy_delay_us = options.copy_delay_us;
   gpu.lane_wait_warn_ms = options.lane_wait_warn_ms;
   gpu.poll_spin_us = options.gpu_poll_spin_us;
+  gpu.lane_window_bytes = options.gpu_lane_window_bytes;
 #if defined(TIER_HAVE_CUDA)
   return MakeCudaEngine(gpu);
 #elif defined(TIER_HAVE_HIP)

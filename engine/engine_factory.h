@@ -18,6 +18,7 @@ struct EngineOptions {
   uint64_t copy_delay_us = 0;  // test-only delay injection, every engine
   uint32_t lane_wait_warn_ms = 10000;  // GPU engines: see GpuEngineOptions
   uint32_t gpu_poll_spin_us = 50;      // GPU engines: GpuEngineOptions::poll_spin_us
+  uint64_t gpu_lane_window_bytes = 0;  // GPU engines: GpuEngineOptions::lane_window_bytes
 };
 
 absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCopyEngine(const EngineOptions& options);

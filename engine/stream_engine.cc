@@ -131,6 +131,7 @@ struct QueuedJob {
   bool started = false;          // fed: its first chunk (and the pool waits) are issued
   uint64_t chunks_issued = 0;    // fed
   std::shared_ptr<FeedProgress> progress;  // fed
+  uint64_t issued_bytes = 0;     // a plain copy issued in chunks (the lane's window): so far
   absl::Status status;           // a failure while issuing, reported at completion
   bool signal = true;            // writes done = sync after its copy (the last job of its ticket)
 };
@@ -141,7 +142,8 @@ struct HeldTicket {
   std::vector<QueuedJob> jobs;
 };
 
-// A job issued on the stream, waiting for its `completed` write.
+// A job issued on the stream, waiting for its `completed` write; or a chunk of a job still being
+// issued (no `done`: the job completes with its last chunk).
 struct PendingJob {
   uint64_t seq = 0;
   absl::AnyInvocable<void(absl::Status) &&> done;
@@ -151,6 +153,7 @@ struct PendingJob {
   std::shared_ptr<SourceFeed> feed;
   std::vector<GpuWait> gpu_waits;  // for diagnostics
   uint64_t issued_ns = 0;
+  uint64_t window_bytes = 0;  // of the lane's window it holds until completed
 };
 
 // The GPU-side waits of a job not yet done, as "pool write seq S (word at V)"; "" for none.
@@ -227,6 +230,7 @@ struct Lane {
   std::vector<GpuRuntime::CopyOp> staged;
   uint64_t staged_from_seq = 0;
   std::deque<PendingJob> pending;    // issued on the stream, in seq order
+  uint64_t window_bytes = 0;         // plain copies issued and not completed (lane_window_bytes)
   bool abandoned = false;
   uint64_t progress_ns = 0;    // last completion, or when the first pending job was issued
   uint64_t wait_since_ns = 0;  // when the head job began to wait for its ticket (0: not)
@@ -999,6 +1003,7 @@ class StreamEngine final : public CopyEngine {
   }
 
   bool IssueHead(Lane& lane, QueuedJob& q, uint64_t now);
+  bool IssueChunks(Lane& lane, QueuedJob& q, uint64_t now);
   absl::Status FlushStaged(Lane& lane);
   void MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<FailedJob>& failed);
   bool Complete(Lane& lane, uint64_t now);
@@ -1072,8 +1077,8 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
     }
   }
   GpuStream stream = lane.stream;
-  const uint64_t seq = lane.next_seq;
   bool staged = false;
+  uint64_t window = 0;  // of the lane's window the job's pending entry holds
   auto flush = [&] {
     absl::Status flushed = FlushStaged(lane);
     if (!flushed.ok() && staged && q.status.ok()) q.status = flushed;
@@ -1118,12 +1123,20 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
       flush();
       q.status = Copy(stream, job.direction, q.host, job.client, job.pool, job.len);
     } else {
-      if (lane.staged.empty()) lane.staged_from_seq = seq;
-      lane.staged.push_back(GpuRuntime::CopyOp{job.client, job.pool, job.len});
+      // A plain copy: whole, or its chunks as the lane's window lets them go; the last (or only)
+      // piece is this job's pending entry below.
+      if (!IssueChunks(lane, q, now)) return false;
+      const uint64_t rest = job.len - q.issued_bytes;
+      if (lane.staged.empty()) lane.staged_from_seq = lane.next_seq;
+      lane.staged.push_back(
+          GpuRuntime::CopyOp{job.client + q.issued_bytes, job.pool + q.issued_bytes, rest});
+      lane.window_bytes += rest;
+      window = rest;
       staged = true;
     }
   }
   lane.blocked = "";
+  const uint64_t seq = lane.next_seq;  // after any chunks: the seq of the job's last piece
   if (q.pool_write != 0 && q.status.ok()) {
     pool_writes_.Issued(q.pool_write, job.pool, lane.completed_addr(), &lane.word.host->completed,
                         seq);
@@ -1140,7 +1153,40 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
   absl::Status status = q.status.ok() ? signal : q.status;
   if (lane.pending.empty()) lane.progress_ns = now;  // the watchdog counts from here
   lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), q.pool_write,
-                                    job.pool, std::move(job.feed), std::move(q.gpu_waits), now});
+                                    job.pool, std::move(job.feed), std::move(q.gpu_waits), now,
+                                    window});
+  return true;
+}
+
+// A plain copy under the lane's window (GpuEngineOptions::lane_window_bytes): stages every chunk
+// but the last that fits, each its own pending entry; true once the rest (the last chunk, or the
+// whole copy) may be staged too. False: the window is full; the job stays at the head, and the
+// lane's completions open the window again.
+bool StreamEngine::IssueChunks(Lane& lane, QueuedJob& q, uint64_t now) {
+  const uint64_t window = options_.lane_window_bytes;
+  const CopyJob& job = q.job;
+  if (window == 0) return true;
+  const uint64_t chunk = std::max<uint64_t>(window / 4, 1);
+  // An empty window always takes the next piece, so a lane alone is never held back by it.
+  auto fits = [&](uint64_t n) { return lane.window_bytes == 0 || lane.window_bytes + n <= window; };
+  while (job.len - q.issued_bytes > chunk) {
+    if (!fits(chunk)) {
+      lane.blocked = "its window of the GPU link";
+      return false;
+    }
+    if (lane.staged.empty()) lane.staged_from_seq = lane.next_seq;
+    lane.staged.push_back(
+        GpuRuntime::CopyOp{job.client + q.issued_bytes, job.pool + q.issued_bytes, chunk});
+    lane.pending.push_back(PendingJob{lane.next_seq++, nullptr, absl::OkStatus(), 0, nullptr,
+                                      nullptr, {}, now, chunk});
+    lane.window_bytes += chunk;
+    q.issued_bytes += chunk;
+    if (lane.pending.size() == 1) lane.progress_ns = now;
+  }
+  if (!fits(job.len - q.issued_bytes)) {
+    lane.blocked = "its window of the GPU link";
+    return false;
+  }
   return true;
 }
 
@@ -1152,6 +1198,11 @@ absl::Status StreamEngine::FlushStaged(Lane& lane) {
   if (!s.ok()) {
     for (PendingJob& p : lane.pending) {
       if (p.seq >= lane.staged_from_seq && p.status.ok()) p.status = s;
+    }
+    // Chunks have no completion of their own: their job, still at the head, reports it.
+    if (!lane.queue.empty() && lane.queue.front().issued_bytes > 0 &&
+        lane.queue.front().status.ok()) {
+      lane.queue.front().status = s;
     }
   }
   return s;
@@ -1168,7 +1219,12 @@ void StreamEngine::MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<Fai
     PendingJob& p = lane.pending.back();
     pool_writes_.End(p.pool_write, p.pool);
     if (p.feed != nullptr) p.feed->Unsubscribe();
-    failed.push_back({std::move(p.done), p.status.ok() ? mark : std::move(p.status)});
+    lane.window_bytes -= p.window_bytes;
+    if (p.done) {
+      failed.push_back({std::move(p.done), p.status.ok() ? mark : std::move(p.status)});
+    } else if (!lane.queue.empty() && lane.queue.front().status.ok()) {
+      lane.queue.front().status = mark;  // a chunk of the head job
+    }
     lane.pending.pop_back();
   }
 }
@@ -1215,6 +1271,7 @@ bool StreamEngine::Complete(Lane& lane, uint64_t now) {
   {
     std::lock_guard lock(lane.mu);
     while (!lane.pending.empty() && lane.pending.front().seq <= completed) {
+      lane.window_bytes -= lane.pending.front().window_bytes;
       finished.push_back(std::move(lane.pending.front()));
       lane.pending.pop_front();
     }
@@ -1253,8 +1310,13 @@ bool StreamEngine::Complete(Lane& lane, uint64_t now) {
       }
       std::lock_guard lock(lane.mu);
       while (!lane.pending.empty() && lane.pending.front().seq <= issued) {
+        lane.window_bytes -= lane.pending.front().window_bytes;
         (done.ok() ? finished : broken).push_back(std::move(lane.pending.front()));
         lane.pending.pop_front();
+      }
+      if (!done.ok() && !lane.queue.empty() && lane.queue.front().issued_bytes > 0 &&
+          lane.queue.front().status.ok()) {
+        lane.queue.front().status = done.status();  // its chunks ran on the failed stream
       }
       if (!done.ok()) broken_status = done.status();
     }
@@ -1265,12 +1327,12 @@ bool StreamEngine::Complete(Lane& lane, uint64_t now) {
       if (absl::Status fed = p.feed->status(); !fed.ok() && p.status.ok()) p.status = fed;
     }
     pool_writes_.End(p.pool_write, p.pool);
-    std::move(p.done)(std::move(p.status));
+    if (p.done) std::move(p.done)(std::move(p.status));
   }
   for (PendingJob& p : broken) {
     if (p.feed != nullptr) p.feed->Unsubscribe();
     pool_writes_.End(p.pool_write, p.pool);
-    std::move(p.done)(broken_status);
+    if (p.done) std::move(p.done)(broken_status);
   }
   return !finished.empty() || !broken.empty();
 }

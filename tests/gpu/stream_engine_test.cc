@@ -57,6 +57,8 @@ struct Observed {
   std::set<uint64_t> wait_targets;  // addresses streams were made to wait on
   std::vector<uint64_t> write_targets;  // addresses streams were made to write, in order
   std::vector<size_t> batch_calls;      // copies per CopyBatchAsync call
+  std::vector<std::pair<char*, uint64_t>> copies;  // (client address, bytes) of each copy issued
+  std::atomic<bool> hold_copies{false};  // copies wait on their streams while set
 };
 
 // One in-order stream: a thread executing queued operations.
@@ -179,7 +181,12 @@ class FakeRuntime final : public GpuRuntime {
   absl::Status CopyAsync(GpuStream stream, Direction direction, char* client, char* pool,
                          uint64_t len) override {
     Call call(*this, GpuCallClass::kEnqueue, "CopyAsync");
-    static_cast<FakeStream*>(stream)->Push([=] {
+    {
+      std::lock_guard lock(observed_.mu);
+      observed_.copies.push_back({client, len});
+    }
+    static_cast<FakeStream*>(stream)->Push([=, this] {
+      if (observed_.hold_copies.load()) return false;
       std::lock_guard lock(memory_mu);
       if (direction == Direction::kToPool) {
         std::memcpy(pool, client, len);
@@ -318,9 +325,11 @@ struct FakeClient {
 
 class StreamEngineTest : public ::testing::Test {
  protected:
-  void Start(uint64_t delay_us = 0, uint32_t lane_wait_warn_ms = 10000) {
+  void Start(uint64_t delay_us = 0, uint32_t lane_wait_warn_ms = 10000,
+             uint64_t lane_window_bytes = 0) {
     GpuEngineOptions options;
     options.copy_delay_us = delay_us;
+    options.lane_window_bytes = lane_window_bytes;
     options.shutdown_grace_ms = 2000;
     options.lane_wait_warn_ms = lane_wait_warn_ms;
     auto runtime = std::make_unique<FakeRuntime>(observed_);
@@ -600,6 +609,91 @@ TEST_F(StreamEngineTest, OneCompletionWritePerPass) {
                                   a_.DoneAddr(Direction::kToPool));
   EXPECT_EQ(done_writes, 64u);  // lone tickets: one each
   EXPECT_LT(observed_.write_targets.size() - done_writes, 64u);
+}
+
+// The lane's window: a copy larger than it goes in chunks of a quarter of it, at most a window's
+// worth on the stream at once; the job completes once, whole, with one done write.
+TEST_F(StreamEngineTest, ACopyLargerThanTheWindowGoesInChunks) {
+  Start(0, 10000, kLen / 2);
+  for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 7);
+  a_.SetTicket(Direction::kToPool, 1);
+  Completion done;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, done));
+  ASSERT_TRUE(done.Ready(5000));
+  EXPECT_TRUE(done.future.get().ok());
+  EXPECT_EQ(std::memcmp(pool_.data(), a_.memory[0].data(), kLen), 0);
+  EXPECT_EQ(a_.Done(Direction::kToPool), 1u);
+  std::lock_guard lock(observed_.mu);
+  ASSERT_EQ(observed_.copies.size(), 8u);
+  for (size_t i = 0; i < observed_.copies.size(); ++i) {
+    EXPECT_EQ(observed_.copies[i].first, a_.memory[0].data() + i * (kLen / 8));
+    EXPECT_EQ(observed_.copies[i].second, kLen / 8);
+  }
+  EXPECT_EQ(std::count(observed_.write_targets.begin(), observed_.write_targets.end(),
+                       a_.DoneAddr(Direction::kToPool)),
+            1);
+}
+
+// Two sessions on one GPU: while the first one's large copy fills its window (its copies held
+// on the stream), the second one's copy is issued ahead of the first one's remaining chunks,
+// instead of behind all of them. Both land whole.
+TEST_F(StreamEngineTest, TheWindowLetsAnotherSessionsCopyAheadOfALargeOne) {
+  Start(0, 10000, kLen / 2);
+  ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
+  for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 3);
+  std::memset(b_.memory[0].data(), 0x4B, kLen);
+  observed_.hold_copies.store(true);
+  a_.SetTicket(Direction::kToPool, 1);
+  b_.SetTicket(Direction::kToPool, 1);
+  Completion big, small;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, big));
+  auto issued = [&] {
+    std::lock_guard lock(observed_.mu);
+    return observed_.copies.size();
+  };
+  for (int i = 0; i < 500 && issued() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(issued(), 4u) << "the first lane issued more than its window";
+  CopyJob job = Job(b_, Direction::kToPool, 0, 1, 1, small);
+  job.len = kLen / 8;
+  Submit(std::move(job));
+  for (int i = 0; i < 500 && issued() < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
+    std::lock_guard lock(observed_.mu);
+    ASSERT_EQ(observed_.copies.size(), 5u);
+    EXPECT_EQ(observed_.copies[4].first, b_.memory[0].data())
+        << "the second session's copy waited behind the first one's chunks";
+  }
+  observed_.hold_copies.store(false);
+  ASSERT_TRUE(big.Ready(5000));
+  ASSERT_TRUE(small.Ready(5000));
+  EXPECT_TRUE(big.future.get().ok());
+  EXPECT_TRUE(small.future.get().ok());
+  EXPECT_EQ(std::memcmp(pool_.data(), a_.memory[0].data(), kLen), 0);
+  EXPECT_EQ(std::memcmp(pool_.data() + kLen, b_.memory[0].data(), kLen / 8), 0);
+  EXPECT_EQ(a_.Done(Direction::kToPool), 1u);
+  EXPECT_EQ(b_.Done(Direction::kToPool), 1u);
+}
+
+// A reload of pool bytes an offload is still writing in chunks waits for the whole offload: it
+// is issued after the offload's last chunk and waits on the GPU for it.
+TEST_F(StreamEngineTest, AReloadWaitsForEveryChunkOfTheOffloadItReads) {
+  Start(0, 10000, kLen / 2);
+  for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 5 + 1);
+  a_.SetTicket(Direction::kToPool, 1);
+  a_.SetTicket(Direction::kFromPool, 1);
+  Completion offload, reload;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, offload));
+  Submit(Job(a_, Direction::kFromPool, 1, 0, 1, reload));
+  ASSERT_TRUE(offload.Ready(5000));
+  ASSERT_TRUE(reload.Ready(5000));
+  EXPECT_TRUE(offload.future.get().ok());
+  EXPECT_TRUE(reload.future.get().ok());
+  EXPECT_EQ(std::memcmp(a_.memory[1].data(), a_.memory[0].data(), kLen), 0);
 }
 
 TEST_F(StreamEngineTest, TicketOnlyJobSignals) {

@@ -86,6 +86,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.copy_delay_us, b.copy_delay_us);
   EXPECT_EQ(a.poll_idle_us, b.poll_idle_us);
   EXPECT_EQ(a.gpu_poll_spin_us, b.gpu_poll_spin_us);
+  EXPECT_EQ(a.gpu_lane_window_bytes, b.gpu_lane_window_bytes);
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.drain_timeout_ms, b.drain_timeout_ms);
   EXPECT_EQ(a.health_stall_ms, b.health_stall_ms);
