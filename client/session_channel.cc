@@ -99,6 +99,18 @@ absl::StatusOr<uint64_t> SessionChannel::Register(const wire::RegisterBuffer& re
   return reply->buffer_id;
 }
 
+absl::StatusOr<uint64_t> SessionChannel::Extend(const wire::ExtendBuffer& request,
+                                                absl::Span<const int> fds) {
+  wire::ExtendBuffer message = request;
+  uint64_t id = next_request_++;
+  message.header = Header(wire::MessageType::kExtendBuffer, id);
+  if (absl::Status s = SendMessage(fd_.get(), &message, sizeof(message), fds); !s.ok()) return s;
+  absl::StatusOr<wire::ExtendBufferReply> reply = ReceiveReply<wire::ExtendBufferReply>(
+      fd_.get(), wire::MessageType::kExtendBufferReply, id, nullptr);
+  if (!reply.ok()) return reply.status();
+  return reply->bytes;
+}
+
 absl::Status SessionChannel::Unregister(uint64_t buffer_id) {
   wire::UnregisterBuffer message{};
   uint64_t id = next_request_++;

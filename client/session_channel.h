@@ -42,6 +42,8 @@ class SessionChannel {
   // `fds`: none, one, or one per page (kCudaVmmPages).
   absl::StatusOr<uint64_t> Register(const wire::RegisterBuffer& request, absl::Span<const int> fds);
   absl::Status Unregister(uint64_t buffer_id);
+  // Appends pages to a segment registration (wire::ExtendBuffer); returns its size after.
+  absl::StatusOr<uint64_t> Extend(const wire::ExtendBuffer& request, absl::Span<const int> fds);
   // A named-object request (tier/session_wire.h ObjectOp); returns the reply (length, flags).
   absl::StatusOr<wire::ObjectReply> ObjectRequest(wire::ObjectOp op, absl::string_view name,
                                                   uint64_t object_id, uint32_t uid,

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/metrics.h"
+#include "daemon/segment_request.h"
 #include "daemon/session_message.h"
 #include "tier/session_wire.h"
 
@@ -227,6 +228,9 @@ bool SessionListener::Serve(Connection& c) {
     case wire::MessageType::kUnregisterBuffer:
       HandleUnregister(c, message->data);
       return true;
+    case wire::MessageType::kExtendBuffer:
+      HandleExtend(c, message->data, std::move(message->fds));
+      return true;
     case wire::MessageType::kObjectRequest:
       HandleObject(c, message->data);
       return true;
@@ -297,8 +301,13 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
              !room.ok()) {
     status = std::move(room);
   } else if (request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages) &&
+             request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmSegment) &&
              fds.size() > 1) {
     status = absl::InvalidArgumentError("register carries more than one descriptor");
+  } else if (request.kind == static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages) &&
+             fds.size() > wire::kMaxVmmPages) {
+    status = absl::InvalidArgumentError(absl::StrCat("VMM pages: ", fds.size(),
+                                                     " descriptors; at most ", wire::kMaxVmmPages));
   }
   engine::BufferImport import;
   if (status.ok()) {
@@ -329,6 +338,15 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
             fds.size(), " descriptors and ", request.bytes, " bytes"));
       }
       import.page_fds = std::move(fds);
+    } else if (import.kind == wire::BufferKind::kCudaVmmSegment) {
+      absl::StatusOr<SegmentPages> pages = CheckSegmentRegister(request, fds.size());
+      if (pages.ok()) {
+        import.page_bytes.assign(pages->page_count, pages->page_bytes);
+        import.reserve_bytes = pages->reserve_bytes;
+        import.page_fds = std::move(fds);
+      } else {
+        status = pages.status();
+      }
     } else if (!fds.empty()) {
       import.fd = std::move(fds[0]);
     }
@@ -343,6 +361,36 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     }
   }
   FillReply(&reply.reply, wire::MessageType::kRegisterBufferReply,
+            parsed ? request.header.request_id : 0, status);
+  (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+}
+
+void SessionListener::HandleExtend(Connection& c, const std::vector<char>& data,
+                                   std::vector<UniqueFd> fds) {
+  wire::ExtendBuffer request{};
+  wire::ExtendBufferReply reply{};
+  absl::Status status;
+  bool parsed = ParseMessage(data, &request);
+  std::shared_ptr<engine::ImportedBuffer> buffer;
+  absl::StatusOr<SegmentPages> pages;
+  if (c.session == nullptr) {
+    status = absl::FailedPreconditionError("extend before attach");
+  } else if (c.session->closing()) {
+    status = absl::FailedPreconditionError("session is ending");
+  } else if (!parsed) {
+    status = absl::InvalidArgumentError("malformed extend request");
+  } else if (pages = CheckSegmentExtend(request, fds.size()); !pages.ok()) {
+    status = pages.status();
+  } else if ((buffer = c.session->FindBuffer(request.buffer_id)) == nullptr) {
+    status = absl::NotFoundError(absl::StrCat("no buffer ", request.buffer_id, " in this session"));
+  } else {
+    // (GPU pages map no host memory: nothing to charge against max_mapped_bytes_per_session; the
+    // segment's reservation, checked at registration, bounds what it can grow to.)
+    engine::BufferExtension extension{request.offset, request.page_bytes, std::move(fds)};
+    status = buffer->Extend(extension);
+  }
+  if (buffer != nullptr) reply.bytes = buffer->bytes();
+  FillReply(&reply.reply, wire::MessageType::kExtendBufferReply,
             parsed ? request.header.request_id : 0, status);
   (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
 }

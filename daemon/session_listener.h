@@ -62,6 +62,7 @@ class SessionListener {
   void Drop(int fd, absl::string_view reason);
   void HandleAttach(Connection& c, const std::vector<char>& data);
   void HandleRegister(Connection& c, const std::vector<char>& data, std::vector<UniqueFd> fds);
+  void HandleExtend(Connection& c, const std::vector<char>& data, std::vector<UniqueFd> fds);
   void HandleUnregister(Connection& c, const std::vector<char>& data);
   void HandleObject(Connection& c, const std::vector<char>& data);
 

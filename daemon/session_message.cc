@@ -20,6 +20,7 @@ absl::StatusOr<wire::MessageHeader> ParseRequestHeader(absl::Span<const char> da
     case wire::MessageType::kRegisterBuffer:
     case wire::MessageType::kUnregisterBuffer:
     case wire::MessageType::kObjectRequest:
+    case wire::MessageType::kExtendBuffer:
       return header;
     default:
       return absl::InvalidArgumentError(absl::StrCat("sent unknown message type ", header.type));

@@ -13,7 +13,8 @@
 namespace tier::daemon {
 
 // The header of a request: at least a header's bytes, this protocol version, and a type the
-// daemon receives (attach, register, unregister, object). INVALID_ARGUMENT otherwise, saying why; the
+// daemon receives (attach, register, extend, unregister,
+// object). INVALID_ARGUMENT otherwise, saying why; the
 // connection is then dropped.
 absl::StatusOr<wire::MessageHeader> ParseRequestHeader(absl::Span<const char> data);
 

@@ -26,6 +26,14 @@
 
 namespace tier::engine {
 
+// Pages for ImportedBuffer::Extend (checked by daemon/segment_request.h; the engine checks them
+// against the buffer).
+struct BufferExtension {
+  uint64_t offset = 0;      // where the first page goes: must be the buffer's bytes()
+  uint64_t page_bytes = 0;  // every page's size: must be the segment's
+  std::vector<UniqueFd> page_fds;  // in address order
+};
+
 // Client memory opened in the daemon. Destroying it closes the mapping / IPC handle.
 class ImportedBuffer {
  public:
@@ -34,6 +42,14 @@ class ImportedBuffer {
   virtual uint64_t bytes() const = 0;
   // GPU engines: the daemon's ordinal of the GPU holding the memory; -1 for host memory.
   virtual int device() const { return -1; }
+  // Maps more pages after the buffer's end (wire::ExtendBuffer; kCudaVmmSegment buffers only):
+  // bytes() grows once they are mapped. One caller at a time (the session listener); jobs may
+  // run meanwhile. On an error nothing was added. FAILED_PRECONDITION for buffers that cannot
+  // grow.
+  virtual absl::Status Extend(BufferExtension&) {
+    return absl::FailedPreconditionError(
+        "only an expandable-segment registration (kCudaVmmSegment) can be extended");
+  }
 };
 
 // What a client sent to register a buffer (validated by the engine).
@@ -44,9 +60,12 @@ struct BufferImport {
   std::array<uint8_t, 64> ipc_handle{};
   std::array<uint8_t, 16> device_uuid{};
   UniqueFd fd;  // kHostMemfd, kCudaVmmFd
-  // kCudaVmmPages: one fd and size per page, in address order (validated by the listener).
+  // kCudaVmmPages, kCudaVmmSegment: one fd and size per page, in address order (validated by
+  // the listener).
   std::vector<UniqueFd> page_fds;
   std::vector<uint64_t> page_bytes;
+  // kCudaVmmSegment: the address space to reserve, so that Extend maps more pages in place.
+  uint64_t reserve_bytes = 0;
 };
 
 // What the engine is told of a session when it opens.

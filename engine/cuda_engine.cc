@@ -1,8 +1,12 @@
 #include "engine/cuda_engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -46,11 +50,93 @@ class IpcMapping final : public DeviceMapping {
   int device_;
 };
 
-// VMM mapping of an imported POSIX-fd shareable handle.
+// VMM allocations imported from POSIX-fd shareable handles (ImportPages): each holds a reference
+// on its allocation until mapped, then the mapping keeps the allocation alive.
+struct ImportedPages {
+  struct Page {
+    CUmemGenericAllocationHandle handle = 0;
+    uint64_t bytes = 0;
+  };
+  explicit ImportedPages(const Driver& driver) : driver(driver) {}
+  ImportedPages(ImportedPages&& other) noexcept
+      : driver(other.driver), pages(std::move(other.pages)), granularity(other.granularity) {
+    other.pages.clear();
+  }
+  ~ImportedPages() {
+    for (Page& page : pages) (void)driver.MemRelease(page.handle);
+  }
+  uint64_t bytes() const {
+    uint64_t total = 0;
+    for (const Page& page : pages) total += page.bytes;
+    return total;
+  }
+  const Driver& driver;
+  std::vector<Page> pages;
+  size_t granularity = 0;
+};
+
+// Imports one page per fd, of the size given for it, checking that each lives on `device` (the
+// GPU the client named, `gpu` in messages) and is a whole number of allocation granules.
+absl::StatusOr<ImportedPages> ImportPages(const Driver& driver, std::vector<UniqueFd>& fds,
+                                          const std::vector<uint64_t>& sizes, int device,
+                                          const std::string& gpu) {
+  if (fds.empty() || fds.size() != sizes.size()) {
+    return absl::InvalidArgumentError("VMM buffer registered without its file descriptors");
+  }
+  ImportedPages out(driver);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].valid()) return absl::InvalidArgumentError("VMM page without a valid descriptor");
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult r = driver.MemImportFromShareableHandle(
+        &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i].get())),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          cuda::DriverError(r, "cannot import the VMM allocation fd").message(),
+          "; the fd is not a CUDA shareable handle of a device allocation"));
+    }
+    out.pages.push_back({handle, sizes[i]});
+    CUmemAllocationProp prop{};
+    if (absl::Status s = CheckDriver(driver.MemGetAllocationPropertiesFromHandle(&prop, handle),
+                                     "cuMemGetAllocationPropertiesFromHandle");
+        !s.ok()) {
+      return s;
+    }
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the VMM allocation lives on ",
+          prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
+              ? absl::StrCat("GPU ", prop.location.id, " of tierd")
+              : std::string("a non-device location"),
+          ", but the client registered it for GPU ", device, " (", gpu, ")"));
+    }
+    if (out.granularity == 0) {
+      if (absl::Status s = CheckDriver(driver.MemGetAllocationGranularity(
+                                           &out.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                                       "cuMemGetAllocationGranularity");
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (out.granularity == 0 || sizes[i] == 0 || sizes[i] % out.granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "VMM page of ", sizes[i], " bytes is not a positive multiple of the ", out.granularity,
+          "-byte allocation granularity"));
+    }
+  }
+  return out;
+}
+
+// VMM pages mapped side by side in one reservation of tierd's address space: one page
+// (kCudaVmmFd), several (kCudaVmmPages), or an expandable segment (kCudaVmmSegment), whose
+// reservation is larger than what is mapped so that Extend maps more pages after the last.
 class VmmMapping final : public DeviceMapping {
  public:
-  VmmMapping(const Driver& driver, CUdeviceptr base, uint64_t bytes, int device)
-      : driver_(driver), base_(base), bytes_(bytes), device_(device) {}
+  // `segment_page_bytes`: a segment's page size (0: not a segment, it cannot grow).
+  VmmMapping(const Driver& driver, CUdeviceptr base, uint64_t reserved, int device,
+             uint64_t segment_page_bytes, std::string gpu)
+      : driver_(driver), base_(base), reserved_(reserved), device_(device),
+        segment_page_bytes_(segment_page_bytes), gpu_(std::move(gpu)) {}
   ~VmmMapping() override {
     cuda::DeviceGuard guard(device_);
     uint64_t unmapped = 0;
@@ -60,20 +146,94 @@ class VmmMapping final : public DeviceMapping {
       }
       unmapped += page;
     }
-    (void)driver_.MemAddressFree(base_, bytes_);
+    (void)driver_.MemAddressFree(base_, reserved_);
   }
-  // Records a page mapped at base + (sum of earlier pages); the destructor unmaps it.
-  void AddMappedPage(uint64_t bytes) { mapped_pages_.push_back(bytes); }
+
+  // Maps `pages` from bytes() on and makes them accessible; bytes() grows by theirs. On an error
+  // nothing stays mapped of them.
+  absl::Status Map(const ImportedPages& pages) {
+    const uint64_t at = bytes_.load(std::memory_order_relaxed);
+    const uint64_t add = pages.bytes();
+    if (add > reserved_ - at) {
+      return absl::OutOfRangeError(absl::StrCat(
+          add, " more bytes of pages do not fit the ", reserved_, "-byte reservation, ", at,
+          " of which hold pages"));
+    }
+    const size_t before = mapped_pages_.size();
+    auto undo = [&] {
+      uint64_t offset = at;
+      for (size_t i = before; i < mapped_pages_.size(); ++i) {
+        (void)driver_.MemUnmap(base_ + offset, mapped_pages_[i]);
+        offset += mapped_pages_[i];
+      }
+      mapped_pages_.resize(before);
+    };
+    uint64_t offset = at;
+    for (size_t i = 0; i < pages.pages.size(); ++i) {
+      CUresult r = driver_.MemMap(base_ + offset, pages.pages[i].bytes, 0, pages.pages[i].handle, 0);
+      if (r != CUDA_SUCCESS) {
+        undo();
+        return absl::InvalidArgumentError(absl::StrCat(
+            cuda::DriverError(r, "cuMemMap of the imported VMM allocation").message(),
+            "; the registered size of page ", i, " (", pages.pages[i].bytes,
+            " bytes) probably exceeds the allocation"));
+      }
+      mapped_pages_.push_back(pages.pages[i].bytes);
+      offset += pages.pages[i].bytes;
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (absl::Status s = CheckDriver(driver_.MemSetAccess(base_ + at, add, &access, 1),
+                                     "cuMemSetAccess of the imported VMM allocation");
+        !s.ok()) {
+      undo();
+      return s;
+    }
+    // Jobs read bytes() (JobExecutor's range check) on other threads: they see the pages mapped.
+    bytes_.store(at + add, std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  absl::Status Extend(BufferExtension& extension) override {
+    if (segment_page_bytes_ == 0) {
+      return absl::FailedPreconditionError(
+          "only an expandable-segment registration (kCudaVmmSegment) can be extended");
+    }
+    const uint64_t now = bytes();
+    if (extension.offset != now) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "extension at offset ", extension.offset, " of a segment registration of ", now,
+          " bytes: pages are added at its end"));
+    }
+    if (extension.page_bytes != segment_page_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat("extension with pages of ",
+                                                     extension.page_bytes, " bytes; the segment's are ",
+                                                     segment_page_bytes_));
+    }
+    cuda::DeviceGuard guard(device_);
+    if (!guard.status().ok()) return guard.status();
+    std::vector<uint64_t> sizes(extension.page_fds.size(), extension.page_bytes);
+    absl::StatusOr<ImportedPages> pages =
+        ImportPages(driver_, extension.page_fds, sizes, device_, gpu_);
+    if (!pages.ok()) return pages.status();
+    return Map(*pages);
+  }
+
   char* base() const override { return reinterpret_cast<char*>(base_); }
-  uint64_t bytes() const override { return bytes_; }
+  uint64_t bytes() const override { return bytes_.load(std::memory_order_acquire); }
   int device() const override { return device_; }
 
  private:
   const Driver& driver_;
-  CUdeviceptr base_;
-  uint64_t bytes_;
-  int device_;
-  std::vector<uint64_t> mapped_pages_;
+  const CUdeviceptr base_;
+  const uint64_t reserved_;
+  const int device_;
+  const uint64_t segment_page_bytes_;
+  const std::string gpu_;
+  std::atomic<uint64_t> bytes_{0};
+  std::vector<uint64_t> mapped_pages_;  // the mapper's (one caller at a time), then the destructor
 };
 
 class CudaRuntime final : public GpuRuntime {
@@ -236,7 +396,10 @@ class CudaRuntime final : public GpuRuntime {
       import.page_bytes = {import.bytes};
       return OpenVmm(import, *device);
     }
-    if (import.kind == wire::BufferKind::kCudaVmmPages) return OpenVmm(import, *device);
+    if (import.kind == wire::BufferKind::kCudaVmmPages ||
+        import.kind == wire::BufferKind::kCudaVmmSegment) {
+      return OpenVmm(import, *device);
+    }
     return OpenIpc(import, *device);
   }
 
@@ -284,102 +447,34 @@ class CudaRuntime final : public GpuRuntime {
     return mapping;
   }
 
-  // VMM memory: one page (kCudaVmmFd) or several mapped side by side (kCudaVmmPages, PyTorch's
-  // expandable segments). One VA reservation for them all, each page imported from its fd and
-  // mapped at its offset, so a job may cross page boundaries as it does in the client.
+  // VMM memory: one page (kCudaVmmFd), several mapped side by side (kCudaVmmPages, PyTorch's
+  // expandable segments), or a segment that grows (kCudaVmmSegment). One VA reservation for them
+  // all, each page imported from its fd and mapped at its offset, so a job may cross page
+  // boundaries as it does in the client.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenVmm(BufferImport& import, int device) {
-    if (import.page_fds.empty() || import.page_fds.size() != import.page_bytes.size()) {
-      return absl::InvalidArgumentError("VMM buffer registered without its file descriptors");
-    }
-    struct Page {
-      CUmemGenericAllocationHandle handle = 0;
-      uint64_t bytes = 0;
-    };
-    std::vector<Page> pages;
-    auto release_all = [&] {
-      for (Page& page : pages) (void)driver_.MemRelease(page.handle);
-    };
-    size_t granularity = 0;
-    for (size_t i = 0; i < import.page_fds.size(); ++i) {
-      if (!import.page_fds[i].valid()) {
-        release_all();
-        return absl::InvalidArgumentError("VMM page without a valid descriptor");
-      }
-      CUmemGenericAllocationHandle handle = 0;
-      CUresult r = driver_.MemImportFromShareableHandle(
-          &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(import.page_fds[i].get())),
-          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-      if (r != CUDA_SUCCESS) {
-        release_all();
-        return absl::InvalidArgumentError(absl::StrCat(
-            cuda::DriverError(r, "cannot import the VMM allocation fd").message(),
-            "; the fd is not a CUDA shareable handle of a device allocation"));
-      }
-      pages.push_back({handle, import.page_bytes[i]});
-      CUmemAllocationProp prop{};
-      if (absl::Status s = CheckDriver(driver_.MemGetAllocationPropertiesFromHandle(&prop, handle),
-                                       "cuMemGetAllocationPropertiesFromHandle");
-          !s.ok()) {
-        release_all();
-        return s;
-      }
-      if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != device) {
-        release_all();
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the VMM allocation lives on ",
-            prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                ? absl::StrCat("GPU ", prop.location.id, " of tierd")
-                : std::string("a non-device location"),
-            ", but the client registered it for GPU ", device, " (", UuidText(import.device_uuid),
-            ")"));
-      }
-      if (granularity == 0) {
-        if (absl::Status s = CheckDriver(driver_.MemGetAllocationGranularity(
-                                             &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                                         "cuMemGetAllocationGranularity");
-            !s.ok()) {
-          release_all();
-          return s;
-        }
-      }
-      if (granularity == 0 || import.page_bytes[i] == 0 || import.page_bytes[i] % granularity != 0) {
-        release_all();
-        return absl::InvalidArgumentError(absl::StrCat(
-            "VMM page of ", import.page_bytes[i], " bytes is not a positive multiple of the ",
-            granularity, "-byte allocation granularity"));
-      }
+    const std::string gpu = UuidText(import.device_uuid);
+    absl::StatusOr<ImportedPages> pages =
+        ImportPages(driver_, import.page_fds, import.page_bytes, device, gpu);
+    if (!pages.ok()) return pages.status();
+    const bool segment = import.kind == wire::BufferKind::kCudaVmmSegment;
+    // (The listener checked a segment's reservation: whole pages, at least its bytes.)
+    const uint64_t reserved = segment ? std::max(import.reserve_bytes, import.bytes) : import.bytes;
+    if (reserved % pages->granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a VMM reservation of ", reserved, " bytes is not a multiple of the ",
+          pages->granularity, "-byte allocation granularity"));
     }
     CUdeviceptr va = 0;
-    if (absl::Status s = CheckDriver(driver_.MemAddressReserve(&va, import.bytes, granularity, 0, 0),
+    if (absl::Status s = CheckDriver(driver_.MemAddressReserve(&va, reserved, pages->granularity,
+                                                               0, 0),
                                      "cuMemAddressReserve");
         !s.ok()) {
-      release_all();
       return s;
     }
-    auto mapping = std::make_unique<VmmMapping>(driver_, va, import.bytes, device);
-    uint64_t offset = 0;
-    for (size_t i = 0; i < pages.size(); ++i) {
-      CUresult r = driver_.MemMap(va + offset, pages[i].bytes, 0, pages[i].handle, 0);
-      if (r != CUDA_SUCCESS) {
-        release_all();  // the mapping object unmaps the pages mapped so far and frees the VA
-        return absl::InvalidArgumentError(absl::StrCat(
-            cuda::DriverError(r, "cuMemMap of the imported VMM allocation").message(),
-            "; the registered size of page ", i, " (", pages[i].bytes,
-            " bytes) probably exceeds the allocation"));
-      }
-      mapping->AddMappedPage(pages[i].bytes);
-      offset += pages[i].bytes;
-    }
-    release_all();  // the mappings keep the allocations alive
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (absl::Status s = CheckDriver(driver_.MemSetAccess(va, import.bytes, &access, 1),
-                                     "cuMemSetAccess of the imported VMM allocation");
-        !s.ok()) {
-      return s;
-    }
+    // From here the mapping frees the reservation, and unmaps what it mapped.
+    auto mapping = std::make_unique<VmmMapping>(driver_, va, reserved, device,
+                                                segment ? import.page_bytes[0] : 0, gpu);
+    if (absl::Status s = mapping->Map(*pages); !s.ok()) return s;
     return mapping;
   }
 

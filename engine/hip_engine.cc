@@ -140,7 +140,8 @@ class HipRuntime final : public GpuRuntime {
 
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
     if (import.kind == wire::BufferKind::kCudaVmmFd ||
-        import.kind == wire::BufferKind::kCudaVmmPages) {
+        import.kind == wire::BufferKind::kCudaVmmPages ||
+        import.kind == wire::BufferKind::kCudaVmmSegment) {
       return absl::UnimplementedError(
           "the HIP engine cannot import VMM (fd) allocations: this HIP has no "
           "hipMemImportFromShareableHandle; register hipMalloc memory");

@@ -334,6 +334,17 @@ class GpuBuffer final : public ImportedBuffer {
   char* base() const override { return mapping_->base(); }
   uint64_t bytes() const override { return mapping_->bytes(); }
   int device() const override { return mapping_->device(); }
+  absl::Status Extend(BufferExtension& extension) override {
+    if (absl::Status s = mapping_->Extend(extension); !s.ok()) return s;
+    // The session's range map finds the GPU of a job's addresses: it covers the new pages before
+    // the client learns of them (jobs on them come after the reply).
+    std::lock_guard lock(session_->mu);
+    auto it = session_->ranges.find(reinterpret_cast<uintptr_t>(mapping_->base()));
+    if (it != session_->ranges.end()) {
+      it->second.end = reinterpret_cast<uintptr_t>(mapping_->base()) + mapping_->bytes();
+    }
+    return absl::OkStatus();
+  }
 
  private:
   std::unique_ptr<DeviceMapping> mapping_;
@@ -574,6 +585,7 @@ class StreamEngine final : public CopyEngine {
       case wire::BufferKind::kCudaIpc:
       case wire::BufferKind::kCudaVmmFd:
       case wire::BufferKind::kCudaVmmPages:
+      case wire::BufferKind::kCudaVmmSegment:
       case wire::BufferKind::kCudaSemaphores:
         break;
       case wire::BufferKind::kHostMemfd:

@@ -66,6 +66,11 @@ class DeviceMapping {
   virtual char* base() const = 0;  // device address in the daemon
   virtual uint64_t bytes() const = 0;
   virtual int device() const = 0;  // the daemon's ordinal
+  // ImportedBuffer::Extend (VMM segments only).
+  virtual absl::Status Extend(BufferExtension&) {
+    return absl::FailedPreconditionError(
+        "only an expandable-segment registration (kCudaVmmSegment) can be extended");
+  }
 };
 
 struct MappedHost {

@@ -8,7 +8,7 @@
 //
 // Exchange: the client sends AttachRequest; the daemon answers AttachReply with three fds (ring
 // memfd, submission doorbell, completion doorbell). After that the client sends
-// requests (register/unregister) one at a time and waits for each reply.
+// requests (register/extend/unregister/object) one at a time and waits for each reply.
 #ifndef TIER_SESSION_WIRE_H_
 #define TIER_SESSION_WIRE_H_
 
@@ -18,7 +18,9 @@ namespace tier::wire {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxMessageBytes = 512;
-inline constexpr size_t kMaxFds = 8;  // kCudaVmmPages carries up to 8
+// Descriptors per message: kCudaVmmPages carries up to 8, a segment's register or extend message
+// up to kMaxSegmentPagesPerMessage (SCM_RIGHTS allows 253).
+inline constexpr size_t kMaxFds = 64;
 
 enum class MessageType : uint32_t {
   kAttachRequest = 1,
@@ -29,6 +31,8 @@ enum class MessageType : uint32_t {
   kUnregisterBufferReply = 6,
   kObjectRequest = 7,  // named, persistent objects (ObjectRequest)
   kObjectReply = 8,
+  kExtendBuffer = 9,  // more pages for a kCudaVmmSegment registration (ExtendBuffer)
+  kExtendBufferReply = 10,
 };
 
 struct MessageHeader {
@@ -72,9 +76,29 @@ enum class BufferKind : uint32_t {
   // client (PyTorch expandable segments), in address order; handle: their sizes as little-endian
   // uint64 (unused slots 0); `bytes` their sum. The daemon maps them side by side too.
   kCudaVmmPages = 5,
+  // An expandable segment, registered once and grown in place: fds: POSIX fd shareable handles of
+  // 1..kMaxSegmentPagesPerMessage VMM allocations of one size mapped side by side in the client
+  // (a run of an expandable segment's pages), in address order; handle: SegmentLayout; `bytes`:
+  // page_bytes * page_count. The daemon reserves reserve_bytes of address space and maps the
+  // pages from its start; ExtendBuffer maps more after them (the allocator mapped more pages, or
+  // the segment had more than one message carries), so the buffer id and every offset in it stay.
+  kCudaVmmSegment = 6,
 };
 
 inline constexpr size_t kMaxVmmPages = 8;
+inline constexpr size_t kMaxSegmentPagesPerMessage = kMaxFds;
+inline constexpr uint64_t kMaxSegmentPageBytes = uint64_t{1} << 40;
+// Address space tierd reserves for one segment, at most (PyTorch reserves about 1.125 times the
+// GPU's memory per segment).
+inline constexpr uint64_t kMaxSegmentReserveBytes = uint64_t{1} << 42;
+
+// RegisterBuffer.handle of a kCudaVmmSegment.
+struct SegmentLayout {
+  uint64_t page_bytes;     // every page's size (PyTorch: 2 MiB small, 20 MiB large pages)
+  uint64_t reserve_bytes;  // how far it may grow: >= bytes, whole pages, <= kMaxSegmentReserveBytes
+  uint32_t page_count;     // pages (and fds) in this message
+  uint32_t reserved;       // 0
+};
 
 struct RegisterBuffer {
   MessageHeader header;
@@ -88,6 +112,24 @@ struct RegisterBuffer {
 struct RegisterBufferReply {
   Reply reply;
   uint64_t buffer_id;
+};
+
+// Appends pages to a kCudaVmmSegment registration: they are mapped at `offset` (which must be
+// the registration's size now) and after, in address order, one fd each; all of the segment's
+// page size; within its reservation. The reply carries the registration's size after it. On an
+// error nothing was added.
+struct ExtendBuffer {
+  MessageHeader header;
+  uint64_t buffer_id;
+  uint64_t offset;
+  uint64_t page_bytes;
+  uint32_t page_count;  // 1..kMaxSegmentPagesPerMessage
+  uint32_t reserved;    // 0
+};
+
+struct ExtendBufferReply {
+  Reply reply;
+  uint64_t bytes;
 };
 
 struct UnregisterBuffer {
@@ -142,6 +184,8 @@ struct ObjectReply {
 static_assert(sizeof(AttachReply) <= kMaxMessageBytes);
 static_assert(sizeof(ObjectRequest) <= kMaxMessageBytes);
 static_assert(sizeof(RegisterBuffer) <= kMaxMessageBytes);
+static_assert(sizeof(ExtendBuffer) <= kMaxMessageBytes);
+static_assert(sizeof(SegmentLayout) <= sizeof(RegisterBuffer::handle));
 
 }  // namespace tier::wire
 

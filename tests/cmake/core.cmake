@@ -16,3 +16,6 @@ tier_add_test(device_sync_test LABEL unit
 
 tier_add_test(device_registry_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/device_registry_test.cc LIBS tier_client_core)
+
+tier_add_test(segment_request_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/segment_request_test.cc LIBS tierd_parsers)

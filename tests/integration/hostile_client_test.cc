@@ -530,5 +530,87 @@ TEST(HostileClient, BadHandshakeWarningsAreRateLimited) {
   EXPECT_LE(lines, 40u) << "warnings are not rate-limited";
 }
 
+// ---- Expandable segments (issue 13): register and extend messages --------------------------
+
+// Every field of a segment's register and extend messages is checked before tierd maps anything:
+// bad counts, sizes, offsets or buffers get a clear error, and the session (and the node) keeps
+// serving. The host engine maps no GPU memory: a well-formed segment is refused as such.
+TEST(HostileClient, MalformedSegmentMessagesAreRefusedAndTierdKeepsServing) {
+  TierdProcess tierd;
+  RawSession raw(tierd);
+  constexpr uint64_t kPage = uint64_t{2} << 20;
+  std::vector<int> fds;
+  for (int i = 0; i < 70; ++i) fds.push_back(PopulatedMemfd(4096));
+  auto segment = [&](uint64_t page_bytes, uint32_t count, uint64_t reserve, uint64_t bytes) {
+    wire::RegisterBuffer request{};
+    request.kind = static_cast<uint32_t>(wire::BufferKind::kCudaVmmSegment);
+    request.device = 0;
+    request.bytes = bytes;
+    wire::SegmentLayout layout{page_bytes, reserve, count, 0};
+    std::memcpy(request.handle, &layout, sizeof(layout));
+    return request;
+  };
+  auto fds_of = [&](size_t n) { return absl::MakeConstSpan(fds.data(), n); };
+  struct Bad {
+    const char* what;
+    wire::RegisterBuffer request;
+    size_t fds;
+  };
+  const Bad bad[] = {
+      {"0 pages", segment(kPage, 0, kPage, 0), 0},
+      {"page size 0", segment(0, 2, kPage, 0), 2},
+      {"pages without their descriptors", segment(kPage, 4, 4 * kPage, 4 * kPage), 2},
+      {"65 pages in one message", segment(kPage, 65, 65 * kPage, 65 * kPage), 65},
+      {"bytes that are not the pages", segment(kPage, 2, 2 * kPage, 3 * kPage), 2},
+      {"reservation smaller than the pages", segment(kPage, 2, kPage, 2 * kPage), 2},
+      {"reservation past the bound",
+       segment(kPage, 2, wire::kMaxSegmentReserveBytes * 2, 2 * kPage), 2},
+  };
+  for (const Bad& b : bad) {
+    absl::StatusOr<uint64_t> id = raw.channel->Register(b.request, fds_of(b.fds));
+    EXPECT_TRUE(absl::IsInvalidArgument(id.status())) << b.what << ": " << id.status();
+  }
+  // Well formed: the host engine says it maps no GPU memory.
+  absl::StatusOr<uint64_t> good =
+      raw.channel->Register(segment(kPage, 2, 8 * kPage, 2 * kPage), fds_of(2));
+  EXPECT_TRUE(absl::IsUnimplemented(good.status())) << good.status();
+  // More than 8 descriptors for the old page kind.
+  wire::RegisterBuffer pages{};
+  pages.kind = static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages);
+  pages.bytes = 9 * kPage;
+  EXPECT_TRUE(absl::IsInvalidArgument(raw.channel->Register(pages, fds_of(9)).status()));
+
+  // Extensions: checked, then refused for a buffer that is no segment, or none at all.
+  wire::RegisterBuffer memfd{};
+  memfd.kind = static_cast<uint32_t>(wire::BufferKind::kHostMemfd);
+  memfd.device = -1;
+  memfd.bytes = 4096;
+  absl::StatusOr<uint64_t> host = raw.channel->Register(memfd, fds_of(1));
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto extend = [&](uint64_t buffer, uint64_t offset, uint64_t page_bytes, uint32_t count,
+                    size_t n) {
+    wire::ExtendBuffer request{};
+    request.buffer_id = buffer;
+    request.offset = offset;
+    request.page_bytes = page_bytes;
+    request.page_count = count;
+    return raw.channel->Extend(request, fds_of(n)).status();
+  };
+  EXPECT_TRUE(absl::IsInvalidArgument(extend(*host, 4096, kPage, 0, 0)));
+  EXPECT_TRUE(absl::IsInvalidArgument(extend(*host, 4096, 0, 1, 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(extend(*host, 4096, kPage, 3, 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(extend(*host, 4096, kPage, 65, 65)));
+  EXPECT_TRUE(absl::IsInvalidArgument(extend(*host, ~uint64_t{0}, kPage, 1, 1)));
+  EXPECT_TRUE(absl::IsNotFound(extend(*host + 1000, 0, kPage, 1, 1)));
+  absl::Status not_segment = extend(*host, 4096, kPage, 1, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(not_segment)) << not_segment;
+  EXPECT_EQ(tierd.Status().buffers(), 1u);
+
+  for (int fd : fds) ::close(fd);
+  // The session still serves, and so does the node.
+  Session session(OptionsFor(tierd));
+  RoundTrip(session, 1 << 20, 10000, tierd);
+}
+
 }  // namespace
 }  // namespace tier
