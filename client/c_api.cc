@@ -1,5 +1,6 @@
 // The C ABI (tier.h) over ClientSession. Nothing C++ crosses it: statuses become tier_status plus a
 // thread-local message, exceptions never escape.
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -102,7 +103,8 @@ void tier_session_close(tier_session* session) {
 
 tier_status tier_session_get_info(tier_session* session, tier_session_info* info) {
   if (session == nullptr || info == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
-  if (info->struct_size < sizeof(tier_session_info)) {
+  static_assert(offsetof(tier_session_info, device_registrations) == TIER_SESSION_INFO_V1_SIZE);
+  if (info->struct_size < TIER_SESSION_INFO_V1_SIZE) {
     return Fail(TIER_INVALID_ARGUMENT, "tier_session_info.struct_size too small");
   }
   info->session_id = session->impl->id();
@@ -111,6 +113,12 @@ tier_status tier_session_get_info(tier_session* session, tier_session_info* info
   info->jobs_in_flight = session->impl->in_flight();
   std::memset(info->engine, 0, sizeof(info->engine));
   std::strncpy(info->engine, session->impl->engine().c_str(), sizeof(info->engine) - 1);
+  if (info->struct_size >= sizeof(tier_session_info)) {
+    tier::client::DeviceRegistry::Counters counters = session->impl->devices().counters();
+    info->device_registrations = counters.registrations;
+    info->device_extensions = counters.extensions;
+    info->device_exports = counters.exports;
+  }
   return TIER_OK;
 }
 

@@ -86,7 +86,11 @@ ClientSession::ClientSession(const SessionOptions& options, std::unique_ptr<Cont
           [this](const wire::RegisterBuffer& request, absl::Span<const int> fds) {
             return RegisterRaw(request, fds);
           },
-          [this](uint64_t buffer_id) { return UnregisterRaw(buffer_id); }, ring_.tickets(),
+          [this](uint64_t buffer_id) { return UnregisterRaw(buffer_id); },
+          [this](const wire::ExtendBuffer& request, absl::Span<const int> fds) {
+            return ExtendRaw(request, fds);
+          },
+          ring_.tickets(),
           DeviceRegistry::JobMarks{[this] { return LastJobPushed(); },
                                    [this] { return OldestPendingJob(); }})) {}
 
@@ -128,6 +132,17 @@ absl::StatusOr<uint64_t> ClientSession::RegisterRaw(const wire::RegisterBuffer& 
     MarkDaemonGoneLocked();
   }
   return id;
+}
+
+absl::StatusOr<uint64_t> ClientSession::ExtendRaw(const wire::ExtendBuffer& request,
+                                                  absl::Span<const int> fds) {
+  std::lock_guard lock(channel_mu_);
+  absl::StatusOr<uint64_t> bytes = channel_.Extend(request, fds);
+  if (!bytes.ok() && absl::IsUnavailable(bytes.status())) {
+    std::lock_guard state(mu_);
+    MarkDaemonGoneLocked();
+  }
+  return bytes;
 }
 
 absl::StatusOr<uint64_t> ClientSession::RegisterFd(int fd, uint64_t bytes) {

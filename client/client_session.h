@@ -81,6 +81,8 @@ class ClientSession {
   absl::StatusOr<uint64_t> RegisterRaw(const wire::RegisterBuffer& request,
                                        absl::Span<const int> fds);
   absl::Status UnregisterBuffer(uint64_t buffer_id);
+  // Appends pages to a segment registration (DeviceRegistry); returns its size after.
+  absl::StatusOr<uint64_t> ExtendRaw(const wire::ExtendBuffer& request, absl::Span<const int> fds);
   // Drops a registration in the daemon without waiting for jobs (the daemon keeps the memory
   // mapped until the jobs that use it are done). For registrations of memory that is gone.
   absl::Status UnregisterRaw(uint64_t buffer_id);

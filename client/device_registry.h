@@ -12,12 +12,22 @@
 // keep freed memory mapped (and alive) for the rest of the session, and no job names a buffer
 // dropped under it.
 //
+// Expandable segments (VMM pages of one size mapped side by side in one reservation, PyTorch's
+// expandable_segments): the first range in one registers the segment's whole run of mapped pages
+// (kCudaVmmSegment, continued by ExtendBuffer past one message's descriptors), and every later
+// range inside it reuses that registration; a range past its end (the allocator mapped more
+// pages) extends it in place. So a tensor of any size inside a segment is one (buffer, offset),
+// and in steady state registering costs no export and no message. Each page keeps its identity:
+// a range over a page remapped since becomes a new registration of the run, and the old one is
+// retired as above.
+//
 // Thread-safe. Lock order: the registry never holds its own lock while it calls `register_fn`
 // (which takes the session's locks), so the session may call ReleaseWaiters() under its lock.
 #ifndef TIER_CLIENT_DEVICE_REGISTRY_H_
 #define TIER_CLIENT_DEVICE_REGISTRY_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -32,6 +42,7 @@
 #include "absl/types/span.h"
 #include "client/gpu/client_gpu.h"
 #include "client/gpu/device_memory.h"
+#include "client/gpu/vmm_segment.h"
 #include "client/registration_holds.h"
 #include "tier/session_wire.h"
 
@@ -53,14 +64,18 @@ class DeviceRegistry {
   // Drops a registration in the daemon (no wait for jobs: the daemon keeps the mapping until the
   // jobs that use it are done).
   using UnregisterFn = absl::AnyInvocable<absl::Status(uint64_t buffer_id)>;
+  // Appends pages to a segment registration (the session's ExtendRaw); returns its size after.
+  using ExtendFn = absl::AnyInvocable<absl::StatusOr<uint64_t>(const wire::ExtendBuffer&,
+                                                                absl::Span<const int> fds)>;
   using JobMarks = RegistryJobMarks;
   // `tickets`: the session ring's ticket page (tier/ring.h). `memory`: the GPU runtime (a fake in
   // tests).
-  DeviceRegistry(RegisterFn register_fn, UnregisterFn unregister_fn, ring::TicketPage* tickets,
-                 JobMarks marks = {},
+  DeviceRegistry(RegisterFn register_fn, UnregisterFn unregister_fn, ExtendFn extend_fn,
+                 ring::TicketPage* tickets, JobMarks marks = {},
                  std::unique_ptr<gpu::DeviceMemory> memory = gpu::RuntimeDeviceMemory())
       : register_fn_(std::move(register_fn)), unregister_fn_(std::move(unregister_fn)),
-        tickets_(tickets), marks_(std::move(marks)), memory_(std::move(memory)) {}
+        extend_fn_(std::move(extend_fn)), tickets_(tickets), marks_(std::move(marks)),
+        memory_(std::move(memory)) {}
   DeviceRegistry(const DeviceRegistry&) = delete;
   DeviceRegistry& operator=(const DeviceRegistry&) = delete;
 
@@ -99,6 +114,16 @@ class DeviceRegistry {
   // Leases and owed uses of `buffer_id` (tests, diagnostics).
   uint64_t holders(uint64_t buffer_id) const;
 
+  // What registering cost so far: registrations sent (device buffers; the semaphore pages not
+  // counted), extensions sent, and allocations (VMM: pages) exported for them. Flat across
+  // training steps once every segment is registered.
+  struct Counters {
+    uint64_t registrations = 0;
+    uint64_t extensions = 0;
+    uint64_t exports = 0;
+  };
+  Counters counters() const;
+
   // The GPU (this process's ordinal) of a registered device buffer; -1 for any other buffer.
   int DeviceOf(uint64_t buffer_id) const;
   // The semaphore page of `device`; null until a buffer of that GPU was registered.
@@ -114,6 +139,7 @@ class DeviceRegistry {
 
   RegisterFn register_fn_;
   UnregisterFn unregister_fn_;
+  ExtendFn extend_fn_;
   ring::TicketPage* const tickets_;
   const JobMarks marks_;
   const std::unique_ptr<gpu::DeviceMemory> memory_;
@@ -143,11 +169,40 @@ class DeviceRegistry {
     uint64_t buffer_id = 0;
     int device = -1;
     std::vector<std::pair<uint64_t, uint64_t>> pages;  // (start address, allocation id)
+    // Segments: every page's size (pages[i] starts at base + i * page_bytes), and the client's
+    // reservation they lie in (how far the segment may grow). 0 for other registrations.
+    uint64_t page_bytes = 0;
+    uint64_t reservation_base = 0;
+    uint64_t reservation_end = 0;
+  };
+  // A segment registration whose pages under a range are still the same but that ends before the
+  // range does: extending it registers the range.
+  struct Growth {
+    uint64_t base = 0;
+    uint64_t buffer_id = 0;
   };
   // A cached registration holding [ptr, +len) whose memory is still the same; a range found whose
-  // memory changed is dropped from the cache and its buffer id added to *stale.
+  // memory changed is dropped from the cache and its buffer id added to *stale; a segment that
+  // holds the start of the range but not its end is named in *growth.
   std::optional<Registered> FindCachedLocked(uint64_t ptr, uint64_t len,
-                                             std::vector<uint64_t>* stale);
+                                             std::vector<uint64_t>* stale,
+                                             std::optional<Growth>* growth);
+  // Extends `growth`'s segment by the pages mapped after it; the registration of [ptr, +len) if
+  // they reach that far, nullopt if not (or the segment is gone; then register anew).
+  std::optional<Registered> Grow(const Growth& growth, uint64_t ptr, uint64_t len);
+  // Registers the run of VMM pages around `page` (exported, with `page_id`) as one segment; the
+  // registration of [ptr, +len), or nullopt when the range leaves the run (or tierd does not
+  // know segments): then register it as pages.
+  absl::StatusOr<std::optional<Registered>> RegisterSegment(gpu::DeviceAllocation page,
+                                                            uint64_t page_id, uint64_t ptr,
+                                                            uint64_t len);
+  // Sends `fds` (pages of `page_bytes`) to segment `id` from `offset` on, in messages of at most
+  // wire::kMaxSegmentPagesPerMessage.
+  absl::Status ExtendSegment(uint64_t id, uint64_t offset, uint64_t page_bytes,
+                             const std::vector<UniqueFd>& fds, size_t from);
+  // Registers [ptr, +len) as before segments: the allocation, or up to wire::kMaxVmmPages pages.
+  absl::StatusOr<Registered> RegisterPages(gpu::DeviceAllocation first, const void* device_ptr,
+                                           uint64_t len);
   // Removes `buffer_id` from the cache only.
   void UncacheLocked(uint64_t buffer_id);
   void Release(uint64_t buffer_id);
@@ -156,6 +211,13 @@ class DeviceRegistry {
   void DropDue();
   std::map<uint64_t, Range> ranges_;
   RegistrationHolds holds_;  // guarded by mu_
+  // Serializes growing segments (held across export and the round trip; never under mu_), so
+  // that two threads do not both append pages at one segment's end.
+  std::mutex grow_mu_;
+  std::atomic<bool> segments_refused_{false};  // tierd does not know kCudaVmmSegment
+  std::atomic<uint64_t> registrations_{0};
+  std::atomic<uint64_t> extensions_{0};
+  std::atomic<uint64_t> exports_{0};
 };
 
 }  // namespace tier::client

@@ -1,5 +1,6 @@
 // ExportDeviceRange (client/gpu/device_memory.h): runtime neutral, over DeviceMemory.
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/gpu/device_memory.h"
@@ -9,13 +10,21 @@ namespace tier::client::gpu {
 absl::StatusOr<DeviceAllocation> ExportDeviceRange(DeviceMemory& memory, const void* device_ptr,
                                                    uint64_t len) {
   absl::StatusOr<DeviceAllocation> first = memory.ExportAllocation(device_ptr);
-  if (!first.ok() || len == 0) return first;
-  if (first->offset <= first->bytes && len <= first->bytes - first->offset) return first;
-  if (first->kind != wire::BufferKind::kCudaVmmFd) {
-    return absl::OutOfRangeError(absl::StrCat("the range of ", len, " bytes crosses the end of "
-                                              "its GPU allocation (", first->bytes, " bytes)"));
+  if (!first.ok()) return first;
+  return ExportDeviceRangeFrom(memory, *std::move(first), device_ptr, len);
+}
+
+absl::StatusOr<DeviceAllocation> ExportDeviceRangeFrom(DeviceMemory& memory,
+                                                       DeviceAllocation first,
+                                                       const void* device_ptr, uint64_t len) {
+  if (len == 0 || (first.offset <= first.bytes && len <= first.bytes - first.offset)) {
+    return first;
   }
-  DeviceAllocation out = *std::move(first);
+  if (first.kind != wire::BufferKind::kCudaVmmFd) {
+    return absl::OutOfRangeError(absl::StrCat("the range of ", len, " bytes crosses the end of "
+                                              "its GPU allocation (", first.bytes, " bytes)"));
+  }
+  DeviceAllocation out = std::move(first);
   out.kind = wire::BufferKind::kCudaVmmPages;
   out.page_fds.push_back(std::move(out.fd));
   out.page_bytes.push_back(out.bytes);

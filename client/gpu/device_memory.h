@@ -40,6 +40,9 @@ std::unique_ptr<DeviceMemory> RuntimeDeviceMemory();
 // needs more pages. len == 0 is ExportAllocation. (client_gpu_range.cc)
 absl::StatusOr<DeviceAllocation> ExportDeviceRange(DeviceMemory& memory, const void* device_ptr,
                                                    uint64_t len);
+// ExportDeviceRange with the allocation at `device_ptr` already exported (`first`).
+absl::StatusOr<DeviceAllocation> ExportDeviceRangeFrom(DeviceMemory& memory, DeviceAllocation first,
+                                                       const void* device_ptr, uint64_t len);
 
 }  // namespace tier::client::gpu
 

@@ -88,7 +88,16 @@ typedef struct tier_session_info {
   uint32_t reserved;
   uint64_t jobs_in_flight; /* submitted by this handle, completion not yet reaped */
   char engine[16];         /* the daemon's copy engine: "host", "cuda", "hip" */
+  /* Since 0.2 (filled when struct_size covers them): what registering GPU memory cost so far.
+   * Registrations and extensions sent to the daemon (an expandable segment is registered once
+   * and extended as the allocator maps pages), and the allocations (VMM pages) exported for
+   * them. Flat across training steps once every segment is registered. */
+  uint64_t device_registrations;
+  uint64_t device_extensions;
+  uint64_t device_exports;
 } tier_session_info;
+/* The size of tier_session_info before the device_* counters (older callers pass it). */
+#define TIER_SESSION_INFO_V1_SIZE 56u
 
 TIER_API tier_status tier_session_get_info(tier_session* session, tier_session_info* info);
 

@@ -57,6 +57,9 @@ class SessionInfo(ctypes.Structure):
         ("reserved", ctypes.c_uint32),
         ("jobs_in_flight", ctypes.c_uint64),
         ("engine", ctypes.c_char * 16),
+        ("device_registrations", ctypes.c_uint64),
+        ("device_extensions", ctypes.c_uint64),
+        ("device_exports", ctypes.c_uint64),
     ]
 
 

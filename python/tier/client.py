@@ -97,9 +97,13 @@ def _staging_class(nbytes):
 
 
 class SessionInfo(collections.namedtuple(
-        "SessionInfo", "session_id quota_bytes ring_entries jobs_in_flight engine")):
+        "SessionInfo", "session_id quota_bytes ring_entries jobs_in_flight engine "
+        "device_registrations device_extensions device_exports")):
     """tier_session_info: the session's id, quota, ring size, jobs in flight and the daemon's
-    copy engine ("host", "cuda", "hip")."""
+    copy engine ("host", "cuda", "hip"); and what registering GPU memory cost so far:
+    registrations and extensions sent to tierd, allocations (VMM pages) exported for them. With
+    expandable segments each segment is registered once and extended as PyTorch maps pages, so
+    these stay flat across training steps once the segments stop growing."""
 
 
 class ObjectInfo(collections.namedtuple("ObjectInfo", "length ready durable journaled")):
@@ -408,7 +412,8 @@ class Client:
             self._check_locked()
             _lib.check(self._c.tier_session_get_info(self._session, ctypes.byref(info)))
         return SessionInfo(info.session_id, info.quota_bytes, info.ring_entries,
-                           info.jobs_in_flight, info.engine.decode())
+                           info.jobs_in_flight, info.engine.decode(), info.device_registrations,
+                           info.device_extensions, info.device_exports)
 
     # ---- buffers ----------------------------------------------------------------------------
 
@@ -440,7 +445,8 @@ class Client:
         """Registers the GPU allocation holding device_ptr (once per allocation: the library returns
         the id it already gave for pointers inside it). Returns (buffer id, offset of device_ptr in
         the allocation). With nbytes, raises tier.OutOfRange when [device_ptr, +nbytes) crosses
-        the allocation's end (a tensor over two physical pages of an expandable segment). Raises
+        what the library can register as one range (an expandable segment is registered whole,
+        so only ranges over pages of different sizes, or a tierd without segments). Raises
         tier.Unimplemented without a GPU engine. The id stays registered in tierd until a job
         names it (tier.h), even if another registration finds its memory remapped meanwhile:
         register again for every job rather than keeping ids of memory the allocator may free."""
@@ -983,8 +989,9 @@ class Client:
         if not self._warned_kept:
             self._warned_kept = True
             # (stacklevel: the caller of offload() / offload_batch(), as before this helper.)
-            warnings.warn("tier: a tensor spanning two physical pages of an expandable "
-                          "segment stays on the GPU (not offloaded)", RuntimeWarning,
+            warnings.warn("tier: a tensor over GPU memory that cannot be registered as one range "
+                          "(pages of an expandable segment) stays on the GPU (not offloaded)",
+                          RuntimeWarning,
                           stacklevel=5)
         handle._kept = (src, producers)
         handle._direct = True
@@ -1047,7 +1054,7 @@ class Client:
 
         ``next_use_hints``: one per tensor, or one int for all (default 0). Each offload
         completes or fails on its own (``handle.wait()``), as with offload(); a tensor that
-        cannot be one job (spanning two physical pages of an expandable segment) stays on the GPU
+        cannot be one job (over memory that cannot be registered as one range) stays on the GPU
         as with offload(). The tensors must not be modified until their handles are done.
         """
         return self._offload_batch(tensors, streams, next_use_hints, retain_on_failure=False)

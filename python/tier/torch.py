@@ -118,9 +118,10 @@ class ActivationStats(Counters):
     """Counters of one ActivationOffloader (monotonic; read them any time).
 
     offloaded_storages / offloaded_bytes: what was sent to Tierd. stayed_on_gpu_storages /
-    stayed_on_gpu_bytes: storages that could not be one job and stayed on the GPU (a tensor over
-    two physical pages of a PyTorch expandable segment that cannot be registered as one range);
-    backward uses them in place. Every saved storage is one of the two, and backward gets each
+    stayed_on_gpu_bytes: storages that could not be one job and stayed on the GPU (memory the
+    library cannot register as one range: a tensor over physical pages of different sizes, or a
+    tierd without expandable-segment registrations; a tensor inside one expandable segment, of any
+    size, is one job and counts as offloaded); backward uses them in place. Every saved storage is one of the two, and backward gets each
     once: reloaded, prefetched, or (source_hits) taken from its source while the offload's copy
     was still in flight (the bytes never left the GPU):
     reloads + prefetches + source_hits == offloaded_storages + stayed_on_gpu_storages."""

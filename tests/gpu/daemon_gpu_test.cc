@@ -723,6 +723,119 @@ TEST(DaemonGpuVmmPages, JobsCrossPagesOfOneReservation) {
   d->MemAddressFree(va, total);
 }
 
+// Issue 13, point 3: an expandable segment is registered whole, once, and grown in place. A
+// range over far more than 8 pages (the old kCudaVmmPages limit) is one (buffer, offset) and
+// round-trips bit-exact; every range inside reuses the registration (no export, no message); pages
+// mapped later extend it under the same buffer id; a page remapped after that gets a new
+// registration, and the old one goes once its jobs are done.
+TEST(DaemonGpuVmmSegment, ASegmentIsRegisteredOnceGrownInPlaceAndRoundTripsBitExact) {
+  const gpu::cuda::Driver* d = *gpu::cuda::GetDriver();
+  int supported = 0;
+  d->DeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                        0);
+  if (!supported) GTEST_SKIP() << "VMM POSIX fd handles unsupported on this GPU";
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t granularity = 0;
+  ASSERT_EQ(d->MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            CUDA_SUCCESS);
+  // PyTorch's pages: 2 MiB (small) or 20 MiB (large); here whole granules of about 2 MiB.
+  const uint64_t page = std::max<uint64_t>(granularity, 2 * kMiB) / granularity * granularity;
+  constexpr int kReserved = 200, kFirst = 80, kMore = 70;  // > 64 pages: continuation messages
+  CUdeviceptr va = 0;
+  ASSERT_EQ(d->MemAddressReserve(&va, kReserved * page, granularity, 0, 0), CUDA_SUCCESS);
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  auto map_page = [&](int i) {
+    CUmemGenericAllocationHandle handle = 0;
+    ASSERT_EQ(d->MemCreate(&handle, page, &prop, 0), CUDA_SUCCESS);
+    ASSERT_EQ(d->MemMap(va + i * page, page, 0, handle, 0), CUDA_SUCCESS);
+    d->MemRelease(handle);
+    ASSERT_EQ(d->MemSetAccess(va + i * page, page, &access, 1), CUDA_SUCCESS);
+  };
+  for (int i = 0; i < kFirst; ++i) map_page(i);
+  char* base = reinterpret_cast<char*>(va);
+  auto counters = [](tier_session* s) {
+    tier_session_info info{};
+    info.struct_size = sizeof(info);
+    EXPECT_EQ(tier_session_get_info(s, &info), TIER_OK);
+    return std::tuple{info.device_registrations, info.device_extensions, info.device_exports};
+  };
+  // One round trip of [start, +len) through `buffer`: offload, clobber, reload, compare.
+  auto round_trip = [&](Session& session, cudaStream_t stream, uint64_t start, uint64_t len,
+                        uint8_t seed) -> tier_buffer_id {
+    tier_buffer_id buffer;
+    uint64_t at;
+    EXPECT_EQ(tier_buffer_register_device_range(session.get(), base + start, len, &buffer, &at),
+              TIER_OK) << tier_last_error();
+    EXPECT_EQ(at, start);
+    std::vector<uint8_t> pattern(len);
+    for (uint64_t i = 0; i < len; ++i) pattern[i] = static_cast<uint8_t>(i * 131 + i / 4096 + seed);
+    EXPECT_EQ(cudaMemcpy(base + start, pattern.data(), len, cudaMemcpyHostToDevice), cudaSuccess);
+    auto [object, offload] = session.Offload(buffer, at, len, {stream});
+    EXPECT_EQ(session.Wait(offload), TIER_OK) << tier_last_error();
+    EXPECT_EQ(cudaMemsetAsync(base + start, 0, len, stream), cudaSuccess);
+    tier_job_id reload = session.Reload(object, buffer, at, len, stream, true);
+    std::vector<uint8_t> back(len);
+    EXPECT_EQ(cudaMemcpyAsync(back.data(), base + start, len, cudaMemcpyDeviceToHost, stream),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(session.Wait(reload), TIER_OK);
+    EXPECT_TRUE(back == pattern) << "bytes differ after a round trip of " << len << " bytes at "
+                                 << start;
+    return buffer;
+  };
+
+  TierdProcess tierd({"--engine=cuda", "--pool_bytes=1G", "--copy_delay_us=2000"});
+  {
+    Session session(tierd);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // 60 pages from inside page 3: one registration of all 80 pages (64 + one extension).
+    const tier_buffer_id segment = round_trip(session, stream, 3 * page + 4096, 60 * page, 1);
+    auto [registrations, extensions, exports] = counters(session.get());
+    EXPECT_EQ(registrations, 1u);
+    EXPECT_EQ(extensions, 1u);
+    EXPECT_EQ(exports, static_cast<uint64_t>(kFirst));
+    // Steps: ranges of any size anywhere inside cost nothing more.
+    for (int step = 0; step < 5; ++step) {
+      EXPECT_EQ(round_trip(session, stream, (step * 7 % 20) * page + 512, (10 + step * 9) * page,
+                           static_cast<uint8_t>(10 + step)),
+                segment);
+    }
+    EXPECT_EQ(counters(session.get()), std::tuple(registrations, extensions, exports))
+        << "registering inside a registered segment exported or sent something";
+    // The allocator maps more pages: the registration grows in place, same buffer id.
+    for (int i = kFirst; i < kFirst + kMore; ++i) map_page(i);
+    EXPECT_EQ(round_trip(session, stream, (kFirst - 5) * page, 30 * page, 30), segment);
+    auto [r2, e2, x2] = counters(session.get());
+    EXPECT_EQ(r2, 1u);
+    EXPECT_EQ(e2, 3u);  // 70 new pages: 64 + 6
+    EXPECT_EQ(x2, static_cast<uint64_t>(kFirst + kMore));
+    EXPECT_EQ(round_trip(session, stream, 0, (kFirst + kMore) * page, 40), segment);
+    // A page unmapped and mapped anew (empty_cache): a range over it is a new registration, never
+    // the old mapping; the old registration goes once its jobs are done.
+    ASSERT_EQ(d->MemUnmap(va + 10 * page, page), CUDA_SUCCESS);
+    map_page(10);
+    const tier_buffer_id fresh = round_trip(session, stream, 9 * page, 3 * page, 50);
+    EXPECT_NE(fresh, segment);
+    EXPECT_EQ(round_trip(session, stream, 0, 4 * page, 60), fresh);
+    EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+      return s.buffers() == 2;  // the fresh segment and the semaphore page
+    })) << "the stale segment registration stayed in tierd";
+    cudaStreamDestroy(stream);
+  }
+  for (int i = 0; i < kFirst + kMore; ++i) d->MemUnmap(va + i * page, page);
+  d->MemAddressFree(va, kReserved * page);
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return s.buffers() == 0 && s.pending_releases() == 0;
+  }));
+}
+
 // PyTorch's expandable segments after torch.cuda.empty_cache(): a page is unmapped and released,
 // and later new physical memory is mapped at the same address. A registration of the old page
 // must not be reused for it: the daemon's mapping still holds the old memory, so jobs would copy
@@ -789,8 +902,8 @@ TEST(DaemonGpuVmmPages, RemappedPageIsRegisteredAnew) {
     cudaStreamDestroy(stream);
   }
   d->MemAddressFree(va, page);
-  // Every stale registration was dropped as the new one was made, and the session's end dropped
-  // the rest: tierd holds no client memory.
+  // Every stale registration was dropped once its jobs were done (at the next registration), and
+  // the session's end dropped the rest: tierd holds no client memory.
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
     return s.buffers() == 0 && s.gpu_lanes() == 0 && s.pending_releases() == 0;
   }));

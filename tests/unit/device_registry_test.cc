@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -32,6 +34,9 @@ const void* At(uint64_t address) { return reinterpret_cast<const void*>(address)
 struct Daemon {
   std::mutex mu;
   uint64_t next_id = 1;
+  bool knows_segments = true;
+  std::map<uint64_t, uint64_t> segment_bytes;     // segment registrations: their size now
+  std::vector<wire::ExtendBuffer> extended;
   std::vector<wire::RegisterBuffer> registered;  // in order; [id - 1]
   std::vector<size_t> fds;                       // descriptors of each registration
   std::vector<uint64_t> unregistered;
@@ -67,14 +72,40 @@ class DeviceRegistryTest : public ::testing::Test {
           if (request.kind == static_cast<uint32_t>(wire::BufferKind::kCudaSemaphores)) {
             return 1000;  // the semaphore page: not counted
           }
+          const bool segment =
+              request.kind == static_cast<uint32_t>(wire::BufferKind::kCudaVmmSegment);
+          if (segment && !daemon_.knows_segments) {
+            return absl::InvalidArgumentError("unknown buffer kind 6");
+          }
+          EXPECT_LE(fds.size(), wire::kMaxFds);
           daemon_.registered.push_back(request);
           daemon_.fds.push_back(fds.size());
+          if (segment) {
+            wire::SegmentLayout layout;
+            std::memcpy(&layout, request.handle, sizeof(layout));
+            EXPECT_EQ(layout.page_count, fds.size());
+            EXPECT_EQ(request.bytes, layout.page_bytes * layout.page_count);
+            daemon_.segment_bytes[daemon_.next_id] = request.bytes;
+          }
           return daemon_.next_id++;
         },
         [this](uint64_t id) {
           std::lock_guard lock(daemon_.mu);
           daemon_.unregistered.push_back(id);
           return absl::OkStatus();
+        },
+        [this](const wire::ExtendBuffer& request, absl::Span<const int> fds)
+            -> absl::StatusOr<uint64_t> {
+          std::lock_guard lock(daemon_.mu);
+          EXPECT_EQ(request.page_count, fds.size());
+          EXPECT_LE(fds.size(), wire::kMaxSegmentPagesPerMessage);
+          auto it = daemon_.segment_bytes.find(request.buffer_id);
+          if (it == daemon_.segment_bytes.end()) return absl::NotFoundError("no segment");
+          if (request.offset != it->second) {
+            return absl::FailedPreconditionError("extension not at the segment's end");
+          }
+          daemon_.extended.push_back(request);
+          return it->second += request.page_bytes * request.page_count;
         },
         tickets_.get(),
         DeviceRegistry::JobMarks{[this] {
@@ -88,12 +119,13 @@ class DeviceRegistryTest : public ::testing::Test {
         std::make_unique<FakeDeviceMemory>(&gpu_));
   }
 
-  // `count` pages of kPage mapped from the reservation's start.
-  void MapPages(int count) {
-    for (int i = 0; i < count; ++i) {
-      gpu_.MapPage(kReservation, uint64_t{1} << 32, kReservation + i * kPage, kPage);
+  // Pages [from, to) of `page` bytes mapped in the reservation.
+  void MapPages(int to, int from = 0, uint64_t page = kPage) {
+    for (int i = from; i < to; ++i) {
+      gpu_.MapPage(kReservation, kReservationBytes, kReservation + i * page, page);
     }
   }
+  static constexpr uint64_t kReservationBytes = uint64_t{1} << 36;
 
   std::unique_ptr<ring::TicketPage> tickets_ = std::make_unique<ring::TicketPage>();
   FakeDeviceMemory::State gpu_;
@@ -259,9 +291,161 @@ TEST_F(DeviceRegistryTest, NoThreadSeesItsRegistrationDroppedBeforeItsJob) {
   stop = true;
   remapper.join();
   EXPECT_EQ(violations.load(), 0);
+  gpu_.Remap(kReservation);
+  ASSERT_TRUE(registry_->Register(At(kReservation), 4096).ok());
   daemon_.CompleteAll();
   ASSERT_TRUE(registry_->Register(At(kReservation), 4096).ok());
   EXPECT_FALSE(daemon_.Unregistered().empty()) << "the remapped pages' registrations went";
+}
+
+// ---- expandable segments ------------------------------------------------------------------
+
+TEST_F(DeviceRegistryTest, ASegmentIsRegisteredOnceWholeAndServesEveryRangeInside) {
+  MapPages(20);
+  absl::StatusOr<DeviceRegistry::Registered> a =
+      registry_->Register(At(kReservation + 3 * kPage + 64), 4096);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->offset, 3 * kPage + 64);
+  EXPECT_EQ(a->bytes, 20 * kPage);
+  ASSERT_EQ(daemon_.Registrations(), 1u);
+  EXPECT_EQ(daemon_.registered[0].kind, static_cast<uint32_t>(wire::BufferKind::kCudaVmmSegment));
+  EXPECT_EQ(daemon_.fds[0], 20u);
+  wire::SegmentLayout layout;
+  std::memcpy(&layout, daemon_.registered[0].handle, sizeof(layout));
+  EXPECT_EQ(layout.page_bytes, kPage);
+  EXPECT_EQ(layout.reserve_bytes, kReservationBytes);
+  const DeviceRegistry::Counters before = registry_->counters();
+  EXPECT_EQ(before.registrations, 1u);
+  EXPECT_EQ(before.exports, 20u);
+  // Every range inside, of any size, across pages: the same buffer, no export, no message.
+  for (auto [at, len] : {std::pair{kReservation, 20 * kPage}, {kReservation + kPage - 8, 16},
+                         {kReservation + 5 * kPage, 12 * kPage}}) {
+    absl::StatusOr<DeviceRegistry::Registered> r = registry_->Register(At(at), len);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->buffer_id, a->buffer_id);
+    EXPECT_EQ(r->offset, at - kReservation);
+  }
+  const DeviceRegistry::Counters after = registry_->counters();
+  EXPECT_EQ(after.registrations, before.registrations);
+  EXPECT_EQ(after.extensions, 0u);
+  EXPECT_EQ(after.exports, before.exports);
+  EXPECT_EQ(gpu_.Exports(), 20);
+}
+
+TEST_F(DeviceRegistryTest, ASegmentPastOneMessagesDescriptorsIsContinuedByExtensions) {
+  MapPages(150);
+  absl::StatusOr<DeviceRegistry::Registered> a = registry_->Register(At(kReservation), 4096);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->bytes, 150 * kPage);
+  ASSERT_EQ(daemon_.Registrations(), 1u);
+  EXPECT_EQ(daemon_.fds[0], wire::kMaxSegmentPagesPerMessage);
+  ASSERT_EQ(daemon_.extended.size(), 2u);
+  EXPECT_EQ(daemon_.extended[0].offset, 64 * kPage);
+  EXPECT_EQ(daemon_.extended[0].page_count, 64u);
+  EXPECT_EQ(daemon_.extended[1].offset, 128 * kPage);
+  EXPECT_EQ(daemon_.extended[1].page_count, 22u);
+  EXPECT_EQ(daemon_.segment_bytes[a->buffer_id], 150 * kPage);
+  EXPECT_EQ(registry_->counters().extensions, 2u);
+}
+
+// PyTorch's large pages (20 MiB): a 512 MiB tensor spans 26 of them, past the 8 a kCudaVmmPages
+// registration holds; inside a segment it is one (buffer, offset).
+TEST_F(DeviceRegistryTest, ATensorOverManyLargePagesIsOneRange) {
+  constexpr uint64_t kLarge = 20 * kMiB;
+  MapPages(30, 0, kLarge);
+  absl::StatusOr<DeviceRegistry::Registered> a =
+      registry_->Register(At(kReservation + kLarge / 2), 512 * kMiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->offset, kLarge / 2);
+  EXPECT_EQ(a->bytes, 30 * kLarge);
+}
+
+TEST_F(DeviceRegistryTest, PagesMappedAfterASegmentExtendItInPlace) {
+  MapPages(4);
+  absl::StatusOr<DeviceRegistry::Registered> a = registry_->Register(At(kReservation), 4096);
+  ASSERT_TRUE(a.ok());
+  const uint64_t x = a->buffer_id;
+  MapPages(9, 4);  // the allocator grows the segment
+  absl::StatusOr<DeviceRegistry::Registered> b =
+      registry_->Register(At(kReservation + 3 * kPage), 3 * kPage);  // pages 3 to 5
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->buffer_id, x);
+  EXPECT_EQ(b->offset, 3 * kPage);
+  EXPECT_EQ(b->bytes, 9 * kPage);  // every page mapped since, not only those the range needs
+  ASSERT_EQ(daemon_.extended.size(), 1u);
+  EXPECT_EQ(daemon_.extended[0].offset, 4 * kPage);
+  EXPECT_EQ(daemon_.extended[0].page_count, 5u);
+  EXPECT_EQ(daemon_.Registrations(), 1u);
+  EXPECT_EQ(registry_->counters().exports, 9u);
+  // And the new pages are served from the cache.
+  absl::StatusOr<DeviceRegistry::Registered> c =
+      registry_->Register(At(kReservation + 8 * kPage), kPage);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->buffer_id, x);
+  EXPECT_EQ(daemon_.extended.size(), 1u);
+  EXPECT_TRUE(daemon_.Unregistered().empty());
+}
+
+TEST_F(DeviceRegistryTest, ARemappedPageOfASegmentMakesANewRegistrationAndRetiresTheOld) {
+  MapPages(6);
+  absl::StatusOr<DeviceRegistry::Registered> a = registry_->Register(At(kReservation), 4096);
+  ASSERT_TRUE(a.ok());
+  const uint64_t x = a->buffer_id;
+  registry_->Owe(std::move(a->lease));  // a caller still about to use page 0 through X
+  gpu_.Remap(kReservation + 2 * kPage);  // empty_cache, then a new page at the same address
+  absl::StatusOr<DeviceRegistry::Registered> b =
+      registry_->Register(At(kReservation + 2 * kPage), 4096);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->buffer_id, x);
+  EXPECT_EQ(b->bytes, 6 * kPage);
+  EXPECT_TRUE(daemon_.Unregistered().empty());
+  registry_->Paid(x, daemon_.Push());
+  daemon_.CompleteAll();
+  b->lease.Release();
+  ASSERT_TRUE(registry_->Register(At(kReservation), 4096).ok());
+  EXPECT_EQ(daemon_.Unregistered(), std::vector<uint64_t>{x});
+  // Pages not touched by a range are not checked: a range on an unchanged page of the new
+  // registration reuses it.
+  absl::StatusOr<DeviceRegistry::Registered> c = registry_->Register(At(kReservation + kPage), 8);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->buffer_id, b->buffer_id);
+}
+
+TEST_F(DeviceRegistryTest, ARangePastTheMappedPagesIsOutOfRange) {
+  MapPages(2);
+  absl::StatusOr<DeviceRegistry::Registered> a = registry_->Register(At(kReservation), 4096);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<DeviceRegistry::Registered> b =
+      registry_->Register(At(kReservation + kPage), 2 * kPage);
+  EXPECT_TRUE(absl::IsOutOfRange(b.status())) << b.status();
+}
+
+TEST_F(DeviceRegistryTest, ATierdWithoutSegmentsGetsPagesAsBefore) {
+  daemon_.knows_segments = false;
+  MapPages(12);
+  absl::StatusOr<DeviceRegistry::Registered> a =
+      registry_->Register(At(kReservation + kPage - 8), 16);  // pages 0 and 1
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(daemon_.Registrations(), 1u);
+  EXPECT_EQ(daemon_.registered[0].kind, static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages));
+  EXPECT_EQ(a->bytes, 2 * kPage);
+  absl::StatusOr<DeviceRegistry::Registered> b = registry_->Register(At(kReservation), 10 * kPage);
+  EXPECT_TRUE(absl::IsOutOfRange(b.status())) << b.status();
+}
+
+TEST_F(DeviceRegistryTest, ASegmentOfOtherSizedPagesEndsAtTheSizeChange) {
+  MapPages(4);
+  gpu_.MapPage(kReservation, kReservationBytes, kReservation + 4 * kPage, 2 * kPage);
+  absl::StatusOr<DeviceRegistry::Registered> a = registry_->Register(At(kReservation), 4096);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->bytes, 4 * kPage);
+  // A range over the size change: pages, as before segments.
+  absl::StatusOr<DeviceRegistry::Registered> b =
+      registry_->Register(At(kReservation + 4 * kPage - 8), 16);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->buffer_id, a->buffer_id);
+  EXPECT_EQ(daemon_.registered.back().kind,
+            static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages));
 }
 
 TEST(RegistrationHolds, AFreeRetiredIdIsDueOnlyAfterItsFence) {
