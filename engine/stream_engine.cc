@@ -231,6 +231,9 @@ struct Lane {
   uint64_t staged_from_seq = 0;
   std::deque<PendingJob> pending;    // issued on the stream, in seq order
   uint64_t window_bytes = 0;         // plain copies issued and not completed (lane_window_bytes)
+  // The window this pass: lane_window_bytes while another lane of the GPU and direction had
+  // work in the last kShareMemoryNs (set by the worker), else 0 (no limit).
+  uint64_t window_limit = 0;
   bool abandoned = false;
   uint64_t progress_ns = 0;    // last completion, or when the first pending job was issued
   uint64_t wait_since_ns = 0;  // when the head job began to wait for its ticket (0: not)
@@ -462,6 +465,38 @@ class PoolWrites {
 
 // One GPU's worker: issues the jobs of that GPU's lanes as their tickets arrive, and completes
 // them as their `completed` words move. Owns no lane; holds the busy ones.
+// Which lanes of one GPU shared its link lately, per direction: a lane's window applies only
+// while another lane of the same direction had work in the last kShareMemoryNs, so a session
+// alone is never held back, and one whose jobs come a little apart (a client waiting for each
+// before the next) still counts as sharing. Only the worker's thread uses it. Lanes are compared
+// by address and never dereferenced (a lane gone and its address reused is at worst counted for
+// one more millisecond).
+class LinkShare {
+ public:
+  static constexpr uint64_t kShareMemoryNs = 2'000'000;
+  void Saw(const Lane* lane, int direction, uint64_t now) {
+    for (auto& [l, at] : recent_[direction]) {
+      if (l == lane) {
+        at = now;
+        return;
+      }
+    }
+    recent_[direction].push_back({lane, now});
+  }
+  // After Saw for every lane of a pass: whether `lane` shares its direction with another.
+  bool Shared(const Lane* lane, int direction, uint64_t now) {
+    auto& recent = recent_[direction];
+    std::erase_if(recent, [&](const auto& r) { return now - r.second > kShareMemoryNs; });
+    for (const auto& r : recent) {
+      if (r.first != lane) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<std::pair<const Lane*, uint64_t>> recent_[2];
+};
+
 class DeviceWorker {
  public:
   DeviceWorker(StreamEngine& engine, GpuRuntime& runtime, int device, uint32_t spin_us,
@@ -520,6 +555,7 @@ class DeviceWorker {
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::vector<std::shared_ptr<Lane>> active_;  // lanes with queued or issued jobs
+  LinkShare share_;  // the worker thread's only
   std::atomic<bool> woken_{false};
   bool stop_ = false;
   std::thread thread_;
@@ -880,7 +916,8 @@ class StreamEngine final : public CopyEngine {
 
   // Issues what is ready on `lane` and completes what finished. True if anything moved; *busy:
   // whether the lane still has work.
-  bool Step(Lane& lane, uint64_t now, bool* busy);
+  // `shared`: another lane of the GPU and direction has work (LinkShare): the window applies.
+  bool Step(Lane& lane, uint64_t now, bool shared, bool* busy);
 
  private:
   friend class GpuSession;
@@ -1016,6 +1053,7 @@ class StreamEngine final : public CopyEngine {
 
   bool IssueHead(Lane& lane, QueuedJob& q, uint64_t now);
   bool IssueChunks(Lane& lane, QueuedJob& q, uint64_t now);
+  absl::Status MarkPiece(Lane& lane);
   absl::Status FlushStaged(Lane& lane);
   void MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<FailedJob>& failed);
   bool Complete(Lane& lane, uint64_t now);
@@ -1167,7 +1205,22 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
   lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), q.pool_write,
                                     job.pool, std::move(job.feed), std::move(q.gpu_waits), now,
                                     window});
+  if (window != 0 && lane.window_limit != 0) {
+    if (absl::Status s = MarkPiece(lane); !s.ok() && lane.pending.back().status.ok()) {
+      lane.pending.back().status = s;
+    }
+  }
   return true;
+}
+
+// Under a window, each piece (chunk or job) completes on its own: its copy goes to the runtime
+// and `completed` is written after it, so the window reopens as pieces land instead of once the
+// whole pass's copies are done (which would drain the stream before the next piece). A failure
+// goes to the job (the caller); the pass's own completion write still completes its pieces.
+absl::Status StreamEngine::MarkPiece(Lane& lane) {
+  absl::Status s = FlushStaged(lane);
+  if (!s.ok()) return s;
+  return runtime_->WriteValue64(lane.stream, lane.completed_addr(), lane.next_seq - 1);
 }
 
 // A plain copy under the lane's window (GpuEngineOptions::lane_window_bytes): stages every chunk
@@ -1175,7 +1228,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
 // whole copy) may be staged too. False: the window is full; the job stays at the head, and the
 // lane's completions open the window again.
 bool StreamEngine::IssueChunks(Lane& lane, QueuedJob& q, uint64_t now) {
-  const uint64_t window = options_.lane_window_bytes;
+  const uint64_t window = lane.window_limit;
   const CopyJob& job = q.job;
   if (window == 0) return true;
   const uint64_t chunk = std::max<uint64_t>(window / 4, 1);
@@ -1194,6 +1247,7 @@ bool StreamEngine::IssueChunks(Lane& lane, QueuedJob& q, uint64_t now) {
     lane.window_bytes += chunk;
     q.issued_bytes += chunk;
     if (lane.pending.size() == 1) lane.progress_ns = now;
+    if (absl::Status s = MarkPiece(lane); !s.ok() && q.status.ok()) q.status = s;
   }
   if (!fits(job.len - q.issued_bytes)) {
     lane.blocked = "its window of the GPU link";
@@ -1241,11 +1295,12 @@ void StreamEngine::MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<Fai
   }
 }
 
-bool StreamEngine::Step(Lane& lane, uint64_t now, bool* busy) {
+bool StreamEngine::Step(Lane& lane, uint64_t now, bool shared, bool* busy) {
   std::vector<FailedJob> failed;
   bool moved = false;
   {
     std::lock_guard lock(lane.mu);
+    lane.window_limit = shared ? options_.lane_window_bytes : 0;
     if (lane.abandoned) {
       // Nothing queued may wait for this client any more; what is issued finishes on its own.
       for (QueuedJob& q : lane.queue) {
@@ -1387,9 +1442,11 @@ void DeviceWorker::Run() {
     std::stable_sort(lanes.begin(), lanes.end(), [](const auto& a, const auto& b) {
       return LaneIndex(a->direction) < LaneIndex(b->direction);
     });
+    for (auto& lane : lanes) share_.Saw(lane.get(), LaneIndex(lane->direction), now);
     for (auto& lane : lanes) {
       bool busy = false;
-      progress |= engine_.Step(*lane, now, &busy);
+      const bool shared = share_.Shared(lane.get(), LaneIndex(lane->direction), now);
+      progress |= engine_.Step(*lane, now, shared, &busy);
       if (!busy) idle.push_back(lane.get());
     }
     bool any_active;

@@ -611,10 +611,15 @@ TEST_F(StreamEngineTest, OneCompletionWritePerPass) {
   EXPECT_LT(observed_.write_targets.size() - done_writes, 64u);
 }
 
-// The lane's window: a copy larger than it goes in chunks of a quarter of it, at most a window's
-// worth on the stream at once; the job completes once, whole, with one done write.
-TEST_F(StreamEngineTest, ACopyLargerThanTheWindowGoesInChunks) {
+// The lane's window, while another session's lane of the GPU has work: a copy larger than it
+// goes in chunks of a quarter of it, at most a window's worth on the stream at once, each chunk
+// completed on its own; the job completes once, whole, with one done write. The other lane here
+// waits for its client's ticket.
+TEST_F(StreamEngineTest, ACopyLargerThanTheWindowGoesInChunksWhileTheLinkIsShared) {
   Start(0, 10000, kLen / 2);
+  ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
+  Completion waiting;
+  Submit(Job(b_, Direction::kToPool, 0, 1, 1, waiting));  // its ticket is not there yet
   for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 7);
   a_.SetTicket(Direction::kToPool, 1);
   Completion done;
@@ -623,15 +628,33 @@ TEST_F(StreamEngineTest, ACopyLargerThanTheWindowGoesInChunks) {
   EXPECT_TRUE(done.future.get().ok());
   EXPECT_EQ(std::memcmp(pool_.data(), a_.memory[0].data(), kLen), 0);
   EXPECT_EQ(a_.Done(Direction::kToPool), 1u);
-  std::lock_guard lock(observed_.mu);
-  ASSERT_EQ(observed_.copies.size(), 8u);
-  for (size_t i = 0; i < observed_.copies.size(); ++i) {
-    EXPECT_EQ(observed_.copies[i].first, a_.memory[0].data() + i * (kLen / 8));
-    EXPECT_EQ(observed_.copies[i].second, kLen / 8);
+  {
+    std::lock_guard lock(observed_.mu);
+    ASSERT_EQ(observed_.copies.size(), 8u);
+    for (size_t i = 0; i < observed_.copies.size(); ++i) {
+      EXPECT_EQ(observed_.copies[i].first, a_.memory[0].data() + i * (kLen / 8));
+      EXPECT_EQ(observed_.copies[i].second, kLen / 8);
+    }
+    EXPECT_EQ(std::count(observed_.write_targets.begin(), observed_.write_targets.end(),
+                         a_.DoneAddr(Direction::kToPool)),
+              1);
   }
-  EXPECT_EQ(std::count(observed_.write_targets.begin(), observed_.write_targets.end(),
-                       a_.DoneAddr(Direction::kToPool)),
-            1);
+  b_.SetTicket(Direction::kToPool, 1);
+  ASSERT_TRUE(waiting.Ready(5000));
+  EXPECT_TRUE(waiting.future.get().ok());
+}
+
+// A session alone on the GPU is never held back by the window: its copy goes whole.
+TEST_F(StreamEngineTest, ALaneAloneIgnoresTheWindow) {
+  Start(0, 10000, kLen / 2);
+  a_.SetTicket(Direction::kToPool, 1);
+  Completion done;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, done));
+  ASSERT_TRUE(done.Ready(5000));
+  EXPECT_TRUE(done.future.get().ok());
+  std::lock_guard lock(observed_.mu);
+  ASSERT_EQ(observed_.copies.size(), 1u);
+  EXPECT_EQ(observed_.copies[0].second, kLen);
 }
 
 // Two sessions on one GPU: while the first one's large copy fills its window (its copies held
@@ -643,9 +666,11 @@ TEST_F(StreamEngineTest, TheWindowLetsAnotherSessionsCopyAheadOfALargeOne) {
   for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 3);
   std::memset(b_.memory[0].data(), 0x4B, kLen);
   observed_.hold_copies.store(true);
-  a_.SetTicket(Direction::kToPool, 1);
-  b_.SetTicket(Direction::kToPool, 1);
   Completion big, small;
+  CopyJob job = Job(b_, Direction::kToPool, 0, 1, 1, small);
+  job.len = kLen / 8;
+  Submit(std::move(job));  // waits for its ticket: b's lane has work
+  a_.SetTicket(Direction::kToPool, 1);
   Submit(Job(a_, Direction::kToPool, 0, 0, 1, big));
   auto issued = [&] {
     std::lock_guard lock(observed_.mu);
@@ -656,9 +681,7 @@ TEST_F(StreamEngineTest, TheWindowLetsAnotherSessionsCopyAheadOfALargeOne) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(issued(), 4u) << "the first lane issued more than its window";
-  CopyJob job = Job(b_, Direction::kToPool, 0, 1, 1, small);
-  job.len = kLen / 8;
-  Submit(std::move(job));
+  b_.SetTicket(Direction::kToPool, 1);
   for (int i = 0; i < 500 && issued() < 5; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -683,6 +706,10 @@ TEST_F(StreamEngineTest, TheWindowLetsAnotherSessionsCopyAheadOfALargeOne) {
 // is issued after the offload's last chunk and waits on the GPU for it.
 TEST_F(StreamEngineTest, AReloadWaitsForEveryChunkOfTheOffloadItReads) {
   Start(0, 10000, kLen / 2);
+  ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
+  Completion waiting[2];
+  Submit(Job(b_, Direction::kToPool, 0, 2, 1, waiting[0]));  // both directions shared
+  Submit(Job(b_, Direction::kFromPool, 1, 3, 1, waiting[1]));
   for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 5 + 1);
   a_.SetTicket(Direction::kToPool, 1);
   a_.SetTicket(Direction::kFromPool, 1);
@@ -694,6 +721,13 @@ TEST_F(StreamEngineTest, AReloadWaitsForEveryChunkOfTheOffloadItReads) {
   EXPECT_TRUE(offload.future.get().ok());
   EXPECT_TRUE(reload.future.get().ok());
   EXPECT_EQ(std::memcmp(a_.memory[1].data(), a_.memory[0].data(), kLen), 0);
+  {
+    std::lock_guard lock(observed_.mu);
+    EXPECT_GE(observed_.copies.size(), 16u) << "the copies were not chunked";
+  }
+  b_.SetTicket(Direction::kToPool, 1);
+  b_.SetTicket(Direction::kFromPool, 1);
+  for (auto& w : waiting) ASSERT_TRUE(w.Ready(5000));
 }
 
 TEST_F(StreamEngineTest, TicketOnlyJobSignals) {
