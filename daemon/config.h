@@ -101,7 +101,7 @@ struct Config {
   uint32_t poll_idle_us = 50;        // poll_idle_us: ring poller spins this long before sleeping
   uint32_t gpu_poll_spin_us = 50;    // gpu_poll_spin_us: GPU workers spin this long after progress
   uint32_t lane_wait_warn_ms = 10000;  // lane_wait_warn_ms: log a lane waiting this long
-  uint64_t gpu_lane_window_bytes = 0;  // gpu_lane_window_bytes: a lane's copying on the GPU
+  uint64_t gpu_lane_window_bytes = 4 << 20;  // gpu_lane_window_bytes: a shared lane's copying
 
   // Service.
   Severity log_level = Severity::kInfo;  // log_level: debug | info | warning | error

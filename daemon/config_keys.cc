@@ -345,9 +345,9 @@ std::vector<Key> BuildKeys() {
                             "and completions) before it backs off to short sleeps",
                             &Config::gpu_poll_spin_us, 0, 1000 * 1000));
   keys.push_back(SizeKey("gpu_lane_window_bytes", kEngine,
-                         "GPU engine: each session's lane keeps at most this much copying on the "
-                         "GPU and issues larger copies in quarters of it, so sessions sharing a "
-                         "GPU's link take turns; 0: no limit",
+                         "GPU engine: while sessions share a GPU's link in one direction, each "
+                         "one's lane keeps at most this much copying on the GPU and issues larger "
+                         "copies in quarters of it, so they take turns; 0: no limit",
                          &Config::gpu_lane_window_bytes, /*allow_zero=*/true, 64 * 1024));
   keys.push_back(IntegerKey("lane_wait_warn_ms", kEngine,
                             "a GPU lane that waits this long for a client's ticket logs it once",

@@ -217,11 +217,12 @@ struct GpuEngineOptions {
   // Shutdown: how long to wait for in-flight jobs before cancelling what waits for a client, and
   // again before failing what is left.
   uint32_t shutdown_grace_ms = 5000;
-  // Sharing a GPU's link between sessions: a lane keeps at most this many bytes of copies issued
-  // and not completed on its stream, and issues larger copies in chunks of a quarter of it, so a
-  // job of another session waits behind at most about this much of this one's work (the copy
-  // engine serves streams in the order their copies were issued). 0: no limit (a session may
-  // queue any amount ahead of the others).
+  // Sharing a GPU's link between sessions: while another lane of the GPU and direction has work
+  // (or had in the last 2 ms), a lane keeps at most this many bytes of copies issued and not
+  // completed on its stream, issues larger copies in chunks of a quarter of it, and completes
+  // each piece on its own, so a job of another session waits behind at most about this much of
+  // this one's work (the copy engine serves streams in the order their copies were issued). A
+  // lane alone is not limited. 0: no limit (a session may queue any amount ahead of the others).
   uint64_t lane_window_bytes = 0;
 };
 

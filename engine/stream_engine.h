@@ -18,6 +18,13 @@
 // completed write is made once per pass of the worker over the lane, for the last job issued in
 // it (the word only grows, so it completes every job up to it).
 //
+// Sharing a GPU's link: the copy engine serves streams in the order copies were issued, so a
+// session that queues 512 MiB ahead makes another session's 1 MiB job wait for all of it
+// (measured: 3% of its fair share). While another lane of the GPU and direction has work (or had
+// in the last 2 ms), a lane keeps at most GpuEngineOptions::lane_window_bytes issued and not
+// completed, issues larger copies in chunks of a quarter of it, and writes `completed` after
+// each piece so the window reopens as pieces land. A lane alone is not limited.
+//
 // WHY TIERD CANNOT DEADLOCK ON THE GPU (the rule, checked by the tests). A tierd stream waits on
 // the GPU only for copies tierd has already issued (the pool-write wait above). Nothing queued on
 // a tierd stream waits for a client, for a client's ticket, or for a word a tierd host thread is
