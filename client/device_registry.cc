@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace tier::client {
 namespace {
@@ -291,7 +292,11 @@ absl::StatusOr<std::optional<DeviceRegistry::Registered>> DeviceRegistry::Regist
   if (!id.ok()) {
     if (absl::IsUnimplemented(id.status()) || absl::IsInvalidArgument(id.status())) {
       // A tierd that predates segments (or whose engine cannot map them): pages, from now on.
-      segments_refused_.store(true, std::memory_order_relaxed);
+      if (!segments_refused_.exchange(true, std::memory_order_relaxed)) {
+        LogWarning("libtierclient: tierd refused a whole expandable segment (",
+                   id.status().message(), "); ranges in VMM memory are registered page by page "
+                   "from now on, at most ", wire::kMaxVmmPages, " pages each");
+      }
       return std::nullopt;
     }
     return id.status();

@@ -89,7 +89,8 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
   out.reservation_base = base;
   out.reservation_bytes = size;
 
-  // VMM memory (cuMemCreate + cuMemMap). cuMemGetAddressRange gave the whole VA reservation,
+  // VMM memory (cuMemCreate + cuMemMap). cuMemGetAddressRange gave the VA range around it (the
+  // whole reservation, or on some drivers only this mapping),
   // which may hold many physical allocations side by side (PyTorch's expandable segments map one
   // per segment page), so the buffer is the one physical allocation mapped at the pointer: found
   // by walking the reservation in steps of the mapping granularity while the same allocation is
@@ -128,6 +129,12 @@ absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) 
       out.base = lo;
       out.bytes = hi - lo;
       out.offset = ptr - lo;
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        out.device_memory_bytes = total_bytes;
+      } else {
+        (void)cudaGetLastError();
+      }
     }
     int fd = -1;
     if (s.ok()) {

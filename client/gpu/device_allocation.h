@@ -23,6 +23,10 @@ struct DeviceAllocation {
   // whole reservation, which may hold many pages side by side; else the allocation itself.
   uint64_t reservation_base = 0;
   uint64_t reservation_bytes = 0;
+  // VMM: the GPU's memory. cuMemGetAddressRange may give one page's mapping rather than the
+  // reservation, so a segment is assumed to reach at least this far past its first page (what
+  // PyTorch reserves per expandable segment).
+  uint64_t device_memory_bytes = 0;
   std::array<uint8_t, 64> ipc_handle{};                 // kCudaIpc, kCudaSemaphores
   UniqueFd fd;                                          // kCudaVmmFd: POSIX fd shareable handle
   // kCudaVmmPages: one fd per page, in address order; their sizes are also packed into

@@ -1,5 +1,6 @@
 #include "client/gpu/vmm_segment.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -16,8 +17,7 @@ std::optional<DeviceAllocation> PageAt(DeviceMemory& memory, uint64_t address,
   if (*id == 0) return std::nullopt;
   absl::StatusOr<DeviceAllocation> page = memory.ExportAllocation(at);
   if (!page.ok() || page->kind != wire::BufferKind::kCudaVmmFd || page->base != address ||
-      page->bytes != like.page_bytes || page->device != like.device ||
-      page->reservation_base != like.reservation_base || !page->fd.valid() ||
+      page->bytes != like.page_bytes || page->device != like.device || !page->fd.valid() ||
       memory.AllocationId(at) != *id) {
     return std::nullopt;
   }
@@ -32,10 +32,14 @@ VmmPages ExportVmmRun(DeviceMemory& memory, DeviceAllocation page, uint64_t page
   run.device_uuid = page.device_uuid;
   run.base = page.base;
   run.page_bytes = page.bytes;
+  // The driver may report one page's mapping as the address range (H100, driver 580): pages
+  // mapped side by side are one run whatever it says, and the run may grow as far as the GPU's
+  // memory past its first page.
   run.reservation_base = page.reservation_base;
-  run.reservation_end = page.reservation_base + page.reservation_bytes;
+  run.reservation_end = std::max(page.reservation_base + page.reservation_bytes,
+                                 page.base + page.device_memory_bytes);
   std::vector<std::pair<UniqueFd, uint64_t>> before;  // nearest first
-  while (run.base - run.reservation_base >= run.page_bytes) {
+  while (run.base >= run.page_bytes) {
     uint64_t id = 0;
     std::optional<DeviceAllocation> prev = PageAt(memory, run.base - run.page_bytes, run, &id);
     if (!prev) break;

@@ -31,8 +31,8 @@ struct VmmPages {
 // The whole run of same-size pages mapped side by side around the VMM page `page` (exported by
 // DeviceMemory::ExportAllocation, kind kCudaVmmFd, whose AllocationId read before the export was
 // `page_id`; its descriptor moves into the result): pages before it down to the first gap (or a
-// page of another size, GPU or reservation, or one without an identity), and after it up to the
-// next. One export per page. Each page's identity is read before its export and checked after
+// page of another size or GPU, or one without an identity), and after it up to the next, within
+// the reservation or the GPU's memory past the page, whichever reaches further. One export per page. Each page's identity is read before its export and checked after
 // it, so a page remapped meanwhile ends the run rather than pairing new memory with an old id.
 VmmPages ExportVmmRun(DeviceMemory& memory, DeviceAllocation page, uint64_t page_id);
 

@@ -360,6 +360,28 @@ TEST_F(DeviceRegistryTest, ATensorOverManyLargePagesIsOneRange) {
   EXPECT_EQ(a->bytes, 30 * kLarge);
 }
 
+// The H100's driver reports a VMM page's own mapping as its address range, not the reservation:
+// the run is still every page mapped side by side, and it grows within the GPU's memory.
+TEST_F(DeviceRegistryTest, ASegmentIsFoundWhenTheDriverReportsOnlyAPagesRange) {
+  {
+    std::lock_guard lock(gpu_.mu);
+    gpu_.range_is_the_page = true;
+    gpu_.device_memory_bytes = 80 * 1024 * kMiB;
+  }
+  constexpr uint64_t kLarge = 20 * kMiB;
+  MapPages(30, 0, kLarge);
+  absl::StatusOr<DeviceRegistry::Registered> a =
+      registry_->Register(At(kReservation + 3 * kLarge + 4096), 512 * kMiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->offset, 3 * kLarge + 4096);
+  EXPECT_EQ(a->bytes, 30 * kLarge);
+  MapPages(40, 30, kLarge);  // the allocator grows the segment
+  absl::StatusOr<DeviceRegistry::Registered> b =
+      registry_->Register(At(kReservation + 28 * kLarge), 8 * kLarge);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->buffer_id, a->buffer_id) << "grown in place, not registered anew";
+}
+
 TEST_F(DeviceRegistryTest, PagesMappedAfterASegmentExtendItInPlace) {
   MapPages(4);
   absl::StatusOr<DeviceRegistry::Registered> a = registry_->Register(At(kReservation), 4096);

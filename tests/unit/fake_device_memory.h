@@ -75,6 +75,10 @@ class FakeDeviceMemory final : public DeviceMemory {
     std::map<uint64_t, Allocation> allocations;  // by base address
     uint64_t next_id = 1;
     int exports = 0;  // ExportAllocation calls that returned an allocation
+    // Like the H100's driver: a VMM page's address range is that page alone, not its
+    // reservation; device_memory_bytes is then what bounds a segment's growth.
+    bool range_is_the_page = false;
+    uint64_t device_memory_bytes = 0;
 
     void Malloc(uint64_t base, uint64_t bytes) {
       std::lock_guard lock(mu);
@@ -128,6 +132,11 @@ class FakeDeviceMemory final : public DeviceMemory {
       out.fd = UniqueFd(::eventfd(0, EFD_CLOEXEC));
       out.reservation_base = it->second.reservation_base;
       out.reservation_bytes = it->second.reservation_bytes;
+      if (s_->range_is_the_page) {
+        out.reservation_base = it->first;
+        out.reservation_bytes = it->second.bytes;
+      }
+      out.device_memory_bytes = s_->device_memory_bytes;
     } else {
       out.kind = wire::BufferKind::kCudaIpc;
       out.ipc_handle[0] = static_cast<uint8_t>(it->second.id);
