@@ -207,7 +207,6 @@ class ActivationOffloader:
         self._order = []        # weakref.ref(_StorageRecord), parallel to _order_index
         self._next_index = 0
         self._compact_at = 1024
-        self._side_streams = {}
         self._site_records = {}  # budget: this step's site -> weakref to its _StorageRecord
         self._hooks = None
         self.stats = ActivationStats()
@@ -463,11 +462,8 @@ class ActivationOffloader:
         return True
 
     def _side_stream(self, device):
-        stream = self._side_streams.get(device)
-        if stream is None:
-            stream = torch.cuda.Stream(device=device)
-            self._side_streams[device] = stream
-        return stream
+        # The client's, not one per offloader: offloaders come and go (Client.reload_stream).
+        return self.client.reload_stream(device)
 
     def _start(self, record, prefetch):
         self._start_records([record], prefetch)
@@ -632,7 +628,6 @@ class WeightOffloader:
         blocks = list(blocks) if blocks is not None else _find_blocks(module)
         self._groups = [_Group(blocks[i:i + group]) for i in range(0, len(blocks), group)]
         self._hooks = []
-        self._side_streams = {}
         self._warned = False
         self.stats = WeightStats()
 
@@ -695,11 +690,8 @@ class WeightOffloader:
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
 
     def _side_stream(self, device):
-        stream = self._side_streams.get(device)
-        if stream is None:
-            stream = torch.cuda.Stream(device=device)
-            self._side_streams[device] = stream
-        return stream
+        # The client's, not one per offloader: offloaders come and go (Client.reload_stream).
+        return self._client.reload_stream(device)
 
     def _prefetch(self, gi):
         g = self._groups[gi]
