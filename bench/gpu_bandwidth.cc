@@ -306,18 +306,9 @@ int main(int argc, char** argv) {
     daemon = std::make_unique<tier::bench::TierdProcess>(tierd_bin, flags);
     socket = daemon->socket();
   }
-  tier_session_options options;
-  tier_session_options_init(&options);
-  options.socket_path = socket.c_str();
-  options.name = "tier_gpu_bench";
-  options.connect_timeout_ms = 60000;
   tier_session* session = nullptr;
-  tier_status opened = TIER_UNAVAILABLE;
-  for (int tries = 0; tries < 600 && opened != TIER_OK; ++tries) {  // the pool pins first
-    opened = tier_session_open(&options, &session);
-    if (opened != TIER_OK) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  Check(opened, "opening a session");
+  Check(tier::bench::OpenSessionWhenReady(socket, "tier_gpu_bench", &session),
+        "opening a session");
   tier_session_info info{};
   info.struct_size = sizeof(info);
   tier_session_get_info(session, &info);

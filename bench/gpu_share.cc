@@ -66,18 +66,9 @@ struct Client {
   Check(cudaMalloc(&device, arena), "cudaMalloc");
   Check(cudaMemset(device, 0x5A, arena), "cudaMemset");
   Check(cudaDeviceSynchronize(), "sync");
-  tier_session_options options;
-  tier_session_options_init(&options);
-  options.socket_path = socket.c_str();
-  options.name = client.name.c_str();
-  options.connect_timeout_ms = 60000;
   tier_session* session = nullptr;
-  tier_status opened = TIER_UNAVAILABLE;
-  for (int tries = 0; tries < 600 && opened != TIER_OK; ++tries) {  // the pool pins first
-    opened = tier_session_open(&options, &session);
-    if (opened != TIER_OK) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  Check(opened, "opening a session");
+  Check(tier::bench::OpenSessionWhenReady(socket, client.name.c_str(), &session),
+        "opening a session");
   tier_buffer_id buffer = 0;
   uint64_t base = 0;
   Check(tier_buffer_register_device(session, device, &buffer, &base), "register");

@@ -11,10 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "tier/tier.h"
 
 namespace tier::bench {
 
@@ -69,6 +73,23 @@ class TierdProcess {
   std::string dir_;
   std::string socket_;
 };
+
+// Opens a session named `name` on `socket`, retrying for up to a minute while tierd starts (it
+// answers once its pool is pinned). The last status.
+inline tier_status OpenSessionWhenReady(const std::string& socket, const char* name,
+                                        tier_session** session) {
+  tier_session_options options;
+  tier_session_options_init(&options);
+  options.socket_path = socket.c_str();
+  options.name = name;
+  options.connect_timeout_ms = 60000;
+  tier_status opened = TIER_UNAVAILABLE;
+  for (int tries = 0; tries < 600 && opened != TIER_OK; ++tries) {
+    opened = tier_session_open(&options, session);
+    if (opened != TIER_OK) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return opened;
+}
 
 }  // namespace tier::bench
 
