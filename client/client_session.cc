@@ -116,8 +116,8 @@ ClientSession::~ClientSession() {
     (void)!::write(death_watch_stop_.get(), &one, sizeof(one));
     death_watch_.join();
   }
-  // The semaphore pages go only now: the daemon has closed the session (or is gone, and
-  // ReleaseWaiters ran), so no stream of either side still waits on them.
+  // The ticket page's registration goes only now: the daemon has closed the session (or is gone,
+  // and ReleaseWaiters ran), so no stream of either side still waits on its words.
   devices_.reset();
   std::lock_guard lock(channel_mu_);
   for (auto& [id, buffer] : host_buffers_) ::munmap(buffer.ptr, buffer.bytes);
@@ -200,9 +200,22 @@ void ClientSession::StartDeathWatch() {
       if (fds[0].revents != 0) return;
       if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) break;
     }
-    std::lock_guard lock(mu_);
-    ReapLocked();
-    MarkDaemonGoneLocked();
+    // Release the GPU's waits before taking any lock: a thread holding mu_ may be stuck in a
+    // runtime call (a launch into a stream queue full behind a wait on the dead daemon), and
+    // only the release frees it. The release is plain stores (DeviceRegistry::ReleaseWaiters).
+    devices_->ReleaseWaiters();
+    {
+      std::lock_guard lock(mu_);
+      ReapLocked();
+      MarkDaemonGoneLocked();
+    }
+    // A done write the dying daemon had queued on the GPU may land after the stores above and
+    // close a gate again: store again, ever less often, until the session ends.
+    for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 1000)) {
+      pollfd stop = {death_watch_stop_.get(), POLLIN, 0};
+      if (::poll(&stop, 1, wait_ms) > 0) return;
+      devices_->ReleaseWaiters();
+    }
   });
 }
 
@@ -463,7 +476,7 @@ absl::Status ClientSession::StreamWaitOffload(uint64_t job, void* stream) {
     ticket = it->second;
   }
   gpu::DeviceSync* sync = devices_->Sync(ticket.device);
-  if (sync == nullptr) return absl::InternalError("GPU offload without a semaphore page");
+  if (sync == nullptr) return absl::InternalError("GPU offload without a ticket slot");
   return sync->WaitOffloadDone(stream, ticket.ticket);
 }
 

@@ -41,15 +41,17 @@ absl::StatusOr<gpu::DeviceSync*> DeviceRegistry::SyncFor(int device) {
   absl::StatusOr<std::unique_ptr<gpu::DeviceSync>> sync =
       memory_->CreateDeviceSync(device, &tickets_->slots[device]);
   if (!sync.ok()) return sync.status();
-  absl::StatusOr<gpu::DeviceAllocation> page = (*sync)->Export();
-  if (!page.ok()) return page.status();
-  absl::StatusOr<uint64_t> id = register_fn_(Describe(*page), {});
+  absl::StatusOr<gpu::DeviceAllocation> slot = (*sync)->Export();
+  if (!slot.ok()) return slot.status();
+  absl::StatusOr<uint64_t> id = register_fn_(Describe(*slot), {});
   if (!id.ok()) {
-    return absl::Status(id.status().code(), absl::StrCat("registering the semaphore page of GPU ",
+    return absl::Status(id.status().code(), absl::StrCat("binding the ticket slot of GPU ",
                                                          device, ": ", id.status().message()));
   }
   std::lock_guard lock(mu_);
-  return (syncs_[device] = *std::move(sync)).get();
+  gpu::DeviceSync* created = (syncs_[device] = *std::move(sync)).get();
+  released_[device].store(created);
+  return created;
 }
 
 std::optional<DeviceRegistry::Registered> DeviceRegistry::FindCachedLocked(
@@ -421,8 +423,11 @@ void DeviceRegistry::UncacheLocked(uint64_t buffer_id) {
 }
 
 void DeviceRegistry::ReleaseWaiters() {
-  std::lock_guard lock(mu_);
-  for (auto& [device, sync] : syncs_) (void)sync->ReleaseWaiters();
+  // No lock: a thread holding mu_ may be stuck in a runtime call behind the very waits this
+  // releases (see the header).
+  for (std::atomic<gpu::DeviceSync*>& sync : released_) {
+    if (gpu::DeviceSync* s = sync.load(); s != nullptr) s->ReleaseWaiters();
+  }
 }
 
 bool DeviceRegistry::empty() const {

@@ -1,7 +1,7 @@
 // The client's GPU side of a session: which registered buffers are device allocations, and the
-// per-GPU semaphore page (gpu::DeviceSync) whose tickets order the client's streams against the
-// daemon's copies. Created empty; the first device buffer of a GPU creates that GPU's page and
-// registers it with the daemon (kind kCudaSemaphores) before the buffer itself.
+// per-GPU ticket slot (gpu::DeviceSync) whose tickets order the client's streams against the
+// daemon's copies. Created empty; the first device buffer of a GPU creates that GPU's DeviceSync
+// and binds its slot in the daemon (kind kCudaSemaphores) before the buffer itself.
 //
 // Registration is once per allocation: a pointer inside an allocation already registered returns
 // the same buffer id (the cache key includes the IPC handle, so a new allocation that happens to
@@ -22,7 +22,9 @@
 // retired as above.
 //
 // Thread-safe. Lock order: the registry never holds its own lock while it calls `register_fn`
-// (which takes the session's locks), so the session may call ReleaseWaiters() under its lock.
+// (which takes the session's locks). ReleaseWaiters() takes no lock at all: a thread may hold the
+// registry's or the session's lock while it is stuck in a runtime call behind one of the very
+// waits it releases (a launch into a full stream queue), so it runs before any lock is taken.
 #ifndef TIER_CLIENT_DEVICE_REGISTRY_H_
 #define TIER_CLIENT_DEVICE_REGISTRY_H_
 
@@ -114,7 +116,7 @@ class DeviceRegistry {
   // Leases and owed uses of `buffer_id` (tests, diagnostics).
   uint64_t holders(uint64_t buffer_id) const;
 
-  // What registering cost so far: registrations sent (device buffers; the semaphore pages not
+  // What registering cost so far: registrations sent (device buffers; the ticket slots not
   // counted), extensions sent, and allocations (VMM: pages) exported for them. Flat across
   // training steps once every segment is registered.
   struct Counters {
@@ -126,11 +128,12 @@ class DeviceRegistry {
 
   // The GPU (this process's ordinal) of a registered device buffer; -1 for any other buffer.
   int DeviceOf(uint64_t buffer_id) const;
-  // The semaphore page of `device`; null until a buffer of that GPU was registered.
+  // The DeviceSync of `device`; null until a buffer of that GPU was registered.
   gpu::DeviceSync* Sync(int device) const;
   // The buffer was unregistered: drop it from the cache.
   void Forget(uint64_t buffer_id);
   // The daemon is gone: release every stream waiting on it (see gpu::DeviceSync::ReleaseWaiters).
+  // Lock-free and free of runtime calls; call it again for a while after the death.
   void ReleaseWaiters();
   bool empty() const;
 
@@ -148,6 +151,9 @@ class DeviceRegistry {
   // Declared before the pages: unregistered after the last DeviceSync is gone.
   std::unique_ptr<gpu::TicketPageRegistration> ticket_registration_;  // guarded by create_mu_
   std::map<int, std::unique_ptr<gpu::DeviceSync>> syncs_;
+  // The same DeviceSyncs, published for ReleaseWaiters (which takes no lock); they live as long as
+  // the registry.
+  std::array<std::atomic<gpu::DeviceSync*>, ring::kMaxTicketDevices> released_{};
   // What a registration names: the address range and the physical allocations under it.
   struct Allocation {
     int device;

@@ -18,9 +18,10 @@ Session::Session(uint64_t id, std::string name, const AttachToken& token, uint64
       objects_(std::make_shared<ObjectTable>(quota_bytes)) {}
 
 Session::~Session() {
-  // The engine session reads the ring's ticket page: it goes first.
+  // The engine session reads the ring's ticket page: it goes first. A GPU engine may keep the
+  // page registered a little longer (its release thread): it holds the mapping until then.
   engine_session_.reset();
-  if (ring_base_ != nullptr) ::munmap(ring_base_, ring_bytes_);
+  ring_mapping_.reset();
 }
 
 bool Session::TokenMatches(const AttachToken& token) const {
@@ -52,6 +53,9 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
     ring_base_ = nullptr;
     return ErrnoStatus("mmap of the job ring");
   }
+  ring_mapping_ = std::shared_ptr<void>(ring_base_, [bytes = ring_bytes_](void* base) {
+    ::munmap(base, bytes);
+  });
   ring::RingHeader* header = ring::InitSegment(ring_base_, ring_entries_, id_);
   auto* bytes = static_cast<char*>(ring_base_);
   // Offsets and sizes are the daemon's own copies: the client can scribble on the header.
@@ -81,7 +85,8 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
   engine::EngineSessionInfo info;
   info.id = id_;
   info.label = absl::StrCat("session ", id_, " '", name_, "' (pid ", peer.pid, ")");
-  info.tickets = tickets_;
+  info.tickets = reinterpret_cast<ring::TicketPage*>(bytes + ring::kTicketPageOffset);
+  info.tickets_owner = ring_mapping_;
   absl::StatusOr<std::unique_ptr<engine::EngineSession>> engine = open_engine(info);
   if (!engine.ok()) return engine.status();
   engine_session_ = *std::move(engine);

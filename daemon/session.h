@@ -161,6 +161,7 @@ class Session {
   UniqueFd ring_fd_;
   uint64_t ring_bytes_ = 0;
   void* ring_base_ = nullptr;
+  std::shared_ptr<void> ring_mapping_;  // unmaps ring_base_ once the engine lets go too
   const ring::TicketPage* tickets_ = nullptr;
   UniqueFd sq_doorbell_;         // the daemon's ends of the doorbell socket pairs
   UniqueFd cq_doorbell_;

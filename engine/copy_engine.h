@@ -72,10 +72,13 @@ struct BufferImport {
 struct EngineSessionInfo {
   uint64_t id = 0;
   std::string label;  // for logs, e.g. "session 5 'train' (pid 1234)"
-  // The session ring's ticket page (tier/ring.h), where the client's GPU streams raise their
-  // tickets; GPU engines read it, the host engine ignores it. Untrusted; must stay mapped until
-  // the EngineSession is destroyed.
-  const ring::TicketPage* tickets = nullptr;
+  // The session ring's ticket page (tier/ring.h): the client's GPU streams raise their tickets
+  // in it and the daemon's copy streams its done counters. GPU engines read the tickets and
+  // register the page with their runtime (for the done writes); the host engine ignores it.
+  // Untrusted. Mapped while `tickets_owner` is held: a GPU engine keeps it until its release
+  // thread has unregistered the page, which may be after the EngineSession is gone.
+  ring::TicketPage* tickets = nullptr;
+  std::shared_ptr<const void> tickets_owner;
 };
 
 // Per-session engine state. GPU engines keep here the session's own D2H/H2D streams (so a client

@@ -378,15 +378,39 @@ class CudaRuntime final : public GpuRuntime {
                         absl::StrCat("cudaHostRegister of the ", bytes >> 20, " MiB host pool"));
   }
 
+  absl::Status RegisterMappedHost(char* base, uint64_t bytes) override {
+    return CheckRuntime(
+        cudaHostRegister(base, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
+        "cudaHostRegister of a session's ticket page");
+  }
+
+  absl::StatusOr<uint64_t> HostDeviceAddress(int device, char* host) override {
+    cuda::DeviceGuard guard(device);
+    if (!guard.status().ok()) return guard.status();
+    void* address = nullptr;
+    if (absl::Status s = CheckRuntime(cudaHostGetDevicePointer(&address, host, 0),
+                                      "cudaHostGetDevicePointer of a session's ticket page");
+        !s.ok()) {
+      return s;
+    }
+    return reinterpret_cast<uint64_t>(address);
+  }
+
   void UnregisterHost(char* base) override { (void)cudaHostUnregister(base); }
 
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
+  absl::StatusOr<int> FindDevice(const BufferImport& import) override {
     std::optional<int> device = cuda::DeviceForUuid(import.device_uuid);
     if (!device) {
       return absl::FailedPreconditionError(absl::StrCat(
           "no GPU with UUID ", UuidText(import.device_uuid), " (the client's GPU ", import.device,
           ") is visible to tierd; check the daemon's CUDA_VISIBLE_DEVICES"));
     }
+    return *device;
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
+    absl::StatusOr<int> device = FindDevice(import);
+    if (!device.ok()) return device.status();
     if (import.bytes == 0) return absl::InvalidArgumentError("GPU buffer of 0 bytes");
     cuda::DeviceGuard guard(*device);
     if (!guard.status().ok()) return guard.status();

@@ -136,7 +136,35 @@ class HipRuntime final : public GpuRuntime {
                     absl::StrCat("hipHostRegister of the ", bytes >> 20, " MiB host pool"));
   }
 
+  absl::Status RegisterMappedHost(char* base, uint64_t bytes) override {
+    return CheckHip(
+        hipHostRegister(base, bytes, hipHostRegisterPortable | hipHostRegisterMapped),
+        "hipHostRegister of a session's ticket page");
+  }
+
+  absl::StatusOr<uint64_t> HostDeviceAddress(int device, char* host) override {
+    hip::DeviceGuard guard(device);
+    if (!guard.status().ok()) return guard.status();
+    void* address = nullptr;
+    if (absl::Status s = CheckHip(hipHostGetDevicePointer(&address, host, 0),
+                                  "hipHostGetDevicePointer of a session's ticket page");
+        !s.ok()) {
+      return s;
+    }
+    return reinterpret_cast<uint64_t>(address);
+  }
+
   void UnregisterHost(char* base) override { (void)hipHostUnregister(base); }
+
+  absl::StatusOr<int> FindDevice(const BufferImport& import) override {
+    std::optional<int> device = hip::DeviceForUuid(import.device_uuid);
+    if (!device) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no GPU with the client's UUID (its GPU ", import.device,
+          ") is visible to tierd; check the daemon's HIP_VISIBLE_DEVICES"));
+    }
+    return *device;
+  }
 
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
     if (import.kind == wire::BufferKind::kCudaVmmFd ||
@@ -146,12 +174,8 @@ class HipRuntime final : public GpuRuntime {
           "the HIP engine cannot import VMM (fd) allocations: this HIP has no "
           "hipMemImportFromShareableHandle; register hipMalloc memory");
     }
-    std::optional<int> device = hip::DeviceForUuid(import.device_uuid);
-    if (!device) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no GPU with the client's UUID (its GPU ", import.device,
-          ") is visible to tierd; check the daemon's HIP_VISIBLE_DEVICES"));
-    }
+    absl::StatusOr<int> device = FindDevice(import);
+    if (!device.ok()) return device.status();
     if (import.bytes == 0) return absl::InvalidArgumentError("GPU buffer of 0 bytes");
     hip::DeviceGuard guard(*device);
     if (!guard.status().ok()) return guard.status();

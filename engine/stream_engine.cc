@@ -26,10 +26,7 @@
 namespace tier::engine {
 
 using gpu::kMaxTicket;
-using gpu::kOffloadDoneOffset;
 using gpu::kReleasedTicket;
-using gpu::kReloadDoneOffset;
-using gpu::kSemaphorePageBytes;
 namespace {
 
 uint64_t NowNs() {
@@ -180,6 +177,15 @@ void RunFailed(std::vector<FailedJob>& failed) {
 class StreamEngine;
 class DeviceWorker;
 
+// A session's ticket page registered with the runtime (mapped, for every GPU), so that the
+// lanes' streams write its done counters. Held by the session's lanes; the last one to go
+// unregisters it on the release thread (cudaHostUnregister waits for the device, so the done
+// writes already queued land first) and only then lets the page be unmapped (`owner`).
+struct TicketPagePin {
+  char* base = nullptr;
+  std::shared_ptr<const void> owner;
+};
+
 // One direction of one session on one GPU: its own stream, its jobs in ticket order.
 struct Lane {
   Lane(GpuRuntime& runtime, HostWordPool& pool, std::shared_ptr<ReleaseThread> releaser,
@@ -215,10 +221,12 @@ struct Lane {
 
   std::mutex mu;
   // The client's ticket counter of this lane in the session's ticket page (host memory, written
-  // by the client's GPU stream, untrusted) and the done counter in its semaphore page (device
-  // memory). Both unset until the session registered its semaphore page for this GPU.
+  // by the client's GPU stream, untrusted) and the done counter beside it (written by this
+  // lane's stream, at done_addr as the GPU addresses it). Unset until the session bound its
+  // ticket slot for this GPU (BufferKind kCudaSemaphores).
   const std::atomic<uint64_t>* ready = nullptr;
   uint64_t done_addr = 0;
+  std::shared_ptr<TicketPagePin> ticket_pin;  // keeps done_addr registered
   uint64_t next_seq = 1;
   uint64_t next_ticket = 1;
   // Tickets not yet queued: a smaller ticket has not arrived, or not all jobs of the batch.
@@ -249,18 +257,24 @@ struct Lane {
 
 struct DeviceLanes {
   std::shared_ptr<Lane> lanes[2];  // [0] kToPool, [1] kFromPool
-  std::shared_ptr<DeviceMapping> semaphores;
+  bool slot_bound = false;         // the client bound its ticket slot for this GPU
 };
 
 int LaneIndex(Direction direction) { return direction == Direction::kToPool ? 0 : 1; }
 
 struct SessionState {
   SessionState(const EngineSessionInfo& info) : id(info.id), label(info.label),
-                                                tickets(info.tickets) {}
+                                                tickets(info.tickets),
+                                                tickets_owner(info.tickets_owner) {}
   const uint64_t id;
   const std::string label;
-  const ring::TicketPage* const tickets;
+  ring::TicketPage* const tickets;
+  const std::shared_ptr<const void> tickets_owner;
   std::atomic<bool> abandoned{false};
+  // The ticket page's registration, made by the first slot bound (registration only: never
+  // taken by the job path, since registering is a setup call).
+  std::mutex pin_mu;
+  std::weak_ptr<TicketPagePin> ticket_pin;  // guarded by pin_mu
   std::mutex mu;
   struct Range {
     uintptr_t end = 0;
@@ -283,12 +297,12 @@ struct SessionState {
     return it->second.device;
   }
 
-  // For a ticket-only job without memory: the only GPU with a semaphore page, or -1.
+  // For a ticket-only job without memory: the only GPU with a bound ticket slot, or -1.
   int OnlySemaphoreDevice() {
     std::lock_guard lock(mu);
     int found = -1;
     for (auto& [device, lanes] : devices) {
-      if (lanes.semaphores == nullptr) continue;
+      if (!lanes.slot_bound) continue;
       if (found >= 0) return -1;
       found = device;
     }
@@ -356,8 +370,8 @@ class GpuBuffer final : public ImportedBuffer {
   std::atomic<uint64_t>& live_;
 };
 
-// The semaphore page as the daemon's session sees it: zero bytes, so no job can name it. The
-// page itself stays mapped (held by the session's lanes) until the session is gone.
+// A bound ticket slot as the daemon's session sees it: zero bytes, so no job can name it. The
+// ticket page stays registered (held by the session's lanes) until the session is gone.
 class SemaphoreBuffer final : public ImportedBuffer {
  public:
   SemaphoreBuffer(char* base, int device) : base_(base), device_(device) {}
@@ -622,31 +636,15 @@ class StreamEngine final : public CopyEngine {
       case wire::BufferKind::kCudaVmmFd:
       case wire::BufferKind::kCudaVmmPages:
       case wire::BufferKind::kCudaVmmSegment:
-      case wire::BufferKind::kCudaSemaphores:
         break;
+      case wire::BufferKind::kCudaSemaphores:
+        return BindTicketSlot(state, import);
       case wire::BufferKind::kHostMemfd:
         return ImportHost(state, session, import);
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("unknown buffer kind ", static_cast<uint32_t>(import.kind)));
     }
-    bool semaphores = import.kind == wire::BufferKind::kCudaSemaphores;
-    if (semaphores) {
-      if (import.bytes < kSemaphorePageBytes) {
-        return absl::InvalidArgumentError(absl::StrCat("semaphore page of ", import.bytes,
-                                                       " bytes; it must hold ",
-                                                       kSemaphorePageBytes));
-      }
-      if (import.device < 0 || import.device >= ring::kMaxTicketDevices) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "semaphore page for GPU ", import.device, ": tickets exist for GPUs 0 to ",
-            ring::kMaxTicketDevices - 1, " of the client"));
-      }
-      if (state.tickets == nullptr) {
-        return absl::FailedPreconditionError("the session has no ticket page");
-      }
-    }
-    const int client_device = import.device;
     CheckCall(GpuCallClass::kSetup);
     absl::StatusOr<std::unique_ptr<DeviceMapping>> mapping = runtime_->Open(import);
     if (!mapping.ok()) return mapping.status();
@@ -659,7 +657,6 @@ class StreamEngine final : public CopyEngine {
         return s;
       }
     }
-    if (semaphores) return AttachSemaphores(state, std::move(*mapping), client_device);
 
     char* base = (*mapping)->base();
     {
@@ -734,7 +731,8 @@ class StreamEngine final : public CopyEngine {
       std::move(job.done)(absl::InvalidArgumentError(
           job.client != nullptr
               ? "job memory lies in no GPU buffer of this session"
-              : "ticket-only job names no GPU and the session has not exactly one semaphore page"));
+              : "ticket-only job names no GPU and the session has not bound exactly one "
+                "ticket slot"));
       return;
     }
     if (job.sync >= kMaxTicket) {
@@ -759,8 +757,8 @@ class StreamEngine final : public CopyEngine {
       } else if (lane.ready == nullptr) {
         failed.push_back({std::move(job.done),
                           absl::FailedPreconditionError(absl::StrCat(
-                              "job carries ticket ", job.sync, " but the session registered no "
-                              "semaphore page for GPU ", device))});
+                              "job carries ticket ", job.sync, " but the session bound no "
+                              "ticket slot for GPU ", device))});
       } else {
         // Held on the host until every smaller ticket and every job of this one arrived (the
         // daemon may hold a job back, e.g. a reload of a spilled object): issuing it earlier
@@ -945,30 +943,76 @@ class StreamEngine final : public CopyEngine {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<ImportedBuffer>> AttachSemaphores(
-      SessionState& state, std::unique_ptr<DeviceMapping> mapping, int client_device) {
-    int device = mapping->device();
-    char* base = mapping->base();
-    // Closed on the release thread, wherever the last reference goes.
-    std::shared_ptr<DeviceMapping> page(mapping.release(), [r = releaser_](DeviceMapping* m) {
-      r->Post([m] { delete m; });
-    });
-    std::lock_guard lock(state.mu);
-    DeviceLanes& d = state.devices[device];
-    if (d.semaphores != nullptr) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("the session already registered a semaphore page for GPU ", device));
+  // The client binds its ticket slot for one of its GPUs (gpu/ticket_protocol.h): this GPU's
+  // lanes then read that slot's tickets and write its done counters. The first slot bound
+  // registers the session's ticket page with the runtime.
+  absl::StatusOr<std::unique_ptr<ImportedBuffer>> BindTicketSlot(SessionState& state,
+                                                                 const BufferImport& import) {
+    if (import.bytes != 0 || import.fd.valid()) {
+      return absl::InvalidArgumentError(
+          "a ticket slot (kCudaSemaphores) carries no memory: bytes must be 0 and no descriptor "
+          "sent (a client of protocol 1 sends a semaphore page; use a client of this release)");
     }
-    d.semaphores = page;
-    const ring::TicketSlot& slot = state.tickets->slots[client_device];
-    uint64_t page_base = reinterpret_cast<uint64_t>(page->base());
+    const int client_device = import.device;
+    if (client_device < 0 || client_device >= ring::kMaxTicketDevices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ticket slot for GPU ", client_device, ": tickets exist for GPUs 0 to ",
+          ring::kMaxTicketDevices - 1, " of the client"));
+    }
+    if (state.tickets == nullptr) {
+      return absl::FailedPreconditionError("the session has no ticket page");
+    }
+    CheckCall(GpuCallClass::kSetup);
+    absl::StatusOr<int> device = runtime_->FindDevice(import);
+    if (!device.ok()) return device.status();
+    for (Direction direction : {Direction::kToPool, Direction::kFromPool}) {
+      if (absl::Status s = EnsureLane(state, *device, direction); !s.ok()) return s;
+    }
+    absl::StatusOr<std::shared_ptr<TicketPagePin>> pin = PinTicketPage(state);
+    if (!pin.ok()) return pin.status();
+    absl::StatusOr<uint64_t> page = runtime_->HostDeviceAddress(*device, (*pin)->base);
+    if (!page.ok()) return page.status();
+    ring::TicketSlot& slot = state.tickets->slots[client_device];
+    const auto offset_of = [&](const ring::TicketWord& word) {
+      return static_cast<uint64_t>(reinterpret_cast<const char*>(&word) -
+                                   reinterpret_cast<const char*>(state.tickets));
+    };
+    std::lock_guard lock(state.mu);
+    DeviceLanes& d = state.devices[*device];
+    if (d.slot_bound) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("the session already bound a ticket slot for GPU ", *device));
+    }
+    d.slot_bound = true;
     for (auto& lane : d.lanes) {
       std::lock_guard lane_lock(lane->mu);
       bool d2h = lane->direction == Direction::kToPool;
       lane->ready = d2h ? &slot.produced.value : &slot.reload_ready.value;
-      lane->done_addr = page_base + (d2h ? kOffloadDoneOffset : kReloadDoneOffset);
+      lane->done_addr = *page + offset_of(d2h ? slot.offload_done : slot.reload_done);
+      lane->ticket_pin = *pin;
     }
-    return std::make_unique<SemaphoreBuffer>(base, device);
+    return std::make_unique<SemaphoreBuffer>(reinterpret_cast<char*>(&slot), *device);
+  }
+
+  // The session's ticket page registered with the runtime: once, by the first slot bound; kept
+  // by the lanes that write it.
+  absl::StatusOr<std::shared_ptr<TicketPagePin>> PinTicketPage(SessionState& state) {
+    std::lock_guard lock(state.pin_mu);
+    if (std::shared_ptr<TicketPagePin> pin = state.ticket_pin.lock()) return pin;
+    char* base = reinterpret_cast<char*>(state.tickets);
+    if (absl::Status s = runtime_->RegisterMappedHost(base, sizeof(ring::TicketPage)); !s.ok()) {
+      return s;
+    }
+    std::shared_ptr<TicketPagePin> pin(
+        new TicketPagePin{base, state.tickets_owner},
+        [r = releaser_, &runtime = *runtime_](TicketPagePin* p) {
+          r->Post([p, &runtime] {
+            runtime.UnregisterHost(p->base);
+            delete p;  // then the page may be unmapped
+          });
+        });
+    state.ticket_pin = pin;
+    return pin;
   }
 
   // Closes a mapping on the release thread.

@@ -11,7 +11,7 @@
 // synchronization between jobs, the lane's stream runs
 //   [wait(writer lane completed >= s)]   H2D only: a D2H copy into the same pool bytes, issued
 //   copy                                 (fed reloads: one copy per chunk, issued as chunks land)
-//   write(semaphore[done] = k)           device memory of the client: releases its streams
+//   write(ticket page[done] = k)         host memory shared with the client: releases its streams
 //   write(completed = seq)               host-mapped word the worker reads for completion
 // `seq` is the lane's own job counter. A batch (the jobs of one ticket, CopyJob::batch_size) is
 // issued once all of its jobs arrived: its copies in one CopyBatchAsync, then one done write. The
@@ -139,8 +139,17 @@ class GpuRuntime {
   virtual absl::StatusOr<MappedHost> AllocMappedHost(uint64_t bytes) = 0;  // setup
   virtual void FreeMappedHost(void* host) = 0;                            // release
   virtual absl::Status RegisterHost(char* base, uint64_t bytes) = 0;      // setup
+  // Pins host memory for every GPU and maps it into their address space (portable, mapped), so
+  // streams can write it (a session's ticket page: the done counters). Undone by UnregisterHost.
+  virtual absl::Status RegisterMappedHost(char* base, uint64_t bytes) = 0;  // setup
+  // The address at which `device`'s streams reach `host`, registered by RegisterMappedHost.
+  virtual absl::StatusOr<uint64_t> HostDeviceAddress(int device, char* host) = 0;  // setup
   virtual void UnregisterHost(char* base) = 0;                            // release
-  // Opens client memory: kCudaIpc, kCudaVmmFd, kCudaSemaphores. Validates device and size.
+  // The daemon's GPU of import.device_uuid (the client named it as its GPU import.device);
+  // FAILED_PRECONDITION when tierd does not see it.
+  virtual absl::StatusOr<int> FindDevice(const BufferImport& import) = 0;  // setup
+  // Opens client memory: kCudaIpc, kCudaVmmFd, kCudaVmmPages, kCudaVmmSegment. Validates device
+  // and size.
   // Setup; destroying the DeviceMapping is a release call.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) = 0;
 };

@@ -1,22 +1,22 @@
 // The GPU ordering protocol between a client's streams and the daemon's copy streams: the
-// tickets, the semaphore page's layout, and why the protocol cannot deadlock. One place for both
+// tickets, the ticket page's layout, and why the protocol cannot deadlock. One place for both
 // sides: the client's GPU layer (client/gpu/device_sync.h) and the daemon's stream engine
 // (engine/stream_engine.h) include it.
 //
-// TICKETS AND THE SEMAPHORE PAGE. Per session and per GPU the client keeps four monotonically
-// increasing 64-bit counters:
+// TICKETS AND THE TICKET PAGE. Per session and per GPU the client keeps four monotonically
+// increasing 64-bit counters, all in that GPU's slot of the session ring's ticket page
+// (tier/ring.h: host memory shared by the client and the daemon, registered with the GPU runtime
+// on both sides so that streams of either write and wait on it):
 //   produced      client -> daemon  offload sources are written, up to offload ticket k
 //   reload_ready  client -> daemon  reload destinations may be written, up to reload ticket k
 //   offload_done  daemon -> client  offload copies finished, up to offload ticket k
 //   reload_done   daemon -> client  reload copies finished, up to reload ticket k
-// The two client -> daemon counters live in the session ring's ticket page (tier/ring.h: host
-// memory shared with the daemon, registered with the GPU runtime here so streams can write it):
-// the daemon reads them on the host and issues job k's copy only once its ticket is there. The
-// two daemon -> client counters live in the semaphore page, 4 KiB of device memory the client
-// allocates and registers with the daemon (BufferKind kCudaSemaphores; the daemon opens it by
-// IPC and writes it from its copy streams), so the client's streams wait on them on the GPU.
-// Offloads and reloads are numbered separately, 1, 2, 3, ... (TicketOffload / TicketReload); the
-// ticket travels in the ring entry's `sync` field.
+// The daemon reads the two client -> daemon counters on the host and issues job k's copy only
+// once its ticket is there; its copy streams write the two daemon -> client counters, and the
+// client's streams wait on those on the GPU. The client tells the daemon which of the daemon's
+// GPUs a slot belongs to by registering it (BufferKind kCudaSemaphores: the GPU's UUID and the
+// client's ordinal, no memory handle). Offloads and reloads are numbered separately, 1, 2, 3, ...
+// (TicketOffload / TicketReload); the ticket travels in the ring entry's `sync` field.
 //
 // Offload k: the client's ticket stream (one internal non-blocking stream per GPU) waits for an
 // event recorded on every producer stream, then writes produced = k. The daemon issues the D2H
@@ -53,11 +53,15 @@
 // only on values written by streams. A client thread may block (on tierd's reply, a lock, a
 // synchronizing CUDA call such as cudaFree) without stalling anything a stream waits for.
 //
-// DEAD PEER. If the daemon dies, consumer streams wait on reload_done forever; the client library
-// then calls ReleaseWaiters(), which sets offload_done and reload_done to kReleasedTicket from a
-// fresh stream so no stream hangs, and reports the pending jobs failed. The page must stay
-// allocated while the daemon may use it: free it (destroy the DeviceSync) only after the session
-// closed or the daemon is known dead and ReleaseWaiters() returned.
+// DEAD PEER. If the daemon dies, consumer streams wait on reload_done (and freeing streams on
+// offload_done) forever; the client library then stores kReleasedTicket into both done words of
+// every slot (ReleaseWaiters): a plain CPU store into host memory, which the GPU's waits read.
+// It makes no GPU runtime call on purpose: a launch stuck behind one of those waits (its
+// stream's queue full) holds a driver lock that any runtime call may need, so a release that
+// called the runtime could deadlock with the very launch it must free (seen: stream creation in
+// the release path, blocked on the lock a stuck cuLaunchKernel held). A copy the dying daemon had
+// queued may still land its done write after the store; the client stores again for a while
+// after the death, so a stale write cannot re-close the gate.
 #ifndef TIER_GPU_TICKET_PROTOCOL_H_
 #define TIER_GPU_TICKET_PROTOCOL_H_
 
@@ -65,14 +69,6 @@
 
 namespace tier::gpu {
 
-// Layout of the semaphore page: byte offsets of the 64-bit done counters (each on its own 64
-// bytes).
-inline constexpr uint64_t kSemaphorePageBytes = 4096;
-// What the client allocates for it: a whole 2 MiB allocation, so that the IPC handle names
-// exactly this allocation (small cudaMalloc blocks may share a larger driver allocation).
-inline constexpr uint64_t kSemaphoreAllocBytes = 2 << 20;
-inline constexpr uint64_t kOffloadDoneOffset = 64;
-inline constexpr uint64_t kReloadDoneOffset = 192;
 // Written to a counter to release every wait on it for good (a dead peer). CUDA's wait is a cyclic
 // compare, (int64_t)(*addr - k) >= 0, so the release value is 2^63 - 1, not UINT64_MAX.
 inline constexpr uint64_t kReleasedTicket = UINT64_MAX / 2;

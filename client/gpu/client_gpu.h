@@ -1,14 +1,14 @@
 // The client library's GPU layer (libtierclient links it as tier_client_gpu): exporting device
-// allocations for registration, and the per-GPU tickets and semaphore page that order the client's
-// streams against the daemon's copy streams (completion reaches the client's streams on the GPU,
-// with no host round trip).
+// allocations for registration, and the per-GPU tickets and done counters (in the session's
+// ticket page) that order the client's streams against the daemon's copy streams (completion
+// reaches the client's streams on the GPU, with no host round trip).
 //
 // Runtime neutral: no CUDA or HIP type appears here; streams are passed as void* (cudaStream_t or
 // hipStream_t; nullptr = the legacy default stream of the page's GPU). Built for CUDA
 // (client_gpu_cuda.cc), HIP (client_gpu_hip.cc) or nothing (client_gpu_none.cc: UNIMPLEMENTED).
 // The tickets are written once (device_sync.cc) over a small runtime interface (sync_runtime.h).
 //
-// The protocol this layer keeps with the daemon's engines (tickets, the semaphore page, why it
+// The protocol this layer keeps with the daemon's engines (tickets, the ticket page, why it
 // cannot deadlock, a dead peer) is in gpu/ticket_protocol.h, which both sides include.
 #ifndef TIER_CLIENT_GPU_CLIENT_GPU_H_
 #define TIER_CLIENT_GPU_CLIENT_GPU_H_
@@ -31,11 +31,7 @@
 namespace tier::client::gpu {
 
 using ::tier::gpu::kMaxTicket;
-using ::tier::gpu::kOffloadDoneOffset;
 using ::tier::gpu::kReleasedTicket;
-using ::tier::gpu::kReloadDoneOffset;
-using ::tier::gpu::kSemaphoreAllocBytes;
-using ::tier::gpu::kSemaphorePageBytes;
 
 // Number of GPUs this process sees; 0 when there is no device or no driver (never an error then).
 int GpuDeviceCount();
@@ -67,8 +63,8 @@ class TicketPageRegistration {
 };
 absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring::TicketPage* page);
 
-// Allocates and zeroes a semaphore page on `device` and creates its ticket stream, which raises
-// the tickets in `slot` (this GPU's slot of a registered ticket page). Fails with
+// Creates `device`'s ticket stream, which raises the tickets in `slot` (this GPU's slot of a
+// registered ticket page, whose done counters the daemon writes). Fails with
 // FAILED_PRECONDITION if the GPU lacks 64-bit stream memory operations.
 absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::TicketSlot* slot);
 

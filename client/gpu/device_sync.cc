@@ -1,7 +1,5 @@
 #include "client/gpu/device_sync.h"
 
-#include <chrono>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,17 +9,7 @@
 namespace tier::client::gpu {
 
 using ::tier::gpu::kMaxTicket;
-using ::tier::gpu::kOffloadDoneOffset;
 using ::tier::gpu::kReleasedTicket;
-using ::tier::gpu::kReloadDoneOffset;
-using ::tier::gpu::kSemaphoreAllocBytes;
-using ::tier::gpu::kSemaphorePageBytes;
-
-namespace {
-// ReleaseWaiters: fresh streams tried, and how long each may stay blocked.
-constexpr int kReleaseAttempts = 8;
-constexpr auto kReleaseAttemptTime = std::chrono::milliseconds(250);
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceSync>> DeviceSync::Create(
     std::unique_ptr<SyncRuntime> runtime, int device, ring::TicketSlot* slot) {
@@ -37,63 +25,46 @@ DeviceSync::~DeviceSync() {
   DeviceScope scope(*runtime_, device_);
   if (event_ != nullptr) runtime_->DestroyEvent(event_);
   if (ticket_ != nullptr) runtime_->DestroyStream(ticket_);
-  if (read_ != nullptr) runtime_->DestroyStream(read_);
-  if (page_ != nullptr) runtime_->Free(page_);
 }
 
 absl::Status DeviceSync::Init() {
   if (absl::Status s = runtime_->CheckStreamMemOps(device_); !s.ok()) return s;
   DeviceScope scope(*runtime_, device_);
   if (!scope.status().ok()) return scope.status();
-  absl::StatusOr<void*> page = runtime_->Malloc(kSemaphoreAllocBytes);
-  if (!page.ok()) return page.status();
-  page_ = *page;
-  absl::StatusOr<SyncRuntime::Stream> ticket = runtime_->CreateStream(false);
+  absl::StatusOr<SyncRuntime::Stream> ticket = runtime_->CreateStream();
   if (!ticket.ok()) return ticket.status();
   ticket_ = *ticket;
-  absl::StatusOr<SyncRuntime::Stream> read = runtime_->CreateStream(false);
-  if (!read.ok()) return read.status();
-  read_ = *read;
   absl::StatusOr<SyncRuntime::Event> event = runtime_->CreateEvent();
   if (!event.ok()) return event.status();
   event_ = *event;
-  // The ticket words as this GPU's streams address them (the page is registered mapped and
-  // portable: see RegisterTicketPage).
+  // The slot's words as this GPU's streams address them (the page is registered mapped and
+  // portable: see RegisterTicketPage). The daemon's done words start at 0 (a fresh ring).
   for (auto [word, out] : {std::pair{&slot_->produced.value, &produced_addr_},
-                           std::pair{&slot_->reload_ready.value, &reload_ready_addr_}}) {
-    absl::StatusOr<uint64_t> address =
-        runtime_->HostDevicePointer(const_cast<std::atomic<uint64_t>*>(word));
+                           std::pair{&slot_->reload_ready.value, &reload_ready_addr_},
+                           std::pair{&slot_->offload_done.value, &offload_done_addr_},
+                           std::pair{&slot_->reload_done.value, &reload_done_addr_}}) {
+    absl::StatusOr<uint64_t> address = runtime_->HostDevicePointer(word);
     if (!address.ok()) return address.status();
     *out = *address;
   }
-  // Zeroed on the ticket stream itself and waited for: every later write to the page is ordered
-  // after it, and the daemon sees it zero when it opens the page.
-  if (absl::Status s = runtime_->MemsetAsync(page_, kSemaphorePageBytes, ticket_); !s.ok()) {
-    return s;
-  }
-  return runtime_->StreamSynchronize(ticket_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceAllocation> DeviceSync::Export() {
-  DeviceScope scope(*runtime_, device_);
-  if (!scope.status().ok()) return scope.status();
   DeviceAllocation out;
   out.kind = wire::BufferKind::kCudaSemaphores;
   out.device = device_;
   absl::StatusOr<std::array<uint8_t, 16>> uuid = runtime_->DeviceUuid(device_);
   if (!uuid.ok()) return uuid.status();
   out.device_uuid = *uuid;
-  out.base = reinterpret_cast<uint64_t>(page_);
-  out.bytes = kSemaphoreAllocBytes;
-  absl::StatusOr<std::array<uint8_t, 64>> handle = runtime_->IpcHandle(page_);
-  if (!handle.ok()) return handle.status();
-  out.ipc_handle = *handle;
+  out.base = 0;
+  out.bytes = 0;
   return out;
 }
 
 absl::StatusOr<uint64_t> DeviceSync::TicketOffload(absl::Span<void* const> producer_streams) {
   MutexLock lock(&mu_);
-  if (released_) return absl::UnavailableError("the daemon is gone; no more tickets");
+  if (released_.load()) return absl::UnavailableError("the daemon is gone; no more tickets");
   DeviceScope scope(*runtime_, device_);
   if (!scope.status().ok()) return scope.status();
   const uint64_t ticket = next_offload_;
@@ -110,7 +81,7 @@ absl::StatusOr<uint64_t> DeviceSync::TicketOffload(absl::Span<void* const> produ
 
 absl::StatusOr<uint64_t> DeviceSync::TicketReload(void* consumer_stream) {
   MutexLock lock(&mu_);
-  if (released_) return absl::UnavailableError("the daemon is gone; no more tickets");
+  if (released_.load()) return absl::UnavailableError("the daemon is gone; no more tickets");
   DeviceScope scope(*runtime_, device_);
   if (!scope.status().ok()) return scope.status();
   const uint64_t ticket = next_reload_;
@@ -123,62 +94,24 @@ absl::StatusOr<uint64_t> DeviceSync::TicketReload(void* consumer_stream) {
 }
 
 absl::Status DeviceSync::WaitReloadDone(void* stream, uint64_t ticket) {
-  return WaitOn(stream, kReloadDoneOffset, ticket);
+  return WaitOn(stream, reload_done_addr_, ticket);
 }
 
 absl::Status DeviceSync::WaitOffloadDone(void* stream, uint64_t ticket) {
-  return WaitOn(stream, kOffloadDoneOffset, ticket);
+  return WaitOn(stream, offload_done_addr_, ticket);
 }
 
-absl::Status DeviceSync::ReleaseWaiters() {
-  MutexLock lock(&mu_);
-  released_ = true;
-  DeviceScope scope(*runtime_, device_);
-  if (!scope.status().ok()) return scope.status();
-  // A fresh stream may share a hardware queue with a stream blocked on a wait the dead daemon
-  // will never satisfy; then the write waits behind it. Try again from other fresh streams.
-  for (int attempt = 0; attempt < kReleaseAttempts; ++attempt) {
-    absl::StatusOr<SyncRuntime::Stream> stream = runtime_->CreateStream(true);
-    if (!stream.ok()) return stream.status();
-    absl::StatusOr<bool> landed = ReleaseFrom(*stream);
-    runtime_->DestroyStream(*stream);  // returns at once; a stuck one is freed once it ran
-    if (!landed.ok()) return landed.status();
-    if (*landed) return absl::OkStatus();
-  }
-  return absl::DeadlineExceededError(
-      "could not release the streams waiting on the daemon: every release stream stayed "
-      "blocked");
+void DeviceSync::ReleaseWaiters() {
+  released_.store(true);
+  // Host memory the GPU's waits read: the store is all it takes (no runtime call; see the
+  // header and gpu/ticket_protocol.h, DEAD PEER).
+  slot_->offload_done.value.store(kReleasedTicket);
+  slot_->reload_done.value.store(kReleasedTicket);
 }
 
-absl::StatusOr<bool> DeviceSync::ReleaseFrom(SyncRuntime::Stream stream) {
-  for (uint64_t offset : {kOffloadDoneOffset, kReloadDoneOffset}) {
-    if (absl::Status s = runtime_->WriteValue64(stream, Addr(offset), kReleasedTicket); !s.ok()) {
-      return s;
-    }
-  }
-  const auto deadline = std::chrono::steady_clock::now() + kReleaseAttemptTime;
-  while (true) {
-    absl::StatusOr<bool> done = runtime_->StreamDone(stream);
-    if (!done.ok() || *done) return done;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
-absl::StatusOr<std::array<uint64_t, 4>> DeviceSync::ReadCounters() {
-  DeviceScope scope(*runtime_, device_);
-  if (!scope.status().ok()) return scope.status();
-  uint64_t words[kReloadDoneOffset / 8 + 1] = {};
-  if (absl::Status s = runtime_->CopyToHostAsync(words, page_, sizeof(words), read_); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = runtime_->StreamSynchronize(read_); !s.ok()) return s;
-  return std::array<uint64_t, 4>{slot_->produced.value.load(), words[kOffloadDoneOffset / 8],
-                                 slot_->reload_ready.value.load(), words[kReloadDoneOffset / 8]};
-}
-
-uint64_t DeviceSync::Addr(uint64_t offset) const {
-  return reinterpret_cast<uint64_t>(page_) + offset;
+std::array<uint64_t, 4> DeviceSync::ReadCounters() const {
+  return {slot_->produced.value.load(), slot_->offload_done.value.load(),
+          slot_->reload_ready.value.load(), slot_->reload_done.value.load()};
 }
 
 // Makes the ticket stream wait for the work queued so far on `stream` (nullptr: the legacy
@@ -193,13 +126,13 @@ absl::Status DeviceSync::FollowStream(void* stream) {
   return runtime_->StreamWaitEvent(ticket_, event_);
 }
 
-absl::Status DeviceSync::WaitOn(void* stream, uint64_t offset, uint64_t ticket) {
+absl::Status DeviceSync::WaitOn(void* stream, uint64_t address, uint64_t ticket) {
   if (ticket == 0 || ticket >= kMaxTicket) {
     return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is out of range"));
   }
   DeviceScope scope(*runtime_, device_);
   if (!scope.status().ok()) return scope.status();
-  return runtime_->WaitValue64(stream, Addr(offset), ticket);
+  return runtime_->WaitValue64(stream, address, ticket);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceSync>> CreateDeviceSync(int device, ring::TicketSlot* slot) {

@@ -1,10 +1,12 @@
-// The client's side of the ticket protocol (gpu/ticket_protocol.h) on one GPU: the session's
-// semaphore page there and the ticket stream that raises its tickets. Written once, over
-// SyncRuntime (sync_runtime.h), for CUDA and HIP alike; a fake runtime tests it without a GPU.
+// The client's side of the ticket protocol (gpu/ticket_protocol.h) on one GPU: that GPU's slot of
+// the session's ticket page (tickets raised by its ticket stream, done counters written by the
+// daemon) and the ticket stream. Written once, over SyncRuntime (sync_runtime.h), for CUDA and
+// HIP alike; a fake runtime tests it without a GPU.
 #ifndef TIER_CLIENT_GPU_DEVICE_SYNC_H_
 #define TIER_CLIENT_GPU_DEVICE_SYNC_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -22,20 +24,20 @@ namespace tier::client::gpu {
 // Thread-safe.
 class DeviceSync {
  public:
-  // Allocates and zeroes a semaphore page on `device` and creates its ticket stream, which raises
-  // the tickets in `slot` (this GPU's slot of a registered ticket page). FAILED_PRECONDITION if
-  // the GPU lacks 64-bit stream memory operations.
+  // Creates the ticket stream of `device`, which raises the tickets in `slot` (this GPU's slot of
+  // the session's ticket page, registered with the runtime: gpu::RegisterTicketPage), and whose
+  // consumers wait on the slot's done counters. FAILED_PRECONDITION if the GPU lacks 64-bit
+  // stream memory operations.
   static absl::StatusOr<std::unique_ptr<DeviceSync>> Create(std::unique_ptr<SyncRuntime> runtime,
                                                             int device, ring::TicketSlot* slot);
-  // Frees the page: only after the session closed, or the daemon is known dead and
-  // ReleaseWaiters() returned.
   ~DeviceSync();
   DeviceSync(const DeviceSync&) = delete;
   DeviceSync& operator=(const DeviceSync&) = delete;
 
   int device() const { return device_; }
 
-  // The page, for registration with the daemon (kind kCudaSemaphores).
+  // What binds the slot to this GPU in the daemon (kind kCudaSemaphores: no memory, the GPU's
+  // UUID and ordinal).
   absl::StatusOr<DeviceAllocation> Export();
 
   // Takes the next offload ticket k and enqueues, on the ticket stream, a wait for the work
@@ -56,40 +58,39 @@ class DeviceSync {
   // that frees or overwrites the source calls this first.
   absl::Status WaitOffloadDone(void* stream, uint64_t ticket);
 
-  // The daemon is gone: sets offload_done and reload_done to kReleasedTicket from a fresh stream
-  // (retrying on other fresh streams if one is stuck behind a blocked hardware queue) and waits
-  // until the write has landed, so no stream of this process waits for the daemon any more.
-  // Later ticket calls fail with UNAVAILABLE. DEADLINE_EXCEEDED if no write landed within ~2 s.
-  absl::Status ReleaseWaiters();
+  // The daemon is gone: stores kReleasedTicket into both done counters, so every wait of this
+  // process's streams on the daemon passes, and later ticket calls fail with UNAVAILABLE. Plain
+  // CPU stores into host memory, no runtime call and no lock but this object's: it cannot meet a
+  // driver lock held by a launch stuck behind one of those waits. Call it again for a while
+  // after the death: a done write the dying daemon had queued may land after the first store.
+  void ReleaseWaiters();
 
-  // The four counters as they are now (the done counters by a synchronous read on a private
-  // stream): produced, offload_done, reload_ready, reload_done. For tests and diagnostics.
-  absl::StatusOr<std::array<uint64_t, 4>> ReadCounters();
+  // The four counters as they are now: produced, offload_done, reload_ready, reload_done. For
+  // tests and diagnostics.
+  std::array<uint64_t, 4> ReadCounters() const;
 
  private:
   DeviceSync(std::unique_ptr<SyncRuntime> runtime, int device, ring::TicketSlot* slot);
   absl::Status Init();
-  uint64_t Addr(uint64_t offset) const;
   absl::Status FollowStream(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WaitOn(void* stream, uint64_t offset, uint64_t ticket);
-  // One attempt of ReleaseWaiters: true once the writes landed, false if the stream stayed
-  // blocked for the attempt's time.
-  absl::StatusOr<bool> ReleaseFrom(SyncRuntime::Stream stream);
+  absl::Status WaitOn(void* stream, uint64_t address, uint64_t ticket);
 
   const std::unique_ptr<SyncRuntime> runtime_;
   const int device_;
   ring::TicketSlot* const slot_;
+  // The slot's words as this GPU's streams address them.
   uint64_t produced_addr_ = 0;
   uint64_t reload_ready_addr_ = 0;
-  void* page_ = nullptr;
+  uint64_t offload_done_addr_ = 0;
+  uint64_t reload_done_addr_ = 0;
   SyncRuntime::Stream ticket_ = nullptr;
-  SyncRuntime::Stream read_ = nullptr;
   SyncRuntime::Event event_ = nullptr;
 
   Mutex mu_;  // ticket order = order of the writes on the ticket stream
   uint64_t next_offload_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_reload_ ABSL_GUARDED_BY(mu_) = 1;
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  // Read without mu_ by ReleaseWaiters' callers' later ticket calls; set under it.
+  std::atomic<bool> released_{false};
 };
 
 }  // namespace tier::client::gpu

@@ -35,15 +35,11 @@ class SyncRuntime {
   virtual absl::Status CheckStreamMemOps(int device) const = 0;
   virtual absl::StatusOr<std::array<uint8_t, 16>> DeviceUuid(int device) const = 0;
 
-  virtual absl::StatusOr<void*> Malloc(uint64_t bytes) const = 0;
-  virtual void Free(void* device_ptr) const = 0;
-  // The legacy IPC handle of an allocation's base.
-  virtual absl::StatusOr<std::array<uint8_t, 64>> IpcHandle(void* device_ptr) const = 0;
   // The address at which the current GPU's streams reach registered, mapped host memory.
   virtual absl::StatusOr<uint64_t> HostDevicePointer(void* host) const = 0;
 
-  // A non-blocking stream; of the highest priority the GPU offers when `highest_priority`.
-  virtual absl::StatusOr<Stream> CreateStream(bool highest_priority) const = 0;
+  // A non-blocking stream.
+  virtual absl::StatusOr<Stream> CreateStream() const = 0;
   // Returns at once; a stream with queued work is freed once that work ran.
   virtual void DestroyStream(Stream stream) const = 0;
   virtual absl::StatusOr<Event> CreateEvent() const = 0;
@@ -53,12 +49,6 @@ class SyncRuntime {
   // when `stream` is no live stream of the current GPU.
   virtual absl::Status RecordEvent(Event event, Stream stream) const = 0;
   virtual absl::Status StreamWaitEvent(Stream stream, Event event) const = 0;
-  virtual absl::Status MemsetAsync(void* device_ptr, uint64_t bytes, Stream stream) const = 0;
-  virtual absl::Status CopyToHostAsync(void* host, const void* device_ptr, uint64_t bytes,
-                                       Stream stream) const = 0;
-  virtual absl::Status StreamSynchronize(Stream stream) const = 0;
-  // true once everything queued on `stream` ran; false while some of it has not.
-  virtual absl::StatusOr<bool> StreamDone(Stream stream) const = 0;
 
   // Stream memory operations on 64-bit words.
   virtual absl::Status WriteValue64(Stream stream, uint64_t address, uint64_t value) const = 0;

@@ -1,6 +1,4 @@
 // SyncRuntime over CUDA: the runtime API, and the driver API for the stream memory operations.
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "client/gpu/sync_runtime.h"
 #include "gpu/cuda_driver.h"
@@ -42,29 +40,6 @@ class CudaSyncRuntime final : public SyncRuntime {
     return cuda::DeviceUuid(device);
   }
 
-  absl::StatusOr<void*> Malloc(uint64_t bytes) const override {
-    void* ptr = nullptr;
-    if (absl::Status s = CheckRuntime(cudaMalloc(&ptr, bytes), "cudaMalloc of the semaphore page");
-        !s.ok()) {
-      return s;
-    }
-    return ptr;
-  }
-  void Free(void* device_ptr) const override { (void)cudaFree(device_ptr); }
-
-  absl::StatusOr<std::array<uint8_t, 64>> IpcHandle(void* device_ptr) const override {
-    cudaIpcMemHandle_t handle;
-    if (absl::Status s = CheckRuntime(cudaIpcGetMemHandle(&handle, device_ptr),
-                                      "cudaIpcGetMemHandle of the semaphore page");
-        !s.ok()) {
-      return s;
-    }
-    std::array<uint8_t, 64> out;
-    static_assert(sizeof(handle) == sizeof(out));
-    std::memcpy(out.data(), &handle, sizeof(handle));
-    return out;
-  }
-
   absl::StatusOr<uint64_t> HostDevicePointer(void* host) const override {
     void* dev = nullptr;
     if (absl::Status s = CheckRuntime(cudaHostGetDevicePointer(&dev, host, 0),
@@ -75,15 +50,10 @@ class CudaSyncRuntime final : public SyncRuntime {
     return reinterpret_cast<uint64_t>(dev);
   }
 
-  absl::StatusOr<Stream> CreateStream(bool highest_priority) const override {
-    int least = 0;
-    int greatest = 0;
-    if (highest_priority) (void)cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  absl::StatusOr<Stream> CreateStream() const override {
     cudaStream_t stream = nullptr;
-    if (absl::Status s = CheckRuntime(
-            cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
-                                         highest_priority ? greatest : 0),
-            "creating a stream");
+    if (absl::Status s = CheckRuntime(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                      "creating a stream");
         !s.ok()) {
       return s;
     }
@@ -112,26 +82,6 @@ class CudaSyncRuntime final : public SyncRuntime {
     return CheckRuntime(cudaStreamWaitEvent(AsStream(stream), AsEvent(event), 0),
                         "cudaStreamWaitEvent");
   }
-  absl::Status MemsetAsync(void* device_ptr, uint64_t bytes, Stream stream) const override {
-    return CheckRuntime(cudaMemsetAsync(device_ptr, 0, bytes, AsStream(stream)),
-                        "zeroing the semaphore page");
-  }
-  absl::Status CopyToHostAsync(void* host, const void* device_ptr, uint64_t bytes,
-                               Stream stream) const override {
-    return CheckRuntime(
-        cudaMemcpyAsync(host, device_ptr, bytes, cudaMemcpyDeviceToHost, AsStream(stream)),
-        "reading the semaphore page");
-  }
-  absl::Status StreamSynchronize(Stream stream) const override {
-    return CheckRuntime(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
-  }
-  absl::StatusOr<bool> StreamDone(Stream stream) const override {
-    cudaError_t e = cudaStreamQuery(AsStream(stream));
-    if (e == cudaSuccess) return true;
-    if (e == cudaErrorNotReady) return false;
-    return cuda::RuntimeError(e, "cudaStreamQuery");
-  }
-
   absl::Status WriteValue64(Stream stream, uint64_t address, uint64_t value) const override {
     return CheckDriver(driver_.StreamWriteValue64(static_cast<CUstream>(stream),
                                                   static_cast<CUdeviceptr>(address), value,

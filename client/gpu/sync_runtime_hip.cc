@@ -1,6 +1,4 @@
 // SyncRuntime over HIP.
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "client/gpu/sync_runtime.h"
 #include "gpu/hip_util.h"
@@ -39,29 +37,6 @@ class HipSyncRuntime final : public SyncRuntime {
     return hip::DeviceUuid(device);
   }
 
-  absl::StatusOr<void*> Malloc(uint64_t bytes) const override {
-    void* ptr = nullptr;
-    if (absl::Status s = CheckHip(hipMalloc(&ptr, bytes), "hipMalloc of the semaphore page");
-        !s.ok()) {
-      return s;
-    }
-    return ptr;
-  }
-  void Free(void* device_ptr) const override { (void)hipFree(device_ptr); }
-
-  absl::StatusOr<std::array<uint8_t, 64>> IpcHandle(void* device_ptr) const override {
-    hipIpcMemHandle_t handle;
-    if (absl::Status s = CheckHip(hipIpcGetMemHandle(&handle, device_ptr),
-                                      "hipIpcGetMemHandle of the semaphore page");
-        !s.ok()) {
-      return s;
-    }
-    std::array<uint8_t, 64> out;
-    static_assert(sizeof(handle) == sizeof(out));
-    std::memcpy(out.data(), &handle, sizeof(handle));
-    return out;
-  }
-
   absl::StatusOr<uint64_t> HostDevicePointer(void* host) const override {
     void* dev = nullptr;
     if (absl::Status s = CheckHip(hipHostGetDevicePointer(&dev, host, 0),
@@ -72,15 +47,10 @@ class HipSyncRuntime final : public SyncRuntime {
     return reinterpret_cast<uint64_t>(dev);
   }
 
-  absl::StatusOr<Stream> CreateStream(bool highest_priority) const override {
-    int least = 0;
-    int greatest = 0;
-    if (highest_priority) (void)hipDeviceGetStreamPriorityRange(&least, &greatest);
+  absl::StatusOr<Stream> CreateStream() const override {
     hipStream_t stream = nullptr;
-    if (absl::Status s = CheckHip(
-            hipStreamCreateWithPriority(&stream, hipStreamNonBlocking,
-                                         highest_priority ? greatest : 0),
-            "creating a stream");
+    if (absl::Status s =
+            CheckHip(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking), "creating a stream");
         !s.ok()) {
       return s;
     }
@@ -109,26 +79,6 @@ class HipSyncRuntime final : public SyncRuntime {
     return CheckHip(hipStreamWaitEvent(AsStream(stream), AsEvent(event), 0),
                         "hipStreamWaitEvent");
   }
-  absl::Status MemsetAsync(void* device_ptr, uint64_t bytes, Stream stream) const override {
-    return CheckHip(hipMemsetAsync(device_ptr, 0, bytes, AsStream(stream)),
-                        "zeroing the semaphore page");
-  }
-  absl::Status CopyToHostAsync(void* host, const void* device_ptr, uint64_t bytes,
-                               Stream stream) const override {
-    return CheckHip(
-        hipMemcpyAsync(host, device_ptr, bytes, hipMemcpyDeviceToHost, AsStream(stream)),
-        "reading the semaphore page");
-  }
-  absl::Status StreamSynchronize(Stream stream) const override {
-    return CheckHip(hipStreamSynchronize(AsStream(stream)), "hipStreamSynchronize");
-  }
-  absl::StatusOr<bool> StreamDone(Stream stream) const override {
-    hipError_t e = hipStreamQuery(AsStream(stream));
-    if (e == hipSuccess) return true;
-    if (e == hipErrorNotReady) return false;
-    return hip::HipError(e, "hipStreamQuery");
-  }
-
   absl::Status WriteValue64(Stream stream, uint64_t address, uint64_t value) const override {
     return CheckHip(hipStreamWriteValue64(AsStream(stream), reinterpret_cast<void*>(address), value,
                                           0),

@@ -29,7 +29,7 @@
 namespace tier::ring {
 
 inline constexpr uint32_t kMagic = 0x54524e47;  // "TRNG"
-inline constexpr uint32_t kVersion = 2;  // 2: the ticket page after the header
+inline constexpr uint32_t kVersion = 3;  // 2: the ticket page after the header; 3: done words in it
 inline constexpr uint32_t kMinEntries = 8;
 inline constexpr uint32_t kMaxEntries = 1u << 16;
 
@@ -60,7 +60,7 @@ struct SubmissionEntry {
   uint64_t offset = 0;     // bytes into the buffer
   uint64_t len = 0;        // bytes
   uint64_t hint = 0;       // next-use order for the spill policy; 0 = none
-  uint64_t sync = 0;       // GPU engine: ticket/semaphore slot of this job (0 = none)
+  uint64_t sync = 0;       // GPU engine: this job's ticket (0 = none)
 };
 static_assert(sizeof(SubmissionEntry) == 64);
 
@@ -100,19 +100,27 @@ struct alignas(64) RingHeader {
 inline constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(RingHeader) <= kHeaderBytes);
 
-// THE TICKET PAGE (GPU sessions; see client/gpu/client_gpu.h). The page after the header holds, for each
-// GPU of the client (by the client's ordinal), the two counters its ticket stream raises: offload
-// tickets whose producers finished, and reload tickets whose destinations may be written. The
-// client registers the page with its GPU runtime so its streams write it (stream memory
-// operations); the daemon reads it from the host and issues a job's copy only once its ticket is
-// here. So no daemon stream ever waits on the GPU for a client. The daemon treats the words as
-// untrusted: a wrong value can only make that client's own copies start early or never.
+// THE TICKET PAGE (GPU sessions; see gpu/ticket_protocol.h). The page after the header holds, for
+// each GPU of the client (by the client's ordinal), the protocol's four counters:
+//  - produced, reload_ready: raised by the client's ticket stream (offload tickets whose producers
+//    finished; reload tickets whose destinations may be written). The client registers the page
+//    with its GPU runtime so its streams write it; the daemon reads them on the host and issues a
+//    job's copy only once its ticket is here, so no daemon stream ever waits on a client.
+//  - offload_done, reload_done: raised by the daemon's copy streams after a ticket's copies (the
+//    daemon registers its own mapping of the page with its GPU runtime); the client's streams wait
+//    on them on the GPU. Because they are host memory, a client whose daemon died releases every
+//    such wait with a plain CPU store: no GPU runtime call, so nothing a blocked launch holds
+//    (a driver lock) can stand in its way.
+// Both sides treat the other's words as untrusted: a wrong value can only make that client's own
+// copies start early or never, or its own streams pass early or wait.
 struct alignas(64) TicketWord {
   std::atomic<uint64_t> value{0};
 };
 struct TicketSlot {
-  TicketWord produced;      // offload tickets up to this one: sources written
-  TicketWord reload_ready;  // reload tickets up to this one: destinations may be written
+  TicketWord produced;      // offload tickets up to this one: sources written (client)
+  TicketWord reload_ready;  // reload tickets up to this one: destinations may be written (client)
+  TicketWord offload_done;  // offload copies finished up to this ticket (daemon)
+  TicketWord reload_done;   // reload copies finished up to this ticket (daemon)
 };
 inline constexpr size_t kTicketPageOffset = kHeaderBytes;
 inline constexpr size_t kTicketPageBytes = 4096;

@@ -71,7 +71,10 @@ enum class BufferKind : uint32_t {
   kHostMemfd = 1,     // fd: a memfd sealed with F_SEAL_SHRINK, at least `bytes` long
   kCudaIpc = 2,       // handle: cudaIpcMemHandle_t of an allocation base, `bytes` its size
   kCudaVmmFd = 3,     // fd: POSIX fd shareable handle of a VMM allocation of `bytes`
-  kCudaSemaphores = 4,  // handle: cudaIpcMemHandle_t of a semaphore page (client/gpu/client_gpu.h)
+  // No fd, no handle: the client's GPU `device` (its ordinal: the ticket page slot) is the daemon's
+  // GPU of `device_uuid`; that slot's done words are written by the daemon's streams for that GPU
+  // (gpu/ticket_protocol.h). `bytes` must be 0.
+  kCudaSemaphores = 4,
   // fds: POSIX fd shareable handles of 1..kMaxVmmPages VMM allocations mapped side by side in the
   // client (PyTorch expandable segments), in address order; handle: their sizes as little-endian
   // uint64 (unused slots 0); `bytes` their sum. The daemon maps them side by side too.

@@ -43,7 +43,7 @@ constexpr uint64_t kPoolBytes = 64 << 20;
 enum class Op : uint32_t {
   kAllocIpc = 1,      // a = bytes, b = fill byte
   kAllocVmm,          // a = bytes, b = fill byte
-  kCreateSync,        // semaphore page on GPU 0; the request carries the ticket page's memfd
+  kCreateSync,        // ticket slot of GPU 0; the request carries the ticket page's memfd
   kBlockedProduce,    // a = buffer, b = byte: memset queued behind a host-held gate, ticket
   kReleaseProducer,   // opens the gate
   kProduce,           // a = buffer, b = byte: memset on the producer stream, ticket
@@ -52,6 +52,11 @@ enum class Op : uint32_t {
   kCheck,             // a = buffer, b = expected byte (synchronous read)
   kCounters,
   kReleaseWaiters,    // consumer blocked on a ticket no daemon serves; ReleaseWaiters frees it
+  // The dead-daemon hang (issue 30): a consumer blocked on a ticket no daemon serves, a thread
+  // launching into it until the launch blocks (queue full, holding the driver's lock), then
+  // ReleaseWaiters from another thread; the launches must finish. a = launches at most.
+  kReleaseWhileLaunchBlocked,
+  kCreateSync2,       // a second ticket slot (GPU 0's slot bound twice: the daemon refuses it)
   kExit,
 };
 
@@ -350,9 +355,8 @@ class Client {
         return Compare(host.data(), b.bytes, static_cast<uint8_t>(r.b));
       }
       case Op::kCounters: {
-        absl::StatusOr<std::array<uint64_t, 4>> c = sync_->ReadCounters();
-        if (!c.ok()) return c.status();
-        std::memcpy(reply.counters, c->data(), sizeof(reply.counters));
+        std::array<uint64_t, 4> c = sync_->ReadCounters();
+        std::memcpy(reply.counters, c.data(), sizeof(reply.counters));
         return absl::OkStatus();
       }
       case Op::kReleaseWaiters: {
@@ -365,8 +369,63 @@ class Client {
         if (cudaStreamQuery(*c) != cudaErrorNotReady) {
           return absl::InternalError("consumer stream did not wait for a ticket nobody served");
         }
-        if (absl::Status s = sync_->ReleaseWaiters(); !s.ok()) return s;
+        sync_->ReleaseWaiters();
         return WaitStream(*c);
+      }
+      case Op::kReleaseWhileLaunchBlocked: {
+        absl::StatusOr<cudaStream_t> c = Stream(consumer_);
+        if (!c.ok()) return c.status();
+        absl::StatusOr<uint64_t> ticket = sync_->TicketReload(*c);
+        if (!ticket.ok()) return ticket.status();
+        if (absl::Status s = sync_->WaitReloadDone(*c, *ticket); !s.ok()) return s;
+        void* scratch = nullptr;
+        if (absl::Status s = Cuda(cudaMalloc(&scratch, 4096), "malloc"); !s.ok()) return s;
+        std::atomic<uint64_t> launched{0};
+        std::atomic<bool> done{false};
+        cudaError_t launch_error = cudaSuccess;
+        std::thread launcher([&] {
+          for (uint64_t i = 0; i < r.a; ++i) {
+            cudaError_t e = cudaMemsetAsync(scratch, static_cast<int>(i), 4096, *c);
+            if (e != cudaSuccess) {
+              launch_error = e;
+              break;
+            }
+            launched.fetch_add(1);
+          }
+          done = true;
+        });
+        // Until the launcher stops making progress (blocked in the driver: the queue is full)
+        // or has launched everything.
+        uint64_t seen = ~uint64_t{0};
+        while (!done && launched.load() != seen) {
+          seen = launched.load();
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        reply.bytes = launched.load();  // launches queued behind the wait
+        reply.offset = done ? 0 : 1;    // 1: the launcher was blocked when the release came
+        sync_->ReleaseWaiters();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (!done && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (!done) {
+          // The hang itself: report it and leave the thread (the test process exits).
+          launcher.detach();
+          return absl::DeadlineExceededError(absl::StrCat(
+              "the launcher stayed blocked 20 s after ReleaseWaiters (", launched.load(),
+              " launches)"));
+        }
+        launcher.join();
+        if (launch_error != cudaSuccess) return absl::InternalError(cudaGetErrorName(launch_error));
+        if (absl::Status s = WaitStream(*c); !s.ok()) return s;
+        (void)cudaFree(scratch);
+        return absl::OkStatus();
+      }
+      case Op::kCreateSync2: {
+        absl::StatusOr<DeviceAllocation> a = sync_->Export();
+        if (!a.ok()) return a.status();
+        Fill(reply, *a);
+        return absl::OkStatus();
       }
       case Op::kExit:
         break;
@@ -713,6 +772,48 @@ TEST_P(CudaEngineTest, ReleaseWaitersFreesConsumer) {
   ASSERT_EQ(client_.Call(Op::kCreateSync, 0, 0, nullptr, ticket_fd_.get()).code, 0);
   Reply r = client_.Call(Op::kReleaseWaiters);
   EXPECT_EQ(r.code, 0) << ReplyText(r);
+}
+
+// The dead-daemon hang (issue 30): the consumer stream waits for a reload no daemon will copy,
+// a thread keeps launching onto it until the launch blocks inside the driver, and only then is
+// the daemon found dead. The release must not need anything that blocked launch holds: it is a
+// CPU store into the ticket page, and every launch completes. (With the release written from a
+// fresh stream, stream creation blocked on the driver lock the launch held: a hang.)
+TEST_P(CudaEngineTest, ReleaseWaitersFreesALaunchBlockedBehindTheWait) {
+  if (GetParam() != 0) GTEST_SKIP() << "no daemon copies here: delay injection changes nothing";
+  ASSERT_EQ(client_.Call(Op::kCreateSync, 0, 0, nullptr, ticket_fd_.get()).code, 0);
+  Reply r = client_.Call(Op::kReleaseWhileLaunchBlocked, 2000000);
+  EXPECT_EQ(r.code, 0) << ReplyText(r);
+  std::printf("launches queued behind the wait: %llu; launcher blocked at the release: %s\n",
+              static_cast<unsigned long long>(r.bytes), r.offset == 1 ? "yes" : "no");
+  EXPECT_EQ(r.offset, 1u) << "the launcher never blocked: the queue did not fill";
+}
+
+// The done counters live in the session's ticket page: what the daemon's stream writes there is
+// what the client reads, and a slot is bound once per GPU.
+TEST_P(CudaEngineTest, DoneCountersLandInTheTicketPage) {
+  AddSemaphores();
+  Reply again = client_.Call(Op::kCreateSync2);
+  ASSERT_EQ(again.code, 0) << ReplyText(again);
+  EXPECT_EQ(engine_->Import(session_.get(), ImportOf(again)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  int b = AddBuffer(Op::kAllocIpc, 0x21);
+  ASSERT_GE(b, 0);
+  Reply produce = client_.Call(Op::kProduce, b, 0x37);
+  ASSERT_EQ(produce.code, 0) << ReplyText(produce);
+  Completion offload;
+  engine_->Submit(Job(Direction::kToPool, b, 0, produce.ticket, offload));
+  ASSERT_TRUE(offload.Ready(std::chrono::seconds(20)));
+  ASSERT_TRUE(offload.future.get().ok());
+  Reply counters;
+  for (int i = 0; i < 2000; ++i) {  // the done write lands after the copy's completion word
+    counters = client_.Call(Op::kCounters);
+    if (counters.counters[1] >= produce.ticket) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(counters.counters[0], produce.ticket);  // produced
+  EXPECT_EQ(counters.counters[1], produce.ticket);  // offload_done, written by tierd's stream
+  EXPECT_EQ(tickets_->slots[0].offload_done.value.load(), produce.ticket);
 }
 
 INSTANTIATE_TEST_SUITE_P(Delay, CudaEngineTest, ::testing::Values(0, 2000),

@@ -59,6 +59,7 @@ struct Observed {
   std::vector<size_t> batch_calls;      // copies per CopyBatchAsync call
   std::vector<std::pair<char*, uint64_t>> copies;  // (client address, bytes) of each copy issued
   std::atomic<bool> hold_copies{false};  // copies wait on their streams while set
+  std::set<char*> mapped_hosts;  // host ranges registered mapped (ticket pages), not yet released
 };
 
 // One in-order stream: a thread executing queued operations.
@@ -225,7 +226,26 @@ class FakeRuntime final : public GpuRuntime {
     Call call(*this, GpuCallClass::kSetup, "RegisterHost");
     return absl::OkStatus();
   }
-  void UnregisterHost(char*) override { ImplicitSync("UnregisterHost"); }
+  absl::Status RegisterMappedHost(char* base, uint64_t) override {
+    Call call(*this, GpuCallClass::kSetup, "RegisterMappedHost");
+    std::lock_guard lock(observed_.mu);
+    observed_.mapped_hosts.insert(base);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> HostDeviceAddress(int, char* host) override {
+    Call call(*this, GpuCallClass::kSetup, "HostDeviceAddress");
+    return reinterpret_cast<uint64_t>(host);
+  }
+  void UnregisterHost(char* base) override {
+    ImplicitSync("UnregisterHost");
+    std::lock_guard lock(observed_.mu);
+    observed_.mapped_hosts.erase(base);
+  }
+  absl::StatusOr<int> FindDevice(const BufferImport& import) override {
+    Call call(*this, GpuCallClass::kSetup, "FindDevice");
+    if (import.device_uuid[0] == 0xFF) return absl::FailedPreconditionError("no such GPU");
+    return 0;
+  }
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
     Call call(*this, GpuCallClass::kSetup, "Open");
     char* base = nullptr;
@@ -300,10 +320,9 @@ void OnThread(ThreadRole role, Fn fn) {
   }).join();
 }
 
-// One client session as the engine sees it: ticket page, semaphore page, three buffers.
+// One client session as the engine sees it: ticket page (with the done words), three buffers.
 struct FakeClient {
   ring::TicketPage tickets;
-  std::vector<uint64_t> page = std::vector<uint64_t>(kSemaphorePageBytes / 8, 0);
   std::vector<char> memory[3];
   std::unique_ptr<EngineSession> session;
   std::unique_ptr<ImportedBuffer> semaphores;
@@ -314,13 +333,11 @@ struct FakeClient {
         .value.store(v);
   }
   uint64_t DoneAddr(Direction d) {
-    return reinterpret_cast<uint64_t>(page.data()) +
-           (d == Direction::kToPool ? kOffloadDoneOffset : kReloadDoneOffset);
+    return reinterpret_cast<uint64_t>(
+        &(d == Direction::kToPool ? tickets.slots[0].offload_done : tickets.slots[0].reload_done)
+             .value);
   }
-  uint64_t Done(Direction d) {
-    return Load(reinterpret_cast<uint64_t>(page.data()) +
-                (d == Direction::kToPool ? kOffloadDoneOffset : kReloadDoneOffset));
-  }
+  uint64_t Done(Direction d) { return Load(DoneAddr(d)); }
 };
 
 class StreamEngineTest : public ::testing::Test {
@@ -346,11 +363,9 @@ class StreamEngineTest : public ::testing::Test {
     info.tickets = &c.tickets;
     c.session = *engine_->OpenSession(info);
     if (semaphores) {
-      absl::StatusOr<std::unique_ptr<ImportedBuffer>> page =
-          Import(c, wire::BufferKind::kCudaSemaphores, reinterpret_cast<char*>(c.page.data()),
-                 kSemaphorePageBytes);
-      ASSERT_TRUE(page.ok()) << page.status();
-      c.semaphores = *std::move(page);
+      absl::StatusOr<std::unique_ptr<ImportedBuffer>> slot = BindSlot(c);
+      ASSERT_TRUE(slot.ok()) << slot.status();
+      c.semaphores = *std::move(slot);
     }
     for (auto& m : c.memory) {
       m.assign(kLen, 0);
@@ -377,14 +392,23 @@ class StreamEngineTest : public ::testing::Test {
     // The rule that keeps tierd out of deadlocks: no stream waits on a client's words.
     for (FakeClient* c : {&a_, &b_}) {
       auto lo = reinterpret_cast<uint64_t>(&c->tickets);
-      auto plo = reinterpret_cast<uint64_t>(c->page.data());
       for (uint64_t addr : observed_.wait_targets) {
         EXPECT_FALSE(addr >= lo && addr < lo + sizeof(c->tickets))
             << "a tierd stream waited on a client's ticket page";
-        EXPECT_FALSE(addr >= plo && addr < plo + kSemaphorePageBytes)
-            << "a tierd stream waited on a client's semaphore page";
       }
     }
+    // Every ticket page registered for the done writes was unregistered by the engine's end.
+    EXPECT_TRUE(observed_.mapped_hosts.empty()) << "a session's ticket page stayed registered";
+  }
+
+  // Binds the client's ticket slot of GPU 0 (BufferKind kCudaSemaphores: no memory).
+  absl::StatusOr<std::unique_ptr<ImportedBuffer>> BindSlot(FakeClient& c, uint8_t uuid0 = 0) {
+    BufferImport import;
+    import.kind = wire::BufferKind::kCudaSemaphores;
+    import.device = 0;
+    import.bytes = 0;
+    import.device_uuid[0] = uuid0;
+    return engine_->Import(c.session.get(), std::move(import));
   }
 
   absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(FakeClient& c, wire::BufferKind kind,
@@ -896,6 +920,38 @@ TEST_F(StreamEngineTest, TicketWithoutSemaphorePageFails) {
   Submit(Job(b_, Direction::kToPool, 0, 0, 1, done));
   ASSERT_TRUE(done.Ready(1000));
   EXPECT_EQ(done.future.get().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The done counters are host words in the session's ticket page (the client releases its own
+// streams with a CPU store when tierd dies): the slot carries no memory, names a GPU tierd sees,
+// and is bound once per GPU; the page is registered mapped once for the session, and released.
+TEST_F(StreamEngineTest, ATicketSlotCarriesNoMemoryAndTheDoneWordsLandInTheTicketPage) {
+  Start();
+  Open(b_, 8, /*semaphores=*/false);
+  {
+    BufferImport import;
+    import.kind = wire::BufferKind::kCudaSemaphores;
+    import.bytes = 4096;  // a protocol-1 client's semaphore page
+    EXPECT_EQ(engine_->Import(b_.session.get(), std::move(import)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(BindSlot(a_).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(BindSlot(b_, 0xFF).status().code(), absl::StatusCode::kFailedPrecondition);
+  {
+    std::lock_guard lock(observed_.mu);
+    EXPECT_EQ(observed_.mapped_hosts.count(reinterpret_cast<char*>(&a_.tickets)), 1u);
+  }
+  a_.SetTicket(Direction::kToPool, 1);
+  a_.SetTicket(Direction::kFromPool, 1);
+  Completion offload, reload;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, offload));
+  ASSERT_TRUE(offload.Ready(5000));
+  Submit(Job(a_, Direction::kFromPool, 1, 0, 1, reload));
+  ASSERT_TRUE(reload.Ready(5000));
+  EXPECT_TRUE(offload.future.get().ok());
+  EXPECT_TRUE(reload.future.get().ok());
+  EXPECT_EQ(a_.tickets.slots[0].offload_done.value.load(), 1u);
+  EXPECT_EQ(a_.tickets.slots[0].reload_done.value.load(), 1u);
 }
 
 // What tierctl clients shows: a lane waiting for a client's ticket says which, and what the

@@ -31,26 +31,15 @@ class QuietSyncRuntime final : public SyncRuntime {
     uuid[0] = static_cast<uint8_t>(0xA0 + device);
     return uuid;
   }
-  absl::StatusOr<void*> Malloc(uint64_t bytes) const override { return ::operator new(bytes); }
-  void Free(void* ptr) const override { ::operator delete(ptr); }
-  absl::StatusOr<std::array<uint8_t, 64>> IpcHandle(void*) const override {
-    return std::array<uint8_t, 64>{};
-  }
   absl::StatusOr<uint64_t> HostDevicePointer(void* host) const override {
     return reinterpret_cast<uint64_t>(host);
   }
-  absl::StatusOr<Stream> CreateStream(bool) const override { return Next(); }
+  absl::StatusOr<Stream> CreateStream() const override { return Next(); }
   void DestroyStream(Stream) const override {}
   absl::StatusOr<Event> CreateEvent() const override { return Next(); }
   void DestroyEvent(Event) const override {}
   absl::Status RecordEvent(Event, Stream) const override { return absl::OkStatus(); }
   absl::Status StreamWaitEvent(Stream, Event) const override { return absl::OkStatus(); }
-  absl::Status MemsetAsync(void*, uint64_t, Stream) const override { return absl::OkStatus(); }
-  absl::Status CopyToHostAsync(void*, const void*, uint64_t, Stream) const override {
-    return absl::OkStatus();
-  }
-  absl::Status StreamSynchronize(Stream) const override { return absl::OkStatus(); }
-  absl::StatusOr<bool> StreamDone(Stream) const override { return true; }
   absl::Status WriteValue64(Stream, uint64_t, uint64_t) const override { return absl::OkStatus(); }
   absl::Status WaitValue64(Stream, uint64_t, uint64_t) const override { return absl::OkStatus(); }
 
