@@ -332,6 +332,11 @@ int main(int argc, char** argv) {
     }
     double lat[4];
     bench.Latency(4 * kKiB, 1000, lat);
+    // tierd's own figure for this GPU's link (what planners read, tier_link_rate), against the
+    // largest row measured here through tierd.
+    double link_d2h = 0, link_h2d = 0;
+    if (tier_link_rate(session, 0, &link_d2h, &link_h2d) != TIER_OK) link_d2h = link_h2d = 0;
+    const Row& largest = rows.back();
 
     std::printf("\n%10s %6s | %8s %7s %5s %7s %5s | %8s %7s %5s %7s %5s | %8s %7s %5s %7s %5s\n",
                 "job", "jobs", "D2H base", "tierd", "ratio", "batch", "ratio", "H2D base", "tierd",
@@ -355,6 +360,11 @@ int main(int argc, char** argv) {
                 "; offload %.1f us (bare D2H copy %.1f us, added %.1f us)\n",
                 lat[1] * 1e6, lat[0] * 1e6, (lat[1] - lat[0]) * 1e6, lat[3] * 1e6, lat[2] * 1e6,
                 (lat[3] - lat[2]) * 1e6);
+    std::printf("tierd's link figure (tier_link_rate): D2H %.2f GB/s = %.0f%% of the %llu MiB "
+                "row's tierd D2H, H2D %.2f GB/s = %.0f%% of its tierd H2D\n",
+                link_d2h / 1e9, 100 * link_d2h / 1e9 / largest.tier_d2h,
+                (unsigned long long)(largest.bytes / kMiB), link_h2d / 1e9,
+                100 * link_h2d / 1e9 / largest.tier_h2d);
 
     FILE* json = std::fopen(json_path.c_str(), "w");
     if (json != nullptr) {
@@ -373,8 +383,9 @@ int main(int argc, char** argv) {
       }
       std::fprintf(json,
                    "], \"latency_4k_us\": {\"bare_h2d\": %.2f, \"reload\": %.2f, \"bare_d2h\": %.2f, "
-                   "\"offload\": %.2f}}\n",
-                   lat[0] * 1e6, lat[1] * 1e6, lat[2] * 1e6, lat[3] * 1e6);
+                   "\"offload\": %.2f}, \"tierd_link_gbps\": {\"d2h\": %.3f, \"h2d\": %.3f}}\n",
+                   lat[0] * 1e6, lat[1] * 1e6, lat[2] * 1e6, lat[3] * 1e6, link_d2h / 1e9,
+                   link_h2d / 1e9);
       std::fclose(json);
       std::printf("wrote %s\n", json_path.c_str());
     }

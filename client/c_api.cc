@@ -122,6 +122,21 @@ tier_status tier_session_get_info(tier_session* session, tier_session_info* info
   return TIER_OK;
 }
 
+tier_status tier_link_rate(tier_session* session, int device, double* d2h_bytes_per_s,
+                           double* h2d_bytes_per_s) {
+  return Guard([&] {
+    if (session == nullptr || d2h_bytes_per_s == nullptr || h2d_bytes_per_s == nullptr) {
+      return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
+    }
+    absl::StatusOr<tier::client::ClientSession::LinkRate> rate =
+        session->impl->GetLinkRate(device);
+    if (!rate.ok()) return Fail(rate.status());
+    *d2h_bytes_per_s = rate->d2h_bytes_per_s;
+    *h2d_bytes_per_s = rate->h2d_bytes_per_s;
+    return TIER_OK;
+  });
+}
+
 tier_status tier_buffer_alloc_host(tier_session* session, uint64_t bytes, void** ptr,
                                    tier_buffer_id* id) {
   return Guard([&] {

@@ -12,7 +12,9 @@
 #include <cstdlib>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/gpu/client_gpu.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/version.h"
@@ -242,6 +244,22 @@ absl::Status ClientSession::UnregisterBuffer(uint64_t buffer_id) {
     }
   }
   return status;
+}
+
+absl::StatusOr<ClientSession::LinkRate> ClientSession::GetLinkRate(int device) {
+  if (engine_ == "host") {
+    return absl::NotFoundError("tierd runs the host engine: it moves no bytes over a GPU link");
+  }
+  absl::StatusOr<std::string> bus = gpu::GpuPciBusId(device);
+  if (!bus.ok()) return bus.status();
+  absl::StatusOr<v1::GetStatusResponse> status = control_->GetStatus();
+  if (!status.ok()) return status.status();
+  for (const v1::GpuPlacement& gpu : status->gpus()) {
+    if (!absl::EqualsIgnoreCase(gpu.pci_bus_id(), *bus)) continue;
+    return LinkRate{gpu.d2h_bytes_per_s(), gpu.h2d_bytes_per_s()};
+  }
+  return absl::NotFoundError(absl::StrCat("tierd does not serve this process's GPU ", device,
+                                          " (PCI ", *bus, "); check its CUDA_VISIBLE_DEVICES"));
 }
 
 uint64_t ClientSession::NewObjectId() {

@@ -99,6 +99,15 @@ class ClientSession {
   // A fresh object id for an offload (unique in this session).
   uint64_t NewObjectId();
 
+  // What the link of this process's GPU `device` achieved for tierd's copies lately, as tierd
+  // measured it (bytes per second, D2H then H2D; 0 until enough bytes moved): one gRPC call.
+  // NOT_FOUND when tierd does not serve that GPU (host engine, other GPUs).
+  struct LinkRate {
+    double d2h_bytes_per_s = 0;
+    double h2d_bytes_per_s = 0;
+  };
+  absl::StatusOr<LinkRate> GetLinkRate(int device);
+
   // Named, persistent objects (tier.h): each one round trip on the session socket.
   // Binds `object_id` (fresh, not yet offloaded) to a new persistent object `name`.
   absl::Status CreatePersistent(absl::string_view name, uint64_t object_id, uint64_t len);

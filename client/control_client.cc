@@ -58,4 +58,16 @@ absl::Status ControlClient::CloseSession(uint64_t session_id, const std::string&
   return FromGrpc(stub_->CloseSession(&context, request, &response), socket_path_);
 }
 
+absl::StatusOr<v1::GetStatusResponse> ControlClient::GetStatus() {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+  v1::GetStatusRequest request;
+  v1::GetStatusResponse response;
+  if (absl::Status s = FromGrpc(stub_->GetStatus(&context, request, &response), socket_path_);
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
 }  // namespace tier::client

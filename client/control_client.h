@@ -18,6 +18,7 @@ class ControlClient {
   ControlClient(const std::string& socket_path, int timeout_ms);
   absl::StatusOr<v1::OpenSessionResponse> OpenSession(const v1::OpenSessionRequest& request);
   absl::Status CloseSession(uint64_t session_id, const std::string& token);
+  absl::StatusOr<v1::GetStatusResponse> GetStatus();
 
  private:
   std::string socket_path_;

@@ -210,6 +210,7 @@ void ControlService::AddPoolParts(v1::GetStatusResponse* response) const {
     part->set_any_allocations(usage.any_allocations);
   }
   response->set_pool_layout(context_.pool_layout.summary);
+  const std::vector<engine::LinkRate> links = engine_.LinkRates();
   for (const GpuLocation& location : context_.gpus) {
     v1::GpuPlacement* gpu = response->add_gpus();
     gpu->set_device(location.device);
@@ -221,6 +222,13 @@ void ControlService::AddPoolParts(v1::GetStatusResponse* response) const {
                                static_cast<size_t>(location.device) < part_of_gpu.size()
                            ? part_of_gpu[location.device]
                            : -1);
+    for (const engine::LinkRate& link : links) {
+      if (link.device != location.device) continue;
+      gpu->set_d2h_bytes_per_s(link.d2h_bytes_per_s);
+      gpu->set_h2d_bytes_per_s(link.h2d_bytes_per_s);
+      gpu->set_d2h_bytes(link.d2h_bytes);
+      gpu->set_h2d_bytes(link.h2d_bytes);
+    }
   }
 }
 

@@ -123,6 +123,16 @@ struct EngineCounts {
   uint64_t pending_releases = 0;  // mappings and streams queued for release
 };
 
+// What one GPU's link achieved for the engine's copies lately (engine/link_meter.h): bytes per
+// second while copies were in flight, each direction; 0 before enough bytes moved.
+struct LinkRate {
+  int device = -1;  // the daemon's ordinal
+  double d2h_bytes_per_s = 0;
+  double h2d_bytes_per_s = 0;
+  uint64_t d2h_bytes = 0;  // moved since start
+  uint64_t h2d_bytes = 0;
+};
+
 struct CopyJob {
   Direction direction = Direction::kToPool;
   char* client = nullptr;  // inside an ImportedBuffer
@@ -191,6 +201,8 @@ class CopyEngine {
     return {};
   }
   virtual EngineCounts Counts() const = 0;
+  // The GPUs' links as the engine measured them (GPU engines; empty for the host engine).
+  virtual std::vector<LinkRate> LinkRates() const { return {}; }
 };
 
 struct HostEngineOptions {

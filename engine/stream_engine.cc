@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "engine/link_meter.h"
 #include "engine/memfd_mapping.h"
 #include "gpu/ticket_protocol.h"
 #include "engine/release_thread.h"
@@ -177,6 +178,13 @@ void RunFailed(std::vector<FailedJob>& failed) {
 class StreamEngine;
 class DeviceWorker;
 
+// One GPU's link, both directions.
+struct LinkMeters {
+  LinkMeter d2h;
+  LinkMeter h2d;
+  LinkMeter& of(Direction d) { return d == Direction::kToPool ? d2h : h2d; }
+};
+
 // A session's ticket page registered with the runtime (mapped, for every GPU), so that the
 // lanes' streams write its done counters. Held by the session's lanes; the last one to go
 // unregisters it on the release thread (cudaHostUnregister waits for the device, so the done
@@ -189,11 +197,11 @@ struct TicketPagePin {
 // One direction of one session on one GPU: its own stream, its jobs in ticket order.
 struct Lane {
   Lane(GpuRuntime& runtime, HostWordPool& pool, std::shared_ptr<ReleaseThread> releaser,
-       std::atomic<uint64_t>& live, DeviceWorker& worker, std::string label, int device,
-       Direction direction, GpuStream stream, HostWordPool::Slot word)
+       std::atomic<uint64_t>& live, DeviceWorker& worker, LinkMeter& meter, std::string label,
+       int device, Direction direction, GpuStream stream, HostWordPool::Slot word)
       : runtime(runtime), pool(pool), releaser(std::move(releaser)), live(live), worker(worker),
-        label(std::move(label)), device(device), direction(direction), stream(stream),
-        word(word) {
+        meter(meter), label(std::move(label)), device(device), direction(direction),
+        stream(stream), word(word) {
     live.fetch_add(1);
   }
   ~Lane() {
@@ -213,6 +221,7 @@ struct Lane {
   const std::shared_ptr<ReleaseThread> releaser;
   std::atomic<uint64_t>& live;
   DeviceWorker& worker;     // the GPU's worker (lives as long as the engine)
+  LinkMeter& meter;         // the GPU's link in this direction (lives as long as the engine)
   const std::string label;  // the session, for logs
   const int device;
   const Direction direction;
@@ -889,6 +898,22 @@ class StreamEngine final : public CopyEngine {
     return c;
   }
 
+  std::vector<LinkRate> LinkRates() const override {
+    std::vector<LinkRate> out;
+    const uint64_t now = NowNs();
+    std::lock_guard lock(mu_);
+    for (const auto& [device, meters] : meters_) {
+      LinkRate rate;
+      rate.device = device;
+      rate.d2h_bytes_per_s = meters->d2h.Current(now).bytes_per_s;
+      rate.h2d_bytes_per_s = meters->h2d.Current(now).bytes_per_s;
+      rate.d2h_bytes = meters->d2h.total_bytes();
+      rate.h2d_bytes = meters->h2d.total_bytes();
+      out.push_back(rate);
+    }
+    return out;
+  }
+
   // ---- the device workers' side ----
 
   // Lanes of `device` with work that their worker is not looking at. There should be none (Submit
@@ -935,7 +960,8 @@ class StreamEngine final : public CopyEngine {
       return word.status();
     }
     auto lane = std::make_shared<Lane>(*runtime_, words_, releaser_, live_lanes_, Worker(device),
-                                       state.label, device, direction, *stream, *word);
+                                       Meters(device).of(direction), state.label, device,
+                                       direction, *stream, *word);
     std::lock_guard lock(state.mu);
     DeviceLanes& d = state.devices[device];
     std::shared_ptr<Lane>& slot = d.lanes[LaneIndex(direction)];
@@ -1068,6 +1094,13 @@ class StreamEngine final : public CopyEngine {
     return q;
   }
 
+  LinkMeters& Meters(int device) {
+    std::lock_guard lock(mu_);
+    std::unique_ptr<LinkMeters>& m = meters_[device];
+    if (m == nullptr) m = std::make_unique<LinkMeters>();
+    return *m;
+  }
+
   DeviceWorker& Worker(int device) {
     std::lock_guard lock(mu_);
     std::unique_ptr<DeviceWorker>& w = workers_[device];
@@ -1117,9 +1150,11 @@ class StreamEngine final : public CopyEngine {
   std::atomic<uint64_t> live_buffers_{0};
   std::atomic<uint64_t> live_lanes_{0};
 
-  std::mutex mu_;  // lock order: mu_, a DeviceWorker's, a Lane's; none held calling callbacks
+  mutable std::mutex mu_;  // lock order: mu_, a DeviceWorker's, a Lane's; none held calling callbacks
   std::vector<std::weak_ptr<SessionState>> sessions_;
   std::map<int, std::unique_ptr<DeviceWorker>> workers_;
+  // Each GPU's link, both directions, fed by its worker (Issue, Complete); made with the lanes.
+  std::map<int, std::unique_ptr<LinkMeters>> meters_;
   bool stopping_ = false;
 };
 
@@ -1249,6 +1284,7 @@ bool StreamEngine::IssueHead(Lane& lane, QueuedJob& q, uint64_t now) {
   lane.pending.push_back(PendingJob{seq, std::move(job.done), std::move(status), q.pool_write,
                                     job.pool, std::move(job.feed), std::move(q.gpu_waits), now,
                                     window});
+  lane.meter.Issued(now, window);
   if (window != 0 && lane.window_limit != 0) {
     if (absl::Status s = MarkPiece(lane); !s.ok() && lane.pending.back().status.ok()) {
       lane.pending.back().status = s;
@@ -1288,6 +1324,7 @@ bool StreamEngine::IssueChunks(Lane& lane, QueuedJob& q, uint64_t now) {
         GpuRuntime::CopyOp{job.client + q.issued_bytes, job.pool + q.issued_bytes, chunk});
     lane.pending.push_back(PendingJob{lane.next_seq++, nullptr, absl::OkStatus(), 0, nullptr,
                                       nullptr, {}, now, chunk});
+    lane.meter.Issued(now, chunk);
     lane.window_bytes += chunk;
     q.issued_bytes += chunk;
     if (lane.pending.size() == 1) lane.progress_ns = now;
@@ -1330,6 +1367,7 @@ void StreamEngine::MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<Fai
     pool_writes_.End(p.pool_write, p.pool);
     if (p.feed != nullptr) p.feed->Unsubscribe();
     lane.window_bytes -= p.window_bytes;
+    lane.meter.Completed(NowNs(), p.window_bytes);  // never ran: keeps the meter's count right
     if (p.done) {
       failed.push_back({std::move(p.done), p.status.ok() ? mark : std::move(p.status)});
     } else if (!lane.queue.empty() && lane.queue.front().status.ok()) {
@@ -1383,6 +1421,7 @@ bool StreamEngine::Complete(Lane& lane, uint64_t now) {
     std::lock_guard lock(lane.mu);
     while (!lane.pending.empty() && lane.pending.front().seq <= completed) {
       lane.window_bytes -= lane.pending.front().window_bytes;
+      lane.meter.Completed(now, lane.pending.front().window_bytes);
       finished.push_back(std::move(lane.pending.front()));
       lane.pending.pop_front();
     }
@@ -1422,6 +1461,7 @@ bool StreamEngine::Complete(Lane& lane, uint64_t now) {
       std::lock_guard lock(lane.mu);
       while (!lane.pending.empty() && lane.pending.front().seq <= issued) {
         lane.window_bytes -= lane.pending.front().window_bytes;
+        lane.meter.Completed(now, lane.pending.front().window_bytes);
         (done.ok() ? finished : broken).push_back(std::move(lane.pending.front()));
         lane.pending.pop_front();
       }

@@ -91,12 +91,17 @@ void RenderPoolParts(const v1::GetStatusResponse& status, std::ostream& out) {
   parts.Render(out);
   if (status.gpus_size() == 0) return;
   out << '\n';
+  // LINK: what each direction achieved for tierd's copies lately ("-" until enough moved).
   Table gpus({{"GPU", Align::kRight}, {"PCI"}, {"ROOT"}, {"NODE", Align::kRight},
-              {"PART", Align::kRight}});
+              {"PART", Align::kRight}, {"D2H LINK", Align::kRight}, {"H2D LINK", Align::kRight}});
+  auto rate = [](double bytes_per_s) {
+    return bytes_per_s > 0 ? absl::StrFormat("%.1f GB/s", bytes_per_s / 1e9) : std::string("-");
+  };
   for (const v1::GpuPlacement& gpu : status.gpus()) {
     gpus.AddRow({absl::StrCat(gpu.device()), gpu.pci_bus_id().empty() ? "?" : gpu.pci_bus_id(),
                  gpu.pci_root().empty() ? "?" : gpu.pci_root(), NodeText(gpu.numa_node()),
-                 gpu.pool_part() < 0 ? "any" : absl::StrCat(gpu.pool_part())});
+                 gpu.pool_part() < 0 ? "any" : absl::StrCat(gpu.pool_part()),
+                 rate(gpu.d2h_bytes_per_s()), rate(gpu.h2d_bytes_per_s())});
   }
   gpus.Render(out);
 }

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +36,9 @@ using ::tier::gpu::kReleasedTicket;
 
 // Number of GPUs this process sees; 0 when there is no device or no driver (never an error then).
 int GpuDeviceCount();
+
+// The PCI bus id of this process's GPU `device` ("0000:3B:00.0"), as the runtime spells it.
+absl::StatusOr<std::string> GpuPciBusId(int device);
 
 // Finds the allocation holding `device_ptr` (any pointer inside it) and exports it:
 // - VMM memory (cuMemCreate, e.g. PyTorch expandable segments): the physical allocation mapped at

@@ -29,6 +29,8 @@ class CudaTicketPage final : public TicketPageRegistration {
 
 int GpuDeviceCount() { return cuda::DeviceCount(); }
 
+absl::StatusOr<std::string> GpuPciBusId(int device) { return cuda::PciBusId(device); }
+
 uint64_t AllocationId(const void* device_ptr) {
   absl::StatusOr<const Driver*> driver = cuda::GetDriver();
   if (!driver.ok() || (*driver)->PointerGetAttribute == nullptr) return 0;

@@ -26,6 +26,8 @@ class HipTicketPage final : public TicketPageRegistration {
 
 int GpuDeviceCount() { return hip::DeviceCount(); }
 
+absl::StatusOr<std::string> GpuPciBusId(int device) { return hip::PciBusId(device); }
+
 uint64_t AllocationId(const void*) { return 0; }  // no cheap identity: always export
 
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) {

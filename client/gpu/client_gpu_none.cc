@@ -6,6 +6,10 @@ namespace tier::client::gpu {
 
 int GpuDeviceCount() { return 0; }
 
+absl::StatusOr<std::string> GpuPciBusId(int) {
+  return absl::UnimplementedError("this client library was built without GPU support");
+}
+
 uint64_t AllocationId(const void*) { return 0; }  // no cheap identity: always export
 
 absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void*) {

@@ -101,6 +101,14 @@ typedef struct tier_session_info {
 
 TIER_API tier_status tier_session_get_info(tier_session* session, tier_session_info* info);
 
+/* What the link of this process's GPU `device` (its CUDA/HIP ordinal) achieved for tierd's copies
+ * lately, as tierd measured them: bytes per second while copies were in flight, device to host
+ * and host to device; 0 until enough bytes moved. One figure for every process of the node (all
+ * their copies cross the same link), read with one control call: for planners, not the hot path.
+ * NOT_FOUND when tierd does not serve that GPU (the host engine, or another GPU set). Since 0.2. */
+TIER_API tier_status tier_link_rate(tier_session* session, int device, double* d2h_bytes_per_s,
+                                    double* h2d_bytes_per_s);
+
 /* ---- Buffers ----------------------------------------------------------------------------- */
 
 /* Allocates bytes of host memory shared with the daemon and registers it. This is the memory the

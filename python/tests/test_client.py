@@ -21,6 +21,11 @@ def test_session_info(client):
     assert client.engine == "host"
 
 
+def test_link_bandwidth_is_none_without_a_gpu_link(client):
+    # The host engine moves no bytes over a GPU link: no figure (tier_link_rate: NOT_FOUND).
+    assert client.link_bandwidth(0) is None
+
+
 def test_host_buffer_round_trip(client):
     buf = client.alloc_host_buffer(MiB)
     data = buf.numpy()

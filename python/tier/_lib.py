@@ -140,6 +140,8 @@ _SIGNATURES = {
     "tier_session_open": (c_status, [_P(SessionOptions), _P(ctypes.c_void_p)]),
     "tier_session_close": (None, [ctypes.c_void_p]),
     "tier_session_get_info": (c_status, [ctypes.c_void_p, _P(SessionInfo)]),
+    "tier_link_rate": (c_status, [ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_double),
+                                  _P(ctypes.c_double)]),
     "tier_buffer_alloc_host": (c_status, [ctypes.c_void_p, ctypes.c_uint64, _P(ctypes.c_void_p),
                                           _P(c_buffer_id)]),
     "tier_buffer_register_fd": (c_status, [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64,

@@ -430,6 +430,25 @@ class Client:
                            info.jobs_in_flight, info.engine.decode(), info.device_registrations,
                            info.device_extensions, info.device_exports)
 
+    def link_bandwidth(self, device):
+        """What the link of this process's GPU ``device`` achieved for tierd's copies lately, as
+        tierd measured them (it sees every byte it moves, for every process of the node):
+        ``(d2h_bytes_per_s, h2d_bytes_per_s)``, or None while tierd has no figure yet (too few
+        bytes moved) or serves no such GPU (the host engine). One control call (tier_link_rate):
+        for planning, not for the hot path."""
+        d2h = ctypes.c_double()
+        h2d = ctypes.c_double()
+        with self._lock:
+            self._check_locked()
+            status = self._c.tier_link_rate(self._session, int(device), ctypes.byref(d2h),
+                                            ctypes.byref(h2d))
+        if status == errors.NOT_FOUND:
+            return None
+        _lib.check(status, "reading the link rate of GPU %d" % int(device))
+        if d2h.value <= 0 or h2d.value <= 0:
+            return None
+        return (d2h.value, h2d.value)
+
     # ---- buffers ----------------------------------------------------------------------------
 
     def _alloc_host_locked(self, nbytes):

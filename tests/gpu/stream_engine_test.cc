@@ -952,6 +952,12 @@ TEST_F(StreamEngineTest, ATicketSlotCarriesNoMemoryAndTheDoneWordsLandInTheTicke
   EXPECT_TRUE(reload.future.get().ok());
   EXPECT_EQ(a_.tickets.slots[0].offload_done.value.load(), 1u);
   EXPECT_EQ(a_.tickets.slots[0].reload_done.value.load(), 1u);
+  // The link meter saw both copies (too few bytes for a rate: engine/link_meter.h).
+  std::vector<LinkRate> rates = engine_->LinkRates();
+  ASSERT_EQ(rates.size(), 1u);
+  EXPECT_EQ(rates[0].device, 0);
+  EXPECT_EQ(rates[0].d2h_bytes, kLen);
+  EXPECT_EQ(rates[0].h2d_bytes, kLen);
 }
 
 // What tierctl clients shows: a lane waiting for a client's ticket says which, and what the

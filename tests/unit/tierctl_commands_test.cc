@@ -95,6 +95,10 @@ class FakeControl final : public v1::Control::Service {
       gpu->set_device(i);
       gpu->set_pci_bus_id(i == 0 ? "0000:18:00.0" : "0000:af:00.0");
       gpu->set_pci_root(i == 0 ? "pci0000:17" : "pci0000:ae");
+      if (i == 0) {  // GPU 1 has not moved enough for a figure yet
+        gpu->set_d2h_bytes_per_s(55.2e9);
+        gpu->set_h2d_bytes_per_s(53.04e9);
+      }
       gpu->set_numa_node(i);
       gpu->set_pool_part(i);
     }
@@ -329,9 +333,9 @@ TEST_F(TierctlCommandsTest, PoolsIsTheTiersThenTheHostPoolsPartsAndTheGpus) {
             "   0     0  32.0 GiB  12.0 GiB  20.0 GiB  37.5%     1000  0      5000       0    0\n"
             "   1     1  32.0 GiB   4.0 GiB  28.0 GiB  12.5%      234  1      4000      17    0\n"
             "\n"
-            "GPU  PCI           ROOT        NODE  PART\n"
-            "  0  0000:18:00.0  pci0000:17     0     0\n"
-            "  1  0000:af:00.0  pci0000:ae     1     1\n");
+            "GPU  PCI           ROOT        NODE  PART   D2H LINK   H2D LINK\n"
+            "  0  0000:18:00.0  pci0000:17     0     0  55.2 GB/s  53.0 GB/s\n"
+            "  1  0000:af:00.0  pci0000:ae     1     1          -          -\n");
 }
 
 TEST_F(TierctlCommandsTest, PoolsJsonHasTheTiersPartsAndGpus) {
