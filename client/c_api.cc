@@ -333,6 +333,7 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
       request.flags |= tier::ring::kFlagFreeAfterReload;
     }
     int device = session->impl->devices().DeviceOf(buffer);
+    request.device = device;
     if (device < 0) {
       absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
       if (!submitted.ok()) return Fail(submitted.status());
@@ -349,6 +350,7 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
         buffer, submitted.ok() ? *submitted : session->impl->LastJobPushed());
     if (!submitted.ok()) return Fail(submitted.status());
     *job = *submitted;
+    if (options != nullptr && (options->flags & TIER_RELOAD_DEFER_WAIT)) return TIER_OK;
     if (absl::Status waited = sync->WaitReloadDone(consumer, request.sync); !waited.ok()) {
       return Fail(waited);
     }
@@ -505,6 +507,7 @@ tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_
     PayBatch(session, requests, submitted);
     if (!submitted.ok()) return Fail(submitted.status());
     StoreBatchIds(jobs, requests, *submitted);
+    if (options != nullptr && (options->flags & TIER_RELOAD_DEFER_WAIT)) return TIER_OK;
     if (absl::Status waited = sync->WaitReloadDone(consumer, requests[0].sync); !waited.ok()) {
       return Fail(waited);
     }
@@ -528,7 +531,14 @@ tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id*
 tier_status tier_stream_wait_offload(tier_session* session, tier_job_id job, void* stream) {
   return Guard([&] {
     if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
-    return Report(session->impl->StreamWaitOffload(job, stream));
+    return Report(session->impl->StreamWaitJob(job, /*reload=*/false, stream));
+  });
+}
+
+tier_status tier_stream_wait_reload(tier_session* session, tier_job_id job, void* stream) {
+  return Guard([&] {
+    if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
+    return Report(session->impl->StreamWaitJob(job, /*reload=*/true, stream));
   });
 }
 

@@ -310,7 +310,7 @@ size_t ClientSession::ReapLocked() {
   ring::CompletionEntry entry;
   while (ring_.Pop(&entry)) {
     if (pending_.erase(entry.job_id) == 0) continue;  // not ours: ignore rather than trust
-    offload_tickets_.erase(entry.job_id);
+    gpu_tickets_.erase(entry.job_id);
     Completion c{entry.job_id, entry.object_id, entry.len, absl::OkStatus()};
     if (entry.status != 0) {
       c.status = absl::Status(StatusCodeFromInt(entry.status),
@@ -333,7 +333,7 @@ void ClientSession::MarkDaemonGoneLocked() {
     done_.emplace(job, Completion{job, 0, 0, absl::UnavailableError("tierd went away")});
   }
   pending_.clear();
-  offload_tickets_.clear();
+  gpu_tickets_.clear();
   cv_.notify_all();
 }
 
@@ -475,27 +475,35 @@ absl::Status ClientSession::PushBatch(absl::Span<JobRequest> requests,
   next_job_ += n;
   for (size_t i = 0; i < n; ++i) {
     pending_.insert(jobs[i]);
-    if (*ticket != 0 && requests[i].opcode == static_cast<uint32_t>(ring::Opcode::kOffload)) {
-      offload_tickets_[jobs[i]] = Ticket{requests[i].device, *ticket};
+    if (*ticket != 0) {
+      const bool reload = requests[i].opcode == static_cast<uint32_t>(ring::Opcode::kReload);
+      gpu_tickets_[jobs[i]] = Ticket{requests[i].device, *ticket, reload};
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status ClientSession::StreamWaitOffload(uint64_t job, void* stream) {
+absl::Status ClientSession::StreamWaitJob(uint64_t job, bool reload, void* stream) {
   Ticket ticket;
   {
     std::lock_guard lock(mu_);
-    auto it = offload_tickets_.find(job);
-    if (it == offload_tickets_.end()) {
+    auto it = gpu_tickets_.find(job);
+    if (it == gpu_tickets_.end()) {
       if (job == 0 || job >= next_job_) return absl::NotFoundError(absl::StrCat("no job ", job));
-      return absl::OkStatus();  // done, or not a GPU offload: nothing for a stream to wait for
+      // Reaped: its done value was written before its completion (one stream does both), so
+      // nothing is left to wait for; or a job on host memory.
+      return absl::OkStatus();
     }
     ticket = it->second;
   }
+  if (ticket.reload != reload) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job, " is a GPU ",
+                                                   ticket.reload ? "reload" : "offload"));
+  }
   gpu::DeviceSync* sync = devices_->Sync(ticket.device);
-  if (sync == nullptr) return absl::InternalError("GPU offload without a ticket slot");
-  return sync->WaitOffloadDone(stream, ticket.ticket);
+  if (sync == nullptr) return absl::InternalError("GPU job without a ticket slot");
+  return reload ? sync->WaitReloadDone(stream, ticket.ticket)
+                : sync->WaitOffloadDone(stream, ticket.ticket);
 }
 
 absl::Status ClientSession::Wait(uint64_t job, int64_t timeout_ms) {

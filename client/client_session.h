@@ -132,9 +132,11 @@ class ClientSession {
   // batch is never half pushed. Returns the job ids, in request order.
   absl::StatusOr<std::vector<uint64_t>> SubmitBatch(
       absl::Span<JobRequest> requests, absl::FunctionRef<absl::StatusOr<uint64_t>()> take_ticket);
-  // Makes `stream` wait on the GPU until offload `job` has copied its source out (no-op for a
-  // finished job or one on host memory): after this the stream may free or overwrite the source.
-  absl::Status StreamWaitOffload(uint64_t job, void* stream);
+  // Makes `stream` wait on the GPU until GPU job `job` has copied: an offload its source out
+  // (the stream may then free or overwrite the source), a reload into its destination (the
+  // stream may then read it). No-op for a finished job or one on host memory; INVALID_ARGUMENT
+  // when `job` is a GPU job of the other kind.
+  absl::Status StreamWaitJob(uint64_t job, bool reload, void* stream);
   // Waits for one job (timeout_ms < 0: no limit). The result can be taken once.
   absl::Status Wait(uint64_t job, int64_t timeout_ms);
   // Takes up to `max` finished results without blocking.
@@ -189,8 +191,9 @@ class ClientSession {
   struct Ticket {
     int device;
     uint64_t ticket;
+    bool reload;
   };
-  std::unordered_map<uint64_t, Ticket> offload_tickets_;  // GPU offloads not yet reaped
+  std::unordered_map<uint64_t, Ticket> gpu_tickets_;  // GPU offloads and reloads not yet reaped
 
   struct HostBuffer {
     void* ptr;

@@ -166,6 +166,12 @@ typedef struct tier_reload_options {
 
 /* Drop the object once the reload has copied it out (saves a tier_free round trip). */
 #define TIER_RELOAD_FREE_AFTER 1u
+/* GPU reloads: the consumer stream is NOT made to wait before tier_reload returns. The copy still
+ * waits for the consumer's work so far (the destination's allocation point), so work queued on
+ * the consumer meanwhile runs beside it: a prefetch into memory of the consumer's own allocator
+ * pool. Before the data's first use, and before the destination may be freed or reused, call
+ * tier_stream_wait_reload(job) on the consumer stream. Since 0.2. */
+#define TIER_RELOAD_DEFER_WAIT 2u
 
 TIER_API void tier_offload_options_init(tier_offload_options* options);
 TIER_API void tier_reload_options_init(tier_reload_options* options);
@@ -217,6 +223,12 @@ TIER_API tier_status tier_reload_batch(tier_session* session, tier_batch_job* jo
  * may free or overwrite the source at once, with no host round trip. For a finished job or an
  * offload from host memory there is nothing to wait for (TIER_OK). */
 TIER_API tier_status tier_stream_wait_offload(tier_session* session, tier_job_id job, void* stream);
+
+/* GPU reloads submitted with TIER_RELOAD_DEFER_WAIT: makes `stream` wait, on the GPU, until the
+ * reload's copy has landed; work queued on it afterwards may read the destination. Cannot
+ * deadlock: the copy needs only the ticket enqueued when the reload was submitted. For a finished
+ * job or a reload into host memory there is nothing to wait for (TIER_OK). Since 0.2. */
+TIER_API tier_status tier_stream_wait_reload(tier_session* session, tier_job_id job, void* stream);
 
 /* Waits until the job completes and returns its status (TIER_DEADLINE_EXCEEDED if timeout_ms
  * passes first; timeout_ms < 0 waits for ever). A job's result can be waited for once. If the

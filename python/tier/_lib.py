@@ -31,6 +31,7 @@ c_object_id = ctypes.c_uint64
 c_job_id = ctypes.c_uint64
 
 TIER_RELOAD_FREE_AFTER = 1
+TIER_RELOAD_DEFER_WAIT = 2
 TIER_MAX_BATCH_JOBS = 1024  # jobs per tier_offload_batch / tier_reload_batch (and <= ring_entries)
 TIER_OBJECT_READY = 1
 TIER_OBJECT_DURABLE = 2
@@ -140,6 +141,7 @@ _SIGNATURES = {
     "tier_session_open": (c_status, [_P(SessionOptions), _P(ctypes.c_void_p)]),
     "tier_session_close": (None, [ctypes.c_void_p]),
     "tier_session_get_info": (c_status, [ctypes.c_void_p, _P(SessionInfo)]),
+    "tier_stream_wait_reload": (c_status, [ctypes.c_void_p, c_job_id, ctypes.c_void_p]),
     "tier_link_rate": (c_status, [ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_double),
                                   _P(ctypes.c_double)]),
     "tier_buffer_alloc_host": (c_status, [ctypes.c_void_p, ctypes.c_uint64, _P(ctypes.c_void_p),

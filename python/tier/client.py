@@ -543,9 +543,10 @@ class Client:
         return obj.value, record
 
     def _submit_reload_locked(self, object_id, buffer_id, offset, length, stream_ptr, free_after,
-                              keep=None, on_done=None, user=False):
+                              keep=None, on_done=None, user=False, defer=False):
         options = _lib.new_struct(_lib.ReloadOptions)
-        options.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
+        options.flags = ((_lib.TIER_RELOAD_FREE_AFTER if free_after else 0)
+                         | (_lib.TIER_RELOAD_DEFER_WAIT if defer else 0))
         options.consumer_stream = stream_ptr
         job = _lib.c_job_id()
         _lib.check(self._c.tier_reload(self._session, int(object_id), int(buffer_id), int(offset),
@@ -628,19 +629,22 @@ class Client:
             out.append((job.object, record))
         return out
 
-    def _reload_batch_locked(self, rows, stream_ptr, keeps=None, on_dones=None, user=False):
+    def _reload_batch_locked(self, rows, stream_ptr, keeps=None, on_dones=None, user=False,
+                             defer=False):
         """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
         length, free_after)) for one consumer stream. Returns a _Job per row. A batch of one is a
-        plain tier_reload (the same job)."""
+        plain tier_reload (the same job). defer: TIER_RELOAD_DEFER_WAIT (the stream waits only
+        where tier_stream_wait_reload puts the wait)."""
         n = len(rows)
         keeps = keeps or [None] * n
         on_dones = on_dones or [None] * n
         if n == 1:
             object_id, buffer_id, offset, length, free_after = rows[0]
             return [self._submit_reload_locked(object_id, buffer_id, offset, length, stream_ptr,
-                                               free_after, keeps[0], on_dones[0], user)]
+                                               free_after, keeps[0], on_dones[0], user, defer)]
         options = _lib.new_struct(_lib.ReloadOptions)
         options.consumer_stream = stream_ptr
+        options.flags = _lib.TIER_RELOAD_DEFER_WAIT if defer else 0
         jobs = _lib.new_batch(n)
         for job, (object_id, buffer_id, offset, length, free_after) in zip(jobs, rows):
             job.object = int(object_id)
@@ -1270,11 +1274,17 @@ class Client:
             if h.failed and h._fallback is None:
                 raise h._job.error()
 
-    def _start_reload_batch(self, handles, stream=None, free=False):
+    def _start_reload_batch(self, handles, stream=None, free=False, defer=False):
         """Handle._start_reload for many handles: a started reload per handle (its result() is the
-        tensor). The reloads of one GPU's handles are one batch: a side stream prefetching several
-        tensors takes one ticket and waits once for all of their copies. Staged reloads (CPU, or
-        CUDA without a GPU engine) go as batches of host jobs."""
+        tensor). The reloads of one GPU's handles are one batch: one ticket, and the consumer
+        waits once for all of their copies. Staged reloads (CPU, or CUDA without a GPU engine) go
+        as batches of host jobs.
+
+        defer (GPU engine, CUDA handles): a prefetch into the consumer stream's own memory. The
+        consumer is not made to wait now; each result() makes the stream current at that point
+        wait (on the GPU) for the batch's copies, so the work queued between here and the first
+        use runs beside them (TIER_RELOAD_DEFER_WAIT). A result never taken still has its wait
+        put on the allocating stream before its memory is let go (_DeferredReload.__del__)."""
         handles = list(handles)
         self._check_reload_batch(handles, stream, free)
         started = [None] * len(handles)
@@ -1294,17 +1304,20 @@ class Client:
             else:
                 staged.append(i)
         for device, indices in direct.items():
-            dsts = self._reload_batch_cuda([handles[i] for i in indices], device, stream, free)
+            dsts, jobs, consumer = self._reload_batch_cuda([handles[i] for i in indices], device,
+                                                           stream, free, defer)
+            batch = _DeferredBatch(self, jobs, consumer) if defer else None
             for i, dst in zip(indices, dsts):
-                started[i] = _Ready(dst)
+                started[i] = _DeferredReload(batch, dst) if defer else _Ready(dst)
         if staged:
             for i, s in zip(staged, self._reload_batch_staged([handles[i] for i in staged],
                                                               stream, free)):
                 started[i] = s
         return started
 
-    def _reload_batch_cuda(self, handles, device, stream, free):
-        """Handle._reload_cuda for one GPU's handles, as one batch (split at batch_limit)."""
+    def _reload_batch_cuda(self, handles, device, stream, free, defer=False):
+        """Handle._reload_cuda for one GPU's handles, as one batch (split at batch_limit).
+        Returns (destinations, the jobs, the consumer stream)."""
         torch = _torch()
         stream = _consumer_stream(stream, device)
         # As in _reload_cuda: every destination is allocated on the consumer stream before the
@@ -1316,17 +1329,19 @@ class Client:
         ids = [self.register_device(dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
         rows = [(h._object, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
         ptr = _stream_ptr(stream)
+        submitted = []
         with self._lock:
             self._check_locked()
             self._reap_locked()
             for lo, hi in self._chunks(len(rows)):
-                jobs = self._reload_batch_locked(rows[lo:hi], ptr)
+                jobs = self._reload_batch_locked(rows[lo:hi], ptr, defer=defer)
+                submitted.extend(jobs)
                 for h, job in zip(handles[lo:hi], jobs):
                     h._reloads = [j for j in h._reloads if j.status is None]
                     h._reloads.append(job)
                     if free:
                         h._freed = True
-        return dsts
+        return dsts, submitted, stream
 
     def _reload_batch_staged(self, handles, stream, free):
         """Handle._start_reload's staging path for many handles, as batches of host jobs."""
@@ -1444,6 +1459,66 @@ class _Ready:
 
     def result(self):
         return self._tensor
+
+
+class _DeferredBatch:
+    """The jobs of one deferred GPU reload batch (TIER_RELOAD_DEFER_WAIT) and the streams already
+    made to wait for them. One ticket per chunk of the batch, so waiting on each chunk's last job
+    waits for all of its copies."""
+
+    __slots__ = ("_client", "_jobs", "_allocating", "_waited", "__weakref__")
+
+    def __init__(self, client, jobs, allocating_stream):
+        self._client = client
+        self._jobs = jobs
+        self._allocating = allocating_stream
+        self._waited = set()  # stream pointers
+
+    def wait_on(self, stream):
+        ptr = _stream_ptr(stream)
+        if ptr in self._waited:
+            return
+        client = self._client
+        with client._lock:
+            if client._session is None:
+                return  # closed: every job ended, nothing left to wait for
+            for lo, hi in client._chunks(len(self._jobs)):
+                _lib.check(client._c.tier_stream_wait_reload(client._session,
+                                                             self._jobs[hi - 1].id, ptr),
+                           "ordering a prefetched reload before its use")
+        self._waited.add(ptr)
+
+    def waited(self):
+        return bool(self._waited)
+
+
+class _DeferredReload:
+    """A prefetched GPU reload into the consumer's memory (see Client._start_reload_batch):
+    result() orders the copy before the current stream's later work and returns the tensor."""
+
+    __slots__ = ("_batch", "_tensor")
+
+    def __init__(self, batch, tensor):
+        self._batch = batch
+        self._tensor = tensor
+
+    def result(self):
+        torch = _torch()
+        stream = torch.cuda.current_stream(self._tensor.device)
+        self._batch.wait_on(stream)
+        if _stream_ptr(stream) != _stream_ptr(self._batch._allocating):
+            self._tensor.record_stream(stream)  # allocator lifetime only: the wait orders
+        return self._tensor
+
+    def __del__(self):
+        # Never taken: the allocating stream must still wait for the copy before the memory goes
+        # back to its pool, or a later allocation there could be overwritten by the copy.
+        batch = self._batch
+        if batch is not None and not batch.waited():
+            try:
+                batch.wait_on(batch._allocating)
+            except Exception:  # noqa: BLE001  (a closed or dead session has no copy in flight)
+                pass
 
 
 class _StagedReload:

@@ -34,13 +34,16 @@ Stream ordering (CUDA), stated once here and at each use:
   tensor / weight); the job record keeps the source alive until the copy completed.
 * Reload for immediate use: destination allocated on the current (consumer) stream, which waits on
   the GPU for the copy before tier_reload returns.
-* Prefetch: destination allocated on a side stream, which waits for the copy; an event recorded on
-  the side stream after the reload is waited for by the consumer stream before first use
-  (``wait_event``: this is the ordering). Several reloads started at once (a weight group, the
-  activations prefetched together) go as one batch: one ticket, the side stream waits once for
-  all of their copies, and one event after them orders each before its first use.
-  ``record_stream`` then only tells the caching allocator that the memory is also used on the
-  consumer stream, so it is not handed out again before that work finished; it orders nothing.
+* Prefetch (activations): destination allocated on the consumer stream at the prefetch point, so
+  it comes from the same allocator pool as everything else of that stream; the copy waits for the
+  stream to reach that point, and the stream waits for the copy only at the tensor's first use
+  (TIER_RELOAD_DEFER_WAIT and ``tier_stream_wait_reload``; one wait per batch). A prefetch never
+  used still has its wait put on the stream before its memory is let go.
+* Prefetch (weights): destination allocated on a side stream, which waits for the copy; an event
+  recorded on the side stream after the reload is waited for by the consumer stream before first
+  use (``wait_event``: this is the ordering). ``record_stream`` then only tells the caching
+  allocator that the memory is also used on the consumer stream, so it is not handed out again
+  before that work finished; it orders nothing.
 """
 
 import bisect
@@ -137,7 +140,7 @@ class _StorageRecord:
     objects); when the last goes, the handle goes and its Tierd object is freed."""
 
     __slots__ = ("handle", "index", "device", "nbytes", "weak_storage", "version", "tensor",
-                 "pending", "event", "__weakref__")
+                 "pending", "__weakref__")
 
     def __init__(self, handle, index, device, nbytes, weak_storage, version):
         self.handle = handle
@@ -148,7 +151,6 @@ class _StorageRecord:
         self.version = version
         self.tensor = None   # the bytes, back (or never gone), as a flat uint8 tensor
         self.pending = None  # a reload started but not yet taken
-        self.event = None    # CUDA prefetch: recorded on the side stream after the reload
 
     def same_storage(self, nbytes, version):
         if self.nbytes != nbytes or self.version != version:
@@ -461,18 +463,18 @@ class ActivationOffloader:
         self.stats.planned_prefetches += len(ahead)
         return True
 
-    def _side_stream(self, device):
-        # The client's, not one per offloader: offloaders come and go (Client.reload_stream).
-        return self.client.reload_stream(device)
-
     def _start(self, record, prefetch):
         self._start_records([record], prefetch)
 
     def _start_records(self, records, prefetch):
         """Starts the reloads of the records not started yet. Those of one device go as one
-        batch (one ticket): prefetching on CUDA, the side stream waits (GPU) once for all of their
-        copies, and the one event recorded after them orders each before its first use on the
-        consumer stream (_finish)."""
+        batch (one ticket). On CUDA the destinations are allocated on the consumer (current)
+        stream, also when prefetching: the copies start once that stream reaches this point, and
+        a prefetch's wait is put where the tensor is first used, so the copies overlap the
+        backward work queued in between. (Prefetches used to be allocated on a side stream, whose
+        allocations come from a pool of their own that the consumer stream never reuses:
+        reserved memory grew by 3 GiB on model a and, with expandable segments, crept for ten
+        steps; issue 28.)"""
         todo = collections.OrderedDict()  # device -> [record]
         seen = set()
         for record in records:
@@ -492,21 +494,12 @@ class ActivationOffloader:
         client = self.client
         for device, group in todo.items():
             handles = [record.handle for record in group]
-            event = None
-            if device.type == "cuda" and prefetch:
-                stream = self._side_stream(device)
-                # Allocated on the side stream, which waits (GPU) for the copies; the consumer
-                # stream waits for `event` before first use (_finish).
-                started = client._start_reload_batch(handles, stream=stream)
-                event = torch.cuda.Event()
-                event.record(stream)
-            else:
-                # CUDA: allocated on the current stream, which waits (GPU) for the copies.
-                # CPU: submitted now, taken in _finish.
-                started = client._start_reload_batch(handles)
+            # CUDA: allocated on the current stream, which waits (GPU) for the copies: at once
+            # for a reload needed now, at the first use (_finish: result()) for a prefetch.
+            # CPU: submitted now, taken in _finish.
+            started = client._start_reload_batch(handles, defer=prefetch)
             for record, pending in zip(group, started):
                 record.pending = pending
-                record.event = event
                 if prefetch:
                     self.stats.prefetches += 1
                 else:
@@ -516,10 +509,6 @@ class ActivationOffloader:
         if record.tensor is None:
             pending, record.pending = record.pending, None
             record.tensor = pending.result()
-        if record.event is not None:
-            stream = torch.cuda.current_stream(record.device)
-            stream.wait_event(record.event)      # ordering: the prefetch's copy before any use
-            record.tensor.record_stream(stream)  # allocator lifetime only (see module docstring)
         return record.tensor
 
     def _prefetch_before(self, record):

@@ -352,6 +352,43 @@ TEST_P(DaemonGpuTest, StreamWaitOffloadProtectsTheSource) {
   cudaStreamDestroy(stream);
 }
 
+// A prefetch into the consumer's own memory (TIER_RELOAD_DEFER_WAIT): the consumer is not held at
+// submission (its next work runs beside the copy), waits only where tier_stream_wait_reload puts
+// the wait, and there sees the reloaded bytes (every copy lands 20 ms late here).
+TEST_P(DaemonGpuTest, DeferredReloadWaitsWhereTheConsumerAsks) {
+  Session session(*tierd_);
+  DeviceMemory memory(GetParam(), 2 * kMiB);
+  ASSERT_NE(memory.get(), nullptr);
+  auto [buffer, base] = session.Register(memory.get());
+  cudaStream_t consumer;
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  for (int round = 0; round < 3; ++round) {
+    const uint8_t value = static_cast<uint8_t>(0x61 + round);
+    CUDA_OK(cudaMemsetAsync(memory.get(), value, kMiB, consumer));
+    auto [object, offload] = session.Offload(buffer, base, kMiB, {consumer});
+    CUDA_OK(cudaMemsetAsync(memory.get() + kMiB, 0, kMiB, consumer));
+    tier_reload_options options;
+    tier_reload_options_init(&options);
+    options.consumer_stream = consumer;
+    options.flags = TIER_RELOAD_FREE_AFTER | TIER_RELOAD_DEFER_WAIT;
+    tier_job_id reload = 0;
+    ASSERT_EQ(tier_reload(session.get(), object, buffer, base + kMiB, kMiB, &options, &reload),
+              TIER_OK)
+        << tier_last_error();
+    // Not held: the consumer's queue drains while the copy still waits its 20 ms.
+    CUDA_OK(cudaStreamSynchronize(consumer));
+    EXPECT_EQ(tier_stream_wait_offload(session.get(), reload, consumer), TIER_INVALID_ARGUMENT);
+    ASSERT_EQ(tier_stream_wait_reload(session.get(), reload, consumer), TIER_OK)
+        << tier_last_error();
+    EXPECT_TRUE(DeviceHolds(memory.get() + kMiB, kMiB, value, consumer)) << "round " << round;
+    EXPECT_EQ(session.Wait(offload), TIER_OK);
+    EXPECT_EQ(session.Wait(reload), TIER_OK);
+    // Reaped: nothing left to wait for.
+    EXPECT_EQ(tier_stream_wait_reload(session.get(), reload, consumer), TIER_OK);
+  }
+  cudaStreamDestroy(consumer);
+}
+
 // Thousands of offloads and reloads over several streams in a random order, every reload checked
 // byte for byte on its consumer stream; finishes (no deadlock) and leaks nothing.
 TEST_P(DaemonGpuTest, RandomGraphOverSeveralStreams) { RandomGraph(1); }
