@@ -1,9 +1,20 @@
 # The Python package's tests (python/tests): pytest against real tierd processes of this build
 # (host engine), the package from the source tree and libtierclient.so of this build.
-# Registered only where /usr/bin/python3 can import torch and pytest (Debian: python3-torch,
-# python3-pytest, python3-numpy), and not in sanitizer builds (an ASan/TSan libtierclient.so
-# cannot be loaded into an uninstrumented python3).
-set(_tier_py_test_python /usr/bin/python3)
+# The interpreter is TIER_TEST_PYTHON: scripts/test passes the virtual environment that
+# scripts/python-env makes (torch 2.13, transformers, lightning; python/requirements-test.txt),
+# so CI tests against the torch users run rather than the distribution's. Without it, the
+# environment in build-venv if present, else /usr/bin/python3. Registered only where that
+# interpreter can import torch, pytest and numpy, and not in sanitizer builds (an ASan/TSan
+# libtierclient.so cannot be loaded into an uninstrumented python3).
+set(TIER_TEST_PYTHON "" CACHE FILEPATH "Interpreter for the Python package's tests")
+set(_tier_py_test_python "${TIER_TEST_PYTHON}")
+if(NOT _tier_py_test_python)
+  if(EXISTS ${CMAKE_SOURCE_DIR}/build-venv/bin/python)
+    set(_tier_py_test_python ${CMAKE_SOURCE_DIR}/build-venv/bin/python)
+  else()
+    set(_tier_py_test_python /usr/bin/python3)
+  endif()
+endif()
 set(_tier_py_test_ok FALSE)
 if(TIER_SANITIZE)
   message(STATUS "python_package_test: not registered in a sanitizer build (TIER_SANITIZE=${TIER_SANITIZE})")
@@ -14,9 +25,10 @@ else()
                   RESULT_VARIABLE _tier_py_test_rc OUTPUT_QUIET ERROR_QUIET)
   if(_tier_py_test_rc EQUAL 0)
     set(_tier_py_test_ok TRUE)
+    message(STATUS "python_package_test: ${_tier_py_test_python}")
   else()
     message(STATUS "python_package_test: not registered (${_tier_py_test_python} cannot import "
-                   "torch, pytest and numpy: apt-get install python3-torch python3-pytest python3-numpy)")
+                   "torch, pytest and numpy: scripts/python-env makes an environment that can)")
   endif()
 endif()
 if(_tier_py_test_ok)
