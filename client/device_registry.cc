@@ -118,8 +118,9 @@ void DeviceRegistry::Release(uint64_t buffer_id) {
 
 void DeviceRegistry::Owe(Lease lease) {
   if (lease.registry_ == nullptr) return;
+  const uint64_t last = marks_.last_pushed();  // read without our lock (see DropDue)
   std::lock_guard lock(mu_);
-  holds_.Owe(lease.id_);
+  holds_.Owe(lease.id_, last);
   lease.registry_ = nullptr;
 }
 
@@ -149,10 +150,11 @@ void DeviceRegistry::DropDue() {
   // The session's lock is taken here, never under ours (the session calls ReleaseWaiters under
   // its own).
   const uint64_t oldest = marks_.oldest_pending();
+  const uint64_t last = marks_.last_pushed();
   std::vector<uint64_t> due;
   {
     std::lock_guard lock(mu_);
-    due = holds_.TakeDue(oldest);
+    due = holds_.TakeDue(oldest, last);
     for (uint64_t id : due) by_buffer_.erase(id);
   }
   // No wait for jobs: all that named it are complete (RegistrationHolds, rule 2).

@@ -14,11 +14,12 @@ void RegistrationHolds::Release(uint64_t id, uint64_t last_job) {
   Settle(it);
 }
 
-void RegistrationHolds::Owe(uint64_t id) {
+void RegistrationHolds::Owe(uint64_t id, uint64_t last_job) {
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.leases == 0) return;
   --it->second.leases;
   ++it->second.owed;
+  it->second.owed_at = std::max(it->second.owed_at, last_job);
 }
 
 void RegistrationHolds::Paid(uint64_t id, uint64_t job) {
@@ -46,11 +47,16 @@ void RegistrationHolds::Forget(uint64_t id) {
   entries_.erase(it);
 }
 
-std::vector<uint64_t> RegistrationHolds::TakeDue(uint64_t oldest_pending) {
+std::vector<uint64_t> RegistrationHolds::TakeDue(uint64_t oldest_pending, uint64_t last_pushed) {
   std::vector<uint64_t> due;
   if (retired_ == 0) return due;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    const Entry& e = it->second;
+    Entry& e = it->second;
+    if (e.retired && e.owed > 0 && last_pushed >= e.owed_at + kOwedJobs) {
+      // Lapsed: a job naming it from now on is pushed after this fence and finds it gone.
+      e.owed = 0;
+      e.fence = std::max(e.fence, last_pushed);
+    }
     if (e.retired && e.free() && e.fence < oldest_pending) {
       due.push_back(it->first);
       --retired_;

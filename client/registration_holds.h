@@ -17,8 +17,10 @@
 // newest job id at the moment X became free (job ids grow in push order), so every job that
 // names X and was pushed by a caller counted in (1) is at or below it.
 // Not covered: a caller that keeps an id for later use without registering again (the C ABI
-// says an id may go when its memory is found remapped). An owed use never paid (the caller never
-// submitted) keeps a retired registration mapped in tierd until the session ends.
+// says an id may go when its memory is found remapped). An owed use is a promise to submit
+// soon: one not paid by the time the session has pushed kOwedJobs more jobs lapses, so an id
+// handed out and never used no longer keeps a retired registration (and the client memory it
+// maps) in tierd until the session ends; a job naming it later fails with NOT_FOUND.
 //
 // Not thread-safe: DeviceRegistry guards it with its lock. Job ids: ClientSession's, from 1.
 #ifndef TIER_CLIENT_REGISTRATION_HOLDS_H_
@@ -33,12 +35,16 @@ namespace tier::client {
 
 class RegistrationHolds {
  public:
+  // Jobs the session may push after an id was handed out before the owed use lapses.
+  static constexpr uint64_t kOwedJobs = 4096;
+
   // A lease on `id` (Register returned it).
   void Hold(uint64_t id);
   // The lease ends; `last_job`: the newest job id pushed so far.
   void Release(uint64_t id, uint64_t last_job);
-  // A lease becomes a use owed by a caller outside the library (the C ABI handed the id out).
-  void Owe(uint64_t id);
+  // A lease becomes a use owed by a caller outside the library (the C ABI handed the id out);
+  // `last_job`: the newest job id pushed so far.
+  void Owe(uint64_t id, uint64_t last_job);
   // `job` (just pushed) names `id`: pays one owed use, if any.
   void Paid(uint64_t id, uint64_t job);
   // `id` left the cache (its memory changed): it goes once free (rules 1 and 2).
@@ -46,8 +52,9 @@ class RegistrationHolds {
   // The application unregistered `id` itself.
   void Forget(uint64_t id);
   // Removes and returns the retired, free ids whose every job is complete: the oldest job still
-  // pending is `oldest_pending` (the next job id when none is).
-  std::vector<uint64_t> TakeDue(uint64_t oldest_pending);
+  // pending is `oldest_pending` (the next job id when none is). First the owed uses of retired
+  // ids that lapsed (kOwedJobs pushed since: `last_pushed` is the newest) are dropped.
+  std::vector<uint64_t> TakeDue(uint64_t oldest_pending, uint64_t last_pushed);
   // Retired ids not yet taken (still held, or waiting for their jobs).
   size_t retired() const { return retired_; }
   // Leases plus owed uses of `id` (tests).
@@ -59,6 +66,7 @@ class RegistrationHolds {
     uint64_t owed = 0;
     bool retired = false;
     uint64_t fence = 0;  // the newest job that may name it (rule 2)
+    uint64_t owed_at = 0;  // the newest job pushed when a use was last owed
     bool free() const { return leases == 0 && owed == 0; }
   };
   // Drops the entry of an id nobody holds that is still cached (nothing to remember).

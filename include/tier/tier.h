@@ -130,7 +130,9 @@ TIER_API tier_status tier_buffer_register_fd(tier_session* session, int fd, uint
  * anew, e.g. an expandable segment's page after torch.cuda.empty_cache()), the registration is
  * no longer returned and is dropped in tierd, but only after every id handed out for it was
  * named by a job (tier_offload, tier_reload, a batch) and those jobs completed: an id returned
- * here is always valid for the job it was registered for. Register again for each job rather
+ * here is valid for the job it was registered for, if that job is submitted before the session
+ * pushes 4096 more jobs (an id never used then lapses, so it cannot keep freed memory mapped in
+ * tierd; a later job naming it fails with TIER_NOT_FOUND). Register again for each job rather
  * than keeping ids of memory an allocator may free. */
 TIER_API tier_status tier_buffer_register_device(tier_session* session, const void* device_ptr,
                                                  tier_buffer_id* id, uint64_t* offset);

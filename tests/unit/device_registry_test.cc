@@ -473,22 +473,39 @@ TEST_F(DeviceRegistryTest, ASegmentOfOtherSizedPagesEndsAtTheSizeChange) {
 TEST(RegistrationHolds, AFreeRetiredIdIsDueOnlyAfterItsFence) {
   RegistrationHolds holds;
   holds.Hold(7);
-  holds.Owe(7);
+  holds.Owe(7, 0);
   holds.Retire(7, /*last_job=*/3);
-  EXPECT_TRUE(holds.TakeDue(100).empty()) << "owed";
+  EXPECT_TRUE(holds.TakeDue(100, 0).empty()) << "owed";
   holds.Paid(7, 5);
-  EXPECT_TRUE(holds.TakeDue(5).empty()) << "job 5 pending";
-  EXPECT_EQ(holds.TakeDue(6), std::vector<uint64_t>{7});
+  EXPECT_TRUE(holds.TakeDue(5, 0).empty()) << "job 5 pending";
+  EXPECT_EQ(holds.TakeDue(6, 0), std::vector<uint64_t>{7});
   EXPECT_EQ(holds.retired(), 0u);
-  EXPECT_TRUE(holds.TakeDue(100).empty());
+  EXPECT_TRUE(holds.TakeDue(100, 0).empty());
+}
+
+// Finding 19 (issue 30): an id handed out through the C ABI and never used kept a retired
+// registration (and the client memory it maps) in tierd until the session ended. An owed use
+// lapses once the session has pushed kOwedJobs more jobs.
+TEST(RegistrationHolds, AnOwedUseNeverPaidLapsesAfterKOwedJobs) {
+  RegistrationHolds holds;
+  holds.Hold(3);
+  holds.Owe(3, 10);  // handed out when job 10 was the newest
+  holds.Retire(3, 10);
+  const uint64_t lapse = 10 + RegistrationHolds::kOwedJobs;
+  EXPECT_TRUE(holds.TakeDue(11, lapse - 1).empty()) << "still owed";
+  EXPECT_EQ(holds.holders(3), 1u);
+  // Lapsed at `lapse`; due once every job up to then is complete.
+  EXPECT_TRUE(holds.TakeDue(lapse, lapse).empty()) << "job `lapse` pending";
+  EXPECT_EQ(holds.holders(3), 0u);
+  EXPECT_EQ(holds.TakeDue(lapse + 1, lapse), std::vector<uint64_t>{3});
 }
 
 TEST(RegistrationHolds, APaymentWithoutADebtStillRaisesTheFence) {
   RegistrationHolds holds;
   holds.Retire(9, 1);
   holds.Paid(9, 8);  // a job naming 9 from a caller that kept the id
-  EXPECT_TRUE(holds.TakeDue(8).empty());
-  EXPECT_EQ(holds.TakeDue(9), std::vector<uint64_t>{9});
+  EXPECT_TRUE(holds.TakeDue(8, 0).empty());
+  EXPECT_EQ(holds.TakeDue(9, 0), std::vector<uint64_t>{9});
 }
 
 TEST(RegistrationHolds, ACachedIdNobodyHoldsIsNotRemembered) {
