@@ -2,7 +2,8 @@
 
 import pytest
 
-from tier._offload_planner import Link, Site, plan, reload_triggers, simulate
+from tier._offload_planner import (Link, Site, fill_link, plan, release_points,
+                                 reload_triggers, simulate)
 
 GB = 1e9
 
@@ -126,3 +127,73 @@ def test_plan_carries_the_triggers():
     needed = {s.index: s.needed for s in sites}
     for trigger, due in p.triggers.items():
         assert all(needed[trigger] < needed[i] for i in due)
+
+
+def test_barrier_stalls_for_offloads_still_running_at_the_end_of_forward():
+    # 1 GB produced at 0.9 s at 10 GB/s lands at 1.0 s; forward ends at 0.95 s: 0.05 s stall.
+    sites = [Site(0, 1 * GB, 0.9, 1.5)]
+    link = Link(10 * GB, 10 * GB)
+    assert simulate(sites, 0.95, link).overhead == pytest.approx(0.0)
+    sim = simulate(sites, 0.95, link, barrier=True)
+    assert sim.barrier_stall == pytest.approx(0.05)
+    assert sim.overhead == pytest.approx(0.05)  # the reload itself hides (0.1 s before 1.5 s)
+
+
+def test_barrier_moves_backward_by_the_stall():
+    # A reload that just fits without the stall is late by the stall with it, and no more.
+    sites = [Site(0, 1 * GB, 0.9, 1.2)]
+    link = Link(10 * GB, 10 * GB)
+    sim = simulate(sites, 1.0, link, barrier=True)
+    assert sim.barrier_stall == pytest.approx(0.0)
+    sim = simulate([Site(0, 1 * GB, 0.95, 1.2)], 1.0, link, barrier=True)
+    assert sim.barrier_stall == pytest.approx(0.05)
+    assert sim.overhead == pytest.approx(0.05)
+
+
+def test_budget_with_a_barrier_offloads_only_what_lands_in_forward():
+    # Eight 0.25 GB tensors over a 1 s forward at 1 GB/s: only those that land by the end of
+    # forward hide (each takes 0.25 s); without the barrier later ones would seem free too.
+    sites = _step()
+    link = Link(1 * GB, 100 * GB)
+    with_barrier = plan(sites, 0.875, 2.0, link, max_overhead=0.0, barrier=True)
+    without = plan(sites, 0.875, 2.0, link, max_overhead=0.0)
+    assert with_barrier.offloaded_bytes <= 0.875 * GB
+    assert with_barrier.offloaded_bytes < without.offloaded_bytes
+    done = simulate([s for s in sites if s.index in with_barrier.indices], 0.875, link).offload_done
+    assert max(done.values()) <= 0.875 + 1e-9
+
+
+def test_release_points_hand_sources_back_once_their_copies_are_done():
+    # Sites produced every 0.1 s; 1 GB at 20 GB/s takes 0.05 s: site 0's copy is done by 0.05 s
+    # (+ margin), so it goes back when site 1 is saved; the last one at the barrier.
+    sites = [Site(i, 1 * GB, 0.1 * i, 2.0 - 0.1 * i) for i in range(4)]
+    link = Link(20 * GB, 20 * GB)
+    sim = simulate(sites, 0.3, link, barrier=True)
+    points, barrier = release_points(sites, sites, sim, link)
+    assert points == {1: [0], 2: [1], 3: [2]}
+    assert barrier == [3]
+    # A slow link: site 0's copy (0.5 s) is done only after site 3 is saved: the barrier.
+    slow = Link(2 * GB, 2 * GB)
+    points, barrier = release_points(sites[:1], sites[:1], simulate(sites[:1], 0.3, slow), slow)
+    assert points == {} and barrier == [0]
+
+
+def test_fill_link_keeps_the_link_busy_from_the_start_and_stops_at_the_deadline():
+    sites = _step(n=8, size=GB // 4)  # produced 0, 0.125, ... 0.875 s; 0.25 s each at 1 GB/s
+    chosen = fill_link(sites, 1.0, Link(1 * GB, 1 * GB))
+    assert [s.index for s in chosen] == [0, 1, 2, 3]  # 4 x 0.25 s from 0 s: done at 1.0 s
+    assert fill_link(sites, 1.0, Link(1e12, 1e12)) == sorted(sites, key=lambda s: s.produced)
+
+
+def test_reloads_due_close_together_start_as_one_batch():
+    # Four small reloads whose planned starts lie within a millisecond: one trigger, one batch.
+    sites = [Site(i, 1000, 0.1 * i, 2.0 - 0.0002 * i) for i in range(4)]
+    link = Link(1e12, 1e12)
+    sim = simulate(sites, 1.0, link)
+    # Unbatched: each starts at the use just before its own (the link is that fast).
+    assert reload_triggers(sites, sites, sim) == {3: [2], 2: [1], 1: [0]}
+    batched = reload_triggers(sites, sites, sim, window_s=1e-3, batch_bytes=1 << 20)
+    assert batched == {3: [3, 2, 1, 0]}  # the first one used, and the rest with it
+    # Bounded by bytes: two per batch.
+    assert reload_triggers(sites, sites, sim, window_s=1e-3, batch_bytes=2000) == {
+        3: [3, 2], 2: [1, 0]}
