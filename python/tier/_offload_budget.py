@@ -1,13 +1,22 @@
 """The learning half of ``offload_activations(max_overhead=..., target_bytes=...)``: it watches one
-step with nothing offloaded (the calibration step), measures the link, asks the planner
-(tier/_offload_planner.py) which saved tensors hide under compute, and from the next step on
-answers, for each saved tensor in forward order, whether to offload it. It re-plans when a step
-takes longer than the plan predicted.
+step with nothing offloaded (the calibration step), takes the link's bandwidth from tierd, asks
+the planner (tier/_offload_planner.py) which saved tensors hide under compute, and from the next
+step on hands the offloader a :class:`~tier._offload_planner.StepPlan`: for each saved tensor in
+forward order, keep it or offload it, where to release offloaded sources, where to start
+reloads. It re-plans when a step takes longer than the plan predicted.
 
 A site is a saved tensor's position among the step's candidates (tensors the offloader could
 offload: big enough, not parameters); a model whose forward saves the same tensors in the same
 order every step (the usual case) has the same sites every step. When the count changes, it
-calibrates again.
+calibrates again. Views of one storage are one site for the planner (the storage's first save;
+its bytes once; needed at the first use of any of them), and the plan offloads all of them or
+none.
+
+The link: tierd sees every byte it copies for every process of the node, so its figure for the
+GPU (``Client.link_bandwidth``) is the one to plan with. Where tierd has none yet (no copies
+on that GPU so far, the host engine, or a tierd without the call) the budget times a probe of its
+own through tierd and asks again (tierd then saw the probe's copies); only if tierd still has no
+figure does it plan with the probe's own timing, and ``stats.link_source`` says which it was.
 
 Times: CUDA tensors are timed with CUDA events on the current stream (the host runs ahead of the
 GPU), CPU tensors with the host clock.
@@ -18,10 +27,18 @@ import time
 import torch
 
 from . import _offload_planner as planner
+from . import errors as _errors
 from ._counters import Counters
 
 PROBE_BYTES = 64 << 20
+PROBE_BYTES_CPU = 4 << 20
+PROBE_CHUNKS = 4
 PROBE_ROUNDS = 2
+# Reloads due within RELOAD_WINDOW_S of one another start together, while the batch stays within
+# RELOAD_BATCH_BYTES (tier/_offload_planner.reload_triggers): many small reloads cost one
+# submission each otherwise.
+RELOAD_WINDOW_S = 1e-3
+RELOAD_BATCH_BYTES = 64 << 20
 
 
 class _Clock:
@@ -55,63 +72,142 @@ class _Clock:
         return out
 
 
-class _StepTimer:
-    """The length of a step that follows the plan, at the cost of two CUDA events per device (the
-    first stamp and the latest first use, recorded again and again) and read without waiting:
-    per-site events and a host wait for them at every step cost a 24 ms step a third of its time
-    on the H100, which the policy then took for link time."""
+class StepTimer:
+    """The length of a step that follows a plan, at the cost of two CUDA events (the step's
+    start and its timing site's first use in backward) and read without waiting: per-site
+    events and a host wait for them at every step cost a 24 ms step a third of its time on the
+    H100, which the policy then took for link time."""
+
+    __slots__ = ("_device", "_start", "_end", "_host")
 
     def __init__(self):
-        self._t0 = time.perf_counter()
-        self._start = {}   # device -> (event, host seconds at the first stamp)
-        self._last = {}    # device -> event of the latest use
-        self._host_last = None
+        self._device = None
+        self._start = self._end = None
+        self._host = [None, None]
 
-    def stamp(self, key, device):
-        if device.type != "cuda":
-            if key[0] == "u":
-                self._host_last = time.perf_counter() - self._t0
-            return
-        stream = torch.cuda.current_stream(device)
-        if device not in self._start:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(stream)
-            self._start[device] = (event, time.perf_counter() - self._t0)
-        if key[0] == "u":
-            event = self._last.get(device)
-            if event is None:
-                event = self._last[device] = torch.cuda.Event(enable_timing=True)
-            event.record(stream)
+    def start(self, device):
+        if device.type == "cuda":
+            self._device = device
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record(torch.cuda.current_stream(device))
+        else:
+            self._host[0] = time.perf_counter()
+
+    def end(self, device):
+        if device.type == "cuda":
+            if self._start is None:
+                return
+            if self._end is None:
+                self._end = torch.cuda.Event(enable_timing=True)
+            self._end.record(torch.cuda.current_stream(device))
+        elif self._host[0] is not None:
+            self._host[1] = time.perf_counter()
 
     def ready(self):
-        return all(event.query() for event in self._last.values())
+        return self._end is None or self._end.query()
 
     def step_s(self):
-        """Seconds from the step's start to its last first use; None if nothing was used."""
-        times = [self._host_last] if self._host_last is not None else []
-        for device, last in self._last.items():
-            start, host_offset = self._start[device]
-            times.append(host_offset + start.elapsed_time(last) / 1e3)
-        return max(times) if times else None
+        """Seconds from the step's start to its timing site's use; None if not both seen."""
+        if self._start is not None and self._end is not None:
+            return self._start.elapsed_time(self._end) / 1e3
+        if self._host[0] is not None and self._host[1] is not None:
+            return self._host[1] - self._host[0]
+        return None
 
 
 class BudgetStats(Counters):
-    """What the policy chose and how it went (``off.budget``)."""
+    """What the policy chose and how it went (``off.budget``). ``link_source``: where the link
+    figure came from ("tierd", "tierd after a probe", "probe", "given")."""
 
     __slots__ = ("calibrations", "plans", "sites", "chosen_sites", "planned_bytes",
                  "predicted_overhead", "measured_overhead", "calibration_step_s", "last_step_s",
-                 "link_d2h", "link_h2d", "met_target")
+                 "link_d2h", "link_h2d", "met_target", "link_source")
+
+    def __init__(self):
+        super().__init__()
+        self.link_source = "none"
 
     def __repr__(self):
         return ("BudgetStats(%d of %d sites, %d bytes, predicted overhead %.1f%%, measured %.1f%%, "
-                "step %.1f ms (calibration %.1f ms), link %.2f/%.2f GB/s)" % (
+                "step %.1f ms (calibration %.1f ms), link %.2f/%.2f GB/s from %s)" % (
                     self.chosen_sites, self.sites, self.planned_bytes,
                     100 * self.predicted_overhead, 100 * self.measured_overhead,
                     1e3 * self.last_step_s, 1e3 * self.calibration_step_s,
-                    self.link_d2h / 1e9, self.link_h2d / 1e9))
+                    self.link_d2h / 1e9, self.link_h2d / 1e9, self.link_source))
+
+
+def link_from_tierd(client, device):
+    """tierd's achieved D2H / H2D bandwidth of `device`'s link (``Client.link_bandwidth``), as a
+    :class:`~tier._offload_planner.Link`; None where tierd has no figure (no copies on that GPU
+    yet, the host engine, a CPU device, or a library without the call)."""
+    if device is None or device.type != "cuda":
+        return None
+    ask = getattr(client, "link_bandwidth", None)
+    if ask is None:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        figure = ask(index)
+    except (_errors.TierError, NotImplementedError):
+        return None
+    if not figure:
+        return None
+    d2h, h2d = figure
+    if not (d2h and h2d and d2h > 0 and h2d > 0):
+        return None
+    return planner.Link(d2h, h2d)
+
+
+def probe_link(client, device, nbytes=PROBE_BYTES, chunks=PROBE_CHUNKS, rounds=PROBE_ROUNDS):
+    """Times offloads and reloads of ``chunks`` x ``nbytes`` through tierd on ``device``, each
+    direction as one batch kept in flight together (a lone copy and a host round trip per copy
+    measured a fifth of the link on the H100): one untimed round first (registration, the lane's
+    start), then the best of ``rounds``. A :class:`~tier._offload_planner.Link`."""
+    probes = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(chunks)]
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    best_d2h = best_h2d = float("inf")
+    for round_ in range(1 + rounds):
+        sync()
+        t0 = time.perf_counter()
+        handles = client.offload_batch(probes)
+        client.synchronize()
+        t1 = time.perf_counter()
+        back = client.reload_batch(handles, free=True)
+        sync()
+        t2 = time.perf_counter()
+        del back
+        if round_ > 0:
+            best_d2h, best_h2d = min(best_d2h, t1 - t0), min(best_h2d, t2 - t1)
+    total = nbytes * chunks
+    return planner.Link(total / max(best_d2h, 1e-6), total / max(best_h2d, 1e-6))
+
+
+def measure_link(client, device, probe=probe_link):
+    """(Link, source): tierd's figure, else tierd's after a probe, else the probe's own."""
+    link = link_from_tierd(client, device)
+    if link is not None:
+        return link, "tierd"
+    device = device if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        probed = probe(client, device)
+    else:  # the host engine's memcpy: a small probe says as much
+        probed = probe(client, device, nbytes=PROBE_BYTES_CPU)
+    link = link_from_tierd(client, device)
+    if link is not None:
+        return link, "tierd after a probe"
+    return probed, "probe"
 
 
 class OffloadBudget:
+    """The offloader's policy (see tier.torch.ActivationOffloader): begin_step() gives the step's
+    StepPlan (None: this step calibrates, every candidate stamped), candidate() and used() take
+    the calibration's stamps, step_started() and used(timing site) time a planned step,
+    end_step(count) learns."""
+
     def __init__(self, client_fn, max_overhead=None, target_bytes=None, link=None):
         if max_overhead is None and target_bytes is None:
             raise ValueError("a budget needs max_overhead or target_bytes")
@@ -123,88 +219,103 @@ class OffloadBudget:
         self._client_fn = client_fn
         self.max_overhead = max_overhead
         self.target_bytes = target_bytes
-        self._link = planner.Link(*link) if link is not None else None
-        self._plan = None
+        self._given_link = planner.Link(*link) if link is not None else None
+        self._link = self._given_link
+        self._plan = None         # planner.Plan over first-view sites
+        self._step_plan = None    # its StepPlan over every candidate
         self._base_step = None
         self._clock = None
-        self._sizes = []          # this step's candidates' sizes, in order
-        self._devices = []
-        self._open = False
+        self._timer = None
         self._timers = []         # plan-following steps not read yet (their GPU work may run)
+        self._device = None
+        self._calib = []          # this calibration's candidates: (nbytes, device, group)
+        self._groups = {}         # storage key -> first site with it (calibration)
         self.stats = BudgetStats()
+        if self._given_link is not None:
+            self.stats.link_source = "given"
 
     @property
     def plan(self):
         return self._plan
 
+    # -- the offloader's calls --
+
     def begin_step(self):
-        if self._open:
-            self.end_step()
-        # Per-site stamps only while calibrating; a step that follows the plan is only timed.
-        self._clock = _Clock() if self._plan is None else _StepTimer()
-        self._sizes = []
-        self._devices = []
-        self._open = True
+        """The plan this step follows, or None: it calibrates."""
+        if self._step_plan is None:
+            self._clock = _Clock()
+            self._calib = []
+            self._groups = {}
+            return None
+        self._timer = StepTimer()
+        return self._step_plan
 
-    def candidate(self, nbytes, device):
-        """A saved tensor the offloader could offload; returns (site, offload it?)."""
-        site = len(self._sizes)
-        self._sizes.append(nbytes)
-        self._devices.append(device)
+    def step_started(self, device):
+        """The first candidate of a planned step."""
+        self._timer.start(device)
+
+    def candidate(self, site, nbytes, device, key):
+        """A candidate of the calibration step (stamped kept); `key` names its storage."""
+        self._calib.append((nbytes, device, self._groups.setdefault(key, site)))
         self._clock.stamp(("p", site), device)
-        if self._plan is None:
-            return site, False
-        return site, site in self._plan.indices
-
-    def following_plan(self):
-        """Whether this step offloads by the plan (the sites match the calibration's)."""
-        return self._plan is not None and len(self._sizes) == len(self._plan_sizes)
-
-    def reloads_due(self, site):
-        """The sites whose reload the plan starts when backward first uses `site` (this step
-        follows the plan: the same sites as the calibration); () otherwise."""
-        if self._plan is None or len(self._sizes) != len(self._plan_sizes):
-            return ()
-        return self._plan.triggers.get(site, ())
 
     def used(self, site, device):
-        """Backward needs the saved tensor of `site` now (first use counts)."""
-        if self._open and self._clock is not None:
-            self._clock.stamp(("u", site), device)
+        """Backward uses `site` (first use counts): calibration, or the planned timing site."""
+        if self._step_plan is None:
+            if self._clock is not None:
+                self._clock.stamp(("u", site), device)
+        elif self._timer is not None and site == self._step_plan.timing_site:
+            self._timer.end(device)
 
-    def end_step(self):
-        if not self._open:
-            return
-        self._open = False
-        if isinstance(self._clock, _StepTimer):
-            if len(self._sizes) != len(self._plan_sizes):
+    def end_step(self, count):
+        """The step that began with begin_step() is over (its backward ran); `count`: the
+        candidates it saw."""
+        if self._step_plan is not None:
+            timer, self._timer = self._timer, None
+            if count != self._step_plan.count:
                 # Other sites than the calibration's: calibrate again (next step, by stamps).
-                self._plan = None
+                self._plan = self._step_plan = None
                 self._timers.clear()
                 return
-            self._timers.append(self._clock)
+            if timer is not None:
+                self._timers.append(timer)
             self._read_timers()
             return
-        times = self._clock.resolve()
+        clock, self._clock = self._clock, None
+        if clock is None:
+            return
+        times = clock.resolve()
         produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
         needed = {}
         for k, v in times.items():
             if k[0] == "u" and k[1] not in needed:
                 needed[k[1]] = v
-        if not produced or not needed:
+        if not produced or not needed or len(self._calib) != count:
             return  # no backward ran (inference, or no candidates): nothing to learn
         step = max(needed.values())
-        # Calibration: nothing was offloaded in this step (or the sites changed).
         self.stats.calibrations += 1
         self._base_step = step
         self.stats.calibration_step_s = step
         self.stats.last_step_s = step
-        self._sites = [planner.Site(i, self._sizes[i], produced[i], needed[i])
-                       for i in range(len(self._sizes)) if i in needed]
+        # One planner site per storage: its first save, its bytes once, needed at the first use
+        # of any of its views.
+        first_use = {}
+        for site, (_, _, group) in enumerate(self._calib):
+            if site in needed:
+                first_use[group] = min(first_use.get(group, needed[site]), needed[site])
+        self._sites = [planner.Site(i, nbytes, produced[i], first_use[i])
+                       for i, (nbytes, _, group) in enumerate(self._calib)
+                       if group == i and i in first_use]
+        self._members = {}
+        for site, (_, _, group) in enumerate(self._calib):
+            self._members.setdefault(group, []).append(site)
+        self._count = count
+        self._timing_site = max(needed, key=lambda i: (needed[i], i))
         self._forward_end = max(produced.values())
-        self._plan_sizes = list(self._sizes)
+        self._device = next((d for _, d, _ in self._calib if d.type == "cuda"),
+                            self._calib[0][1] if self._calib else None)
         if self._link is None:
-            self._link = self._measure_link()
+            self._link, self.stats.link_source = measure_link(self._client_fn(), self._device)
         self._replan()
 
     def _read_timers(self):
@@ -218,51 +329,32 @@ class OffloadBudget:
             if self.max_overhead is not None and self._plan.offloaded_bytes > 0 and \
                     self.stats.measured_overhead > max(2 * self.max_overhead,
                                                        self.max_overhead + 0.02):
-                # Slower than predicted: the link is slower than measured (other processes
-                # share it): take the evidence and plan again with less. (Only when the plan
-                # moves bytes: a step slower with nothing offloaded says nothing of the link.)
-                self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
+                # Slower than predicted: the link is slower than planned (other processes share
+                # it). tierd's figure, if it moved; else take the evidence: half the link.
+                fresh = None if self._given_link is not None else \
+                    link_from_tierd(self._client_fn(), self._device)
+                if fresh is not None and fresh.d2h < 0.9 * self._link.d2h:
+                    self._link, self.stats.link_source = fresh, "tierd"
+                else:
+                    self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
                 self._replan()
                 self._timers.clear()  # steps timed under the old plan
 
     def _replan(self):
-        self._plan = planner.plan(self._sites, self._forward_end, self._base_step, self._link,
-                                  max_overhead=self.max_overhead, target_bytes=self.target_bytes)
+        p = planner.plan(self._sites, self._forward_end, self._base_step, self._link,
+                         max_overhead=self.max_overhead, target_bytes=self.target_bytes,
+                         barrier=True, window_s=RELOAD_WINDOW_S,
+                         batch_bytes=RELOAD_BATCH_BYTES)
+        self._plan = p
+        offload = [m for i in p.indices for m in self._members[i]]
+        self._step_plan = planner.StepPlan(self._count, offload, p.triggers, p.releases,
+                                           barrier=True, timing_site=self._timing_site)
         self.stats.plans += 1
         self.stats.sites = len(self._sites)
-        self.stats.chosen_sites = len(self._plan.indices)
-        self.stats.planned_bytes = self._plan.offloaded_bytes
-        self.stats.predicted_overhead = (self._plan.predicted_overhead / self._base_step
+        self.stats.chosen_sites = len(p.indices)
+        self.stats.planned_bytes = p.offloaded_bytes
+        self.stats.predicted_overhead = (p.predicted_overhead / self._base_step
                                          if self._base_step else 0.0)
         self.stats.link_d2h = self._link.d2h
         self.stats.link_h2d = self._link.h2d
-        self.stats.met_target = int(self._plan.met_target)
-
-    def _measure_link(self):
-        """Offloads and reloads of PROBE_BYTES on the candidates' device: one untimed round first
-        (the probe's registration with tierd and the lane's start would otherwise be timed as
-        transfer: a 16 MiB probe measured 2-18 GB/s on a 55 GB/s link), then the best of
-        PROBE_ROUNDS timed rounds in each direction."""
-        device = self._devices[0] if self._devices else torch.device("cpu")
-        client = self._client_fn()
-        probe = torch.empty(PROBE_BYTES, dtype=torch.uint8, device=device)
-
-        def sync():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
-        best_d2h = best_h2d = float("inf")
-        for round_ in range(1 + PROBE_ROUNDS):
-            sync()
-            t0 = time.perf_counter()
-            handle = client.offload(probe)
-            client.synchronize()
-            t1 = time.perf_counter()
-            back = handle.reload()
-            sync()
-            t2 = time.perf_counter()
-            del back
-            handle.free()
-            if round_ > 0:
-                best_d2h, best_h2d = min(best_d2h, t1 - t0), min(best_h2d, t2 - t1)
-        return planner.Link(PROBE_BYTES / max(best_d2h, 1e-6), PROBE_BYTES / max(best_h2d, 1e-6))
+        self.stats.met_target = int(p.met_target)

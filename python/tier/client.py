@@ -950,6 +950,39 @@ class Client:
             return self._offload_staged(handle, t, hint, retain_on_failure, streams)
         raise TypeError("offload() supports cpu and cuda tensors, not %s" % t.device.type)
 
+    def _stage_offload(self, tensor):
+        """A CPU tensor's offload in two steps, for batching without changing what is offloaded:
+        its bytes are staged now (the tensor may change right after) and the job is submitted
+        later by :meth:`_submit_staged`, with others as one batch. Returns (handle, staging
+        buffer or None for an empty tensor); until submitted, the staging buffer is the
+        caller's (give it back with _staging_release if it is never submitted)."""
+        t = tensor.detach()
+        nbytes = t.numel() * t.element_size()
+        handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
+        if nbytes == 0:
+            return handle, None
+        return handle, self._stage(handle, t, None)
+
+    def _submit_staged(self, items, retain_on_failure):
+        """Submits [(handle, staging)] from _stage_offload as batches of host jobs (split at
+        batch_limit); from here each staging buffer belongs to its job. If this raises, the
+        items whose handle has no job (``handle._job is None``) were not submitted: their
+        staging buffers are still the caller's."""
+        items = [(h, s) for h, s in items if s is not None]
+        if not items:
+            return
+        rows = [(staging.id, 0, handle.nbytes, 0) for handle, staging in items]
+        stagings = [staging for _, staging in items]
+        dones = [self._staged_offload_done(handle, staging, retain_on_failure)
+                 for handle, staging in items]
+        with self._lock:
+            self._check_locked()
+            for lo, hi in self._chunks(len(rows)):
+                jobs = self._offload_batch_locked(rows[lo:hi], None, stagings[lo:hi],
+                                                  dones[lo:hi])
+                for (handle, _), (obj, job) in zip(items[lo:hi], jobs):
+                    handle._object, handle._job = obj, job
+
     def _staging_acquire(self, nbytes):
         with self._lock:
             self._check_locked()
@@ -1076,6 +1109,38 @@ class Client:
             handle._object, handle._job = obj, job
             handle._direct = True
         return True
+
+    def _release_sources(self, handles, stream):
+        """GPU-engine offloads still in flight: hands their sources back in stream order instead
+        of when the host sees the copies complete. `stream` (the one the sources were allocated
+        and produced on) waits on the GPU until the newest of these offloads has read its
+        source; the offload tickets of one GPU complete in order (one offload_done counter per
+        session and GPU), so that covers the older ones too. Then the jobs stop holding the
+        sources: the caching allocator may hand the memory to work queued on `stream` from now
+        on, which runs after the copies, while the host never waits. The price: such an offload
+        can no longer fall back to its source if it fails (pool or quota full); its reload then
+        raises. Returns how many sources were released."""
+        newest = None
+        todo = []
+        for h in handles:
+            if not h._direct or h._kept is not None or h._job is None or h._job.status is not None:
+                continue  # nothing held (kept on the GPU, empty, or already complete)
+            todo.append(h)
+            if newest is None or h._job.id > newest._job.id:
+                newest = h
+        if newest is None:
+            return 0
+        # GPU-side wait (no host round trip); from here on the stream is ordered after every
+        # copy of `todo`.
+        self.stream_wait_offload(newest._job.id, stream)
+        with self._lock:
+            for h in todo:
+                job = h._job
+                if job.status is None:
+                    job.keep = None      # the source (and the tensor it came from)
+                    job.on_done = None   # its fallback closure held the source too
+                h._released = True
+        return len(todo)
 
     # ---- tensors, in batches -------------------------------------------------------------------
 
@@ -1590,6 +1655,7 @@ class Handle:
         self._freed = False
         self._fallback = None      # the data, kept after a failed offload (retain_on_failure)
         self._kept = None          # (tensor, producer streams): not offloadable, kept on the GPU
+        self._released = False     # the source went back in stream order (_release_sources)
         self.shape = tuple(shape)
         self.dtype = dtype
         self.device = device
@@ -1770,7 +1836,8 @@ class Handle:
 
     def free(self):
         """Drops the object (its memory returns to the pool once jobs using it finish). The source
-        of an offload still in flight stays owned by that job until it completes."""
+        of an offload still in flight stays owned by that job until it completes (unless
+        :meth:`Client._release_sources` handed it back in stream order)."""
         if self._freed:
             return
         self._freed = True

@@ -61,6 +61,7 @@ from . import client as _client
 from . import errors as _errors
 from ._counters import Counters
 from ._module_selection import ModuleSelection
+from . import _offload_planner as _planner
 from ._offload_budget import OffloadBudget
 from ._optimizer_state import (DEFAULT_GROUP_BYTES, DEFAULT_STATE_MIN_BYTES,  # noqa: F401
                                OptimizerStateOffloader, OptimizerStateStats,
@@ -124,23 +125,27 @@ class ActivationStats(Counters):
     stayed_on_gpu_bytes: storages that could not be one job and stayed on the GPU (memory the
     library cannot register as one range: a tensor over physical pages of different sizes, or a
     tierd without expandable-segment registrations; a tensor inside one expandable segment, of any
-    size, is one job and counts as offloaded); backward uses them in place. Every saved storage is one of the two, and backward gets each
-    once: reloaded, prefetched, or (source_hits) taken from its source while the offload's copy
-    was still in flight (the bytes never left the GPU):
-    reloads + prefetches + source_hits == offloaded_storages + stayed_on_gpu_storages."""
+    size, is one job and counts as offloaded); backward uses them in place. Every saved storage
+    is one of the two, and backward gets each once: reloaded, prefetched, or (source_hits) taken
+    from its source while the offload's copy was still in flight (the bytes never left the GPU):
+    reloads + prefetches + source_hits == offloaded_storages + stayed_on_gpu_storages.
+    released_storages / released_bytes: planned offloads (a budget) whose GPU memory went back to
+    PyTorch in stream order during forward, at the plan's release points (see
+    ActivationOffloader), instead of when the host saw their copies complete."""
 
     __slots__ = ("saved", "kept", "offloaded_tensors", "offloaded_storages", "offloaded_bytes",
                  "stayed_on_gpu_storages", "stayed_on_gpu_bytes",
                  "deduplicated", "reloads", "prefetches", "source_hits", "fallbacks",
-                 "inflight_waits", "planned_prefetches")
+                 "inflight_waits", "planned_prefetches", "released_storages", "released_bytes")
 
 
 class _StorageRecord:
     """One offloaded storage. Lives while any saved view of it does (the graph holds _Saved
-    objects); when the last goes, the handle goes and its Tierd object is freed."""
+    objects); when the last goes, the handle goes and its Tierd object is freed (or was already,
+    by its reload)."""
 
     __slots__ = ("handle", "index", "device", "nbytes", "weak_storage", "version", "tensor",
-                 "pending", "__weakref__")
+                 "pending", "released", "__weakref__")
 
     def __init__(self, handle, index, device, nbytes, weak_storage, version):
         self.handle = handle
@@ -151,6 +156,7 @@ class _StorageRecord:
         self.version = version
         self.tensor = None   # the bytes, back (or never gone), as a flat uint8 tensor
         self.pending = None  # a reload started but not yet taken
+        self.released = False  # planned: the source went back to the allocator in stream order
 
     def same_storage(self, nbytes, version):
         if self.nbytes != nbytes or self.version != version:
@@ -165,15 +171,16 @@ class _Saved:
 
     def __init__(self, record, t, site=None):
         self.record = record
-        self.site = site  # the budget's site (None without a budget)
+        self.site = site  # the plan's site (None without a budget)
         self.dtype = t.dtype
-        self.size = tuple(t.size())
-        self.stride = tuple(t.stride())
+        self.size = t.size()
+        self.stride = t.stride()
         self.offset = t.storage_offset()
 
 
 class _KeptSite:
-    """A saved tensor the budget chose to keep, wrapped so that backward's use of it is timed."""
+    """A saved tensor the plan keeps but whose first use in backward it must see (a reload
+    trigger, the step's timing point, or every site of a calibration step)."""
 
     __slots__ = ("tensor", "site")
 
@@ -182,16 +189,39 @@ class _KeptSite:
         self.site = site
 
 
+_Tensor = torch.Tensor
+_KEEP, _STAMP, _OFFLOAD = _planner.KEEP, _planner.STAMP, _planner.OFFLOAD
+
+
 class ActivationOffloader:
-    """Offloads tensors saved for backward to Tierd; see :func:`offload_activations`."""
+    """Offloads tensors saved for backward to Tierd; see :func:`offload_activations`.
+
+    Two ways to decide, one mechanism. Without a budget every candidate is offloaded, and a CUDA
+    source's memory is released when the host sees its copy complete (at most
+    ``max_inflight_bytes`` wait so; past that the host waits for the oldest). With a budget (or
+    another policy with its interface, tier/_offload_budget.py) each step follows a
+    :class:`~tier._offload_planner.StepPlan`, read in O(1) per saved tensor: keep it as it is,
+    keep it wrapped (its first use starts planned reloads or ends the timed step), or offload
+    it. A planned offload's source goes back to PyTorch's allocator in stream order: at the
+    plan's release point (a later saved tensor, once its copy should be done) and at the latest
+    at the end of forward (the barrier, after the step's last candidate), the current stream
+    waits on the GPU for the copy (tier_stream_wait_offload) and the job stops holding the
+    source, so the memory is free for what forward allocates next and off the activation peak
+    that ``torch.cuda.max_memory_allocated`` measures; the host never waits. (Released on the
+    host's view of completion instead, the host running ahead of the GPU left every offloaded
+    source of a forward allocated at its end: the bytes came off nothing.) The price of a
+    stream-ordered release: such an offload that fails (pool or quota full) has no source left
+    to fall back to, and backward raises with the cause."""
 
     def __init__(self, min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
                  max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES, modules=None,
-                 max_overhead=None, target_bytes=None, link=None):
+                 max_overhead=None, target_bytes=None, link=None, policy=None):
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
-        self._budget = None
+        self._budget = policy
         if max_overhead is not None or target_bytes is not None:
+            if policy is not None:
+                raise ValueError("give a budget (max_overhead / target_bytes) or a policy")
             self._budget = OffloadBudget(lambda: self.client, max_overhead=max_overhead,
                                          target_bytes=target_bytes, link=link)
         self._selection = ModuleSelection(module, modules) if modules is not None else None
@@ -209,15 +239,21 @@ class ActivationOffloader:
         self._order = []        # weakref.ref(_StorageRecord), parallel to _order_index
         self._next_index = 0
         self._compact_at = 1024
-        self._site_records = {}  # budget: this step's site -> weakref to its _StorageRecord
         self._hooks = None
+        # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
+        # the records of its offloaded sites, and those whose sources are still held.
+        self._plan = None
+        self._site = 0
+        self._step_open = False
+        self._site_records = {}  # site -> weakref to its _StorageRecord
+        self._held = []          # weakrefs to planned records not yet released, in offload order
         self.stats = ActivationStats()
-        # CUDA storages packed and not yet submitted: sent as one batch per (device, producer
-        # stream) once BATCH_TENSORS of them or BATCH_BYTES wait, and before anything needs them
-        # (the first unpack, the end of the context). Not with a budget (its plan times each
-        # offload from the tensor's production), nor for CPU tensors, whose bytes are staged
-        # when saved (a storage changed in place afterwards is offloaded as it was when saved;
-        # on a GPU the copy runs after the producer's work queued so far, as every GPU offload).
+        # Storages packed and not yet submitted: sent as one batch per (device, producer stream)
+        # once BATCH_TENSORS of them or BATCH_BYTES wait, and before anything needs them (a
+        # release point, the first unpack, the end of the context). CUDA only: CPU tensors are
+        # staged when saved (a storage changed in place afterwards is offloaded as it was when
+        # saved; on a GPU the copy runs after the producer's work queued so far, as every GPU
+        # offload).
         self._deferred = []  # (weakref to _StorageRecord, flat bytes, producer stream or None)
         self._deferred_bytes = 0
         self._defer_cpu = False  # tests: the deferral's bookkeeping on the host engine
@@ -244,8 +280,13 @@ class ActivationOffloader:
         if self._selection is not None:
             self._selection.install()
         if self._budget is not None:
-            self._budget.begin_step()  # (and ends the step before: its backward has run)
+            if self._step_open:
+                self._budget.end_step(self._site)  # the step before: its backward has run
+            self._plan = self._budget.begin_step()
+            self._step_open = True
+            self._site = 0
             self._site_records = {}
+            self._held = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -255,6 +296,8 @@ class ActivationOffloader:
         hooks.__exit__(*exc)
         with self._lock:
             self._flush()
+            if self._held:
+                self._release_held(None)  # a step that never reached its barrier
         if self._selection is not None:
             self._selection.remove()
         return False
@@ -264,17 +307,19 @@ class ActivationOffloader:
     def _should_offload(self, t):
         if self._selection is not None and not self._selection.active():
             return False  # saved outside the selected modules
-        if type(t) is not torch.Tensor:
+        if type(t) is not _Tensor:
             return False  # nn.Parameter, and tensor subclasses we cannot rebuild
-        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
-            return False
         if t.numel() * t.element_size() < self.min_bytes:
+            return False
+        if t.layout != torch.strided or t.is_quantized or not (t.is_cuda or t.is_cpu):
             return False
         # Parameters (and leaves that require grad: parameters in all but name) stay resident
         # anyway; so do their views (weight.t(), saved by linear). A view is judged by its base:
         # views made in no-grad mode (inside a custom Function's forward) look like leaves.
         base = t._base if t._base is not None else t
-        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
+        if base.requires_grad and base.is_leaf:
+            return False
+        if type(base) is not _Tensor and isinstance(base, torch.nn.Parameter):
             return False
         if self._skip and (t.device, _untyped_storage(t).data_ptr()) in self._skip:
             return False  # a registered parameter or buffer of `module`
@@ -292,39 +337,69 @@ class ActivationOffloader:
         return self._budget.plan if self._budget is not None else None
 
     def _pack(self, tensor):
-        self.stats.saved += 1
+        stats = self.stats
+        stats.saved += 1
         if not self._should_offload(tensor):
-            self.stats.kept += 1
+            stats.kept += 1
             return tensor
-        site = None
-        if self._budget is not None:
-            site, go = self._budget.candidate(_untyped_storage(tensor).nbytes(), tensor.device)
-            if not go:
-                self.stats.kept += 1
-                return _KeptSite(tensor, site)
-        with torch.no_grad():
-            t = tensor.detach()
-            storage = _untyped_storage(t)
-            nbytes = storage.nbytes()
-            key = (t.device, storage.data_ptr())
+        budget = self._budget
+        if budget is None:
+            return self._offload_saved(tensor, None)
+        site = self._site
+        self._site = site + 1
+        plan = self._plan
+        if plan is None:
+            # Calibration: every candidate kept and stamped (production now, first use later).
+            storage = _untyped_storage(tensor)
+            budget.candidate(site, storage.nbytes(), tensor.device,
+                             (tensor.device, storage.data_ptr()))
+            stats.kept += 1
+            return _KeptSite(tensor, site)
+        if site == 0:
+            budget.step_started(tensor.device)
+        if site >= plan.count:
+            stats.kept += 1  # more candidates than planned: the policy calibrates again
+            return tensor
+        due = plan.releases.get(site)
+        if due is not None:
+            self._release_sites(due, tensor.device)
+        action = plan.actions[site]
+        if action == _OFFLOAD:
+            out = self._offload_saved(tensor, site)
+        else:
+            stats.kept += 1
+            out = tensor if action == _KEEP else _KeptSite(tensor, site)
+        if site == plan.barrier:
+            # The end of forward: every planned offload still held goes back now, the current
+            # stream waiting for the copies still running (the plan predicted how long).
             with self._lock:
-                record = self._by_storage.get(key)
-                if record is not None and not record.same_storage(nbytes, t._version):
-                    record = None
-                if record is None:
-                    record = self._offload_storage(t, storage, nbytes)
-                    self._by_storage[key] = record
-                else:
-                    self.stats.deduplicated += 1
-                self.stats.offloaded_tensors += 1
+                self._release_held(tensor.device)
+        return out
+
+    def _offload_saved(self, tensor, site):
+        storage = _untyped_storage(tensor)
+        nbytes = storage.nbytes()
+        key = (tensor.device, storage.data_ptr())
+        with self._lock:
+            record = self._by_storage.get(key)
+            if record is not None and not record.same_storage(nbytes, tensor._version):
+                record = None
+            if record is None:
+                record = self._offload_storage(tensor, storage, nbytes)
+                self._by_storage[key] = record
                 if site is not None:
-                    self._site_records[site] = weakref.ref(record)
-        return _Saved(record, t, site)
+                    self._held.append(weakref.ref(record))
+            else:
+                self.stats.deduplicated += 1
+            self.stats.offloaded_tensors += 1
+            if site is not None:
+                self._site_records[site] = weakref.ref(record)
+        return _Saved(record, tensor, site)
 
     def _offload_storage(self, t, storage, nbytes):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
         # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
-        # alive until the copy completed.
+        # alive until the copy completed, or until a plan's release point hands it back.
         flat = _storage_bytes(t)
         weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
         record = _StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
@@ -333,14 +408,15 @@ class ActivationOffloader:
         self._order.append(weakref.ref(record))
         if len(self._order) >= self._compact_at:
             self._compact()
-        if self._budget is not None or (t.device.type != "cuda" and not self._defer_cpu):
-            # retain_on_failure: if the offload fails (pool or quota full), the handle keeps the
-            # data and backward uses it from there: not offloaded, but not lost either.
-            self._submitted(record, self.client._offload(flat, None, 0, retain_on_failure=True))
-            return record
-        # The producer is the current stream now (it may be another by the time of the batch).
-        stream = torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
-        self._deferred.append((weakref.ref(record), flat, stream))
+        if not t.is_cuda and not self._defer_cpu:
+            # CPU: the bytes are staged now (as saved), the job goes with the next batch.
+            staged = self.client._stage_offload(flat)
+            self._deferred.append((weakref.ref(record), None, None, staged))
+        else:
+            # The producer is the current stream now (it may be another by the time of the
+            # batch).
+            stream = torch.cuda.current_stream(t.device) if t.is_cuda else None
+            self._deferred.append((weakref.ref(record), flat, stream, None))
         self._deferred_bytes += nbytes
         if len(self._deferred) >= self.BATCH_TENSORS or self._deferred_bytes >= self.BATCH_BYTES:
             self._flush()
@@ -350,15 +426,27 @@ class ActivationOffloader:
         """Submits the deferred storages: one batch per (device, producer stream); each job
         waits (GPU) for its producer stream and keeps its source alive until copied. Storages
         whose saved tensors are all gone already are dropped. Called with self._lock held."""
+        if not self._deferred:
+            return
         deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
         groups = collections.OrderedDict()  # (device, stream) -> [(record, flat)]
-        for ref, flat, stream in deferred:
+        staged = []                         # [(record, (handle, staging))]: CPU, staged already
+        client = self.client
+        for ref, flat, stream, stage in deferred:
             record = ref()
-            if record is not None:
+            if stage is not None:
+                if record is not None:
+                    staged.append((record, stage))
+                elif stage[1] is not None:
+                    client._staging_release(stage[1])  # its saved tensors are gone
+            elif record is not None:
                 groups.setdefault((record.device, stream), []).append((record, flat))
+        if staged:
+            self._submit_staged(staged)
         for (_, stream), items in groups.items():
             # retain_on_failure: if an offload fails (pool or quota full), its handle keeps the
-            # data and backward uses it from there: not offloaded, but not lost either.
+            # data and backward uses it from there: not offloaded, but not lost either (unless a
+            # plan's release point handed the source back before the failure was known).
             try:
                 handles = self.client._offload_batch([flat for _, flat in items],
                                                      [stream] if stream is not None else None,
@@ -378,6 +466,26 @@ class ActivationOffloader:
             for (record, _), handle in zip(items, handles):
                 self._submitted(record, handle)
 
+    def _submit_staged(self, staged):
+        """CPU storages staged when saved, submitted as batches of host jobs."""
+        client = self.client
+        try:
+            # retain_on_failure: a failed offload leaves the data in its handle (see _flush).
+            client._submit_staged([stage for _, stage in staged], retain_on_failure=True)
+        except _errors.TierError as e:
+            if not self._warned_flush:
+                self._warned_flush = True
+                warnings.warn("tier: saved activations stay in memory: %s" % e, RuntimeWarning,
+                              stacklevel=3)
+        for record, (handle, staging) in staged:
+            if handle._job is None and staging is not None:
+                # Not submitted (refused): the bytes come back out of the staging buffer.
+                record.tensor = staging._uint8()[:handle.nbytes].clone()
+                client._staging_release(staging)
+                self.stats.fallbacks += 1
+                continue
+            self._submitted(record, handle)
+
     def _submitted(self, record, handle):
         record.handle = handle
         if handle._kept is not None:
@@ -386,8 +494,44 @@ class ActivationOffloader:
         else:
             self.stats.offloaded_storages += 1
             self.stats.offloaded_bytes += record.nbytes
-        if handle._direct and handle._kept is None:
+        if handle._direct and handle._kept is None and self._budget is None:
+            # Without a plan: released when the host sees the copy complete, bounded.
             self._bound_inflight(handle, record.nbytes)
+
+    def _release_sites(self, sites, device):
+        records = []
+        for site in sites:
+            ref = self._site_records.get(site)
+            record = ref() if ref is not None else None
+            if record is not None and not record.released:
+                records.append(record)
+        if records:
+            with self._lock:
+                self._release(records, device)
+
+    def _release_held(self, device):
+        """Releases every planned offload of this step still held (the barrier). Called with
+        self._lock held."""
+        held, self._held = self._held, []
+        records = [r for r in (ref() for ref in held) if r is not None and not r.released]
+        if records:
+            self._release(records, device if device is not None else records[-1].device)
+
+    def _release(self, records, device):
+        """Planned offloads' sources back to the allocator in stream order: the current stream
+        of `device` waits (GPU) for their copies, then their jobs drop the sources. CPU sources
+        were staged when saved: nothing is held. Called with self._lock held."""
+        if any(r.handle is None for r in records):
+            self._flush()  # still deferred: submitted first, so there is a copy to wait for
+        handles = [r.handle for r in records if r.handle is not None and r.device == device]
+        released = 0
+        if handles and device.type == "cuda":
+            released = self.client._release_sources(handles, torch.cuda.current_stream(device))
+        for r in records:
+            r.released = True
+        if released:
+            self.stats.released_storages += released
+            self.stats.released_bytes += sum(h.nbytes for h in handles if h._released)
 
     def _bound_inflight(self, handle, nbytes):
         """CUDA: a source's memory is released only once its copy is known (on the host) to have
@@ -422,46 +566,52 @@ class ActivationOffloader:
     # -- unpack (backward) --
 
     def _unpack(self, saved):
-        if isinstance(saved, _KeptSite):
-            self._budget.used(saved.site, saved.tensor.device)
-            with torch.no_grad(), self._lock:
-                self._start_planned(saved.site)
+        cls = type(saved)
+        if cls is _KeptSite:
+            self._on_use(saved.site, saved.tensor.device)
             return saved.tensor
-        if not isinstance(saved, _Saved):
+        if cls is not _Saved:
             return saved
-        if saved.site is not None:
-            self._budget.used(saved.site, saved.record.device)
         record = saved.record
-        with torch.no_grad(), self._lock:
+        planned = saved.site is not None
+        if planned:
+            self._on_use(saved.site, record.device)
+        with self._lock:
             if self._deferred:
                 self._flush()  # backward began: whatever forward saved goes out now
-            # The one needed now is submitted first, then the ones ahead: those the budget's plan
-            # starts at this point of backward (just early enough), or else the next `prefetch`
-            # in reverse order of offload (the order backward needs them); then we take this one.
+            if self._held:
+                self._release_held(record.device)  # a forward that ended before its barrier
+            # The one needed now is submitted first, then the ones ahead: those the plan starts
+            # at this point of backward (just early enough: _on_use), or else the next
+            # `prefetch` in reverse order of offload (the order backward needs them); then we
+            # take this one.
             self._start(record, prefetch=False)
-            if not (saved.site is not None and self._start_planned(saved.site)):
+            if not planned:
                 self._prefetch_before(record)
             flat = self._finish(record)
-            return _view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
+        return _view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
 
-    def _start_planned(self, site):
-        """Starts the reloads the budget's plan has begin at the first use of `site`. Returns
-        whether a plan is followed this step (then the count-based prefetch stays off)."""
-        if self._budget is None or self._budget.plan is None:
-            return False
-        due = self._budget.reloads_due(site)
-        if not self._budget.following_plan():
-            return False
-        ahead = []
-        for other_site in due:
-            ref = self._site_records.get(other_site)
-            other = ref() if ref is not None else None
-            if (other is not None and other.tensor is None and other.pending is None
-                    and all(other is not a for a in ahead)):
-                ahead.append(other)
-        self._start_records(ahead, prefetch=True)  # as one batch
-        self.stats.planned_prefetches += len(ahead)
-        return True
+    def _on_use(self, site, device):
+        """Backward uses a wrapped site: the calibration's stamp, the timed step's end, or the
+        reloads the plan starts here."""
+        plan = self._plan
+        if plan is None:
+            self._budget.used(site, device)
+            return
+        if site == plan.timing_site:
+            self._budget.used(site, device)
+        due = plan.triggers.get(site)
+        if due:
+            ahead = []
+            for other_site in due:
+                ref = self._site_records.get(other_site)
+                other = ref() if ref is not None else None
+                if other is not None and other.tensor is None and other.pending is None:
+                    ahead.append(other)  # (_start_records skips a record given twice)
+            if ahead:
+                with self._lock:
+                    self._start_records(ahead, prefetch=True)  # as one batch
+                self.stats.planned_prefetches += len(ahead)
 
     def _start(self, record, prefetch):
         self._start_records([record], prefetch)
@@ -474,13 +624,16 @@ class ActivationOffloader:
         backward work queued in between. (Prefetches used to be allocated on a side stream, whose
         allocations come from a pool of their own that the consumer stream never reuses:
         reserved memory grew by 3 GiB on model a and, with expandable segments, crept for ten
-        steps; issue 28.)"""
+        steps; issue 28.) Each object is freed by its reload (a record is reloaded once: the
+        bytes stay with it for every later unpack), not by a separate free."""
         todo = collections.OrderedDict()  # device -> [record]
         seen = set()
         for record in records:
             if record.tensor is not None or record.pending is not None or id(record) in seen:
                 continue
             seen.add(id(record))
+            if record.handle is None:
+                self._flush()
             if record.handle.failed:
                 self.stats.fallbacks += 1  # the offload failed: the handle kept the data
             if record.device.type == "cuda":
@@ -497,7 +650,18 @@ class ActivationOffloader:
             # CUDA: allocated on the current stream, which waits (GPU) for the copies: at once
             # for a reload needed now, at the first use (_finish: result()) for a prefetch.
             # CPU: submitted now, taken in _finish.
-            started = client._start_reload_batch(handles, defer=prefetch)
+            try:
+                started = client._start_reload_batch(handles, free=True, defer=prefetch)
+            except _errors.TierError as e:
+                lost = [r for r in group if r.released and r.handle.failed]
+                if lost:
+                    raise RuntimeError(
+                        "tier.torch: %d saved activation(s) (%d bytes) were lost: the offload "
+                        "failed (%s) after the plan had handed the GPU memory back to PyTorch. "
+                        "Give tierd room for a step's offloads (pool_bytes, the session's "
+                        "quota), or plan with less offload." % (
+                            len(lost), sum(r.nbytes for r in lost), e)) from e
+                raise
             for record, pending in zip(group, started):
                 record.pending = pending
                 if prefetch:
