@@ -79,7 +79,8 @@ __all__ = ["checkpoint", "offload_activations", "no_offload", "offload_module_we
            "ActivationOffloader", "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
            "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
            "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
-           "get_act_offloading_ctx_manager", "apply_group_offloading"]
+           "get_act_offloading_ctx_manager", "apply_group_offloading", "plan_activations",
+           "ActivationPlanner"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
@@ -980,6 +981,42 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
     return WeightOffloader(module, group=group, client=client, blocks=blocks)
 
 
+# ---- the joint planner: keep, offload or recompute ---------------------------------------------
+
+def plan_activations(model, target_bytes=None, max_overhead=None, recompute=("selective", "full"),
+                     offload=True, blocks=None, selective_policy=None,
+                     min_bytes=DEFAULT_MIN_BYTES, client=None, link=None, verbose=True):
+    """Plans, for each of ``model``'s blocks, whether its activations are kept (and which of its
+    saved tensors tierd offloads) or recomputed in backward by PyTorch's own checkpointing
+    (``torch.utils.checkpoint``, non-reentrant; selectively, with selective checkpoint contexts,
+    or fully), to meet ``target_bytes`` of activation memory (``torch.cuda.max_memory_allocated``
+    above the step's start) at the least step time, or to save the most memory within
+    ``max_overhead`` (a fraction of the step; the default, 0.05, when neither is given). Create
+    it once and enter it every step::
+
+        plan = tier.torch.plan_activations(model, target_bytes=8 << 30)
+        for batch in data:
+            with plan:
+                loss = model(**batch).loss
+                loss.backward()
+            optimizer.step(); optimizer.zero_grad()
+
+    The first step (more where a kind of block occurs fewer than three times) calibrates; then
+    the plan is printed (``verbose``) and followed. ``recompute``: the recompute modes allowed
+    (``()``: offload only); ``offload=False``: recompute only; ``blocks``: the modules to plan
+    (default: the model's largest nn.ModuleList); ``selective_policy``: a policy function for
+    ``create_selective_checkpoint_contexts`` (default: keep matmul and attention outputs).
+    ``link``: ``(d2h, h2d)`` bytes/s instead of tierd's figure. Returns the
+    :class:`~tier._plan_activations.ActivationPlanner` (``.plan``, ``.summary()``, ``.stats``,
+    ``.remove()``). See tier/_plan_activations.py and tier/_activation_planner.py.
+    """
+    return ActivationPlanner(model, target_bytes=target_bytes, max_overhead=max_overhead,
+                             recompute=recompute, offload=offload, blocks=blocks,
+                             selective_policy=selective_policy, min_bytes=min_bytes,
+                             client=client, link=link, verbose=verbose)
+
+
 # Drop-in surfaces for torchtune's and diffusers' offloaders (tier/_dropin.py), over the above.
 from ._dropin import (NoOpManager, OffloadActivations, apply_group_offloading,  # noqa: E402,F401
                       get_act_offloading_ctx_manager)
+from ._plan_activations import ActivationPlanner  # noqa: E402

@@ -1,0 +1,173 @@
+"""The joint planner's arithmetic (tier/_activation_planner.py) on made-up steps: no daemon."""
+
+import pytest
+
+from tier import _activation_planner as ap
+from tier._offload_planner import OFFLOAD, Link
+
+MB = 1 << 20
+GB = 1e9
+LINK = Link(55 * GB, 55 * GB)
+
+
+def _keep_sites(total=900 * MB, n=10, fwd=3e-3, bwd=6e-3):
+    """n saved tensors over a block's forward; backward needs them in reverse."""
+    return tuple(ap.TemplateSite(total // n, fwd * i / n, bwd * (n - 1 - i) / n, True)
+                 for i in range(n))
+
+
+def llama_like(n=16, keep_fwd=3e-3, keep_bwd=6e-3, extra=430 * MB, sel_fwd=3.1e-3,
+               sel_bwd=6.6e-3, full_bwd=9e-3, input_bytes=32 * MB):
+    """A 1B-like layer: 900 MB saved, 3 ms forward, 6 ms backward; selective keeps 430 MB of
+    matmul outputs for 0.7 ms more; full recompute keeps its 32 MB input for 3 ms more."""
+    inp = (ap.TemplateSite(input_bytes, 0.0, 0.0, True),)
+    modes = {"keep": ap.ModeProfile(keep_fwd, keep_bwd, _keep_sites(fwd=keep_fwd, bwd=keep_bwd),
+                                    0),
+             "selective": ap.ModeProfile(sel_fwd, sel_bwd, inp, extra),
+             "full": ap.ModeProfile(keep_fwd, full_bwd, inp, 0)}
+    return ap.StepProfile(["L"] * n, {"L": modes}, pre_sites=[(16 * MB, 1e-4)],
+                          post_sites=[64 * MB], pre_s=1e-3, post_s=5e-3, tail_s=1e-3)
+
+
+def test_baseline_is_the_step_as_it_runs():
+    prof = llama_like()
+    jp = ap.choose(prof, LINK, max_overhead=0.0, offload=False, modes=("keep",))
+    base = jp.baseline
+    assert base.step_s == pytest.approx(1e-3 + 16 * 3e-3 + 5e-3 + 16 * 6e-3 + 1e-3)
+    # Every block's 900 MB, the outside 80 MB.
+    assert base.peak_bytes == 16 * 900 * MB // 10 * 10 + 80 * MB
+    assert jp.best.modes == ["keep"] * 16 and jp.best.offloaded_bytes == 0
+
+
+def test_within_no_overhead_only_what_the_link_hides_in_forward_is_offloaded():
+    prof = llama_like()
+    jp = ap.choose(prof, LINK, max_overhead=0.0, modes=("keep",))
+    best = jp.best
+    assert best.modes == ["keep"] * 16
+    forward = 16 * 3e-3
+    # The link bound: forward time x D2H rate (less the last tensors, which land too late).
+    assert 0.7 * forward * LINK.d2h <= best.offloaded_bytes <= forward * LINK.d2h
+    assert best.step_s <= jp.baseline.step_s * 1.005
+    assert best.peak_bytes == jp.baseline.peak_bytes - best.offloaded_bytes
+    # The earliest blocks' tensors, the longest-lived.
+    assert min(s.index for s in best.chosen) == 1  # the first candidate after the pre site
+
+
+def test_at_full_recomputes_peak_the_plan_is_faster_than_full_recompute():
+    prof = llama_like()
+    full = ap.evaluate(prof, ("full",) * 16, LINK, offload=False)
+    jp = ap.choose(prof, LINK, target_bytes=full.peak_bytes)
+    assert jp.met_target and jp.best.peak_bytes <= full.peak_bytes
+    assert jp.best.step_s < full.step_s
+    # Early blocks keep (and offload), late ones recompute.
+    modes = jp.best.modes
+    assert modes[0] == "keep" or jp.best.offloaded_bytes > 0
+    assert modes[-1] != "keep"
+    assert "full recompute" in jp.references and "selective everywhere" in jp.references
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.4, 0.55, 0.7, 0.85])
+def test_never_worse_than_recompute_selective_or_offload_alone(fraction):
+    prof = llama_like()
+    base = ap.evaluate(prof, ("keep",) * 16, LINK, offload=False)
+    target = int(fraction * base.peak_bytes)
+    jp = ap.choose(prof, LINK, target_bytes=target)
+    pure = [ap.evaluate(prof, (m,) * 16, LINK, offload=False) for m in ("full", "selective")]
+    pure.append(ap.evaluate(prof, ("keep",) * 16, LINK))  # offload what hides
+    meeting = [e for e in pure if e.peak_bytes <= target]
+    if meeting:
+        assert jp.met_target
+        assert jp.best.step_s <= min(e.step_s for e in meeting) + 1e-12
+
+
+def test_the_least_memory_within_an_overhead_budget():
+    prof = llama_like()
+    jp = ap.choose(prof, LINK, max_overhead=0.05)
+    assert jp.within_budget and jp.best.step_s <= 1.05 * jp.baseline.step_s + 1e-12
+    # More than offload can do alone within the same budget.
+    alone = ap.choose(prof, LINK, max_overhead=0.05, modes=("keep",))
+    assert jp.best.peak_bytes < alone.best.peak_bytes
+
+
+def test_a_target_out_of_reach_gives_the_least_memory_and_says_so():
+    prof = llama_like()
+    jp = ap.choose(prof, LINK, target_bytes=1)
+    assert not jp.met_target
+    assert any("no plan reaches" in n for n in jp.notes)
+    full = ap.evaluate(prof, ("full",) * 16, LINK, offload=False)
+    assert jp.best.peak_bytes <= full.peak_bytes
+    assert "NOT met" in jp.summary()
+
+
+def test_the_budget_wins_over_the_target_and_says_so():
+    prof = llama_like()
+    jp = ap.choose(prof, LINK, target_bytes=1, max_overhead=0.02)
+    assert jp.within_budget and not jp.met_target
+    assert any("out of reach within the overhead budget" in n for n in jp.notes)
+
+
+def test_without_recompute_the_offload_only_plan_may_stall_to_meet_a_target():
+    prof = llama_like()
+    base = ap.evaluate(prof, ("keep",) * 16, LINK, offload=False)
+    jp = ap.choose(prof, LINK, target_bytes=base.peak_bytes // 2, modes=("keep",))
+    assert jp.met_target and jp.best.how == "offload-only plan"
+    assert jp.best.step_s > base.step_s  # it waits for the link
+
+
+def test_the_step_plan_matches_the_layout():
+    prof = llama_like()
+    full = ap.evaluate(prof, ("full",) * 16, LINK, offload=False)
+    jp = ap.choose(prof, LINK, target_bytes=full.peak_bytes)
+    sp = jp.step_plan
+    lay = ap.Layout(prof, jp.best.modes)
+    assert sp.count == lay.count
+    offloaded = set(sp.offloaded)
+    assert offloaded == {s.index for s in jp.best.chosen}
+    assert all(sp.actions[i] == OFFLOAD for i in offloaded)
+    if offloaded:
+        assert sp.barrier == sp.count - 1
+        released = {i for sites in sp.releases.values() for i in sites}
+        assert released <= offloaded
+        assert all(point < sp.count for point in sp.releases)
+    assert 0 <= sp.timing_site < sp.count
+
+
+def test_views_follow_their_storage():
+    # A block saving one storage three times (q, k, v views): 100 MB once, all offloaded or none.
+    sites = (ap.TemplateSite(100 * MB, 0.0, 1e-3, True), ap.TemplateSite(0, 1e-4, 1e-3, True),
+             ap.TemplateSite(0, 2e-4, 1e-3, True))
+    prof = ap.StepProfile(["B"] * 2, {"B": {"keep": ap.ModeProfile(1e-2, 2e-2, sites, 0)}})
+    jp = ap.choose(prof, LINK, max_overhead=0.0)
+    assert jp.baseline.peak_bytes == 200 * MB
+    sp = jp.step_plan
+    first_block = {i for i in sp.offloaded if i < 3}
+    assert first_block in (set(), {0, 1, 2})
+
+
+def test_storages_saved_outside_the_block_are_not_offloaded():
+    sites = (ap.TemplateSite(100 * MB, 0.0, 1e-3, False), ap.TemplateSite(50 * MB, 1e-4, 1e-3, True))
+    prof = ap.StepProfile(["B"], {"B": {"keep": ap.ModeProfile(1e-2, 2e-2, sites, 0)}})
+    jp = ap.choose(prof, LINK, max_overhead=0.0)
+    assert 0 not in jp.step_plan.offloaded
+
+
+def test_only_measured_modes_are_used():
+    prof = llama_like()
+    del prof.modes["L"]["selective"]
+    assert prof.allowed(ap.MODES) == ["keep", "full"]
+    jp = ap.choose(prof, LINK, target_bytes=1)
+    assert "selective" not in jp.best.modes
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(max_overhead=-1), dict(target_bytes=-5)])
+def test_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        ap.choose(llama_like(), LINK, **kwargs)
+
+
+def test_a_28_block_search_is_quick():
+    import time
+    prof = llama_like(n=28)
+    t0 = time.perf_counter()
+    ap.choose(prof, LINK, target_bytes=2 << 30)
+    assert time.perf_counter() - t0 < 20

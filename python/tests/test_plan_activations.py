@@ -1,0 +1,285 @@
+"""tier.torch.plan_activations on CPU against a real tierd (host engine): calibration, the plan
+followed, and results bit-identical to the same recompute without tierd (a deterministic model:
+eager attention, fp32), also under delay injection."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tier
+import tier.torch as tt
+from tier import _activation_planner as ap
+from tier import _plan_activations as pa
+
+needs_sac = pytest.mark.skipif(not pa.selective_available(),
+                               reason="selective checkpointing needs torch >= 2.4")
+
+
+class Block(nn.Module):
+    """A pre-norm MLP block with a written-out attention-like mixing (eager, deterministic)."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.qk = nn.Linear(d, 2 * d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x, scale=None):
+        h = self.norm(x)
+        q, k = self.qk(h).chunk(2, dim=-1)
+        att = (q @ k.transpose(-2, -1)).softmax(-1)
+        h = att @ h
+        out = x + self.fc2(torch.nn.functional.gelu(self.fc1(h)))
+        return out * scale if scale is not None else out
+
+
+class Net(nn.Module):
+    def __init__(self, d=64, layers=6):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _batches(steps, shape=(4, 32, 64)):
+    return [torch.randn(*shape, generator=torch.Generator().manual_seed(i)) for i in range(steps)]
+
+
+def _step(model, x):
+    model.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def force_modes(monkeypatch, modes):
+    """The planner follows `modes` (offloading what the link hides in them) whatever the
+    measurements say: CPU timings are noise, and the test wants every mode and offload at once."""
+    real = ap.choose
+
+    def forced(profile, link, **kwargs):
+        jp = real(profile, link, **kwargs)
+        jp.best = ap.evaluate(profile, tuple(modes), link, offload=kwargs.get("offload", True))
+        jp.step_plan = ap.step_plan(jp.best, link)
+        jp.met_target = jp.within_budget = True
+        return jp
+    monkeypatch.setattr(ap, "choose", forced)
+
+
+def _run_planned(client, modes, monkeypatch, steps=5, model=None, **kwargs):
+    """(losses and grads per step, the modes of each step, the planner) of a planned run; and
+    the same steps run by a model copy in the same modes step by step, without tierd."""
+    torch.manual_seed(0)
+    model = model or Net()
+    ref = copy.deepcopy(model)
+    force_modes(monkeypatch, modes)
+    plan = tt.plan_activations(model, target_bytes=1, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False, **kwargs)
+    ref_modes = pa.BlockModes(ref.layers)
+    got, want, seen = [], [], []
+    for x in _batches(steps):
+        with plan:
+            step_modes = list(plan._blocks.modes)
+            got.append(_step(model, x))
+        seen.append(step_modes)
+        ref_modes.modes = step_modes
+        ref_modes.active = True
+        want.append(_step(ref, x))
+        ref_modes.active = False
+    return got, want, seen, plan
+
+
+def _assert_identical(got, want):
+    for step, ((loss, grads), (ref_loss, ref_grads)) in enumerate(zip(got, want)):
+        assert torch.equal(loss, ref_loss), "step %d: loss %r, without tierd %r" % (
+            step, loss, ref_loss)
+        for i, (g, r) in enumerate(zip(grads, ref_grads)):
+            assert torch.equal(g, r), "step %d: gradient %d differs" % (step, i)
+
+
+@needs_sac
+def test_planned_steps_bit_identical_to_the_same_recompute_without_tierd(client, monkeypatch):
+    modes = ["keep", "keep", "selective", "full", "keep", "full"]
+    got, want, seen, plan = _run_planned(client, modes, monkeypatch)
+    _assert_identical(got, want)
+    # Warm-up (all full), calibration (one block per mode), then the plan.
+    assert seen[0] == ["full"] * 6
+    assert sorted(set(seen[1])) == ["full", "keep", "selective"]
+    assert seen[2:] == [modes] * 3
+    assert plan.stats.calibration_steps == 1 and plan.stats.plans == 1
+    s = plan.offloader.stats
+    assert s.offloaded_storages > 0  # the kept blocks' tensors and recomputed blocks' inputs
+    assert s.reloads + s.prefetches + s.source_hits == s.offloaded_storages
+
+
+@needs_sac
+def test_bit_identical_under_delay_injection(make_daemon, monkeypatch):
+    d = make_daemon(extra=("--copy_delay_us=500",))
+    with tier.Client(socket=d.socket, name="planner-delay") as c:
+        got, want, _, plan = _run_planned(c, ["keep", "selective", "full", "keep", "keep",
+                                              "full"], monkeypatch, steps=4)
+        assert plan.offloader.stats.offloaded_storages > 0
+    _assert_identical(got, want)
+
+
+@needs_sac
+def test_recompute_alone_is_bit_identical_to_no_recompute(client):
+    """The deterministic model computes the same in every mode: the planner's recompute changes
+    nothing but memory and time."""
+    torch.manual_seed(0)
+    model = Net()
+    ref = copy.deepcopy(model)
+    plan = tt.plan_activations(model, max_overhead=0.5, client=client, min_bytes=0,
+                               verbose=False, offload=False)
+    for x in _batches(4):
+        with plan:
+            got = _step(model, x)
+        _assert_identical([got], [_step(ref, x)])
+    assert plan.offloader.stats.offloaded_storages == 0
+
+
+def test_offload_only_when_recompute_is_not_allowed(client):
+    torch.manual_seed(0)
+    net = Net()
+    plan = tt.plan_activations(net, max_overhead=0.5, recompute=(), client=client,
+                               min_bytes=0, link=(1e15, 1e15), verbose=False)
+    assert plan.allowed == ("keep",)
+    for x in _batches(3):
+        with plan:
+            _step(net, x)
+    assert plan.plan is not None and set(plan.modes) == {"keep"}
+    assert plan.offloader.stats.offloaded_storages > 0
+
+
+def test_the_summary_is_printed_and_says_what_was_chosen(client, capsys):
+    torch.manual_seed(0)
+    net = Net()
+    plan = tt.plan_activations(net, max_overhead=0.05, client=client, min_bytes=0,
+                               link=(1e15, 1e15))
+    for x in _batches(3):
+        with plan:
+            _step(net, x)
+    err = capsys.readouterr().err
+    assert "tier.torch.plan_activations:" in err and "predicted: step" in err
+    assert "overhead budget 5.0%" in err
+    assert plan.summary().splitlines()[0] in err
+
+
+def test_an_unreachable_target_warns(client):
+    torch.manual_seed(0)
+    net = Net(layers=3)
+    plan = tt.plan_activations(net, target_bytes=1, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False)
+    with pytest.warns(RuntimeWarning, match="no plan reaches the target"):
+        for x in _batches(4):
+            with plan:
+                _step(net, x)
+    assert not plan.plan.met_target
+
+
+def test_few_blocks_of_a_kind_take_more_calibration_steps(client):
+    torch.manual_seed(0)
+    net = Net(layers=2)  # three modes to measure, two blocks: two calibration steps
+    plan = tt.plan_activations(net, max_overhead=0.05, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False)
+    for x in _batches(4):
+        with plan:
+            _step(net, x)
+    allowed = set(plan.allowed)
+    assert plan.stats.calibration_steps == (2 if allowed == set(ap.MODES) else 1)
+    assert plan.plan is not None
+
+
+def test_a_model_without_blocks_plans_offload_only(client):
+    net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    plan = tt.plan_activations(net, max_overhead=0.05, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False, blocks=[])
+    assert plan.allowed == ("keep",) and any("no blocks" in n for n in plan.notes)
+
+
+def test_remove_restores_the_blocks(client):
+    net = Net(layers=2)
+    before = [b.forward for b in net.layers]
+    plan = tt.plan_activations(net, client=client, verbose=False)
+    assert all(isinstance(b.__dict__.get("forward"), type(pa.functools.partial(print)))
+               for b in net.layers)
+    plan.remove()
+    assert all("forward" not in b.__dict__ for b in net.layers)
+    assert [b.forward.__func__ for b in net.layers] == [f.__func__ for f in before]
+
+
+def test_keyword_arguments_reach_recomputed_blocks(client, monkeypatch):
+    class KwNet(Net):
+        def forward(self, x):
+            x = self.inp(x)
+            for layer in self.layers:
+                x = layer(x, scale=0.5)
+            return self.head(x)
+    torch.manual_seed(0)
+    got, want, _, _ = _run_planned(client, ["full"] * 6, monkeypatch, steps=3, model=KwNet(),
+                                   recompute=("full",))
+    _assert_identical(got, want)
+
+
+def test_a_block_called_with_a_kv_cache_is_not_recomputed():
+    blocks = pa.BlockModes([Block()])
+    blocks.modes = ["full"]
+    blocks.active = True
+    calls = []
+    blocks.observer = type("O", (), {"block_begins": lambda s, b, m, a, k: calls.append(m),
+                                     "block_ends": lambda s, b, m, o: None})()
+    x = torch.randn(2, 4, 64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="KV cache"):
+        blocks._run(0, lambda x, use_cache=None: x * 2, x, use_cache=True)
+    assert calls == ["keep"]
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_overhead=-1), dict(target_bytes=-1),
+                                    dict(recompute=("sometimes",))])
+def test_bad_arguments_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        tt.plan_activations(Net(layers=1), **kwargs)
+
+
+def test_hf_llama_planned_steps_identical(client, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    if not pa.selective_available():
+        pytest.skip("selective checkpointing needs torch >= 2.4")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   max_position_embeddings=128, use_cache=False)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    ref = copy.deepcopy(model)
+    modes = ["keep", "selective", "full", "keep"]
+    force_modes(monkeypatch, modes)
+    plan = tt.plan_activations(model, target_bytes=1, client=client, min_bytes=4096,
+                               link=(1e15, 1e15), verbose=False)
+    ref_modes = pa.BlockModes(ref.model.layers)
+    for step in range(4):
+        ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(step))
+        model.zero_grad()
+        ref.zero_grad()
+        with plan:
+            step_modes = list(plan._blocks.modes)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        ref_modes.modes, ref_modes.active = step_modes, True
+        ref_loss = ref(input_ids=ids, labels=ids).loss
+        ref_loss.backward()
+        ref_modes.active = False
+        assert torch.equal(loss, ref_loss)
+        for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad, r.grad), name
+    assert plan.modes == modes
+    assert plan.offloader.stats.offloaded_storages > 0

@@ -1,0 +1,417 @@
+"""Which blocks to recompute (fully, or selectively) and which saved tensors to offload: the
+arithmetic behind ``tier.torch.plan_activations``. A pure function of measurements: no torch, no
+daemon, unit-tested on made-up steps (tests/test_activation_planner.py).
+
+The model. A step is: what runs before the first block (``pre_s``), each block's forward in
+order, what runs between the last block's forward and its backward (``post_s``: the head, the
+loss, the head's backward), each block's backward in reverse order, then the rest (``tail_s``).
+Each block runs in one of three modes, and a calibration measured each mode once per kind of
+block (a signature: the same class and shapes):
+
+* ``keep``: nothing recomputed; every tensor the block saves for backward goes through the
+  saved-tensor hooks, and may be offloaded.
+* ``selective``: torch.utils.checkpoint with selective checkpoint contexts: the outputs of the
+  expensive ops (matmuls, attention) are kept aside by PyTorch (``extra_bytes``, never offloaded),
+  the rest is recomputed in backward; the block's inputs go through the hooks.
+* ``full``: torch.utils.checkpoint: only the block's inputs are saved (through the hooks); its
+  forward runs again in backward.
+
+Per mode a block has a forward and a backward time (recompute included) and its saved tensors,
+each with its bytes, when forward saved it (seconds after the block's forward began) and when
+backward first needs it (seconds after the block's backward began). Views of one storage count
+once (their first save); a storage also saved outside the block's window is never offloaded.
+
+Memory. At the end of forward every block holds what it saved (less what was offloaded, which a
+barrier there takes off: tier/_offload_planner.py), plus what runs outside the blocks keeps; the
+activation peak is that, or during a block's backward, what the blocks before it hold plus the
+whole of its activations again (recomputed, or reloaded), whichever is larger; plus an offset the
+calibration measured (the head's logits and loss, workspaces: the same in every plan).
+
+Time. The blocks' times in their modes plus the outside times plus the link's overhead (the
+simulation of the offloads and reloads, the barrier's stall included).
+
+The search. Offloading is cheapest where the link has time: blocks early in forward, whose
+tensors are needed late in backward. Recompute frees more bytes per second of step time than a
+stall for the link would (a block recomputes several hundred MB in the milliseconds the link
+needs for one hundred), so offloads are taken only as far as they hide (fill_link), and the
+remaining memory is bought with recompute: the first blocks keep (and offload), the last ones
+recompute. Every split (how many selective, how many full, in either order) is evaluated; the
+offload-only plan of the budget (tier/_offload_planner.plan, which may stall to meet a target)
+is one more candidate. The answer: the least step time that meets ``target_bytes``, or the least
+memory within ``max_overhead`` (both: the target at the least time within the budget; if none
+does, the budget wins and the plan says how far from the target it stayed).
+"""
+
+import collections
+
+from . import _offload_planner as op
+
+MODES = ("keep", "selective", "full")
+
+TemplateSite = collections.namedtuple("TemplateSite", "nbytes produced needed offloadable")
+TemplateSite.__doc__ = """One candidate a block saves in a mode: ``nbytes`` of its storage (0 for
+a later view of a storage the block saved before), ``produced`` seconds after the block's
+forward began, ``needed`` seconds after its backward began, ``offloadable``: a first view whose
+storage no other window saved."""
+
+ModeProfile = collections.namedtuple("ModeProfile", "fwd_s bwd_s sites extra_bytes")
+ModeProfile.__doc__ = """A block of one signature in one mode: forward and backward seconds
+(recompute included), its candidates in save order (TemplateSite), and ``extra_bytes`` it keeps
+outside the hooks at the end of forward (selective checkpointing's saved outputs)."""
+
+
+class StepProfile:
+    """What a calibration measured. ``blocks``: the signature of each block, in forward order.
+    ``modes``: {signature: {mode: ModeProfile}}. ``pre_sites``: the candidates saved before the
+    first block (never offloaded): (nbytes, needed seconds after block 0's backward ended).
+    ``post_sites``: the candidates saved after the last block's forward (never offloaded):
+    their bytes. ``pre_s``, ``post_s``, ``tail_s``: the times outside the blocks (see the module
+    docstring). ``peak_offset``: the measured activation peak minus the model's for the
+    calibration step (0 where it cannot be measured)."""
+
+    def __init__(self, blocks, modes, pre_sites=(), post_sites=(), pre_s=0.0, post_s=0.0,
+                 tail_s=0.0, peak_offset=0):
+        self.blocks = list(blocks)
+        self.modes = modes
+        self.pre_sites = [tuple(s) for s in pre_sites]
+        self.post_sites = [int(b) for b in post_sites]
+        self.pre_s = float(pre_s)
+        self.post_s = float(post_s)
+        self.tail_s = float(tail_s)
+        self.peak_offset = int(peak_offset)
+
+    def allowed(self, modes):
+        """The modes every block has a profile for, among `modes` (keep always)."""
+        out = []
+        for mode in MODES:
+            if mode == "keep" or (mode in modes and all(mode in self.modes[sig]
+                                                        for sig in self.blocks)):
+                out.append(mode)
+        return out
+
+
+class Evaluation:
+    """One plan's predictions: ``step_s``, ``peak_bytes`` (the model's activation peak with the
+    calibration's offset), ``offloaded_bytes``; and what the offloader needs: ``count``
+    (candidates in the step), ``sites`` (planner Sites, global candidate index), ``chosen``
+    (offloaded Sites), ``members`` ({first view: [its views]}), ``sim``, ``timing_site``."""
+
+    __slots__ = ("modes", "step_s", "peak_bytes", "offloaded_bytes", "overhead_s", "count",
+                 "sites", "chosen", "members", "sim", "forward_end", "timing_site",
+                 "block_bytes", "how")
+
+    def as_dict(self):
+        return {"modes": list(self.modes), "step_s": self.step_s, "peak_bytes": self.peak_bytes,
+                "offloaded_bytes": self.offloaded_bytes, "overhead_s": self.overhead_s,
+                "offloaded_sites": len(self.chosen), "how": self.how}
+
+
+class Layout:
+    """The timeline and candidates of a step in given modes (no offload decided yet)."""
+
+    def __init__(self, profile, modes):
+        if len(modes) != len(profile.blocks):
+            raise ValueError("%d modes for %d blocks" % (len(modes), len(profile.blocks)))
+        self.modes = list(modes)
+        per = [profile.modes[sig][m] for sig, m in zip(profile.blocks, modes)]
+        t = profile.pre_s
+        fwd_start = []
+        for p in per:
+            fwd_start.append(t)
+            t += p.fwd_s
+        self.forward_end = t
+        t += profile.post_s
+        bwd_start = [0.0] * len(per)
+        for b in range(len(per) - 1, -1, -1):
+            bwd_start[b] = t
+            t += per[b].bwd_s
+        blocks_end = t
+        self.base_step = t + profile.tail_s
+        # Candidates in save order: before the blocks, each block's, after them.
+        index = 0
+        self.sites = []      # planner Sites of offloadable first views
+        self.members = {}    # first view -> its later views in the same block
+        self.timing = (-1.0, -1)
+        for nbytes, needed in profile.pre_sites:
+            self._time(blocks_end + needed, index)
+            index += 1
+        self.block_bytes = []   # per block: (bytes it keeps at the end of forward, its whole)
+        for b, p in enumerate(per):
+            first = None
+            kept = p.extra_bytes
+            for k, s in enumerate(p.sites):
+                if s.nbytes > 0:
+                    first = index
+                    kept += s.nbytes
+                    if s.offloadable:
+                        self.sites.append(op.Site(index, s.nbytes, fwd_start[b] + s.produced,
+                                                  bwd_start[b] + s.needed))
+                        self.members[index] = [index]
+                elif first is not None and first in self.members:
+                    self.members[first].append(index)
+                self._time(bwd_start[b] + s.needed, index)
+                index += 1
+            self.block_bytes.append(kept)
+        for _ in profile.post_sites:
+            index += 1
+        self.count = index
+        self.outside_bytes = sum(n for n, _ in profile.pre_sites) + sum(profile.post_sites)
+        self.pre_bytes = sum(n for n, _ in profile.pre_sites)
+        # The whole of a block's activations during its backward: what it saves kept, whatever
+        # the mode it runs in (recomputed or reloaded, it is all there again).
+        self.whole = [_keep_bytes(profile.modes[sig]) for sig in profile.blocks]
+
+    def _time(self, needed, index):
+        if needed > self.timing[0]:
+            self.timing = (needed, index)
+
+    def peak(self, offloaded_by_block, offset):
+        """The model's activation peak given the bytes offloaded from each block."""
+        kept = [k - o for k, o in zip(self.block_bytes, offloaded_by_block)]
+        peak = self.outside_bytes + sum(kept)
+        below = self.pre_bytes
+        for b in range(len(kept)):
+            peak = max(peak, below + self.whole[b])
+            below += kept[b]
+        return peak + offset
+
+
+def _keep_bytes(modes):
+    keep = modes.get("keep")
+    if keep is None:
+        return max(sum(s.nbytes for s in p.sites) + p.extra_bytes for p in modes.values())
+    return sum(s.nbytes for s in keep.sites) + keep.extra_bytes
+
+
+def evaluate(profile, modes, link, offload=True, tolerance_s=0.0, chosen=None, how=None):
+    """The predictions of running the blocks in ``modes`` and offloading (by default) what the
+    link moves by the end of forward without stalling it (``chosen``: these instead)."""
+    lay = Layout(profile, modes)
+    if chosen is None:
+        chosen = op.fill_link(lay.sites, lay.forward_end, link) if offload else []
+        sim = op.simulate(chosen, lay.forward_end, link, barrier=True)
+        # Reloads late for their use (sites needed early in backward): drop the latest-saved
+        # until the link's overhead is within the tolerance.
+        while chosen and sim.overhead > tolerance_s:
+            chosen = sorted(chosen, key=lambda s: (s.produced, s.index))[:-1]
+            sim = op.simulate(chosen, lay.forward_end, link, barrier=True)
+    else:
+        sim = op.simulate(chosen, lay.forward_end, link, barrier=True)
+    return _finish(profile, lay, modes, chosen, sim, how or ("fill" if offload else "none"))
+
+
+def _finish(profile, lay, modes, chosen, sim, how):
+    e = Evaluation()
+    e.modes = list(modes)
+    e.count = lay.count
+    e.sites = lay.sites
+    e.chosen = list(chosen)
+    e.members = lay.members
+    e.sim = sim
+    e.forward_end = lay.forward_end
+    e.timing_site = lay.timing[1]
+    e.overhead_s = sim.overhead
+    e.step_s = lay.base_step + sim.overhead
+    e.offloaded_bytes = sum(s.nbytes for s in chosen)
+    e.how = how
+    by_block = [0] * len(modes)
+    if chosen:
+        starts = _block_starts(profile, modes, lay)
+        for s in chosen:
+            by_block[_bisect_right(starts, s.index) - 1] += s.nbytes
+    e.block_bytes = lay.block_bytes
+    e.peak_bytes = lay.peak(by_block, profile.peak_offset)
+    return e
+
+
+def _block_starts(profile, modes, lay):
+    starts = []
+    index = len(profile.pre_sites)
+    for sig, m in zip(profile.blocks, modes):
+        starts.append(index)
+        index += len(profile.modes[sig][m].sites)
+    return starts
+
+
+def _bisect_right(a, x):
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def candidates(n, allowed):
+    """The mode assignments searched: the first blocks keep, the rest recompute, selective then
+    full or full then selective; every split."""
+    sel = "selective" in allowed
+    full = "full" in allowed
+    seen = set()
+    for n_full in range(n + 1 if full else 1):
+        for n_sel in range(n - n_full + 1 if sel else 1):
+            n_keep = n - n_full - n_sel
+            for tail in (["selective"] * n_sel + ["full"] * n_full,
+                         ["full"] * n_full + ["selective"] * n_sel):
+                modes = tuple(["keep"] * n_keep + tail)
+                if modes not in seen:
+                    seen.add(modes)
+                    yield modes
+
+
+class JointPlan:
+    """The choice: ``best`` (an Evaluation), the ``baseline`` (every block kept, nothing
+    offloaded: the step as it runs without any of this), the points of the pure strategies
+    (``references``: full recompute, selective everywhere, offload only), whether the target
+    was met, and the StepPlan the offloader follows."""
+
+    __slots__ = ("best", "baseline", "references", "target_bytes", "max_overhead",
+                 "met_target", "within_budget", "link", "step_plan", "allowed", "notes")
+
+    def summary(self, mib=2**20):
+        b, base = self.best, self.baseline
+        counts = collections.Counter(b.modes)
+        lines = ["tier.torch.plan_activations: %s" % ", ".join(
+            "%d %s" % (counts[m], m) for m in MODES if counts[m]) + " block(s); offload %d MiB "
+            "in %d tensor(s) (link %.1f / %.1f GB/s)" % (
+                b.offloaded_bytes / mib, len(b.chosen), self.link.d2h / 1e9, self.link.h2d / 1e9)]
+        lines.append("  predicted: step %.1f ms (%.3fx the step without a plan, %.1f ms), "
+                     "activation peak %.0f MiB (without: %.0f MiB)" % (
+                         1e3 * b.step_s, b.step_s / base.step_s, 1e3 * base.step_s,
+                         b.peak_bytes / mib, base.peak_bytes / mib))
+        goal = []
+        if self.target_bytes is not None:
+            goal.append("target %.0f MiB: %s" % (self.target_bytes / mib,
+                                                 "met" if self.met_target else "NOT met"))
+        if self.max_overhead is not None:
+            goal.append("overhead budget %.1f%%: %s" % (
+                100 * self.max_overhead, "within" if self.within_budget else "EXCEEDED"))
+        if goal:
+            lines.append("  " + "; ".join(goal))
+        for name, ref in self.references.items():
+            lines.append("  for comparison, %s: step %.3fx, peak %.0f MiB" % (
+                name, ref.step_s / base.step_s, ref.peak_bytes / mib))
+        lines.extend("  note: " + n for n in self.notes)
+        return "\n".join(lines)
+
+
+def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, offload=True,
+           tolerance=0.005):
+    """The plan (see the module docstring). ``modes``: the block modes allowed (keep always);
+    ``offload``: whether tierd may take saved tensors; ``tolerance``: the link overhead
+    accepted as noise in a plan that should not stall (a fraction of the step)."""
+    if target_bytes is None and max_overhead is None:
+        raise ValueError("choose() needs target_bytes or max_overhead")
+    if max_overhead is not None and max_overhead < 0:
+        raise ValueError("max_overhead must be >= 0")
+    if target_bytes is not None and target_bytes < 0:
+        raise ValueError("target_bytes must be >= 0")
+    allowed = profile.allowed(modes)
+    n = len(profile.blocks)
+    keep_all = tuple(["keep"] * n)
+    baseline = evaluate(profile, keep_all, link, offload=False, how="none")
+    tol = tolerance * baseline.step_s
+    evaluated = [evaluate(profile, m, link, offload=offload, tolerance_s=tol)
+                 for m in candidates(n, allowed)]
+    notes = []
+    if offload:
+        # The budget's offload-only plans (they may stall the step to reach a target): over
+        # the kept blocks' sites.
+        lay = Layout(profile, keep_all)
+        for kwargs in ([dict(target_bytes=_site_target(profile, lay, target_bytes))]
+                       if target_bytes is not None else []) + \
+                ([dict(max_overhead=max_overhead)] if max_overhead is not None else []):
+            if lay.sites:
+                p = op.plan(lay.sites, lay.forward_end, lay.base_step, link, barrier=True,
+                            **kwargs)
+                chosen = [s for s in lay.sites if s.index in p.indices]
+                evaluated.append(evaluate(profile, keep_all, link, chosen=chosen,
+                                          how="offload-only plan"))
+    budget = None if max_overhead is None else baseline.step_s * (1 + max_overhead)
+
+    def fits(e):
+        return target_bytes is None or e.peak_bytes <= target_bytes
+
+    def within(e):
+        return budget is None or e.step_s <= budget + 1e-12
+
+    both = [e for e in evaluated if fits(e) and within(e)]
+    if both:
+        if target_bytes is not None:
+            best = min(both, key=lambda e: (e.step_s, e.peak_bytes))
+        else:
+            best = min(both, key=lambda e: (e.peak_bytes, e.step_s))
+    elif max_overhead is not None and any(within(e) for e in evaluated):
+        best = min((e for e in evaluated if within(e)), key=lambda e: (e.peak_bytes, e.step_s))
+        notes.append("the target is out of reach within the overhead budget: the least memory "
+                     "within the budget instead")
+    elif target_bytes is not None and any(fits(e) for e in evaluated):
+        best = min((e for e in evaluated if fits(e)), key=lambda e: (e.step_s, e.peak_bytes))
+    else:
+        best = min(evaluated, key=lambda e: (e.peak_bytes, e.step_s))
+        notes.append("no plan reaches the target: the least memory there is instead")
+    if best.step_s >= baseline.step_s and best.peak_bytes >= baseline.peak_bytes:
+        best = baseline  # nothing to gain
+    if offload and best.chosen and best.how != "offload-only plan":
+        best = _trim_offload(profile, best, link, target_bytes)
+    jp = JointPlan()
+    jp.best = best
+    jp.baseline = baseline
+    jp.references = {}
+    if "full" in allowed and n:
+        jp.references["full recompute"] = evaluate(profile, tuple(["full"] * n), link,
+                                                   offload=False)
+    if "selective" in allowed and n:
+        jp.references["selective everywhere"] = evaluate(
+            profile, tuple(["selective"] * n), link, offload=False)
+    offload_only = [e for e in evaluated if e.modes == list(keep_all) and e.chosen]
+    if offload_only:
+        jp.references["offload only"] = min(offload_only, key=lambda e: e.peak_bytes)
+    jp.target_bytes = target_bytes
+    jp.max_overhead = max_overhead
+    jp.met_target = fits(best)
+    jp.within_budget = within(best)
+    jp.link = link
+    jp.allowed = allowed
+    jp.notes = notes
+    jp.step_plan = step_plan(best, link)
+    return jp
+
+
+def _site_target(profile, lay, target_bytes):
+    """The budget planner's target is over the sites it may offload: the peak target less what
+    it cannot touch (the outside bytes, the offset)."""
+    return max(0, target_bytes - lay.outside_bytes - profile.peak_offset -
+               sum(lay.block_bytes) + sum(s.nbytes for s in lay.sites))
+
+
+def _trim_offload(profile, e, link, target_bytes):
+    """With a target, no more offload than it takes: the latest-saved offloads go first while the
+    target still holds (less link traffic, the same step)."""
+    if target_bytes is None or e.peak_bytes > target_bytes:
+        return e
+    chosen = sorted(e.chosen, key=lambda s: (s.produced, s.index))
+    while chosen:
+        trial = evaluate(profile, e.modes, link, chosen=chosen[:-1], how=e.how)
+        if trial.peak_bytes > target_bytes or trial.step_s > e.step_s + 1e-9:
+            break
+        chosen = chosen[:-1]
+        e = trial
+    return e
+
+
+RELOAD_WINDOW_S = 1e-3
+RELOAD_BATCH_BYTES = 64 << 20
+
+
+def step_plan(e, link):
+    """The StepPlan the offloader follows for Evaluation ``e``."""
+    if not e.chosen:
+        return op.StepPlan(e.count, (), timing_site=e.timing_site, barrier=False)
+    triggers = op.reload_triggers(e.sites, e.chosen, e.sim, RELOAD_WINDOW_S, RELOAD_BATCH_BYTES)
+    releases, _ = op.release_points(e.sites, e.chosen, e.sim, link)
+    offload = [m for s in e.chosen for m in e.members[s.index]]
+    return op.StepPlan(e.count, offload, triggers, releases, barrier=True,
+                       timing_site=e.timing_site)

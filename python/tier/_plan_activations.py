@@ -1,0 +1,688 @@
+"""``tier.torch.plan_activations``: keep, offload (through tierd) or recompute (PyTorch's own
+checkpointing) each part of a model's activations, chosen from measurements to meet a memory
+target at the least step time, or to save the most memory within an overhead budget::
+
+    plan = tier.torch.plan_activations(model, target_bytes=6 << 30)   # or max_overhead=0.05
+    for batch in data:
+        with plan:
+            loss = model(**batch).loss
+            loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+
+The model's blocks (its largest nn.ModuleList, or ``blocks=``) each run in one of three modes
+(tier/_activation_planner.py): ``keep`` (their saved tensors go through tierd's saved-tensor
+hooks and may be offloaded), ``selective`` (torch.utils.checkpoint, non-reentrant, with the
+selective checkpoint contexts of ``selective_policy``: by default the outputs of matmuls and
+attention are kept, the rest recomputed) or ``full`` (torch.utils.checkpoint: the block's
+forward runs again in backward). The first steps calibrate, each with a mix of modes whose
+peak memory stays near full recompute's: per kind of block, one runs in each mode, the rest in
+full recompute; one step is enough where every kind has three blocks or more. They time each
+block's forward and backward (CUDA events, or the host clock on CPU), record every saved tensor
+(bytes, when it was saved, when backward first needs it) and, on CUDA, the activation peak
+(``torch.cuda.max_memory_allocated`` above the step's start: the calibration steps reset the peak
+statistics). The link's bandwidth comes from tierd (tier/_offload_budget.measure_link). Then the
+plan is chosen, printed (``verbose``) and followed from the next step on; ``plan.plan`` and
+``plan.summary()`` say what was chosen and what it predicts, ``plan.stats`` how it went.
+
+Runtime: the blocks' forwards are wrapped once (``plan.remove()`` undoes it); outside an active
+step, in backward (a recompute) and in a block whose call uses a KV cache they run as they are.
+Offload is an :class:`~tier.torch.ActivationOffloader` driven by a policy object with the budget's
+interface (begin_step / candidate / used / step_started / end_step), so the same hooks, batches,
+stream-ordered releases and planned reloads serve both.
+"""
+
+import collections
+import functools
+import sys
+import warnings
+
+import torch
+
+from . import _activation_planner as ap
+from . import _offload_budget as ob
+from . import _offload_planner as op
+from ._counters import Counters
+
+try:
+    from torch.utils.checkpoint import checkpoint as _checkpoint
+except ImportError:  # pragma: no cover
+    _checkpoint = None
+try:
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+except ImportError:  # torch < 2.4: no selective checkpointing
+    CheckpointPolicy = create_selective_checkpoint_contexts = None
+
+_SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+              "_flash_attention_forward", "_efficient_attention_forward")
+
+
+def selective_available():
+    return create_selective_checkpoint_contexts is not None
+
+
+def default_selective_policy():
+    """Selective checkpointing's usual choice: keep the outputs of matmuls and attention (the
+    expensive ops), recompute everything else (norms, activations, elementwise ops: cheap to run
+    again, and most of a transformer block's saved bytes)."""
+    aten = torch.ops.aten
+    packets = frozenset(getattr(aten, name) for name in _SAVED_OPS if hasattr(aten, name))
+
+    def policy(ctx, op, *args, **kwargs):
+        if getattr(op, "overloadpacket", op) in packets:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def _in_backward():
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
+def _first_tensor(x, need_grad=True):
+    """The first tensor in x (a tensor, or nested tuples / lists / dicts of them) that requires
+    grad (any tensor with need_grad False); None if there is none."""
+    if isinstance(x, torch.Tensor):
+        return x if (x.requires_grad or not need_grad) else None
+    if isinstance(x, (tuple, list)):
+        items = x
+    elif isinstance(x, dict):
+        items = x.values()
+    else:
+        return None
+    for item in items:
+        t = _first_tensor(item, need_grad)
+        if t is not None:
+            return t
+    return None
+
+
+def _tensor_bytes(x):
+    """Bytes of the distinct storages of the tensors in x (an op's output)."""
+    seen = set()
+    total = 0
+    stack = [x]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            try:
+                storage = item.untyped_storage()
+                key = (item.device, storage.data_ptr())
+                if key not in seen:
+                    seen.add(key)
+                    total += storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                total += item.numel() * item.element_size()
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+    return total
+
+
+def _uses_cache(kwargs):
+    if kwargs.get("use_cache"):
+        return True
+    for name in ("past_key_values", "past_key_value", "layer_past"):
+        if kwargs.get(name) is not None:
+            return True
+    return False
+
+
+class BlockModes:
+    """Runs each of ``blocks`` in a mode ("keep", "selective", "full") set per step: the block's
+    forward is wrapped once (an instance attribute over the class's method; :meth:`remove`
+    restores what was there). Outside :attr:`active`, in backward (checkpoint's recompute calls
+    the original forward directly, and other callers) and in a call that uses a KV cache (a
+    recompute would update it twice) the block runs as it is. ``observer``: told when a block's
+    forward begins and ends (the planner's calibration)."""
+
+    def __init__(self, blocks, selective_policy=None):
+        if _checkpoint is None:
+            raise RuntimeError("torch.utils.checkpoint is not available")
+        self.blocks = list(blocks)
+        self.modes = ["keep"] * len(self.blocks)
+        self.active = False
+        self.observer = None
+        self._policy = selective_policy
+        self._sac_observer = None
+        self._warned_cache = False
+        self._saved = []
+        for b, block in enumerate(self.blocks):
+            self._saved.append(block.__dict__.get("forward"))
+            block.forward = functools.partial(self._run, b, block.forward)
+
+    def remove(self):
+        for block, previous in zip(self.blocks, self._saved):
+            if previous is None:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = previous
+        self.blocks = []
+        self._saved = []
+
+    def set_all(self, mode):
+        self.modes = [mode] * len(self.blocks)
+
+    def _context_fn(self):
+        policy = self._policy or default_selective_policy()
+        observer = self._sac_observer
+        if observer is not None:
+            inner = policy
+
+            def policy(ctx, op, *args, **kwargs):  # noqa: F811 - the calibration's counting one
+                decision = inner(ctx, op, *args, **kwargs)
+                if not ctx.is_recompute and decision in (CheckpointPolicy.MUST_SAVE,
+                                                         CheckpointPolicy.PREFER_SAVE, True):
+                    observer(getattr(ctx, "op_output", None))
+                return decision
+        return create_selective_checkpoint_contexts(policy)
+
+    def _run(self, b, forward, *args, **kwargs):
+        if not self.active or _in_backward():
+            return forward(*args, **kwargs)
+        mode = self.modes[b]
+        if mode != "keep" and _uses_cache(kwargs):
+            if not self._warned_cache:
+                self._warned_cache = True
+                warnings.warn("tier.torch.plan_activations: a block called with a KV cache "
+                              "(use_cache / past_key_values) runs without recompute: turn the "
+                              "cache off for training (config.use_cache=False)", RuntimeWarning,
+                              stacklevel=3)
+            mode = "keep"
+        observer = self.observer
+        if observer is not None:
+            observer.block_begins(b, mode, args, kwargs)
+        if mode == "keep":
+            out = forward(*args, **kwargs)
+        elif mode == "full":
+            out = _checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        elif mode == "selective":
+            out = _checkpoint(forward, *args, use_reentrant=False,
+                              context_fn=self._context_fn, **kwargs)
+        else:
+            raise ValueError("unknown block mode %r" % (mode,))
+        if observer is not None:
+            observer.block_ends(b, mode, out)
+        return out
+
+
+class PlannerStats(Counters):
+    """How the planner went: ``calibration_steps``; ``plans`` made; ``planned_steps`` run under a
+    plan; ``predicted_step_s`` / ``measured_step_s`` (the latest, from the step's start to the
+    last first use of a saved tensor in backward: ``measured_overhead`` compares them);
+    ``predicted_peak_bytes``; ``calibration_peak_bytes`` (CUDA: the activation peak measured in
+    the last calibration step); ``replans``."""
+
+    __slots__ = ("calibration_steps", "plans", "planned_steps", "predicted_step_s",
+                 "measured_step_s", "measured_overhead", "predicted_peak_bytes",
+                 "calibration_peak_bytes", "replans")
+
+    def __repr__(self):
+        return "PlannerStats(%s)" % ", ".join("%s=%s" % kv for kv in self.as_dict().items())
+
+
+class _Calibration:
+    """One calibration step: the modes it runs, and what it saw."""
+
+    def __init__(self, modes, device_hint):
+        self.modes = list(modes)
+        self.clock = ob._Clock()
+        self.windows = []        # per candidate: block index, "pre" or "post"
+        self.sizes = []          # per candidate: storage bytes
+        self.keys = []           # per candidate: storage key
+        self.window = "pre"      # where candidates now land
+        self.started = set()
+        self.sac_bytes = collections.defaultdict(int)
+        self.mem_before = {}
+        self.out_bytes = {}
+        self.mem_extra = {}
+        self.peak = None
+        self.base = None
+        self.device = device_hint
+
+
+class _JointPolicy:
+    """The offloader's policy for the joint planner (the interface of OffloadBudget)."""
+
+    def __init__(self, planner):
+        self._p = planner
+
+    def begin_step(self):
+        return self._p._begin_step()
+
+    def step_started(self, device):
+        self._p._timer.start(device)
+
+    def candidate(self, site, nbytes, device, key):
+        self._p._candidate(site, nbytes, device, key)
+
+    def used(self, site, device):
+        self._p._used(site, device)
+
+    def end_step(self, count):
+        self._p._end_step(count)
+
+    @property
+    def plan(self):
+        return self._p.plan
+
+    @property
+    def stats(self):
+        return self._p.stats
+
+
+class ActivationPlanner:
+    """See the module docstring; made by :func:`tier.torch.plan_activations`."""
+
+    def __init__(self, model, target_bytes=None, max_overhead=None,
+                 recompute=("selective", "full"), offload=True, blocks=None,
+                 selective_policy=None, min_bytes=1 << 20, client=None, link=None,
+                 verbose=True, prefetch=2, warmup_steps=1):
+        from . import torch as _tt
+        if target_bytes is None and max_overhead is None:
+            max_overhead = 0.05
+        if max_overhead is not None and not 0 <= max_overhead <= 10:
+            raise ValueError("max_overhead is a fraction of the step (0.05 = 5%%), got %r"
+                             % (max_overhead,))
+        if target_bytes is not None and target_bytes < 0:
+            raise ValueError("target_bytes must be >= 0")
+        recompute = tuple(recompute or ())
+        unknown = set(recompute) - {"selective", "full"}
+        if unknown:
+            raise ValueError("recompute= takes 'selective' and/or 'full', not %s" %
+                             ", ".join(sorted(unknown)))
+        self.target_bytes = target_bytes
+        self.max_overhead = max_overhead
+        self.offload = bool(offload)
+        self.verbose = verbose
+        self.notes = []
+        if "selective" in recompute and not selective_available():
+            recompute = tuple(m for m in recompute if m != "selective")
+            self.notes.append("selective checkpointing needs torch >= 2.4 "
+                              "(create_selective_checkpoint_contexts); torch %s: not used" %
+                              torch.__version__)
+        blocks = list(blocks) if blocks is not None else _tt._find_blocks(model)
+        blocks = [b for b in blocks if isinstance(b, torch.nn.Module)]
+        if not blocks:
+            recompute = ()
+            self.notes.append("no blocks found (pass blocks=): offload only")
+        self.allowed = ("keep",) + recompute
+        self._blocks = BlockModes(blocks, selective_policy) if blocks else None
+        if self._blocks is not None:
+            self._blocks.observer = self
+        self._signatures = [self._signature(b) for b in blocks]
+        self._given_link = op.Link(*link) if link is not None else None
+        self._link = self._given_link
+        self._link_source = "given" if link is not None else None
+        self._offloader = _tt.ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch,
+                                                  client=client, module=model,
+                                                  policy=_JointPolicy(self))
+        self._measured = {}          # (signature, mode) -> [(block, calibration)]
+        self._profile = None
+        self.plan = None             # the JointPlan being followed
+        self._step_plan = None
+        self._calib = None
+        self._timer = ob.StepTimer()
+        self._timers = []
+        self._mismatches = 0
+        self._device = None
+        self._warmup_left = int(warmup_steps)
+        self._warming = False
+        self.stats = PlannerStats()
+
+    # -- public --
+
+    @property
+    def offloader(self):
+        return self._offloader
+
+    @property
+    def modes(self):
+        """The blocks' modes in the plan followed (None before the plan)."""
+        return None if self.plan is None else list(self.plan.best.modes)
+
+    def summary(self):
+        if self.plan is None:
+            return "tier.torch.plan_activations: calibrating (%d step(s) so far)" % (
+                self.stats.calibration_steps)
+        return self.plan.summary()
+
+    def remove(self):
+        """Restores the blocks' forwards; the planner cannot be used afterwards."""
+        if self._blocks is not None:
+            self._blocks.remove()
+            self._blocks = None
+
+    def __enter__(self):
+        if self._blocks is not None:
+            self._blocks.active = True
+        try:
+            self._offloader.__enter__()
+        except BaseException:
+            if self._blocks is not None:
+                self._blocks.active = False
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            return self._offloader.__exit__(*exc)
+        finally:
+            if self._blocks is not None:
+                self._blocks.active = False
+            if self._calib is not None:
+                self._calib.window = "post"
+
+    # -- the offloader's policy --
+
+    def _begin_step(self):
+        if self._warmup_left > 0:
+            # Before calibrating: one step as calibration's "rest" runs (the least memory),
+            # not measured (a first step pays for allocator growth, library setup, caches).
+            self._warmup_left -= 1
+            self._warming = True
+            self._set_modes([self._rest_mode()] * len(self._signatures))
+            return op.StepPlan(0)
+        self._warming = False
+        if self._step_plan is not None:
+            self._set_modes(self.plan.best.modes)
+            self._timer = ob.StepTimer()
+            return self._step_plan
+        modes = self._calibration_modes()
+        self._set_modes(modes)
+        self._calib = _Calibration(modes, self._device)
+        return None
+
+    def _set_modes(self, modes):
+        if self._blocks is not None:
+            self._blocks.modes = list(modes)
+            self._blocks._sac_observer = self._sac_saved if self._calib_pending() else None
+
+    def _calib_pending(self):
+        return self._step_plan is None
+
+    def _candidate(self, site, nbytes, device, key):
+        c = self._calib
+        if c is None:
+            return
+        if self._device is None or device.type == "cuda":
+            self._device = device
+        if site == 0:
+            self._start_peak(device)
+        c.windows.append(c.window)
+        c.sizes.append(nbytes)
+        c.keys.append(key)
+        c.clock.stamp(("p", site), device)
+
+    def _used(self, site, device):
+        c = self._calib
+        if self._step_plan is None:
+            if c is not None:
+                c.clock.stamp(("u", site), device)
+        elif self._step_plan.timing_site == site:
+            self._timer.end(device)
+
+    def _start_peak(self, device):
+        c = self._calib
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            c.base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        c.device = device
+
+    # -- block observer (BlockModes) --
+
+    def block_begins(self, b, mode, args, kwargs):
+        c = self._calib
+        if c is None or self._step_plan is not None:
+            return
+        device = self._device or torch.device("cpu")
+        c.clock.stamp(("fs", b), device)
+        c.window = b
+        c.started.add(b)
+        x = _first_tensor(args)
+        if x is None:
+            x = _first_tensor(kwargs)
+        if x is not None:
+            # Its gradient arrives when this block's backward is done.
+            x.register_hook(functools.partial(self._grad_stamp, ("be", b), x.device))
+        if mode == "selective" and device.type == "cuda" and not _sac_op_output():
+            c.mem_before[b] = torch.cuda.memory_allocated(device)
+
+    def block_ends(self, b, mode, out):
+        c = self._calib
+        if c is None or self._step_plan is not None:
+            return
+        device = self._device or torch.device("cpu")
+        c.clock.stamp(("fe", b), device)
+        c.window = "post" if b == len(self._signatures) - 1 else b  # (between blocks: b's)
+        y = _first_tensor(out)
+        if y is not None:
+            # Its gradient arrives when this block's backward begins.
+            y.register_hook(functools.partial(self._grad_stamp, ("bs", b), y.device))
+        if b in c.mem_before:
+            c.mem_extra[b] = max(0, torch.cuda.memory_allocated(device) - c.mem_before[b] -
+                                 _tensor_bytes(out))
+
+    def _grad_stamp(self, key, device, grad):
+        c = self._calib
+        if c is not None and self._step_plan is None:
+            c.clock.stamp(key, device)
+            if key == ("be", 0) and device.type == "cuda" and c.base is not None:
+                c.peak = torch.cuda.max_memory_allocated(device) - c.base
+        return None
+
+    def _sac_saved(self, output):
+        c = self._calib
+        if c is not None and isinstance(c.window, int) and output is not None:
+            c.sac_bytes[c.window] += _tensor_bytes(output)
+
+    # -- calibration --
+
+    def _signature(self, block):
+        return (type(block).__qualname__,
+                tuple(tuple(p.shape) for p in block.parameters()))
+
+    def _rest_mode(self):
+        return "full" if "full" in self.allowed else (
+            "selective" if "selective" in self.allowed else "keep")
+
+    def _calibration_modes(self):
+        """Per signature: its blocks take the modes not yet measured, one each in block order;
+        the rest run in full recompute (the least memory), else selective, else keep."""
+        n = len(self._signatures)
+        modes = [self._rest_mode()] * n
+        by_sig = collections.OrderedDict()
+        for b, sig in enumerate(self._signatures):
+            by_sig.setdefault(sig, []).append(b)
+        for sig, positions in by_sig.items():
+            need = [m for m in self.allowed if (sig, m) not in self._measured]
+            for b, mode in zip(positions, need):
+                modes[b] = mode
+        return modes
+
+    def _end_step(self, count):
+        if self._warming:
+            self._warming = False
+            return
+        if self._step_plan is not None:
+            self._planned_step_done(count)
+            return
+        c, self._calib = self._calib, None
+        if c is None:
+            return
+        if self._blocks is not None:
+            self._blocks._sac_observer = None
+        times = c.clock.resolve()
+        produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
+        used = {}
+        for k, v in times.items():
+            if k[0] == "u" and k[1] not in used:
+                used[k[1]] = v
+        if not used or len(c.sizes) != count:
+            return  # no backward ran (inference): nothing learned
+        if c.peak is None and c.device is not None and c.device.type == "cuda" and \
+                c.base is not None:
+            c.peak = torch.cuda.max_memory_allocated(c.device) - c.base
+        self.stats.calibration_steps += 1
+        if c.peak is not None:
+            self.stats.calibration_peak_bytes = c.peak
+        c.times = times
+        c.produced = produced
+        c.used = used
+        for b, (sig, mode) in enumerate(zip(self._signatures, c.modes)):
+            self._measured.setdefault((sig, mode), []).append((b, c))
+        if any((sig, m) not in self._measured for sig in self._signatures
+               for m in self.allowed):
+            return  # another calibration step measures the modes still missing
+        self._profile = self._build_profile(c)
+        self._choose()
+
+    def _build_profile(self, last):
+        """The StepProfile from the calibration steps (times in seconds from each step's first
+        saved tensor)."""
+        modes = collections.defaultdict(dict)
+        for (sig, mode), seen in self._measured.items():
+            fwd, bwd = [], []
+            for b, c in seen:
+                t = c.times
+                if ("fs", b) in t and ("fe", b) in t:
+                    fwd.append(t[("fe", b)] - t[("fs", b)])
+                if ("bs", b) in t and ("be", b) in t:
+                    bwd.append(t[("be", b)] - t[("bs", b)])
+            b0, c0 = seen[0]
+            modes[sig][mode] = ap.ModeProfile(
+                _mean(fwd), _mean(bwd) if bwd else _mean(fwd) * (2 if mode == "keep" else 3),
+                self._template(b0, c0), self._extra(b0, c0, mode))
+        c = last
+        t = c.times
+        n = len(self._signatures)
+        first = min(c.produced.values())
+        pre_sites = []
+        post_sites = []
+        end = max(c.used.values())
+        block0_end = t.get(("be", 0), end)
+        for site, window in enumerate(c.windows):
+            if window == "pre":
+                pre_sites.append((c.sizes[site] if self._first_view(c, site) else 0,
+                                  c.used.get(site, end) - block0_end))
+            elif window == "post":
+                post_sites.append(c.sizes[site] if self._first_view(c, site) else 0)
+        pre_s = t.get(("fs", 0), first) - first if n else 0.0
+        post_s = (t.get(("bs", n - 1), end) - t.get(("fe", n - 1), end)) if n else 0.0
+        tail_s = end - block0_end if n else end - first
+        profile = ap.StepProfile(self._signatures, dict(modes), pre_sites, post_sites,
+                                 pre_s, post_s, tail_s)
+        if c.peak is not None:
+            lay = ap.Layout(profile, c.modes)
+            profile.peak_offset = c.peak - lay.peak([0] * n, 0)
+        return profile
+
+    def _first_view(self, c, site):
+        return c.keys.index(c.keys[site]) == site
+
+    def _template(self, b, c):
+        """Block b's candidates in calibration c, as TemplateSites."""
+        t = c.times
+        fs = t.get(("fs", b), 0.0)
+        bs = t.get(("bs", b))
+        out = []
+        windows_of = collections.defaultdict(set)
+        for site, key in enumerate(c.keys):
+            windows_of[key].add(c.windows[site])
+        for site, window in enumerate(c.windows):
+            if window != b:
+                continue
+            key = c.keys[site]
+            first = self._first_view(c, site)
+            produced = c.produced.get(site, fs) - fs
+            needed = (c.used[site] - bs) if (bs is not None and site in c.used) else 0.0
+            out.append(ap.TemplateSite(c.sizes[site] if first else 0, max(0.0, produced),
+                                       max(0.0, needed), first and windows_of[key] == {b}))
+        return tuple(out)
+
+    def _extra(self, b, c, mode):
+        if mode != "selective":
+            return 0
+        if b in c.sac_bytes:
+            return c.sac_bytes[b]
+        return c.mem_extra.get(b, 0)
+
+    def _choose(self):
+        if self._link is None:
+            if self.offload:
+                self._link, self._link_source = ob.measure_link(self._offloader.client,
+                                                                self._device)
+            else:
+                self._link, self._link_source = op.Link(1e12, 1e12), "unused"
+        jp = ap.choose(self._profile, self._link, target_bytes=self.target_bytes,
+                       max_overhead=self.max_overhead, modes=self.allowed, offload=self.offload)
+        jp.notes = self.notes + ["link from %s" % self._link_source] + jp.notes
+        if not _sac_op_output() and "selective" in self.allowed:
+            jp.notes.append("selective checkpointing's kept bytes measured as the allocator's "
+                            "growth (this torch gives the policy no op output)")
+        self.plan = jp
+        self._step_plan = jp.step_plan
+        self.stats.plans += 1
+        self.stats.predicted_step_s = jp.best.step_s
+        self.stats.predicted_peak_bytes = jp.best.peak_bytes
+        self._set_modes(jp.best.modes)
+        if self.verbose:
+            print(jp.summary(), file=sys.stderr, flush=True)
+        if not jp.met_target or not jp.within_budget:
+            why = "; ".join(n for n in jp.notes if "reach" in n) or "the plan misses its goal"
+            warnings.warn("tier.torch.plan_activations: " + why, RuntimeWarning, stacklevel=4)
+
+    def _planned_step_done(self, count):
+        timer, self._timer = self._timer, ob.StepTimer()
+        if count != self._step_plan.count:
+            self._mismatches += 1
+            if self._mismatches > 1:
+                # The model saves differently from step to step: keep the modes, offload
+                # nothing (a plan by position would offload the wrong tensors), and say so.
+                if self._step_plan.offloaded:
+                    warnings.warn("tier.torch.plan_activations: the model saved %d tensors "
+                                  "where the plan expected %d, twice: offload is off, the "
+                                  "recompute plan stays" % (count, self._step_plan.count),
+                                  RuntimeWarning, stacklevel=4)
+                self._step_plan = op.StepPlan(count, (), timing_site=-1, barrier=False)
+                return
+            self.plan = self._step_plan = None
+            self._measured.clear()
+            return
+        self.stats.planned_steps += 1
+        self._timers.append(timer)
+        while self._timers and self._timers[0].ready():
+            step = self._timers.pop(0).step_s()
+            if step is None:
+                continue
+            self.stats.measured_step_s = step
+            predicted = self._predicted_timing_s()
+            if predicted:
+                self.stats.measured_overhead = step / predicted - 1.0
+
+    def _predicted_timing_s(self):
+        """The planned step's predicted time to its timing site (what the timer measures)."""
+        if self.plan is None or self._profile is None:
+            return None
+        best = self.plan.best
+        lay = ap.Layout(self._profile, best.modes)
+        return lay.timing[0] + best.overhead_s
+
+
+def _mean(values):
+    return sum(values) / len(values) if values else 0.0
+
+
+def _sac_op_output():
+    """Whether this torch hands the selective policy each op's output (ctx.op_output)."""
+    try:
+        from torch.utils.checkpoint import SelectiveCheckpointContext
+    except ImportError:
+        return False
+    import inspect
+    try:
+        return "op_output" in inspect.signature(SelectiveCheckpointContext.__init__).parameters
+    except (TypeError, ValueError):
+        return False
