@@ -348,6 +348,23 @@ class ActivationPlanner:
                 self.stats.calibration_steps)
         return self.plan.summary()
 
+    def retarget(self, target_bytes=None, max_overhead=None):
+        """Plans again from the same calibration for another goal (no new calibration step;
+        where the planner has not calibrated yet, the goal is taken for when it has). Returns
+        the new :class:`~tier._activation_planner.JointPlan` (or None)."""
+        if target_bytes is None and max_overhead is None:
+            max_overhead = 0.05
+        if max_overhead is not None and not 0 <= max_overhead <= 10:
+            raise ValueError("max_overhead is a fraction of the step (0.05 = 5%%), got %r"
+                             % (max_overhead,))
+        if target_bytes is not None and target_bytes < 0:
+            raise ValueError("target_bytes must be >= 0")
+        self.target_bytes, self.max_overhead = target_bytes, max_overhead
+        if self._profile is None:
+            return None
+        self._choose()
+        return self.plan
+
     def remove(self):
         """Restores the blocks' forwards; the planner cannot be used afterwards."""
         if self._blocks is not None:
@@ -406,7 +423,7 @@ class ActivationPlanner:
         c = self._calib
         if c is None:
             return
-        if self._device is None or device.type == "cuda":
+        if self._device is None:
             self._device = device
         if site == 0:
             self._start_peak(device)
@@ -437,13 +454,17 @@ class ActivationPlanner:
         c = self._calib
         if c is None or self._step_plan is not None:
             return
-        device = self._device or torch.device("cpu")
-        c.clock.stamp(("fs", b), device)
-        c.window = b
-        c.started.add(b)
         x = _first_tensor(args)
         if x is None:
             x = _first_tensor(kwargs)
+        if self._device is None:
+            # One clock for the whole step: the device of the blocks' inputs (CUDA events).
+            t = x if x is not None else _first_tensor(args, need_grad=False)
+            self._device = t.device if t is not None else torch.device("cpu")
+        device = self._device
+        c.clock.stamp(("fs", b), device)
+        c.window = b
+        c.started.add(b)
         if x is not None:
             # Its gradient arrives when this block's backward is done.
             x.register_hook(functools.partial(self._grad_stamp, ("be", b), x.device))
@@ -624,6 +645,8 @@ class ActivationPlanner:
                             "growth (this torch gives the policy no op output)")
         self.plan = jp
         self._step_plan = jp.step_plan
+        self._timers.clear()  # steps timed under another plan
+        self._mismatches = 0
         self.stats.plans += 1
         self.stats.predicted_step_s = jp.best.step_s
         self.stats.predicted_peak_bytes = jp.best.peak_bytes

@@ -1,0 +1,768 @@
+#!/usr/bin/env python3
+"""The memory / step-time frontier of a real model: recompute, offload, and the joint planner.
+
+    python3 bench/frontier_bench.py --shape 1b --seq 4096,16384 --out-dir $OUT
+    python3 bench/frontier_bench.py --shape 3b --seq 4096,16384 --out-dir $OUT
+    python3 bench/frontier_bench.py --smoke --out-dir /tmp/f      # CPU, a tiny Llama, seconds
+
+Model: transformers' LlamaForCausalLM from a config, random init, SDPA attention, bf16, SGD
+(no momentum), use_cache off. Shapes (--shape; --hidden/--layers/... override):
+  1b  hidden 2048, 16 layers, intermediate 8192, 32 heads, 8 KV heads, batch 2
+  3b  hidden 3072, 28 layers, intermediate 8192, 24 heads, 8 KV heads, batch 1
+vocab --vocab (8192). Each (shape, seq) runs in a child process (a fresh allocator) against one
+tierd this script starts (bench/_tierd.py) unless --socket is given.
+
+Modes (rows), each from the same initial weights, one after the other:
+  none            nothing: the reference.
+  recompute       HF gradient checkpointing (full recompute, non-reentrant).
+  selective       PyTorch selective checkpointing (create_selective_checkpoint_contexts) around
+                  each decoder layer, saving the outputs of matmuls and attention.
+  inprocess       the in-process offloader of bench/torch_offload_bench.py (torchtune's
+                  OffloadActivations design: pinned copies on a side stream; CUDA only).
+  tierd-budget    tier.torch.offload_activations(max_overhead=0.05): offload only, tierd.
+  tierd-at-rc     offload_activations(target_bytes = recompute's activation peak).
+  plan@...        tier.torch.plan_activations at several goals: max_overhead 0.05, at selective's
+                  step time (max_overhead = its ratio - 1), and target_bytes = recompute's peak,
+                  70% of selective's peak, and fractions of none's peak (--plan-fractions). One
+                  planner calibrates once; the other goals re-plan from its calibration.
+
+Columns: step ms (median of --steps after --warmup; host wall clock, synchronized at both
+ends), x none, activation peak MiB (torch.cuda.max_memory_allocated above the step's start, the
+gradients already allocated: they are not activations), D2H / H2D MiB per step (what tierd moved
+for this process's session, from `tierctl clients --json`; inprocess: its own copies), and for
+the planner the modes it chose. Losses: every mode's losses next to none's (bf16, SDPA: not
+bit-identical; the CPU tests check bit-identity on an eager fp32 model).
+
+The link bound, printed with each table: bytes the link can move during none's forward at the
+measured D2H rate (what an offload can take off the peak without stalling), and during its
+backward at the H2D rate; the rates from a pinned-memory copy (--link-mib) and from tierd
+(Client.link_bandwidth, where the library has it).
+
+Checks (issue 24's targets; "-" where a row is missing): the planner at recompute's peak <= 1.12x
+none (seq 4096); the planner within 5% of none >= 25% below none's peak; at selective's step time
+(within 2%) >= 30% below selective's peak; no reference point (recompute, selective, inprocess,
+tierd) better than the planner's on both axes at any goal; tierd-budget offloads >= 80% of the
+link bound and takes >= 80% of it (and >= 90% of what it offloaded) off the peak.
+
+Output: a table per (shape, seq), the checks, --out-dir/frontier.json and frontier.png (activation
+peak vs step time, one panel per (shape, seq), one point per mode).
+"""
+
+import argparse
+import contextlib
+import faulthandler
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO_ROOT, "python"))  # the package of this checkout
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+from _tierd import TierdProcess  # noqa: E402
+
+MiB = 2**20
+SHAPES = {
+    "1b": dict(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, batch=2),
+    "3b": dict(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8, batch=1),
+    "tiny": dict(hidden=64, layers=6, intermediate=256, heads=4, kv_heads=2, batch=2),
+}
+BASE_MODES = ("none", "recompute", "selective", "inprocess", "tierd-budget", "tierd-at-rc")
+REFERENCE_MODES = ("recompute", "selective", "inprocess", "tierd-budget", "tierd-at-rc")
+PLANNER_WARMUP = 3  # warm-up, calibration, the first planned step
+
+
+def log(*parts):
+    print(*parts, flush=True)
+
+
+# ---- the model --------------------------------------------------------------------------------
+
+def make_model(cfg, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate"],
+                         num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                         num_key_value_heads=cfg["kv_heads"], vocab_size=cfg["vocab"],
+                         max_position_embeddings=cfg["seq"], use_cache=False,
+                         tie_word_embeddings=False)
+    config._attn_implementation = cfg["attn"]
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    model.to(dtype)
+    model.train()
+    return model
+
+
+def make_batch(cfg, device):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
+    return ids.to(device)
+
+
+def layers_of(model):
+    return model.model.layers
+
+
+# ---- modes ------------------------------------------------------------------------------------
+
+class Mode:
+    name = "none"
+    label = "none"
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def counters(self):
+        return {"d2h": 0, "h2d": 0}
+
+    def remove(self):
+        pass
+
+    def details(self):
+        return {}
+
+
+class Recompute(Mode):
+    name = label = "recompute"
+
+    def __init__(self, model):
+        self.model = model
+        # (transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.)
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    def remove(self):
+        disable = getattr(self.model, "activation_checkpointing_disable", None) or \
+            self.model.gradient_checkpointing_disable
+        disable()
+
+
+class Selective(Mode):
+    name = label = "selective"
+
+    def __init__(self, model):
+        from tier._plan_activations import BlockModes
+        self.blocks = BlockModes(layers_of(model))
+        self.blocks.set_all("selective")
+
+    @contextlib.contextmanager
+    def context(self):
+        self.blocks.active = True
+        try:
+            yield
+        finally:
+            self.blocks.active = False
+
+    def remove(self):
+        self.blocks.remove()
+
+
+class InProcess(Mode):
+    name = label = "inprocess"
+
+    def __init__(self, model, args):
+        import torch_offload_bench as tob
+        self.tob = tob
+        self.skip = {tob.storage_ptr(t) for t in list(model.parameters()) +
+                     list(model.buffers())}
+        self.moved = tob.Moved()
+        self.args = args
+
+    def context(self):
+        return self.tob.InProcessOffloader(self.args.min_bytes, 2, 5, self.skip, self.moved)
+
+    def counters(self):
+        return {"d2h": self.moved.d2h, "h2d": self.moved.h2d}
+
+
+class TierdMode(Mode):
+    """Counters from tierd's per-session figures (tierctl), else the offloader's own."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def counters(self):
+        out = {"d2h": None, "h2d": None}
+        own = self.own_offloaded()
+        if own is not None:
+            out["d2h"] = own
+        out.update(self.session.moved() or {})
+        out["offloader_d2h"] = own
+        return out
+
+    def own_offloaded(self):
+        return None
+
+
+class TierdBudget(TierdMode):
+    def __init__(self, name, model, session, args, **budget):
+        super().__init__(session)
+        import tier.torch as tt
+        self.name = self.label = name
+        self.off = tt.offload_activations(min_bytes=args.min_bytes, client=session.client,
+                                          module=model, **budget)
+        self.budget_args = budget
+
+    def context(self):
+        return self.off
+
+    def own_offloaded(self):
+        return self.off.stats.offloaded_bytes
+
+    def details(self):
+        out = {"budget_args": self.budget_args, "tier_stats": self.off.stats.as_dict()}
+        if self.off.budget is not None:
+            b = self.off.budget
+            out["budget"] = dict(b.as_dict(), link_source=b.link_source)
+        return out
+
+
+class Planned(TierdMode):
+    """One goal of the shared planner (the first calibrates; the others re-plan)."""
+
+    def __init__(self, planner, session, goal, label):
+        super().__init__(session)
+        self.name = "plan"
+        self.label = label
+        self.planner = planner
+        self.goal = goal
+        if planner.plan is not None:
+            planner.retarget(**goal)
+
+    def context(self):
+        return self.planner
+
+    def own_offloaded(self):
+        return self.planner.offloader.stats.offloaded_bytes
+
+    def details(self):
+        p = self.planner.plan
+        out = {"goal": self.goal, "planner_stats": self.planner.stats.as_dict(),
+               "tier_stats": self.planner.offloader.stats.as_dict()}
+        if p is not None:
+            out["modes"] = p.best.modes
+            out["predicted"] = p.best.as_dict()
+            out["baseline_predicted"] = p.baseline.as_dict()
+            out["met_target"] = p.met_target
+            out["within_budget"] = p.within_budget
+            out["summary"] = p.summary()
+        return out
+
+
+# ---- one step, one mode -----------------------------------------------------------------------
+
+def train_step(model, opt, ids, mode, cuda):
+    opt.zero_grad(set_to_none=False)  # gradients stay allocated: not part of the peak
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    with mode.context():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    opt.step()
+    if cuda:
+        torch.cuda.synchronize()
+    step = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated() - base) if cuda else None
+    return {"loss": loss.item(), "step_s": step, "act_peak": peak}
+
+
+def timed_forward_backward(model, ids, cuda):
+    """none's forward and backward times (CUDA events), for the link bound."""
+    fwd, bwd = [], []
+    for _ in range(3):
+        model.zero_grad(set_to_none=False)
+        if cuda:
+            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            e0.record()
+            loss = model(input_ids=ids, labels=ids).loss
+            e1.record()
+            loss.backward()
+            e2.record()
+            e2.synchronize()
+            fwd.append(e0.elapsed_time(e1) / 1e3)
+            bwd.append(e1.elapsed_time(e2) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            t1 = time.perf_counter()
+            loss.backward()
+            fwd.append(t1 - t0)
+            bwd.append(time.perf_counter() - t1)
+    return min(fwd), min(bwd)
+
+
+def run_mode(mode, model, ids, args, warmup):
+    cuda = args.device == "cuda"
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    samples = []
+    before = None
+    for step in range(warmup + args.steps):
+        if step == warmup:
+            before = mode.counters()
+        samples.append(train_step(model, opt, ids, mode, cuda))
+    after = mode.counters()
+    measured = samples[warmup:]
+
+    def per_step_mib(key):
+        if before.get(key) is None or after.get(key) is None:
+            return None
+        return (after[key] - before[key]) / args.steps / MiB
+
+    row = {"mode": mode.name, "label": mode.label,
+           "step_ms": statistics.median(s["step_s"] for s in measured) * 1e3,
+           "step_ms_min": min(s["step_s"] for s in measured) * 1e3,
+           "act_peak_mib": (max(s["act_peak"] for s in measured) / MiB) if cuda else None,
+           "d2h_mib": per_step_mib("d2h"), "h2d_mib": per_step_mib("h2d"),
+           "offloader_d2h_mib": per_step_mib("offloader_d2h"),
+           "losses": [s["loss"] for s in samples]}
+    row.update(mode.details())
+    return row
+
+
+def guarded(name, fn):
+    """fn(); a row saying so if the GPU ran out of memory (OutOfMemoryError is a RuntimeError)."""
+    try:
+        return fn()
+    except RuntimeError as e:
+        if "out of memory" not in str(e):
+            raise
+    torch.cuda.empty_cache()
+    return {"mode": name, "label": name, "error": "out of memory"}
+
+
+# ---- the child: one (shape, seq) --------------------------------------------------------------
+
+def pinned_link(nbytes):
+    import torch_offload_bench as tob
+    return tob.measure_link(nbytes)
+
+
+def tierd_link(client, device):
+    ask = getattr(client, "link_bandwidth", None)
+    if ask is None or device != "cuda":
+        return None
+    try:
+        figure = ask(torch.cuda.current_device())
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        return {"error": str(e)}
+    if not figure:
+        return None
+    return {"d2h": figure[0], "h2d": figure[1], "source": "tierd (Client.link_bandwidth)"}
+
+
+def run_child(config):
+    args = argparse.Namespace(**config)
+    faulthandler.dump_traceback_later(args.child_timeout, exit=True)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available (--smoke runs on the CPU)")
+    import torch_offload_bench as tob
+    session = tob.TierdSession(args.socket, args.build_dir)
+    cfg = dict(args.shape_cfg, seq=args.seq, vocab=args.vocab, attn=args.attn)
+    tag = "[%s seq %d]" % (args.shape, args.seq)
+    log("%s building the model: %s" % (tag, cfg))
+    model = make_model(cfg, args.device)
+    initial = {k: v.to("cpu", copy=True) for k, v in model.state_dict().items()}
+    ids = make_batch(cfg, args.device)
+    fwd_s, bwd_s = timed_forward_backward(model, ids, cuda)
+    out = {"shape": args.shape, "seq": args.seq, "config": cfg,
+           "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "tierd_engine": session.engine, "none_fwd_s": fwd_s, "none_bwd_s": bwd_s,
+           "link_pinned": pinned_link(args.link_mib * MiB) if cuda else None,
+           "results": [], "notes": []}
+    results = {}
+
+    def record(row):
+        results[row["label"]] = row
+        out["results"].append(row)
+        if "error" in row:
+            log("%s %s: %s" % (tag, row["label"], row["error"]))
+        else:
+            log("%s %s: step %.1f ms, act peak %s MiB, D2H %s MiB/step" % (
+                tag, row["label"], row["step_ms"], fmt(row["act_peak_mib"], "%.0f"),
+                fmt(row["d2h_mib"], "%.0f")))
+
+    def fresh():
+        model.load_state_dict(initial)
+        if cuda:
+            torch.cuda.empty_cache()
+
+    try:
+        for name in args.modes:
+            if name == "inprocess" and not cuda:
+                out["notes"].append("inprocess needs CUDA streams: skipped")
+                continue
+            if name == "tierd-at-rc" and (results.get("recompute") or {}).get("act_peak_mib") \
+                    is None:
+                out["notes"].append("tierd-at-rc needs recompute's measured peak: skipped")
+                continue
+            fresh()
+            mode = make_mode(name, model, session, args, results)
+            try:
+                record(guarded(name, lambda: run_mode(mode, model, ids, args, args.warmup)))
+            finally:
+                mode.remove()
+        if "plan" in args.modes_requested:
+            run_planner(model, ids, session, args, results, record, fresh, out)
+        out["link_tierd"] = tierd_link(session.client, args.device)
+    finally:
+        session.close()
+    with open(args.out, "w") as f:
+        json.dump(out, f)
+
+
+def make_mode(name, model, session, args, results):
+    if name == "none":
+        return Mode()
+    if name == "recompute":
+        return Recompute(model)
+    if name == "selective":
+        return Selective(model)
+    if name == "inprocess":
+        return InProcess(model, args)
+    if name == "tierd-budget":
+        return TierdBudget(name, model, session, args, max_overhead=0.05)
+    if name == "tierd-at-rc":
+        target = int(results["recompute"]["act_peak_mib"] * MiB)
+        return TierdBudget(name, model, session, args, target_bytes=target)
+    raise ValueError(name)
+
+
+def planner_goals(results, args):
+    """(label, goal) for each planner row, from the references measured so far."""
+    goals = [("plan@5%", dict(max_overhead=0.05))]
+    none = results.get("none") or {}
+    sel = results.get("selective") or {}
+    rc = results.get("recompute") or {}
+    if "step_ms" in sel and "step_ms" in none:
+        ratio = sel["step_ms"] / none["step_ms"]
+        goals.append(("plan@sel-time", dict(max_overhead=max(0.0, ratio - 1.0))))
+    if rc.get("act_peak_mib"):
+        goals.append(("plan@rc-peak", dict(target_bytes=int(rc["act_peak_mib"] * MiB))))
+    if sel.get("act_peak_mib"):
+        goals.append(("plan@0.7sel", dict(target_bytes=int(0.7 * sel["act_peak_mib"] * MiB))))
+    if none.get("act_peak_mib"):
+        for fraction in args.plan_fractions:
+            goals.append(("plan@%.2fnone" % fraction,
+                          dict(target_bytes=int(fraction * none["act_peak_mib"] * MiB))))
+    return goals
+
+
+def run_planner(model, ids, session, args, results, record, fresh, out):
+    import tier.torch as tt
+    goals = planner_goals(results, args)
+    planner = None
+    try:
+        for i, (label, goal) in enumerate(goals):
+            fresh()
+            if planner is None:
+                planner = tt.plan_activations(model, client=session.client,
+                                              min_bytes=args.min_bytes, verbose=True, **goal)
+                warmup = args.warmup + PLANNER_WARMUP
+            else:
+                warmup = args.warmup
+            mode = Planned(planner, session, goal, label)
+            record(guarded(label, lambda: run_mode(mode, model, ids, args, warmup)))
+    finally:
+        if planner is not None:
+            planner.remove()
+
+
+# ---- analysis and report (parent) -------------------------------------------------------------
+
+def fmt(value, spec="%.1f"):
+    return "-" if value is None else spec % value
+
+
+def analyze(run, args):
+    rows = [r for r in run["results"] if "error" not in r]
+    by_label = {r["label"]: r for r in rows}
+    none = by_label.get("none")
+    for r in rows:
+        r["x_none"] = r["step_ms"] / none["step_ms"] if none else None
+    link = run.get("link_tierd") if (run.get("link_tierd") or {}).get("d2h") else \
+        run.get("link_pinned")
+    bound = None
+    if link and none:
+        bound = {"link": link, "fwd_s": run["none_fwd_s"], "bwd_s": run["none_bwd_s"],
+                 "forward_bytes": run["none_fwd_s"] * link["d2h"],
+                 "backward_bytes": run["none_bwd_s"] * link["h2d"]}
+        bound["bytes"] = min(bound["forward_bytes"], bound["backward_bytes"])
+    run["bound"] = bound
+    run["checks"] = checks(run, by_label, bound)
+
+
+def _peak(r):
+    return r.get("act_peak_mib")
+
+
+def checks(run, rows, bound):
+    out = []
+
+    def check(target, value, passed):
+        out.append({"target": target, "value": value, "pass": passed})
+
+    none, rc, sel = rows.get("none"), rows.get("recompute"), rows.get("selective")
+    at_rc = rows.get("plan@rc-peak")
+    if at_rc and rc and _peak(at_rc) is not None and _peak(rc) is not None:
+        ok_peak = _peak(at_rc) <= _peak(rc) * 1.02
+        check("plan at recompute's peak: step <= 1.12x none%s" % (
+            "" if run["seq"] == 4096 else " (target set for seq 4096)"),
+            "%.3fx (recompute %.3fx), peak %.0f vs %.0f MiB" % (
+                at_rc["x_none"], rc["x_none"], _peak(at_rc), _peak(rc)),
+            at_rc["x_none"] <= 1.12 and ok_peak)
+    p5 = rows.get("plan@5%")
+    if p5 and none and _peak(p5) is not None:
+        check("plan within 5% of none: peak >= 25% below none's",
+              "%.3fx, peak %.0f of %.0f MiB (-%.0f%%)" % (
+                  p5["x_none"], _peak(p5), _peak(none), 100 * (1 - _peak(p5) / _peak(none))),
+              p5["x_none"] <= 1.05 and _peak(p5) <= 0.75 * _peak(none))
+    ps = rows.get("plan@sel-time")
+    if ps and sel and _peak(ps) is not None and _peak(sel) is not None:
+        check("plan at selective's step time (within 2%): peak >= 30% below selective's",
+              "%.1f vs %.1f ms, peak %.0f vs %.0f MiB (-%.0f%%)" % (
+                  ps["step_ms"], sel["step_ms"], _peak(ps), _peak(sel),
+                  100 * (1 - _peak(ps) / _peak(sel))),
+              ps["step_ms"] <= 1.02 * sel["step_ms"] and _peak(ps) <= 0.7 * _peak(sel))
+    refs = [rows[m] for m in REFERENCE_MODES if m in rows and _peak(rows[m]) is not None]
+    plans = [r for label, r in rows.items() if label.startswith("plan@")
+             and _peak(r) is not None]
+    if refs and plans:
+        beaten = []
+        for p in plans:
+            for r in refs:
+                if r["step_ms"] < 0.98 * p["step_ms"] and _peak(r) < 0.98 * _peak(p):
+                    beaten.append("%s by %s" % (p["label"], r["label"]))
+        check("no reference better than the planner on both axes (2% noise)",
+              "; ".join(beaten) if beaten else "none", not beaten)
+    tb = rows.get("tierd-budget")
+    if tb and none and bound and _peak(tb) is not None and tb.get("d2h_mib") is not None:
+        moved = tb["d2h_mib"] * MiB
+        off_peak = (_peak(none) - _peak(tb)) * MiB
+        check("tierd-budget (offload only, 5%) offloads >= 80% of the link bound",
+              "%.0f of %.0f MiB" % (moved / MiB, bound["bytes"] / MiB),
+              moved >= 0.8 * bound["bytes"])
+        check("tierd-budget takes >= 80% of the bound off the peak",
+              "%.0f of %.0f MiB" % (off_peak / MiB, bound["bytes"] / MiB),
+              off_peak >= 0.8 * bound["bytes"])
+        check("tierd-budget takes >= 90% of what it offloaded off the peak",
+              "%.0f of %.0f MiB" % (off_peak / MiB, moved / MiB),
+              moved == 0 or off_peak >= 0.9 * moved)
+    return out
+
+
+def print_table(rows):
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        log("  ".join(cell.rjust(w) if i else cell.ljust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))))
+
+
+def report(run):
+    cfg = run["config"]
+    log("\n== %s (hidden %d, %d layers, batch %d), seq %d: %s, torch %s, tierd engine %s" % (
+        run["shape"], cfg["hidden"], cfg["layers"], cfg["batch"], run["seq"], run["device"],
+        run["torch"], run["tierd_engine"]))
+    table = [("mode", "step ms", "x none", "act peak MiB", "D2H MiB", "H2D MiB", "modes")]
+    for r in run["results"]:
+        if "error" in r:
+            table.append((r["label"], r["error"], "", "", "", "", ""))
+            continue
+        modes = ""
+        if r.get("modes"):
+            m = r["modes"]
+            modes = "%dk/%ds/%df" % (m.count("keep"), m.count("selective"), m.count("full"))
+        table.append((r["label"], fmt(r["step_ms"]), fmt(r.get("x_none"), "%.3f"),
+                      fmt(r["act_peak_mib"], "%.0f"), fmt(r["d2h_mib"], "%.0f"),
+                      fmt(r["h2d_mib"], "%.0f"), modes))
+    print_table(table)
+    b = run.get("bound")
+    if b:
+        log("  link bound: forward %.1f ms x D2H %.1f GB/s = %.0f MiB; backward %.1f ms x H2D "
+            "%.1f GB/s = %.0f MiB (%s)" % (
+                1e3 * b["fwd_s"], b["link"]["d2h"] / 1e9, b["forward_bytes"] / MiB,
+                1e3 * b["bwd_s"], b["link"]["h2d"] / 1e9, b["backward_bytes"] / MiB,
+                b["link"]["source"]))
+    for key in ("link_pinned", "link_tierd"):
+        link = run.get(key)
+        if link and "d2h" in link:
+            log("  %s: D2H %.1f GB/s, H2D %.1f GB/s" % (link["source"], link["d2h"] / 1e9,
+                                                       link["h2d"] / 1e9))
+    for r in run["results"]:
+        budget = r.get("budget")
+        if budget:
+            log("  %s: link %.1f / %.1f GB/s from %s, %d of %d sites, predicted overhead "
+                "%.1f%%, measured %.1f%%" % (
+                    r["label"], budget["link_d2h"] / 1e9, budget["link_h2d"] / 1e9,
+                    budget["link_source"], budget["chosen_sites"], budget["sites"],
+                    100 * budget["predicted_overhead"], 100 * budget["measured_overhead"]))
+    for c in run["checks"]:
+        log("  [%s] %s: %s" % ("pass" if c["pass"] else "FAIL", c["target"], c["value"]))
+    for note in run["notes"]:
+        log("  note:", note)
+
+
+def draw(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = max(1, len(runs))
+    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 5.5), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        rows = [r for r in run["results"] if "error" not in r and r.get("x_none") is not None]
+        have_peak = [r for r in rows if r["act_peak_mib"] is not None]
+        for r in (have_peak or rows):
+            y = r["act_peak_mib"] if have_peak else 0.0
+            planned = r["label"].startswith("plan@")
+            ax.scatter(r["x_none"], y, marker="*" if planned else "o",
+                       s=120 if planned else 60, color="tab:red" if planned else "tab:blue")
+            ax.annotate(r["label"], (r["x_none"], y), textcoords="offset points",
+                        xytext=(5, 4), fontsize=8)
+        plans = sorted((r for r in have_peak if r["label"].startswith("plan@")),
+                       key=lambda r: r["x_none"])
+        if len(plans) > 1:
+            ax.plot([r["x_none"] for r in plans], [r["act_peak_mib"] for r in plans],
+                    color="tab:red", alpha=0.4)
+        ax.set_xlabel("step time (x none)")
+        ax.set_ylabel("activation peak (MiB)" if have_peak else "(no memory measured on CPU)")
+        ax.set_title("%s, seq %d (%s)" % (run["shape"], run["seq"], run["device"]), fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the parent ----------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="1b", help="1b, 3b (comma-separated), or tiny")
+    p.add_argument("--seq", default="4096", help="sequence lengths, comma-separated")
+    for name in ("hidden", "layers", "intermediate", "heads", "kv-heads", "batch"):
+        p.add_argument("--" + name, type=int, help="overrides the shape")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--attn", default=None, help="sdpa (CUDA default) or eager (CPU default)")
+    p.add_argument("--modes", default=",".join(BASE_MODES + ("plan",)))
+    p.add_argument("--plan-fractions", default="0.25,0.5",
+                   help="planner targets as fractions of none's peak")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--min-bytes", type=int, help="offload candidates from this size (1 MiB)")
+    p.add_argument("--link-mib", type=int, default=256)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU, a tiny Llama, 2 steps: the script's logic in seconds")
+    p.add_argument("--socket")
+    p.add_argument("--build-dir", default=os.environ.get("TIER_BUILD_DIR",
+                                                         os.path.join(REPO_ROOT, "build")))
+    p.add_argument("--pool-bytes", help="tierd's pool (48G; CPU 1G)")
+    p.add_argument("--out-dir", default=".", help="frontier.json and frontier.png go here")
+    p.add_argument("--json", help="the JSON's path (default OUT_DIR/frontier.json)")
+    p.add_argument("--png", help="the PNG's path (default OUT_DIR/frontier.png)")
+    p.add_argument("--child-timeout", type=int, default=560,
+                   help="seconds per (shape, seq) before its stacks are dumped and it exits")
+    p.add_argument("--child-config", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.device = "cpu"
+        args.shape = "tiny"
+        args.seq = "64"
+        args.vocab = 128
+        args.steps = min(args.steps, 2)
+        args.warmup = 1
+    if args.attn is None:
+        args.attn = "sdpa" if args.device == "cuda" else "eager"
+    if args.min_bytes is None:
+        args.min_bytes = 1 << 20 if args.device == "cuda" else 4096
+    if args.pool_bytes is None:
+        args.pool_bytes = "48G" if args.device == "cuda" else "1G"
+    args.plan_fractions = [float(x) for x in args.plan_fractions.split(",") if x]
+    return args
+
+
+def main():
+    if "--child-config" in sys.argv:
+        return run_child(json.loads(parse_args().child_config))
+    args = parse_args()
+    requested = [m for m in args.modes.split(",") if m]
+    unknown = set(requested) - set(BASE_MODES + ("plan",))
+    if unknown:
+        raise SystemExit("unknown modes: %s" % ", ".join(sorted(unknown)))
+    base_modes = ["none"] + [m for m in BASE_MODES if m in requested and m != "none"]
+    os.makedirs(args.out_dir, exist_ok=True)
+    json_path = args.json or os.path.join(args.out_dir, "frontier.json")
+    png_path = args.png or os.path.join(args.out_dir, "frontier.png")
+    os.environ.setdefault("TIER_BUILD_DIR", args.build_dir)
+    daemon = None
+    socket = args.socket
+    if socket is None:
+        daemon = TierdProcess(args.build_dir, args.pool_bytes)
+        daemon.connect("frontier_bench").close()
+        socket = daemon.socket
+    runs, notes = [], []
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
+            for shape in [s for s in args.shape.split(",") if s]:
+                if shape not in SHAPES:
+                    raise SystemExit("unknown shape %r (%s)" % (shape, ", ".join(SHAPES)))
+                cfg = dict(SHAPES[shape])
+                for key in ("hidden", "layers", "intermediate", "heads", "kv_heads", "batch"):
+                    if getattr(args, key) is not None:
+                        cfg[key] = getattr(args, key)
+                for seq in [int(s) for s in args.seq.split(",") if s]:
+                    out = os.path.join(tmp, "%s-%d.json" % (shape, seq))
+                    config = {k: v for k, v in vars(args).items()
+                              if k not in ("json", "png", "child_config")}
+                    config.update(shape=shape, shape_cfg=cfg, seq=seq, out=out, socket=socket,
+                                  modes=base_modes, modes_requested=requested)
+                    cmd = [sys.executable, os.path.abspath(__file__), "--child-config",
+                           json.dumps(config)]
+                    try:
+                        rc = subprocess.run(cmd, timeout=args.child_timeout + 60).returncode
+                    except subprocess.TimeoutExpired:
+                        rc = "timeout"
+                    if rc != 0 or not os.path.exists(out):
+                        notes.append("%s seq %d: the child failed (%s)" % (shape, seq, rc))
+                        log("[%s seq %d] FAILED (%s; see above)" % (shape, seq, rc))
+                        continue
+                    with open(out) as f:
+                        run = json.load(f)
+                    analyze(run, args)
+                    report(run)
+                    runs.append(run)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    log("\ntotal %.0f s" % (time.monotonic() - started))
+    for note in notes:
+        log("note:", note)
+    with open(json_path, "w") as f:
+        json.dump({"benchmark": "frontier_bench", "config": {k: v for k, v in vars(args).items()
+                                                              if k != "child_config"},
+                   "runs": runs, "notes": notes}, f, indent=2)
+    log("wrote", json_path)
+    if runs:
+        draw(runs, png_path)
+        log("wrote", png_path)
+    return 0 if runs and len(runs) == len(args.shape.split(",")) * len(args.seq.split(",")) \
+        else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
