@@ -369,6 +369,7 @@ class Tierd(Mode):
         out = {"d2h": self.off.stats.offloaded_bytes, "h2d": None}
         out.update(self.session.moved() or {})
         out["offloader_d2h"] = self.off.stats.offloaded_bytes
+        out["released"] = self.off.stats.released_bytes
         if self.off.budget is not None:
             out["plans"] = self.off.budget.plans
         return out
@@ -493,6 +494,7 @@ def run_mode(name, mode, model, opt, batch, args):
            "act_peak_mib": None, "peak_allocated_mib": None,
            "d2h_mib": per_step_mib("d2h"), "h2d_mib": per_step_mib("h2d"),
            "offloader_d2h_mib": per_step_mib("offloader_d2h"),
+           "released_mib": per_step_mib("released"),
            "losses": [s["loss"] for s in samples]}
     if "plans" in after:
         row["replans_while_measured"] = after["plans"] - before["plans"]
@@ -667,6 +669,14 @@ def target_checks(model_name, results, bound):
               "%.0f%% (%.0f of %.0f MiB)" % (100 * bound["fraction"],
                                             mib(bound["budget_offloaded"]), mib(bound["bytes"])),
               bound["fraction"] >= BOUND_FRACTION)
+    if ok("tierd-budget") and results["none"]["act_peak_mib"] and \
+            results["tierd-budget"]["d2h_mib"]:
+        # Issue 24, defect 2: what the budget offloads must come off the measured peak (every
+        # offloaded tensor is alive at the end of forward without offload).
+        b = results["tierd-budget"]
+        off_peak = results["none"]["act_peak_mib"] - b["act_peak_mib"]
+        check("tierd-budget takes >= 90% of what it offloads off the activation peak",
+              "%.0f of %.0f MiB" % (off_peak, b["d2h_mib"]), off_peak >= 0.9 * b["d2h_mib"])
     if ok("tierd-half") and results["none"]["act_peak_mib"]:
         ratio = results["tierd-half"]["act_peak_mib"] / results["none"]["act_peak_mib"]
         check("tierd-half activation peak <= half of none's", "%.0f%%" % (100 * ratio),
@@ -742,12 +752,13 @@ def report_budgets(run):
             b, plan = r["budget"], r.get("plan") or {}
             log("  %s policy: %d of %d sites, planned %.0f MiB (kept %s MiB, target %s MiB), "
                 "predicted overhead %.1f%%, measured %.1f%%, %d plan(s) (%d while measured), "
-                "link %.2f/%.2f GB/s" % (
+                "link %.2f/%.2f GB/s from %s; released in stream order %s MiB/step" % (
                     r["mode"], b["chosen_sites"], b["sites"], mib(b["planned_bytes"]),
                     fmt(mib(plan.get("kept_bytes")), "%.0f"),
                     fmt(mib(plan.get("target_bytes")), "%.0f"),
                     100 * b["predicted_overhead"], 100 * b["measured_overhead"], b["plans"],
-                    r["replans_while_measured"], b["link_d2h"] / 1e9, b["link_h2d"] / 1e9))
+                    r["replans_while_measured"], b["link_d2h"] / 1e9, b["link_h2d"] / 1e9,
+                    b.get("link_source", "-"), fmt(r.get("released_mib"), "%.0f")))
 
 
 def kept_on_gpu_notes(results):
