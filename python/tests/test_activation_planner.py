@@ -171,3 +171,39 @@ def test_a_28_block_search_is_quick():
     t0 = time.perf_counter()
     ap.choose(prof, LINK, target_bytes=2 << 30)
     assert time.perf_counter() - t0 < 20
+
+
+def test_the_measured_segments_model_the_peak_where_the_allocator_was_measured():
+    """CUDA calibrations measure the allocator per segment: the end of forward, and each block's
+    backward. The model then moves those figures by what the blocks keep instead of adding an
+    offset to the saved bytes."""
+    prof = llama_like(n=4)
+    calib = ["keep", "selective", "full", "full"]
+    kept = ap.Layout(prof, calib, peak_model=False).block_bytes  # 900, 462, 32, 32 MB
+    outside = 80 * MB
+    prof.calib_modes = calib
+    prof.forward_peak = outside + sum(kept) + 300 * MB   # with the head's logits and the loss
+    prof.misc = [40 * MB] * 4     # allocated at each backward start besides the saved bytes
+    # A block's backward holds its whole activations again plus 200 MB of gradients.
+    prof.work = {"L": {m: 1100 * MB for m in ap.MODES}}
+    assert prof.measured()
+
+    def backward_peaks(k):
+        return [40 * MB + sum(k[:b]) + 1100 * MB for b in range(4)]
+
+    e = ap.evaluate(prof, calib, LINK, offload=False)
+    assert e.peak_bytes == max([prof.forward_peak] + backward_peaks(kept))
+    # All full: the end of forward falls by what keep and selective kept beyond their inputs;
+    # the last block's backward then tops it.
+    full = ap.evaluate(prof, ("full",) * 4, LINK, offload=False)
+    k_full = [32 * MB] * 4
+    assert full.peak_bytes == max([prof.forward_peak - sum(kept) + sum(k_full)] +
+                                  backward_peaks(k_full))
+    # Offloading from block 0 lowers the later blocks' backward peaks by what it took.
+    some = ap.evaluate(prof, ("keep", "full", "full", "full"), LINK,
+                       chosen=[s for s in ap.Layout(prof, ["keep"] + ["full"] * 3).sites
+                               if s.index < 3])
+    assert some.offloaded_bytes > 0
+    k_some = [900 * MB - some.offloaded_bytes] + [32 * MB] * 3
+    assert some.peak_bytes == max([prof.forward_peak - sum(kept) + sum(k_some)] +
+                                  backward_peaks(k_some))

@@ -67,10 +67,20 @@ class StepProfile:
     ``post_sites``: the candidates saved after the last block's forward (never offloaded):
     their bytes. ``pre_s``, ``post_s``, ``tail_s``: the times outside the blocks (see the module
     docstring). ``peak_offset``: the measured activation peak minus the model's for the
-    calibration step (0 where it cannot be measured)."""
+    calibration step (0 where it cannot be measured).
+
+    Where the allocator was measured per segment of the calibration step (CUDA), the peak is
+    modelled from those instead (:meth:`Layout.peak`): ``calib_modes``, the calibration's
+    modes; ``forward_peak``, the peak from the step's start to the first block's backward (the
+    end of forward, the head, the loss); ``misc``, per block position, what was allocated at the
+    start of its backward besides the blocks' saved bytes up to it (the gradient flowing back,
+    what runs outside the blocks); ``work``, {signature: {mode: bytes}}: the peak during a
+    block's backward above everything else (its activations, recomputed or reloaded, and its
+    gradients' transients)."""
 
     def __init__(self, blocks, modes, pre_sites=(), post_sites=(), pre_s=0.0, post_s=0.0,
-                 tail_s=0.0, peak_offset=0):
+                 tail_s=0.0, peak_offset=0, calib_modes=None, forward_peak=None, misc=None,
+                 work=None):
         self.blocks = list(blocks)
         self.modes = modes
         self.pre_sites = [tuple(s) for s in pre_sites]
@@ -79,6 +89,26 @@ class StepProfile:
         self.post_s = float(post_s)
         self.tail_s = float(tail_s)
         self.peak_offset = int(peak_offset)
+        self.calib_modes = list(calib_modes) if calib_modes is not None else None
+        self.forward_peak = forward_peak
+        self.misc = list(misc) if misc is not None else None
+        self.work = work
+        self._calib_kept = None
+
+    def measured(self):
+        """Whether the per-segment peak model applies (every block and mode measured)."""
+        return (self.forward_peak is not None and self.misc is not None and
+                self.work is not None and self.calib_modes is not None and
+                len(self.misc) == len(self.blocks) and
+                all(m in self.work.get(sig, {}) for sig in set(self.blocks)
+                    for m in self.modes[sig]))
+
+    def calib_kept(self):
+        """The calibration step's bytes at the end of forward, by the same model."""
+        if self._calib_kept is None:
+            lay = Layout(self, self.calib_modes, peak_model=False)
+            self._calib_kept = lay.outside_bytes + sum(lay.block_bytes)
+        return self._calib_kept
 
     def allowed(self, modes):
         """The modes every block has a profile for, among `modes` (keep always)."""
@@ -109,9 +139,11 @@ class Evaluation:
 class Layout:
     """The timeline and candidates of a step in given modes (no offload decided yet)."""
 
-    def __init__(self, profile, modes):
+    def __init__(self, profile, modes, peak_model=True):
         if len(modes) != len(profile.blocks):
             raise ValueError("%d modes for %d blocks" % (len(modes), len(profile.blocks)))
+        self.profile = profile
+        self.measured = peak_model and profile.measured()
         self.modes = list(modes)
         per = [profile.modes[sig][m] for sig, m in zip(profile.blocks, modes)]
         t = profile.pre_s
@@ -166,8 +198,20 @@ class Layout:
             self.timing = (needed, index)
 
     def peak(self, offloaded_by_block, offset):
-        """The model's activation peak given the bytes offloaded from each block."""
+        """The model's activation peak given the bytes offloaded from each block: the end of
+        forward (everything saved, less what was offloaded, plus the outside), or a block's
+        backward (the blocks before it, plus its whole activations again). Measured per segment
+        (StepProfile.measured): the calibration's own figures, moved by the difference in what
+        the blocks keep; else the saved bytes plus the calibration's offset."""
         kept = [k - o for k, o in zip(self.block_bytes, offloaded_by_block)]
+        p = self.profile
+        if self.measured:
+            peak = p.forward_peak - p.calib_kept() + self.outside_bytes + sum(kept)
+            below = 0
+            for b, (sig, mode) in enumerate(zip(p.blocks, self.modes)):
+                peak = max(peak, p.misc[b] + below + p.work[sig][mode])
+                below += kept[b]
+            return int(peak)
         peak = self.outside_bytes + sum(kept)
         below = self.pre_bytes
         for b in range(len(kept)):
@@ -382,9 +426,10 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
 
 def _site_target(profile, lay, target_bytes):
     """The budget planner's target is over the sites it may offload: the peak target less what
-    it cannot touch (the outside bytes, the offset)."""
-    return max(0, target_bytes - lay.outside_bytes - profile.peak_offset -
-               sum(lay.block_bytes) + sum(s.nbytes for s in lay.sites))
+    it cannot touch (the model's peak without offload, less the sites' bytes)."""
+    fixed = lay.peak([0] * len(lay.block_bytes), profile.peak_offset) - \
+        sum(s.nbytes for s in lay.sites)
+    return max(0, target_bytes - fixed)
 
 
 def _trim_offload(profile, e, link, target_bytes):

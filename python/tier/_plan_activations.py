@@ -240,6 +240,12 @@ class _Calibration:
         self.peak = None
         self.base = None
         self.device = device_hint
+        # CUDA, per segment of the step (the allocator's peak statistics reset at each block's
+        # backward start): bytes above `base`.
+        self.running = 0          # the step's peak so far
+        self.forward_peak = None  # from the step's start to the last block's backward start
+        self.alloc_bs = {}        # block -> allocated at its backward start
+        self.seg_peak = {}        # block -> the peak during its backward
 
 
 class _JointPolicy:
@@ -488,10 +494,28 @@ class ActivationPlanner:
 
     def _grad_stamp(self, key, device, grad):
         c = self._calib
-        if c is not None and self._step_plan is None:
-            c.clock.stamp(key, device)
-            if key == ("be", 0) and device.type == "cuda" and c.base is not None:
-                c.peak = torch.cuda.max_memory_allocated(device) - c.base
+        if c is None or self._step_plan is not None:
+            return None
+        c.clock.stamp(key, device)
+        if device.type != "cuda" or c.base is None:
+            return None
+        kind, b = key
+        # A block's backward starts where the one after it ends (the same gradient; its
+        # "bs" hook was registered first, so it runs first): close that segment, open this one.
+        if kind == "bs":
+            peak = torch.cuda.max_memory_allocated(device) - c.base
+            if b == len(self._signatures) - 1:
+                c.forward_peak = peak
+            else:
+                c.seg_peak[b + 1] = peak
+            c.running = max(c.running, peak)
+            c.alloc_bs[b] = torch.cuda.memory_allocated(device) - c.base
+            torch.cuda.reset_peak_memory_stats(device)
+        elif b == 0:
+            peak = torch.cuda.max_memory_allocated(device) - c.base
+            c.seg_peak[0] = peak
+            c.running = max(c.running, peak)
+            c.peak = c.running
         return None
 
     def _sac_saved(self, output):
@@ -545,7 +569,7 @@ class ActivationPlanner:
             return  # no backward ran (inference): nothing learned
         if c.peak is None and c.device is not None and c.device.type == "cuda" and \
                 c.base is not None:
-            c.peak = torch.cuda.max_memory_allocated(c.device) - c.base
+            c.peak = max(c.running, torch.cuda.max_memory_allocated(c.device) - c.base)
         self.stats.calibration_steps += 1
         if c.peak is not None:
             self.stats.calibration_peak_bytes = c.peak
@@ -596,9 +620,37 @@ class ActivationPlanner:
         profile = ap.StepProfile(self._signatures, dict(modes), pre_sites, post_sites,
                                  pre_s, post_s, tail_s)
         if c.peak is not None:
-            lay = ap.Layout(profile, c.modes)
+            lay = ap.Layout(profile, c.modes, peak_model=False)
             profile.peak_offset = c.peak - lay.peak([0] * n, 0)
+        self._measure_segments(profile, c)
         return profile
+
+    def _measure_segments(self, profile, last):
+        """The per-segment peak model's figures (StepProfile.measured), where the calibration
+        steps measured every block's backward on CUDA."""
+        n = len(self._signatures)
+        if last.forward_peak is None or len(last.alloc_bs) != n:
+            return
+
+        def kept(c):
+            # What each block keeps at the end of forward in calibration c, by the model.
+            return ap.Layout(profile, c.modes, peak_model=False).block_bytes
+
+        last_kept = kept(last)
+        misc, below = [], 0
+        for b in range(n):
+            below += last_kept[b]
+            misc.append(last.alloc_bs[b] - below)
+        work = collections.defaultdict(dict)
+        for (sig, mode), seen in self._measured.items():
+            for b, c in seen:
+                if b in c.seg_peak and b in c.alloc_bs:
+                    w = c.seg_peak[b] - c.alloc_bs[b] + kept(c)[b]
+                    work[sig][mode] = max(work[sig].get(mode, 0), w)
+        profile.calib_modes = list(last.modes)
+        profile.forward_peak = last.forward_peak
+        profile.misc = misc
+        profile.work = dict(work)
 
     def _first_view(self, c, site):
         return c.keys.index(c.keys[site]) == site
