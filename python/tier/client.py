@@ -1817,10 +1817,10 @@ class Handle:
             self._freed = True
         return dst
 
-    def _pending_source(self):
+    def _pending_source(self, reap=True):
         """CUDA: the source tensor while the offload is still in flight (its data is intact and
         alive), or the one kept after a failed offload; else None. Lets a consumer skip a reload of
-        data that never left the GPU."""
+        data that never left the GPU. reap=False: the caller reaped just before (collect())."""
         if not self._direct or self._job is None:
             return None
         if self._job.status is not None:
@@ -1828,7 +1828,8 @@ class Handle:
         c = self._client
         with c._lock:
             c._check_locked()
-            c._reap_locked()
+            if reap:
+                c._reap_locked()
             keep = self._job.keep
             if self._job.status is not None or keep is None:
                 return self._fallback

@@ -405,10 +405,11 @@ class ActivationOffloader:
         weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
         record = _StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
         self._next_index += 1
-        self._order_index.append(record.index)
-        self._order.append(weakref.ref(record))
-        if len(self._order) >= self._compact_at:
-            self._compact()
+        if self._budget is None:  # the order count-based prefetch walks (a plan has triggers)
+            self._order_index.append(record.index)
+            self._order.append(weakref.ref(record))
+            if len(self._order) >= self._compact_at:
+                self._compact()
         if not t.is_cuda and not self._defer_cpu:
             # CPU: the bytes are staged now (as saved), the job goes with the next batch.
             staged = self.client._stage_offload(flat)
@@ -629,23 +630,27 @@ class ActivationOffloader:
         bytes stay with it for every later unpack), not by a separate free."""
         todo = collections.OrderedDict()  # device -> [record]
         seen = set()
+        client = self.client
+        reaped = False
         for record in records:
             if record.tensor is not None or record.pending is not None or id(record) in seen:
                 continue
             seen.add(id(record))
             if record.handle is None:
                 self._flush()
+            if not reaped:
+                client.collect()  # once for the batch: which offloads are done
+                reaped = True
             if record.handle.failed:
                 self.stats.fallbacks += 1  # the offload failed: the handle kept the data
             if record.device.type == "cuda":
-                source = record.handle._pending_source()
+                source = record.handle._pending_source(reap=False)
                 if source is not None:
                     # The offload is still in flight, so the bytes never left the GPU: use them.
                     record.tensor = source
                     self.stats.source_hits += 1
                     continue
             todo.setdefault(record.device, []).append(record)
-        client = self.client
         for device, group in todo.items():
             handles = [record.handle for record in group]
             # CUDA: allocated on the current stream, which waits (GPU) for the copies: at once

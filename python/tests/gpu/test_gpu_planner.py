@@ -47,10 +47,12 @@ def _budget_run(client, **budget):
 
 @needs_cuda
 def test_budget_offloads_come_off_the_measured_peak(gpu_client):
-    """Step 0 calibrates; steps 1 and 2 offload every candidate (a link given as fast as can be)
-    and release each source in stream order by the end of forward."""
+    """Step 0 calibrates; steps 1 and 2 offload about half of the saved bytes (a target; the
+    link given as fast as can be, so the plan takes the longest-lived, whose reloads come late in
+    backward) and release each source in stream order by the end of forward, where the peak
+    stays: what was offloaded comes off it."""
     ref_losses, ref_grads, ref_peaks, _ = g.reference()
-    (losses, grads, peaks, _), off = _budget_run(gpu_client, max_overhead=0.05,
+    (losses, grads, peaks, _), off = _budget_run(gpu_client, target_bytes=max(ref_peaks) // 2,
                                                  link=(1e12, 1e12))
     for a, b in zip(ref_losses, losses):
         assert torch.equal(a, b)
@@ -59,7 +61,7 @@ def test_budget_offloads_come_off_the_measured_peak(gpu_client):
     per_step = off.stats.offloaded_bytes / (g.STEPS - 1)
     assert per_step > 0 and off.stats.released_bytes > 0, off.stats
     came_off = max(ref_peaks[1:]) - max(peaks[1:])
-    print("\nbudget (everything planned): offloaded %.0f MiB/step, the peak fell by %.0f MiB "
+    print("\nbudget (half the peak): offloaded %.0f MiB/step, the peak fell by %.0f MiB "
           "(%.0f -> %.0f MiB); %s" % (per_step / 2**20, came_off / 2**20,
                                       max(ref_peaks[1:]) / 2**20, max(peaks[1:]) / 2**20,
                                       off.stats))
