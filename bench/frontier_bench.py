@@ -9,7 +9,8 @@ Model: transformers' LlamaForCausalLM from a config, random init, SDPA attention
 (no momentum), use_cache off. Shapes (--shape; --hidden/--layers/... override):
   1b  hidden 2048, 16 layers, intermediate 8192, 32 heads, 8 KV heads, batch 2
   3b  hidden 3072, 28 layers, intermediate 8192, 24 heads, 8 KV heads, batch 1
-vocab --vocab (8192). Each (shape, seq) runs in a child process (a fresh allocator) against one
+vocab --vocab (8192). Longer sequences than 4096 keep the tokens per step at most the shape's at
+4096 (1b at 16384: batch 1). Each (shape, seq) runs in a child process (a fresh allocator) against one
 tierd this script starts (bench/_tierd.py) unless --socket is given.
 
 Modes (rows), each from the same initial weights, one after the other:
@@ -20,7 +21,8 @@ Modes (rows), each from the same initial weights, one after the other:
   inprocess       the in-process offloader of bench/torch_offload_bench.py (torchtune's
                   OffloadActivations design: pinned copies on a side stream; CUDA only).
   tierd-budget    tier.torch.offload_activations(max_overhead=0.05): offload only, tierd.
-  tierd-at-rc     offload_activations(target_bytes = recompute's activation peak).
+  tierd-at-rc     offload_activations(target_bytes = recompute's activation peak; the budget's
+                  target counts the saved tensors it may offload, not the head's logits).
   plan@...        tier.torch.plan_activations at several goals: max_overhead 0.05, at selective's
                   step time (max_overhead = its ratio - 1), and target_bytes = recompute's peak,
                   70% of selective's peak, and fractions of none's peak (--plan-fractions). One
@@ -45,7 +47,8 @@ tierd) better than the planner's on both axes at any goal; tierd-budget offloads
 link bound and takes >= 80% of it (and >= 90% of what it offloaded) off the peak.
 
 Output: a table per (shape, seq), the checks, --out-dir/frontier.json and frontier.png (activation
-peak vs step time, one panel per (shape, seq), one point per mode).
+peak vs step time, one panel per (shape, seq), one point per mode; without matplotlib, draw it
+later from the JSON: --draw frontier.json --png frontier.png).
 """
 
 import argparse
@@ -676,6 +679,8 @@ def parse_args(argv=None):
     p.add_argument("--png", help="the PNG's path (default OUT_DIR/frontier.png)")
     p.add_argument("--child-timeout", type=int, default=560,
                    help="seconds per (shape, seq) before its stacks are dumped and it exits")
+    p.add_argument("--draw", metavar="JSON",
+                   help="only draw --png from a frontier.json of an earlier run")
     p.add_argument("--child-config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
@@ -695,10 +700,28 @@ def parse_args(argv=None):
     return args
 
 
+def draw_or_say(runs, path):
+    """draw(); where matplotlib is missing (the GPU machine may lack it), says how to draw the
+    PNG elsewhere from the JSON instead."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log("matplotlib is not installed: no PNG here; draw it from the JSON elsewhere with\n"
+            "  python3 bench/frontier_bench.py --draw frontier.json --png frontier.png")
+        return False
+    draw(runs, path)
+    log("wrote", path)
+    return True
+
+
 def main():
     if "--child-config" in sys.argv:
         return run_child(json.loads(parse_args().child_config))
     args = parse_args()
+    if args.draw:
+        with open(args.draw) as f:
+            runs = json.load(f)["runs"]
+        return 0 if draw_or_say(runs, args.png or "frontier.png") else 1
     requested = [m for m in args.modes.split(",") if m]
     unknown = set(requested) - set(BASE_MODES + ("plan",))
     if unknown:
@@ -726,6 +749,11 @@ def main():
                     if getattr(args, key) is not None:
                         cfg[key] = getattr(args, key)
                 for seq in [int(s) for s in args.seq.split(",") if s]:
+                    cfg = dict(cfg)
+                    if args.batch is None and shape != "tiny":
+                        # The shape's batch at seq 4096; longer sequences keep the tokens per
+                        # step at most that (1B at 16384: batch 1, as in issue 24's table).
+                        cfg["batch"] = max(1, SHAPES[shape]["batch"] * 4096 // max(seq, 4096))
                     out = os.path.join(tmp, "%s-%d.json" % (shape, seq))
                     config = {k: v for k, v in vars(args).items()
                               if k not in ("json", "png", "child_config")}
@@ -758,8 +786,7 @@ def main():
                    "runs": runs, "notes": notes}, f, indent=2)
     log("wrote", json_path)
     if runs:
-        draw(runs, png_path)
-        log("wrote", png_path)
+        draw_or_say(runs, png_path)
     return 0 if runs and len(runs) == len(args.shape.split(",")) * len(args.seq.split(",")) \
         else 1
 

@@ -208,11 +208,11 @@ class ActivationOffloader:
     at the end of forward (the barrier, after the step's last candidate), the current stream
     waits on the GPU for the copy (tier_stream_wait_offload) and the job stops holding the
     source, so the memory is free for what forward allocates next and off the activation peak
-    that ``torch.cuda.max_memory_allocated`` measures; the host never waits. (Released on the
-    host's view of completion instead, the host running ahead of the GPU left every offloaded
-    source of a forward allocated at its end: the bytes came off nothing.) The price of a
-    stream-ordered release: such an offload that fails (pool or quota full) has no source left
-    to fall back to, and backward raises with the cause."""
+    that ``torch.cuda.max_memory_allocated`` measures; the host never waits. (Released only
+    once the host sees its copy complete, a source would still be allocated when forward ends:
+    the host runs ahead of the GPU.) The price of a stream-ordered release: such an offload that
+    fails (pool or quota full) has no source left to fall back to, and backward raises with the
+    cause."""
 
     def __init__(self, min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
                  max_inflight_bytes=DEFAULT_MAX_INFLIGHT_BYTES, modules=None,
