@@ -235,7 +235,6 @@ class _Calibration:
         self.started = set()
         self.sac_bytes = collections.defaultdict(int)
         self.mem_before = {}
-        self.out_bytes = {}
         self.mem_extra = {}
         self.peak = None
         self.base = None
@@ -750,6 +749,7 @@ def _mean(values):
     return sum(values) / len(values) if values else 0.0
 
 
+@functools.lru_cache(maxsize=None)
 def _sac_op_output():
     """Whether this torch hands the selective policy each op's output (ctx.op_output)."""
     try:
