@@ -679,8 +679,9 @@ def parse_args(argv=None):
     p.add_argument("--png", help="the PNG's path (default OUT_DIR/frontier.png)")
     p.add_argument("--child-timeout", type=int, default=560,
                    help="seconds per (shape, seq) before its stacks are dumped and it exits")
-    p.add_argument("--draw", metavar="JSON",
-                   help="only draw --png from a frontier.json of an earlier run")
+    p.add_argument("--draw", metavar="JSON[,JSON...]",
+                   help="only draw --png from frontier.json files of earlier runs (one panel "
+                        "per (shape, seq))")
     p.add_argument("--child-config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
@@ -719,8 +720,10 @@ def main():
         return run_child(json.loads(parse_args().child_config))
     args = parse_args()
     if args.draw:
-        with open(args.draw) as f:
-            runs = json.load(f)["runs"]
+        runs = []
+        for path in args.draw.split(","):
+            with open(path) as f:
+                runs.extend(json.load(f)["runs"])
         return 0 if draw_or_say(runs, args.png or "frontier.png") else 1
     requested = [m for m in args.modes.split(",") if m]
     unknown = set(requested) - set(BASE_MODES + ("plan",))
