@@ -1,6 +1,8 @@
 #include "engine/link_meter.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <vector>
 
 namespace tier::engine {
 
@@ -44,12 +46,18 @@ void LinkMeter::CloseLocked(uint64_t now_ns) {
 LinkMeter::Rate LinkMeter::Current(uint64_t now_ns) const {
   MutexLock lock(&mu_);
   Rate rate;
+  std::vector<double> rates;
   for (auto it = samples_.rbegin(); it != samples_.rend(); ++it) {
     if (now_ns > it->end_ns && now_ns - it->end_ns > kWindowNs) break;
     rate.bytes += it->bytes;
     rate.busy_ns += it->ns;
+    rates.push_back(static_cast<double>(it->bytes) * 1e9 / static_cast<double>(it->ns));
   }
-  if (rate.busy_ns > 0) rate.bytes_per_s = static_cast<double>(rate.bytes) * 1e9 / rate.busy_ns;
+  if (!rates.empty()) {
+    auto middle = rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2);
+    std::nth_element(rates.begin(), middle, rates.end());
+    rate.bytes_per_s = *middle;
+  }
   return rate;
 }
 

@@ -9,9 +9,11 @@
 // than kMinSampleBytes are dropped (their length is dominated by the completion-detection delay
 // of the worker's polling), and so are periods whose copies averaged under kMinMeanCopyBytes
 // (small copies are bound by the cost of each copy, not by the link; the figure is the link's).
-// Rate() is the bytes over the time of the samples that ended in the
-// last kWindowNs: what the link gave tierd lately, shared by every process of the node through
-// tierd's status (clients plan with it: python/tier/_offload_budget.py).
+// Current() is the median of the rates of the samples that ended in the last kWindowNs: what the
+// link gave tierd lately, shared by every process of the node through tierd's status (clients
+// plan with it: python/tier/_offload_budget.py). The median, not total bytes over total time: a
+// session's first copies into memory just registered (mappings, the lane's stream starting) ran
+// at a fifth of the link, and one such sample halved a window of four.
 #ifndef TIER_ENGINE_LINK_METER_H_
 #define TIER_ENGINE_LINK_METER_H_
 
@@ -31,8 +33,8 @@ class LinkMeter {
   static constexpr size_t kMaxSamples = 512;
 
   struct Rate {
-    double bytes_per_s = 0;  // 0: no sample in the window
-    uint64_t bytes = 0;      // of the samples it is computed from
+    double bytes_per_s = 0;  // the samples' median rate; 0: no sample in the window
+    uint64_t bytes = 0;      // of the samples in the window
     uint64_t busy_ns = 0;
   };
 

@@ -35,6 +35,21 @@ TEST(LinkMeter, RateIsBytesOverBusyTime) {
   EXPECT_EQ(meter.total_bytes(), 128 * kMiB);
 }
 
+// A slow first period (memory just registered, the stream starting) does not drag the figure:
+// the median of the samples' rates is the link's.
+TEST(LinkMeter, OneSlowPeriodDoesNotDragTheFigure) {
+  LinkMeter meter;
+  uint64_t t = 0;
+  meter.Issued(t, 256 * kMiB);
+  meter.Completed(t + 25 * kMs, 256 * kMiB);  // ~10 GiB/s: the first round
+  for (int round = 1; round <= 3; ++round) {
+    t = round * 100 * kMs;
+    meter.Issued(t, 256 * kMiB);
+    meter.Completed(t + 5 * kMs, 256 * kMiB);  // 50 GiB/s
+  }
+  EXPECT_NEAR(meter.Current(t + 6 * kMs).bytes_per_s, 256.0 * kMiB / 5e-3, 1);
+}
+
 // Periods that moved little are dominated by how late completion is seen: they are left out.
 TEST(LinkMeter, SmallPeriodsAreNotSamples) {
   LinkMeter meter;
