@@ -272,7 +272,8 @@ absl::Status Daemon::Init() {
   context.admin_token = *std::move(token);
   health_ = std::make_unique<HealthMonitor>(
       metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
-      config_.health_stall_ms);
+      config_.health_stall_ms,
+      [engine = engine_.get()] { return engine->UnticketedBehindClients(); });
   service_ = std::make_unique<ControlService>(
       context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());

@@ -8,7 +8,9 @@
 //  - jobs that wait for nothing a client holds (no GPU ticket) are in flight and no job has
 //    completed for stall_ms. Jobs with a ticket are left out: a client may keep its stream from
 //    reaching a ticket for as long as it likes, and that must not get the daemon restarted under
-//    every other session (their own GPU lanes have the engine's watchdog).
+//    every other session (their own GPU lanes have the engine's watchdog). So are jobs without a
+//    ticket that a GPU lane holds behind one waiting for its client's ticket (a client could
+//    otherwise queue one behind a ticket it never raises and make health say NOT_SERVING).
 #ifndef TIER_DAEMON_HEALTH_MONITOR_H_
 #define TIER_DAEMON_HEALTH_MONITOR_H_
 
@@ -25,11 +27,12 @@ class HealthMonitor {
   static constexpr uint64_t kPollerStallMs = 5000;
 
   // poller_heartbeat_ms: when the ring poller last went round (MonotonicMs). stall_ms 0: only the
-  // poller is checked.
+  // poller is checked. held_by_clients: jobs without a ticket queued behind a client's ticket
+  // (CopyEngine::UnticketedBehindClients).
   HealthMonitor(const DaemonMetrics& metrics, std::function<uint64_t()> poller_heartbeat_ms,
-                uint32_t stall_ms)
+                uint32_t stall_ms, std::function<uint64_t()> held_by_clients = [] { return 0; })
       : metrics_(metrics), poller_heartbeat_ms_(std::move(poller_heartbeat_ms)),
-        stall_ms_(stall_ms) {}
+        stall_ms_(stall_ms), held_by_clients_(std::move(held_by_clients)) {}
 
   // OK while jobs move; otherwise UNAVAILABLE saying what stopped.
   absl::Status Check(uint64_t now_ms) const;
@@ -38,6 +41,7 @@ class HealthMonitor {
   const DaemonMetrics& metrics_;
   const std::function<uint64_t()> poller_heartbeat_ms_;
   const uint32_t stall_ms_;
+  const std::function<uint64_t()> held_by_clients_;
 };
 
 }  // namespace tier::daemon

@@ -85,6 +85,7 @@ absl::Status Session::Attach(const PeerCredentials& peer, EngineOpener open_engi
   engine::EngineSessionInfo info;
   info.id = id_;
   info.label = absl::StrCat("session ", id_, " '", name_, "' (pid ", peer.pid, ")");
+  info.uid = peer.uid;
   info.tickets = reinterpret_cast<ring::TicketPage*>(bytes + ring::kTicketPageOffset);
   info.tickets_owner = ring_mapping_;
   absl::StatusOr<std::unique_ptr<engine::EngineSession>> engine = open_engine(info);

@@ -72,6 +72,7 @@ struct BufferImport {
 struct EngineSessionInfo {
   uint64_t id = 0;
   std::string label;  // for logs, e.g. "session 5 'train' (pid 1234)"
+  uint32_t uid = 0;   // the client's user (SO_PEERCRED): a user's sessions share one link window
   // The session ring's ticket page (tier/ring.h): the client's GPU streams raise their tickets
   // in it and the daemon's copy streams its done counters. GPU engines read the tickets and
   // register the page with their runtime (for the done writes); the host engine ignores it.
@@ -203,6 +204,9 @@ class CopyEngine {
   virtual EngineCounts Counts() const = 0;
   // The GPUs' links as the engine measured them (GPU engines; empty for the host engine).
   virtual std::vector<LinkRate> LinkRates() const { return {}; }
+  // Jobs without a ticket that are queued behind a job waiting for its client's ticket: the
+  // client holds them up, not tierd (health leaves them out). 0 for the host engine.
+  virtual uint64_t UnticketedBehindClients() const { return 0; }
 };
 
 struct HostEngineOptions {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "engine/link_meter.h"
+#include "engine/link_share.h"
 #include "engine/memfd_mapping.h"
 #include "gpu/ticket_protocol.h"
 #include "engine/release_thread.h"
@@ -198,9 +199,9 @@ struct TicketPagePin {
 struct Lane {
   Lane(GpuRuntime& runtime, HostWordPool& pool, std::shared_ptr<ReleaseThread> releaser,
        std::atomic<uint64_t>& live, DeviceWorker& worker, LinkMeter& meter, std::string label,
-       int device, Direction direction, GpuStream stream, HostWordPool::Slot word)
+       uint32_t uid, int device, Direction direction, GpuStream stream, HostWordPool::Slot word)
       : runtime(runtime), pool(pool), releaser(std::move(releaser)), live(live), worker(worker),
-        meter(meter), label(std::move(label)), device(device), direction(direction),
+        meter(meter), label(std::move(label)), uid(uid), device(device), direction(direction),
         stream(stream), word(word) {
     live.fetch_add(1);
   }
@@ -223,6 +224,7 @@ struct Lane {
   DeviceWorker& worker;     // the GPU's worker (lives as long as the engine)
   LinkMeter& meter;         // the GPU's link in this direction (lives as long as the engine)
   const std::string label;  // the session, for logs
+  const uint32_t uid;       // the session's user: a uid's lanes share one window (LinkShare)
   const int device;
   const Direction direction;
   const GpuStream stream;
@@ -272,11 +274,12 @@ struct DeviceLanes {
 int LaneIndex(Direction direction) { return direction == Direction::kToPool ? 0 : 1; }
 
 struct SessionState {
-  SessionState(const EngineSessionInfo& info) : id(info.id), label(info.label),
+  SessionState(const EngineSessionInfo& info) : id(info.id), label(info.label), uid(info.uid),
                                                 tickets(info.tickets),
                                                 tickets_owner(info.tickets_owner) {}
   const uint64_t id;
   const std::string label;
+  const uint32_t uid;
   ring::TicketPage* const tickets;
   const std::shared_ptr<const void> tickets_owner;
   std::atomic<bool> abandoned{false};
@@ -487,39 +490,8 @@ class PoolWrites {
 };
 
 // One GPU's worker: issues the jobs of that GPU's lanes as their tickets arrive, and completes
-// them as their `completed` words move. Owns no lane; holds the busy ones.
-// Which lanes of one GPU shared its link lately, per direction: a lane's window applies only
-// while another lane of the same direction had work in the last kShareMemoryNs, so a session
-// alone is never held back, and one whose jobs come a little apart (a client waiting for each
-// before the next) still counts as sharing. Only the worker's thread uses it. Lanes are compared
-// by address and never dereferenced (a lane gone and its address reused is at worst counted for
-// one more millisecond).
-class LinkShare {
- public:
-  static constexpr uint64_t kShareMemoryNs = 2'000'000;
-  void Saw(const Lane* lane, int direction, uint64_t now) {
-    for (auto& [l, at] : recent_[direction]) {
-      if (l == lane) {
-        at = now;
-        return;
-      }
-    }
-    recent_[direction].push_back({lane, now});
-  }
-  // After Saw for every lane of a pass: whether `lane` shares its direction with another.
-  bool Shared(const Lane* lane, int direction, uint64_t now) {
-    auto& recent = recent_[direction];
-    std::erase_if(recent, [&](const auto& r) { return now - r.second > kShareMemoryNs; });
-    for (const auto& r : recent) {
-      if (r.first != lane) return true;
-    }
-    return false;
-  }
-
- private:
-  std::vector<std::pair<const Lane*, uint64_t>> recent_[2];
-};
-
+// them as their `completed` words move. Owns no lane; holds the busy ones. Its LinkShare says
+// which lanes shared the GPU's link lately (engine/link_share.h); only its thread uses it.
 class DeviceWorker {
  public:
   DeviceWorker(StreamEngine& engine, GpuRuntime& runtime, int device, uint32_t spin_us,
@@ -916,6 +888,25 @@ class StreamEngine final : public CopyEngine {
 
   // ---- the device workers' side ----
 
+  uint64_t UnticketedBehindClients() const override {
+    std::vector<std::shared_ptr<SessionState>> sessions;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& weak : sessions_) {
+        if (auto s = weak.lock()) sessions.push_back(std::move(s));
+      }
+    }
+    uint64_t held = 0;
+    for (auto& session : sessions) {
+      for (auto& lane : session->AllLanes()) {
+        std::lock_guard lock(lane->mu);
+        if (lane->wait_since_ns == 0) continue;  // its head is not waiting for a client's ticket
+        for (const QueuedJob& q : lane->queue) held += q.job.sync == 0 ? 1 : 0;
+      }
+    }
+    return held;
+  }
+
   // Lanes of `device` with work that their worker is not looking at. There should be none (Submit
   // wakes the worker); the worker checks now and then and logs any it finds.
   std::vector<std::shared_ptr<Lane>> StrandedLanes(int device) {
@@ -940,7 +931,9 @@ class StreamEngine final : public CopyEngine {
   // Issues what is ready on `lane` and completes what finished. True if anything moved; *busy:
   // whether the lane still has work.
   // `shared`: another lane of the GPU and direction has work (LinkShare): the window applies.
-  bool Step(Lane& lane, uint64_t now, bool shared, bool* busy);
+  // window: the lane's window this pass (0: none; DeviceWorker's LinkShare).
+  bool Step(Lane& lane, uint64_t now, uint64_t window, bool* busy);
+  uint64_t lane_window_bytes() const { return options_.lane_window_bytes; }
 
  private:
   friend class GpuSession;
@@ -960,8 +953,8 @@ class StreamEngine final : public CopyEngine {
       return word.status();
     }
     auto lane = std::make_shared<Lane>(*runtime_, words_, releaser_, live_lanes_, Worker(device),
-                                       Meters(device).of(direction), state.label, device,
-                                       direction, *stream, *word);
+                                       Meters(device).of(direction), state.label, state.uid,
+                                       device, direction, *stream, *word);
     std::lock_guard lock(state.mu);
     DeviceLanes& d = state.devices[device];
     std::shared_ptr<Lane>& slot = d.lanes[LaneIndex(direction)];
@@ -1377,12 +1370,12 @@ void StreamEngine::MarkCompleted(Lane& lane, uint64_t first_seq, std::vector<Fai
   }
 }
 
-bool StreamEngine::Step(Lane& lane, uint64_t now, bool shared, bool* busy) {
+bool StreamEngine::Step(Lane& lane, uint64_t now, uint64_t window, bool* busy) {
   std::vector<FailedJob> failed;
   bool moved = false;
   {
     std::lock_guard lock(lane.mu);
-    lane.window_limit = shared ? options_.lane_window_bytes : 0;
+    lane.window_limit = window;
     if (lane.abandoned) {
       // Nothing queued may wait for this client any more; what is issued finishes on its own.
       for (QueuedJob& q : lane.queue) {
@@ -1526,11 +1519,20 @@ void DeviceWorker::Run() {
     std::stable_sort(lanes.begin(), lanes.end(), [](const auto& a, const auto& b) {
       return LaneIndex(a->direction) < LaneIndex(b->direction);
     });
-    for (auto& lane : lanes) share_.Saw(lane.get(), LaneIndex(lane->direction), now);
+    // Only lanes with copies on the link count as sharing it (engine/link_share.h).
+    for (auto& lane : lanes) {
+      bool copying;
+      {
+        std::lock_guard lane_lock(lane->mu);
+        copying = !lane->pending.empty();
+      }
+      if (copying) share_.Saw(lane.get(), lane->uid, LaneIndex(lane->direction), now);
+    }
     for (auto& lane : lanes) {
       bool busy = false;
-      const bool shared = share_.Shared(lane.get(), LaneIndex(lane->direction), now);
-      progress |= engine_.Step(*lane, now, shared, &busy);
+      const uint64_t window = share_.Window(lane.get(), lane->uid, LaneIndex(lane->direction),
+                                            now, engine_.lane_window_bytes());
+      progress |= engine_.Step(*lane, now, window, &busy);
       if (!busy) idle.push_back(lane.get());
     }
     bool any_active;

@@ -13,6 +13,9 @@ tier_add_test(stream_engine_test LABEL unit
 tier_add_test(link_meter_test LABEL unit
   SOURCES unit/link_meter_test.cc
   LIBS tier_engine tier_common)
+tier_add_test(link_share_test LABEL unit
+  SOURCES unit/link_share_test.cc
+  LIBS tier_engine tier_common)
 
 # The GPU data path end to end: real tierd (CUDA engine) and the client library.
 if(TIER_GPU_RUNTIME STREQUAL "cuda")

@@ -10,3 +10,5 @@ tier_add_test(metrics_snapshot_test LABEL unit
 tier_add_test(metrics_integration_test LABEL integration TIMEOUT 120
   SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/metrics_test.cc
   LIBS tier_test_daemon tier_client_static absl::strings)
+tier_add_test(health_monitor_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/health_monitor_test.cc LIBS tierd_lib)

@@ -59,6 +59,16 @@ struct Observed {
   std::vector<size_t> batch_calls;      // copies per CopyBatchAsync call
   std::vector<std::pair<char*, uint64_t>> copies;  // (client address, bytes) of each copy issued
   std::atomic<bool> hold_copies{false};  // copies wait on their streams while set
+  // Copies from or to client memory starting in [first, first + bytes) wait on their streams
+  // while listed (a session kept on the link: LinkShare counts lanes with copies in flight).
+  std::vector<std::pair<const char*, uint64_t>> held_ranges;  // guarded by mu
+  bool Held(const char* client) {
+    std::lock_guard lock(mu);
+    for (auto [first, bytes] : held_ranges) {
+      if (client >= first && client < first + bytes) return true;
+    }
+    return false;
+  }
   std::set<char*> mapped_hosts;  // host ranges registered mapped (ticket pages), not yet released
 };
 
@@ -187,7 +197,7 @@ class FakeRuntime final : public GpuRuntime {
       observed_.copies.push_back({client, len});
     }
     static_cast<FakeStream*>(stream)->Push([=, this] {
-      if (observed_.hold_copies.load()) return false;
+      if (observed_.hold_copies.load() || observed_.Held(client)) return false;
       std::lock_guard lock(memory_mu);
       if (direction == Direction::kToPool) {
         std::memcpy(pool, client, len);
@@ -399,6 +409,37 @@ class StreamEngineTest : public ::testing::Test {
     }
     // Every ticket page registered for the done writes was unregistered by the engine's end.
     EXPECT_TRUE(observed_.mapped_hosts.empty()) << "a session's ticket page stayed registered";
+  }
+
+  void Hold(const std::vector<char>& memory) {
+    std::lock_guard lock(observed_.mu);
+    observed_.held_ranges.push_back({memory.data(), memory.size()});
+  }
+  void ReleaseHeld() {
+    std::lock_guard lock(observed_.mu);
+    observed_.held_ranges.clear();
+  }
+  size_t Issued() {
+    std::lock_guard lock(observed_.mu);
+    return observed_.copies.size();
+  }
+  // Waits (bounded) until `n` copies were issued.
+  bool AwaitIssued(size_t n) {
+    for (int i = 0; i < 2000 && Issued() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return Issued() >= n;
+  }
+  // Puts b_'s D2H lane on the link for good (a copy from its buffer 2 held on its stream) and
+  // waits until that copy is issued: the link is shared from then on (LinkShare).
+  void KeepBOnTheLink(Completion& done, Direction d = Direction::kToPool, uint64_t len = kLen) {
+    Hold(b_.memory[2]);
+    b_.SetTicket(d, 1);
+    const size_t before = Issued();
+    CopyJob job = Job(b_, d, 2, 3, 1, done);
+    job.len = len;
+    Submit(std::move(job));
+    ASSERT_TRUE(AwaitIssued(before + 1));
   }
 
   // Binds the client's ticket slot of GPU 0 (BufferKind kCudaSemaphores: no memory).
@@ -643,7 +684,7 @@ TEST_F(StreamEngineTest, ACopyLargerThanTheWindowGoesInChunksWhileTheLinkIsShare
   Start(0, 10000, kLen / 2);
   ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
   Completion waiting;
-  Submit(Job(b_, Direction::kToPool, 0, 1, 1, waiting));  // its ticket is not there yet
+  ASSERT_NO_FATAL_FAILURE(KeepBOnTheLink(waiting));  // copy 0: b's, held on its stream
   for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 7);
   a_.SetTicket(Direction::kToPool, 1);
   Completion done;
@@ -654,18 +695,39 @@ TEST_F(StreamEngineTest, ACopyLargerThanTheWindowGoesInChunksWhileTheLinkIsShare
   EXPECT_EQ(a_.Done(Direction::kToPool), 1u);
   {
     std::lock_guard lock(observed_.mu);
-    ASSERT_EQ(observed_.copies.size(), 8u);
-    for (size_t i = 0; i < observed_.copies.size(); ++i) {
-      EXPECT_EQ(observed_.copies[i].first, a_.memory[0].data() + i * (kLen / 8));
+    ASSERT_EQ(observed_.copies.size(), 9u);
+    for (size_t i = 1; i < observed_.copies.size(); ++i) {
+      EXPECT_EQ(observed_.copies[i].first, a_.memory[0].data() + (i - 1) * (kLen / 8));
       EXPECT_EQ(observed_.copies[i].second, kLen / 8);
     }
     EXPECT_EQ(std::count(observed_.write_targets.begin(), observed_.write_targets.end(),
                          a_.DoneAddr(Direction::kToPool)),
               1);
   }
-  b_.SetTicket(Direction::kToPool, 1);
+  ReleaseHeld();
   ASSERT_TRUE(waiting.Ready(5000));
   EXPECT_TRUE(waiting.future.get().ok());
+}
+
+// Finding 17 (issue 30): a lane that only waits for its client's ticket is not on the link: it
+// does not force the window on another session (it used to, for as long as the ticket stayed
+// away).
+TEST_F(StreamEngineTest, ALaneWaitingForATicketDoesNotWindowAnother) {
+  Start(0, 10000, kLen / 2);
+  ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
+  Completion waiting;
+  Submit(Job(b_, Direction::kToPool, 0, 1, 1, waiting));  // its ticket never comes (here)
+  a_.SetTicket(Direction::kToPool, 1);
+  Completion done;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, done));
+  ASSERT_TRUE(done.Ready(5000));
+  {
+    std::lock_guard lock(observed_.mu);
+    ASSERT_EQ(observed_.copies.size(), 1u);
+    EXPECT_EQ(observed_.copies[0].second, kLen);
+  }
+  b_.SetTicket(Direction::kToPool, 1);
+  ASSERT_TRUE(waiting.Ready(5000));
 }
 
 // A session alone on the GPU is never held back by the window: its copy goes whole.
@@ -689,41 +751,36 @@ TEST_F(StreamEngineTest, TheWindowLetsAnotherSessionsCopyAheadOfALargeOne) {
   ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
   for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 3);
   std::memset(b_.memory[0].data(), 0x4B, kLen);
-  observed_.hold_copies.store(true);
-  Completion big, small;
-  CopyJob job = Job(b_, Direction::kToPool, 0, 1, 1, small);
-  job.len = kLen / 8;
-  Submit(std::move(job));  // waits for its ticket: b's lane has work
+  Completion on_link, big, small;
+  // Copy 0, small: b's second copy below still fits its own window.
+  ASSERT_NO_FATAL_FAILURE(KeepBOnTheLink(on_link, Direction::kToPool, kLen / 8));
+  Hold(a_.memory[0]);  // a's chunks stay in flight: its window fills
   a_.SetTicket(Direction::kToPool, 1);
   Submit(Job(a_, Direction::kToPool, 0, 0, 1, big));
-  auto issued = [&] {
-    std::lock_guard lock(observed_.mu);
-    return observed_.copies.size();
-  };
-  for (int i = 0; i < 500 && issued() < 4; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  ASSERT_TRUE(AwaitIssued(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(issued(), 4u) << "the first lane issued more than its window";
-  b_.SetTicket(Direction::kToPool, 1);
-  for (int i = 0; i < 500 && issued() < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  EXPECT_EQ(Issued(), 5u) << "the first lane issued more than its window";
+  CopyJob job = Job(b_, Direction::kToPool, 0, 1, 2, small);
+  job.len = kLen / 8;
+  b_.SetTicket(Direction::kToPool, 2);
+  Submit(std::move(job));
+  ASSERT_TRUE(AwaitIssued(6));
   {
     std::lock_guard lock(observed_.mu);
-    ASSERT_EQ(observed_.copies.size(), 5u);
-    EXPECT_EQ(observed_.copies[4].first, b_.memory[0].data())
+    ASSERT_EQ(observed_.copies.size(), 6u);
+    EXPECT_EQ(observed_.copies[5].first, b_.memory[0].data())
         << "the second session's copy waited behind the first one's chunks";
   }
-  observed_.hold_copies.store(false);
+  ReleaseHeld();
   ASSERT_TRUE(big.Ready(5000));
   ASSERT_TRUE(small.Ready(5000));
+  ASSERT_TRUE(on_link.Ready(5000));
   EXPECT_TRUE(big.future.get().ok());
   EXPECT_TRUE(small.future.get().ok());
   EXPECT_EQ(std::memcmp(pool_.data(), a_.memory[0].data(), kLen), 0);
   EXPECT_EQ(std::memcmp(pool_.data() + kLen, b_.memory[0].data(), kLen / 8), 0);
   EXPECT_EQ(a_.Done(Direction::kToPool), 1u);
-  EXPECT_EQ(b_.Done(Direction::kToPool), 1u);
+  EXPECT_EQ(b_.Done(Direction::kToPool), 2u);
 }
 
 // A reload of pool bytes an offload is still writing in chunks waits for the whole offload: it
@@ -732,8 +789,8 @@ TEST_F(StreamEngineTest, AReloadWaitsForEveryChunkOfTheOffloadItReads) {
   Start(0, 10000, kLen / 2);
   ASSERT_NO_FATAL_FAILURE(Open(b_, 8));
   Completion waiting[2];
-  Submit(Job(b_, Direction::kToPool, 0, 2, 1, waiting[0]));  // both directions shared
-  Submit(Job(b_, Direction::kFromPool, 1, 3, 1, waiting[1]));
+  ASSERT_NO_FATAL_FAILURE(KeepBOnTheLink(waiting[0], Direction::kToPool));  // both directions
+  ASSERT_NO_FATAL_FAILURE(KeepBOnTheLink(waiting[1], Direction::kFromPool));
   for (uint64_t i = 0; i < kLen; ++i) a_.memory[0][i] = static_cast<char>(i * 5 + 1);
   a_.SetTicket(Direction::kToPool, 1);
   a_.SetTicket(Direction::kFromPool, 1);
@@ -749,8 +806,7 @@ TEST_F(StreamEngineTest, AReloadWaitsForEveryChunkOfTheOffloadItReads) {
     std::lock_guard lock(observed_.mu);
     EXPECT_GE(observed_.copies.size(), 16u) << "the copies were not chunked";
   }
-  b_.SetTicket(Direction::kToPool, 1);
-  b_.SetTicket(Direction::kFromPool, 1);
+  ReleaseHeld();
   for (auto& w : waiting) ASSERT_TRUE(w.Ready(5000));
 }
 
@@ -958,6 +1014,24 @@ TEST_F(StreamEngineTest, ATicketSlotCarriesNoMemoryAndTheDoneWordsLandInTheTicke
   EXPECT_EQ(rates[0].device, 0);
   EXPECT_EQ(rates[0].d2h_bytes, kLen);
   EXPECT_EQ(rates[0].h2d_bytes, kLen);
+}
+
+// Finding 11 (issue 30): a job without a ticket queued behind one whose ticket the client never
+// raises is held by the client, and the engine says so (health leaves such jobs out).
+TEST_F(StreamEngineTest, UnticketedJobsBehindAClientsTicketAreCountedAsHeldByTheClient) {
+  Start();
+  Completion ticketed, plain;
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, ticketed));  // ticket 1 never raised (yet)
+  Submit(Job(a_, Direction::kToPool, 1, 1, 0, plain));     // no ticket, behind it
+  for (int i = 0; i < 500 && engine_->UnticketedBehindClients() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(engine_->UnticketedBehindClients(), 1u);
+  EXPECT_FALSE(plain.Ready(20));
+  a_.SetTicket(Direction::kToPool, 1);
+  ASSERT_TRUE(ticketed.Ready(5000));
+  ASSERT_TRUE(plain.Ready(5000));
+  EXPECT_EQ(engine_->UnticketedBehindClients(), 0u);
 }
 
 // What tierctl clients shows: a lane waiting for a client's ticket says which, and what the

@@ -20,7 +20,10 @@ class HostEngineFeedTest : public ::testing::Test {
  protected:
   HostEngineFeedTest() : pool_(kLen, 0), client_(kLen, 0) {
     engine_ = MakeHostEngine(HostEngineOptions{});
-    session_ = *engine_->OpenSession(EngineSessionInfo{1, "test", nullptr, nullptr});
+    EngineSessionInfo info;
+    info.id = 1;
+    info.label = "test";
+    session_ = *engine_->OpenSession(info);
   }
 
   CopyJob FedJob(std::shared_ptr<SourceFeed> feed, std::promise<absl::Status>& done) {
