@@ -133,11 +133,16 @@ absl::StatusOr<ImportedPages> ImportPages(const Driver& driver, std::vector<Uniq
 class VmmMapping final : public DeviceMapping {
  public:
   // `segment_page_bytes`: a segment's page size (0: not a segment, it cannot grow).
+  // `reserved_total`: the engine's count of address space reserved for client memory, which this
+  // reservation is part of until it is freed.
   VmmMapping(const Driver& driver, CUdeviceptr base, uint64_t reserved, int device,
-             uint64_t segment_page_bytes, std::string gpu)
+             uint64_t segment_page_bytes, std::string gpu,
+             std::atomic<uint64_t>& reserved_total)
       : driver_(driver), base_(base), reserved_(reserved), device_(device),
-        segment_page_bytes_(segment_page_bytes), gpu_(std::move(gpu)) {}
+        segment_page_bytes_(segment_page_bytes), gpu_(std::move(gpu)),
+        reserved_total_(reserved_total) {}
   ~VmmMapping() override {
+    reserved_total_.fetch_sub(reserved_);
     cuda::DeviceGuard guard(device_);
     uint64_t unmapped = 0;
     for (uint64_t page : mapped_pages_) {  // each cuMemMap is unmapped whole
@@ -232,6 +237,7 @@ class VmmMapping final : public DeviceMapping {
   const int device_;
   const uint64_t segment_page_bytes_;
   const std::string gpu_;
+  std::atomic<uint64_t>& reserved_total_;
   std::atomic<uint64_t> bytes_{0};
   std::vector<uint64_t> mapped_pages_;  // the mapper's (one caller at a time), then the destructor
 };
@@ -483,6 +489,26 @@ class CudaRuntime final : public GpuRuntime {
     const bool segment = import.kind == wire::BufferKind::kCudaVmmSegment;
     // (The listener checked a segment's reservation: whole pages, at least its bytes.)
     const uint64_t reserved = segment ? std::max(import.reserve_bytes, import.bytes) : import.bytes;
+    // Address space is tierd's, not the client's: a reservation may not exceed the GPU's memory
+    // (no segment can hold more), and all of them together stay under kMaxReservedBytes (each
+    // used to take up to 4 TiB of tierd's 128 TiB, counted nowhere: issue 30, finding 12).
+    size_t free_bytes = 0, total_bytes = 0;
+    if (absl::Status s = CheckRuntime(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+        !s.ok()) {
+      return s;
+    }
+    const uint64_t bound = total_bytes + pages->granularity;  // the first page may stick out
+    if (reserved > bound) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a VMM reservation of ", reserved, " bytes is larger than GPU ", device, "'s memory (",
+          total_bytes, " bytes)"));
+    }
+    if (reserved_bytes_.fetch_add(reserved) + reserved > kMaxReservedBytes) {
+      reserved_bytes_.fetch_sub(reserved);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tierd has reserved ", reserved_bytes_.load() >> 30, " GiB of address space for "
+          "clients' GPU memory, at most ", kMaxReservedBytes >> 30, " GiB: unregister buffers"));
+    }
     if (reserved % pages->granularity != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a VMM reservation of ", reserved, " bytes is not a multiple of the ",
@@ -493,17 +519,24 @@ class CudaRuntime final : public GpuRuntime {
                                                                0, 0),
                                      "cuMemAddressReserve");
         !s.ok()) {
+      reserved_bytes_.fetch_sub(reserved);
       return s;
     }
-    // From here the mapping frees the reservation, and unmaps what it mapped.
+    // From here the mapping frees the reservation (and its count), and unmaps what it mapped.
     auto mapping = std::make_unique<VmmMapping>(driver_, va, reserved, device,
-                                                segment ? import.page_bytes[0] : 0, gpu);
+                                                segment ? import.page_bytes[0] : 0, gpu,
+                                                reserved_bytes_);
     if (absl::Status s = mapping->Map(*pages); !s.ok()) return s;
     return mapping;
   }
 
+  // Address space reserved for client memory (VMM imports) at most: a quarter of x86-64's 128 TiB
+  // of user space, so clients cannot starve tierd of it.
+  static constexpr uint64_t kMaxReservedBytes = uint64_t{32} << 40;
+
   const Driver& driver_;
   std::atomic<bool> batch_copies_{true};  // cudaMemcpyBatchAsync works here
+  std::atomic<uint64_t> reserved_bytes_{0};
 };
 
 // Stream memory operations on the engine's mapped host words, once, before any session: a write

@@ -767,6 +767,30 @@ TEST_P(CudaEngineTest, HandleOfDeadProcessIsRejected) {
   EXPECT_NE(b.status().message().find("exited"), absl::string_view::npos) << b.status();
 }
 
+// Finding 12 (issue 30): a segment registration named how much address space tierd reserves for
+// it (up to 4 TiB), and nothing counted it. A reservation larger than the GPU's memory is
+// refused, and the session goes on.
+TEST_P(CudaEngineTest, ASegmentReservationLargerThanTheGpuIsRefused) {
+  if (GetParam() != 0) GTEST_SKIP() << "registration only: delay injection changes nothing";
+  UniqueFd fd;
+  Reply r = client_.Call(Op::kAllocVmm, kBufferBytes, 0x11, &fd);
+  if (r.code == static_cast<int32_t>(absl::StatusCode::kUnimplemented)) {
+    GTEST_SKIP() << "VMM POSIX fd handles unsupported on this GPU";
+  }
+  ASSERT_EQ(r.code, 0) << ReplyText(r);
+  BufferImport import = ImportOf(r);
+  import.kind = wire::BufferKind::kCudaVmmSegment;
+  import.page_fds.push_back(std::move(fd));
+  import.page_bytes = {kBufferBytes};
+  import.reserve_bytes = uint64_t{4} << 40;  // 4 TiB: no GPU has that much
+  absl::StatusOr<std::unique_ptr<ImportedBuffer>> b =
+      engine_->Import(session_.get(), std::move(import));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  EXPECT_NE(b.status().message().find("larger than GPU"), absl::string_view::npos) << b.status();
+  EXPECT_GE(AddBuffer(Op::kAllocIpc, 0x22), 0);  // the session goes on
+}
+
 // Daemon death on the client side: a consumer blocked on reload_done is released.
 TEST_P(CudaEngineTest, ReleaseWaitersFreesConsumer) {
   ASSERT_EQ(client_.Call(Op::kCreateSync, 0, 0, nullptr, ticket_fd_.get()).code, 0);
