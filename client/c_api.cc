@@ -101,6 +101,12 @@ void tier_session_close(tier_session* session) {
   }
 }
 
+uint32_t tier_session_flags(tier_session* session) {
+  if (session == nullptr) return 0;
+  return (session->impl->daemon_gone() ? TIER_SESSION_DAEMON_GONE : 0u) |
+         (session->impl->daemon_draining() ? TIER_SESSION_DAEMON_DRAINING : 0u);
+}
+
 tier_status tier_session_get_info(tier_session* session, tier_session_info* info) {
   if (session == nullptr || info == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
   static_assert(offsetof(tier_session_info, device_registrations) == TIER_SESSION_INFO_V1_SIZE);
@@ -111,6 +117,7 @@ tier_status tier_session_get_info(tier_session* session, tier_session_info* info
   info->quota_bytes = session->impl->quota_bytes();
   info->ring_entries = session->impl->ring_entries();
   info->jobs_in_flight = session->impl->in_flight();
+  info->flags = tier_session_flags(session);
   std::memset(info->engine, 0, sizeof(info->engine));
   std::strncpy(info->engine, session->impl->engine().c_str(), sizeof(info->engine) - 1);
   if (info->struct_size >= sizeof(tier_session_info)) {

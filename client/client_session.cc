@@ -439,6 +439,15 @@ absl::Status ClientSession::PushBatch(absl::Span<JobRequest> requests,
   }
   std::unique_lock lock(mu_);
   if (daemon_gone_) return absl::UnavailableError("tierd went away");
+  if (ring_.daemon_state() & ring::kDaemonDraining) {
+    for (const JobRequest& r : requests) {
+      if (r.opcode != static_cast<uint32_t>(ring::Opcode::kOffload)) continue;
+      // tierd hands back before it exits: what was offloaded comes back (reloads and frees go
+      // on); new data stays with the caller. Nothing was pushed.
+      return absl::UnavailableError(
+          "tierd is draining (stopping or restarting): offload refused, keep the data");
+    }
+  }
   // At most ring-capacity jobs in flight, so neither queue can overflow; and room for the whole
   // batch before its ticket is taken: the daemon signals the ticket only once every job of it
   // arrived, so a batch stuck half pushed would wait for itself.

@@ -73,6 +73,8 @@ class ClientSession {
   uint64_t id() const { return session_id_; }
   uint64_t quota_bytes() const { return quota_bytes_; }
   uint32_t ring_entries() const { return ring_.capacity(); }
+  // The daemon is gone (the session socket hung up) / is draining (ring::kDaemonDraining).
+  bool daemon_draining() const { return ring_.daemon_state() & ring::kDaemonDraining; }
   const std::string& engine() const { return engine_; }
 
   // Host memory shared with the daemon (a sealed memfd), registered.

@@ -32,6 +32,7 @@ absl::StatusOr<JobRing> JobRing::Map(UniqueFd ring_fd, uint64_t ring_bytes, Uniq
   ring.base_ = base;
   ring.bytes_ = ring_bytes;
   ring.tickets_ = view->tickets;
+  ring.header_ = view->header;
   ring.sq_doorbell_ = std::move(sq_doorbell);
   ring.cq_doorbell_ = std::move(cq_doorbell);
   uint32_t entries = view->header->sq_entries;
@@ -42,7 +43,7 @@ absl::StatusOr<JobRing> JobRing::Map(UniqueFd ring_fd, uint64_t ring_bytes, Uniq
 
 JobRing::JobRing(JobRing&& other) noexcept
     : base_(std::exchange(other.base_, nullptr)), bytes_(other.bytes_), tickets_(other.tickets_),
-      sq_doorbell_(std::move(other.sq_doorbell_)), cq_doorbell_(std::move(other.cq_doorbell_)),
+      header_(other.header_), sq_doorbell_(std::move(other.sq_doorbell_)), cq_doorbell_(std::move(other.cq_doorbell_)),
       sq_(other.sq_), cq_(other.cq_) {}
 
 JobRing::~JobRing() {

@@ -31,6 +31,8 @@ class JobRing {
   bool CompletionsEmpty() const { return cq_.Empty(); }
   // The session's ticket page (tier/ring.h), for the GPU layer; page aligned.
   ring::TicketPage* tickets() const { return tickets_; }
+  // The daemon's state bits (ring::kDaemon*), as it last wrote them.
+  uint32_t daemon_state() const { return header_->daemon_state.load(std::memory_order_acquire); }
 
   enum class WaitResult { kReady, kTimeout, kPeerGone };
   // Sleeps until a completion may be there, `timeout_ms` passes (< 0: no limit) or `socket_fd`
@@ -43,6 +45,7 @@ class JobRing {
   void* base_ = nullptr;
   uint64_t bytes_ = 0;
   ring::TicketPage* tickets_ = nullptr;
+  const ring::RingHeader* header_ = nullptr;
   UniqueFd sq_doorbell_;
   UniqueFd cq_doorbell_;
   ring::Producer<ring::SubmissionEntry> sq_;

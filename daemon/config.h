@@ -106,6 +106,9 @@ struct Config {
   // Service.
   Severity log_level = Severity::kInfo;  // log_level: debug | info | warning | error
   uint32_t drain_timeout_ms = 30000; // drain_timeout_ms: SIGTERM waits this long for jobs
+  // drain_handback_idle_ms: while draining, clients give back what they offloaded; tierd stops
+  // waiting for that once none has given anything back for this long.
+  uint32_t drain_handback_idle_ms = 5000;
   // health_stall_ms: Health says NOT_SERVING when jobs the daemon alone must finish are in
   // flight and none completed for this long (0: only the ring poller is watched).
   uint32_t health_stall_ms = 60000;

@@ -358,6 +358,10 @@ std::vector<Key> BuildKeys() {
   keys.push_back(IntegerKey("drain_timeout_ms", kService,
                             "on SIGTERM, wait this long for in-flight jobs; 0: no limit",
                             &Config::drain_timeout_ms, 0, 3600 * 1000));
+  keys.push_back(IntegerKey("drain_handback_idle_ms", kService,
+                            "draining: clients give back what they offloaded (reloads and frees "
+                            "go on, offloads are refused); stop waiting once none did for this long",
+                            &Config::drain_handback_idle_ms, 0, 3600 * 1000));
   keys.push_back(IntegerKey("health_stall_ms", kService,
                             "health fails when jobs without a GPU ticket are in flight and none "
                             "completed for this long; 0: watch the ring poller only",

@@ -312,10 +312,33 @@ absl::Status Daemon::StartMetrics() {
 }
 
 uint64_t Daemon::Drain(uint32_t timeout_ms) {
-  registry_->SetDraining();
   const auto deadline = timeout_ms == 0 ? std::chrono::steady_clock::time_point::max()
                                         : std::chrono::steady_clock::now() +
                                               std::chrono::milliseconds(timeout_ms);
+  // First the clients take back what they offloaded: they see the drain in their rings, offload
+  // no more, and reload or free what they have (a training step's activations come back within
+  // the step), so a restart costs no step. Until every session holds nothing, or none has given
+  // anything back for drain_handback_idle_ms (a client that keeps its objects, idle or frozen,
+  // does not hold the restart up for everyone), or the deadline.
+  registry_->SetDraining();
+  const uint64_t started = MonotonicMs();
+  uint64_t held = registry_->SessionObjects();
+  uint64_t last_given = started;
+  while (held > 0 && std::chrono::steady_clock::now() < deadline &&
+         MonotonicMs() - last_given < config_.drain_handback_idle_ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // once, at shutdown
+    const uint64_t now_held = registry_->SessionObjects();
+    if (now_held < held) last_given = MonotonicMs();
+    held = now_held;
+  }
+  if (held > 0) {
+    LogWarning("drain: sessions still hold ", held, " objects after ", MonotonicMs() - started,
+               " ms (none given back for ", MonotonicMs() - last_given, " ms); they are lost");
+  } else {
+    LogInfo("drain: every session gave its objects back in ", MonotonicMs() - started, " ms");
+  }
+  // Then nothing more is taken, and what is in flight finishes.
+  registry_->SetRefusing();
   return metrics_.jobs_in_flight.AwaitZero(deadline);
 }
 

@@ -103,7 +103,7 @@ bool RingPoller::Drain(const std::shared_ptr<Session>& session, bool* blocked) {
       break;
     }
     took = true;
-    if (registry_.draining()) {
+    if (registry_.refusing()) {
       executor_.Reject(session, entry, absl::UnavailableError("tierd is draining"));
     } else {
       executor_.Start(session, entry);

@@ -102,6 +102,12 @@ engine::EngineSession* Session::engine_session_if_attached() const {
   return attached_ ? engine_session_.get() : nullptr;
 }
 
+void Session::TellDraining() {
+  if (ring_base_ == nullptr) return;
+  static_cast<ring::RingHeader*>(ring_base_)->daemon_state.fetch_or(ring::kDaemonDraining,
+                                                                      std::memory_order_release);
+}
+
 void Session::ReleaseClientDoorbells() {
   client_sq_doorbell_.reset();
   client_cq_doorbell_.reset();

@@ -128,6 +128,8 @@ class Session {
 
   // The session's objects (daemon/object_table.h): every change of their state, and the quota.
   const std::shared_ptr<ObjectTable>& objects() const { return objects_; }
+  // Tells the client tierd is draining (ring::kDaemonDraining in its ring's header).
+  void TellDraining();
   // Where the object a job names by `id` lives: a persistent object bound to `id` (its uid's
   // table, daemon/persistent_store.h), else the session's own table under the same id.
   ObjectSlot Resolve(uint64_t id) const;

@@ -97,6 +97,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
     ledger_.RemoveSession(peer.uid);
     return attached;
   }
+  // A drain that began while it attached: it learns of it too (SetDraining told the others).
+  if (draining()) session->TellDraining();
   Changed();
   LogInfo("session ", session_id, " '", session->name(), "' attached by pid ", peer.pid, " uid ",
           peer.uid);
@@ -212,6 +214,19 @@ std::vector<SessionSnapshot> SessionRegistry::Snapshots() const {
     }
   }
   return out;
+}
+
+void SessionRegistry::SetDraining() {
+  draining_.store(true, std::memory_order_release);
+  for (const std::shared_ptr<Session>& session : ActiveSessions()) session->TellDraining();
+}
+
+uint64_t SessionRegistry::SessionObjects() const {
+  uint64_t objects = 0;
+  for (const std::shared_ptr<Session>& session : ActiveSessions()) {
+    objects += session->objects()->size();
+  }
+  return objects;
 }
 
 size_t SessionRegistry::size() const {

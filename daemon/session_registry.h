@@ -66,8 +66,16 @@ class SessionRegistry {
   std::vector<SessionSnapshot> Snapshots() const;
   size_t size() const;
 
-  void SetDraining() { draining_.store(true, std::memory_order_release); }
+  // Draining, in two steps (Daemon::Drain). First no new sessions, and every attached session's
+  // ring says so (ring::kDaemonDraining): its client offloads no more and keeps new data on the
+  // GPU, while its reloads and frees go on, so what it offloaded comes back before tierd exits.
+  // Then, refusing: every job is refused (UNAVAILABLE).
+  void SetDraining();
   bool draining() const { return draining_.load(std::memory_order_acquire); }
+  void SetRefusing() { refusing_.store(true, std::memory_order_release); }
+  bool refusing() const { return refusing_.load(std::memory_order_acquire); }
+  // Objects the attached sessions hold (persistent objects are the uid tables', not counted).
+  uint64_t SessionObjects() const;
 
  private:
   void Reap();
@@ -78,6 +86,7 @@ class SessionRegistry {
   JobExecutor& executor_;
   engine::CopyEngine& engine_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> refusing_{false};
   std::atomic<uint64_t> generation_{0};
   std::function<void()> on_change_;
 

@@ -85,6 +85,10 @@ struct QueueIndices {
   Index need_wakeup;  // set by the consumer before it sleeps on the queue's eventfd
 };
 
+// What the daemon tells every client of its state, without a message (RingHeader::daemon_state;
+// written by the daemon only, read by the client before it pushes offloads).
+inline constexpr uint32_t kDaemonDraining = 1;  // tierd is stopping: offload no more, keep data
+
 struct alignas(64) RingHeader {
   uint32_t magic;
   uint32_t version;
@@ -95,6 +99,7 @@ struct alignas(64) RingHeader {
   uint64_t session_id;
   alignas(64) QueueIndices sq;
   QueueIndices cq;
+  alignas(64) std::atomic<uint32_t> daemon_state{0};  // kDaemon* bits
 };
 
 inline constexpr size_t kHeaderBytes = 4096;

@@ -80,12 +80,17 @@ TIER_API tier_status tier_session_open(const tier_session_options* options, tier
 /* Waits for the session's jobs, closes it (the daemon frees its objects) and frees the handle. */
 TIER_API void tier_session_close(tier_session* session);
 
+/* tier_session_info.flags */
+#define TIER_SESSION_DAEMON_GONE 1u     /* tierd died or closed the session: open a new one */
+#define TIER_SESSION_DAEMON_DRAINING 2u /* tierd is stopping: offloads are refused (keep the data),
+                                          reloads and frees still go; then it exits */
+
 typedef struct tier_session_info {
   uint32_t struct_size; /* sizeof(tier_session_info) */
   uint64_t session_id;
   uint64_t quota_bytes;
   uint32_t ring_entries;
-  uint32_t reserved;
+  uint32_t flags; /* TIER_SESSION_* (since 0.2; 0 before) */
   uint64_t jobs_in_flight; /* submitted by this handle, completion not yet reaped */
   char engine[16];         /* the daemon's copy engine: "host", "cuda", "hip" */
   /* Since 0.2 (filled when struct_size covers them): what registering GPU memory cost so far.
@@ -100,6 +105,9 @@ typedef struct tier_session_info {
 #define TIER_SESSION_INFO_V1_SIZE 56u
 
 TIER_API tier_status tier_session_get_info(tier_session* session, tier_session_info* info);
+/* tier_session_info.flags alone, without filling the struct: cheap enough to ask before every job
+ * (0 for a NULL session). Since 0.2. */
+TIER_API uint32_t tier_session_flags(tier_session* session);
 
 /* What the link of this process's GPU `device` (its CUDA/HIP ordinal) achieved for tierd's copies
  * lately, as tierd measured them: bytes per second while copies were in flight, device to host

@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "client/control_client.h"
 #include "common/admin_token.h"
@@ -155,9 +157,46 @@ TEST(Protocol, DrainRefusesNewWorkAndReportsIdle) {
   ASSERT_TRUE(tierd.stub().Drain(&context, request, &response).ok());
   EXPECT_EQ(response.jobs_in_flight(), 0u);
   EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::DRAINING);
-  EXPECT_EQ(session.TryWait(session.Offload(buffer.id, 0, 4096).second), TIER_UNAVAILABLE);
+  // The client refuses offloads itself (the ring says tierd drains): nothing is pushed.
+  EXPECT_EQ(tier_session_flags(session.get()), TIER_SESSION_DAEMON_DRAINING);
+  EXPECT_THROW(session.Offload(buffer.id, 0, 4096), Error);
   Session::Options options = OptionsFor(tierd);
   EXPECT_THROW(Session{options}, Error);
+}
+
+// Issue 30, item 2: a drain first lets every session take back what it offloaded (reloads and
+// frees go on; offloads are refused at the client, which keeps its data), so a restart costs a
+// trainer no step; it moves on as soon as nothing is held any more.
+TEST(Protocol, DrainLetsSessionsTakeBackWhatTheyOffloaded) {
+  TierdProcess tierd({"--drain_handback_idle_ms=20000"});
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(8192);
+  std::memset(buffer.data, 0x5C, 4096);
+  auto [object, offload] = session.Offload(buffer.id, 0, 4096);
+  session.Wait(offload);
+  absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(tierd.socket()));
+  ASSERT_TRUE(token.ok()) << token.status();
+  const auto started = std::chrono::steady_clock::now();
+  std::thread drain([&] {
+    grpc::ClientContext context;
+    v1::DrainRequest request;
+    request.set_timeout_ms(30000);
+    request.set_admin_token(*token);
+    v1::DrainResponse response;
+    EXPECT_TRUE(tierd.stub().Drain(&context, request, &response).ok());
+  });
+  while (!(tier_session_flags(session.get()) & TIER_SESSION_DAEMON_DRAINING)) {
+    ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_THROW(session.Offload(buffer.id, 0, 4096), Error);  // new data stays with the client
+  // What it offloaded comes back, and the drain moves on once it is given back (freed).
+  EXPECT_EQ(session.TryWait(session.Reload(object, buffer.id, 4096, 4096, /*free_after=*/true)),
+            TIER_OK);
+  EXPECT_EQ(std::memcmp(static_cast<char*>(buffer.data) + 4096, buffer.data, 4096), 0);
+  drain.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(15))
+      << "the drain waited for the hand-back's idle limit, not for the object to come back";
 }
 
 TEST(Protocol, NoDaemonIsAClearUnavailable) {
