@@ -19,6 +19,10 @@ the copies, and the current stream waits for an event recorded after them before
 update (``wait_event``: the ordering; ``record_stream`` only keeps the caching allocator from
 reusing the memory early).
 
+Sharded parameters (FSDP2's ``fully_shard``, tensor parallel: DTensors): each rank sends and
+fetches the local shard of each state tensor through its node's tierd, and the reloaded shard is
+wrapped back into a DTensor of the same mesh and placements (tier/_dtensor.py).
+
 Offloads carry ``next_use_hint`` = the position of the group in the next step, in step order, so
 the spiller writes to NVMe the groups needed last and prefetches them back in step order.
 """
@@ -28,6 +32,7 @@ import types
 
 import torch
 
+from . import _dtensor
 from . import client as _client
 from ._counters import Counters
 
@@ -43,17 +48,23 @@ class OptimizerStateStats(Counters):
 
 
 class _Away:
-    """One state tensor in Tierd: its handle, and the reload once started."""
+    """One state tensor in Tierd: its handle, the reload once started, and for a DTensor the
+    wrap that makes the reloaded local shard a DTensor again."""
 
-    __slots__ = ("handle", "started")
+    __slots__ = ("handle", "started", "wrap")
 
-    def __init__(self, handle):
+    def __init__(self, handle, wrap=None):
         self.handle = handle
         self.started = None
+        self.wrap = wrap
+
+    def result(self):
+        data = self.started.result()
+        return self.wrap(data) if self.wrap is not None else data
 
 
 def _nbytes(t):
-    return t.numel() * t.element_size()
+    return _dtensor.local_nbytes(t)  # a DTensor's: the shard this rank holds
 
 
 def _step(opt, closure=None):
@@ -148,7 +159,7 @@ class OptimizerStateOffloader:
     def _offload_group(self, group, hint):
         """Sends a group's state out, as one batch per device; returns the handles (each keeps
         its source until copied)."""
-        keys, values = [], []
+        keys, values, wraps = [], [], []
         for p in group:
             state = self._opt.state.get(p)
             if not state:
@@ -160,15 +171,18 @@ class OptimizerStateOffloader:
                     self.stats.resident_tensors += 1
                     continue
                 keys.append((p, key))
-                values.append(value)
+                # A DTensor goes as its local shard (its own data_ptr() is not the shard's).
+                local, wrap = _dtensor.split(value)
+                values.append(local)
+                wraps.append(wrap)
         if not values:
             return []
         # retain_on_failure: a failed offload (pool and NVMe full) keeps the data in the handle,
         # and the reload serves it from there: state is never lost.
         handles = self._client._offload_batch(values, None, [hint] * len(values),
                                               retain_on_failure=True)
-        for (p, key), value, handle in zip(keys, values, handles):
-            self._away[(id(p), key)] = _Away(handle)
+        for (p, key), value, wrap, handle in zip(keys, values, wraps, handles):
+            self._away[(id(p), key)] = _Away(handle, wrap)
             self._opt.state[p][key] = torch.empty(0, dtype=value.dtype, device=value.device)
             self.stats.offloads += 1
             self.stats.offloaded_bytes += _nbytes(value)
@@ -234,13 +248,13 @@ class OptimizerStateOffloader:
                 away = self._away.pop((id(p), key), None)
                 if away is None:
                     continue
-                started = away.started
-                if started is None:  # not started ahead: on the current stream
-                    started = away.handle._start_reload(free=True)
+                if away.started is None:  # not started ahead: on the current stream
+                    away.started = away.handle._start_reload(free=True)
                     self.stats.reloads += 1
-                data = started.result()
-                if data.device.type == "cuda" and data.device in waited:
-                    data.record_stream(torch.cuda.current_stream(data.device))
+                data = away.result()
+                local = data._local_tensor if away.wrap is not None else data
+                if local.device.type == "cuda" and local.device in waited:
+                    local.record_stream(torch.cuda.current_stream(local.device))
                 state[key] = data
 
     def _onload_all(self):

@@ -934,6 +934,7 @@ class Client:
             raise TypeError("offload() takes a torch.Tensor, got %s" % type(tensor).__name__)
         if tensor.layout != torch.strided:
             raise TypeError("offload() takes dense (strided) tensors, got %s" % tensor.layout)
+        _refuse_dtensor(tensor, "offload()")
         t = tensor.detach()
         nbytes = t.numel() * t.element_size()
         handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
@@ -1181,6 +1182,7 @@ class Client:
             if tensor.device.type not in ("cpu", "cuda"):
                 raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
                                 tensor.device.type)
+            _refuse_dtensor(tensor, "offload_batch()")
             t = tensor.detach()
             nbytes = t.numel() * t.element_size()
             handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
@@ -1434,6 +1436,16 @@ class Client:
                 self._staging_release(staging)
             raise
         return out
+
+
+def _refuse_dtensor(tensor, what):
+    """A DTensor's data_ptr() and numel() are not those of the shard this rank holds: moving
+    it as it is would read the wrong memory (FSDP2's data_ptr() is 0)."""
+    from . import _dtensor
+    if _dtensor.is_dtensor(tensor):
+        raise TypeError("%s takes the local shard of a DTensor (t.to_local()), not the DTensor "
+                        "itself (tier.torch's optimizer state offload and checkpoints do this "
+                        "for you)" % what)
 
 
 def _batch_hints(hints, count):

@@ -57,6 +57,7 @@ import weakref
 import torch
 
 from . import _checkpoint as checkpoint  # noqa: F401  (tier.torch.checkpoint.save/load)
+from . import _dtensor
 from . import client as _client
 from . import errors as _errors
 from ._counters import Counters
@@ -275,9 +276,11 @@ class ActivationOffloader:
         self.client  # open the session now, not inside the first hook
         if self._module is not None:
             # Parameters and buffers stay resident anyway: offloading them would save nothing.
+            # (A DTensor's storage is its local shard's: FSDP2, tensor parallel.)
             self._skip = frozenset(
                 (t.device, _untyped_storage(t).data_ptr())
-                for t in list(self._module.parameters()) + list(self._module.buffers()))
+                for t in (_dtensor.split(t)[0] for t in list(self._module.parameters()) +
+                          list(self._module.buffers())))
         if self._selection is not None:
             self._selection.install()
         if self._budget is not None:
@@ -1025,3 +1028,11 @@ def plan_activations(model, target_bytes=None, max_overhead=None, recompute=("se
 from ._dropin import (NoOpManager, OffloadActivations, apply_group_offloading,  # noqa: E402,F401
                       get_act_offloading_ctx_manager)
 from ._plan_activations import ActivationPlanner  # noqa: E402
+
+
+def __getattr__(name):
+    # tier.torch.dcp (tier/_dcp.py) on first use: it imports torch.distributed.checkpoint.
+    if name == "dcp":
+        from . import _dcp
+        return _dcp
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
