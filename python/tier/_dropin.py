@@ -3,6 +3,7 @@ torchtitan recipe, or a diffusers pipeline, switches to Tierd by changing one im
 
 * ``OffloadActivations`` / ``NoOpManager`` / ``get_act_offloading_ctx_manager``: torchtune's
   activation offloading (torchtune.training), with its arguments.
+* ``CPUOffloadOptimizer``: torchao's optimizer offload, as torchtune recipes configure it.
 * ``apply_group_offloading``: diffusers' group offloading (diffusers.hooks), block level and leaf
   level, for inference of a model whose weights do not fit.
 
@@ -97,6 +98,39 @@ def get_act_offloading_ctx_manager(model, enable_activation_offloading, client=N
     if isinstance(head, torch.nn.Module):
         return _HeadKeepingOffload(head, client=client, module=model)
     return OffloadActivations(client=client, module=model)
+
+
+# ---- torchtune's optimizer offload (torchao's CPUOffloadOptimizer) -------------------------------
+
+def CPUOffloadOptimizer(params, optimizer_class=torch.optim.AdamW, *,  # noqa: N802 - torchao's
+                        offload_gradients=False, group_bytes=None, prefetch=1, client=None,
+                        **kwargs):
+    """torchao's ``CPUOffloadOptimizer`` (what torchtune recipes name in their ``optimizer``
+    config) through Tierd: ``optimizer_class(params, **kwargs)`` whose state lives in Tierd
+    between steps (host memory, NVMe past the pool), streamed back group by group in ``step()``
+    (tier.torch.offload_optimizer_state). A recipe switches by changing the component::
+
+        optimizer:
+          _component_: tier.torch.CPUOffloadOptimizer   # was torchao.prototype...
+          optimizer_class: torch.optim.AdamW
+          lr: 2e-5
+
+    The update runs on the GPU (torchao's runs on the CPU), so it is the optimizer's own
+    arithmetic: parameters are bit-identical to ``optimizer_class`` without offload. Returns
+    the optimizer itself (its ``step``, ``state_dict`` and ``load_state_dict`` go through
+    Tierd; ``optimizer._tier_state_offloader.remove()`` undoes it). ``offload_gradients=True``
+    is refused: gradients stay on the GPU (Tierd does not move them).
+    """
+    if offload_gradients:
+        raise ValueError("CPUOffloadOptimizer(offload_gradients=True): Tierd keeps the "
+                         "optimizer state out of GPU memory, not the gradients; pass False")
+    if isinstance(optimizer_class, str):
+        module, _, name = optimizer_class.rpartition(".")
+        optimizer_class = getattr(__import__(module or "torch.optim", fromlist=[name]), name)
+    optimizer = optimizer_class(params, **kwargs)
+    extra = {} if group_bytes is None else {"group_bytes": int(group_bytes)}
+    _tt.offload_optimizer_state(optimizer, prefetch=prefetch, client=client, **extra)
+    return optimizer
 
 
 # ---- diffusers ---------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ __all__ = ["checkpoint", "offload_activations", "no_offload", "offload_module_we
            "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
            "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
            "get_act_offloading_ctx_manager", "apply_group_offloading", "plan_activations",
-           "ActivationPlanner"]
+           "ActivationPlanner", "CPUOffloadOptimizer"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
@@ -1025,14 +1025,18 @@ def plan_activations(model, target_bytes=None, max_overhead=None, recompute=("se
 
 
 # Drop-in surfaces for torchtune's and diffusers' offloaders (tier/_dropin.py), over the above.
-from ._dropin import (NoOpManager, OffloadActivations, apply_group_offloading,  # noqa: E402,F401
-                      get_act_offloading_ctx_manager)
+from ._dropin import (CPUOffloadOptimizer, NoOpManager, OffloadActivations,  # noqa: E402,F401
+                      apply_group_offloading, get_act_offloading_ctx_manager)
 from ._plan_activations import ActivationPlanner  # noqa: E402
 
 
 def __getattr__(name):
     # tier.torch.dcp (tier/_dcp.py) on first use: it imports torch.distributed.checkpoint.
+    # tier.torch.Checkpointer (tier/_checkpointer.py) likewise.
     if name == "dcp":
         from . import _dcp
         return _dcp
+    if name == "Checkpointer":
+        from ._checkpointer import Checkpointer
+        return Checkpointer
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
