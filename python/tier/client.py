@@ -44,6 +44,7 @@ import threading
 import warnings
 import weakref
 
+from . import _cuda_graphs
 from . import _lib
 from . import errors
 
@@ -484,6 +485,7 @@ class Client:
         tier.Unimplemented without a GPU engine. The id stays registered in tierd until a job
         names it (tier.h), even if another registration finds its memory remapped meanwhile:
         register again for every job rather than keeping ids of memory the allocator may free."""
+        _refuse_in_capture(None, "registering device memory")
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
         with self._lock:
@@ -762,6 +764,7 @@ class Client:
         queued on it afterwards may overwrite the source. No host round trip."""
         if stream is None:
             stream = _torch().cuda.current_stream()
+        _refuse_in_capture(getattr(stream, "device", None), "stream_wait_offload()")
         with self._lock:
             self._check_locked()
             _lib.check(self._c.tier_stream_wait_offload(self._session, int(job_id),
@@ -935,6 +938,7 @@ class Client:
         if tensor.layout != torch.strided:
             raise TypeError("offload() takes dense (strided) tensors, got %s" % tensor.layout)
         _refuse_dtensor(tensor, "offload()")
+        _refuse_in_capture(tensor.device, "offload()")
         t = tensor.detach()
         nbytes = t.numel() * t.element_size()
         handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
@@ -1183,6 +1187,7 @@ class Client:
                 raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
                                 tensor.device.type)
             _refuse_dtensor(tensor, "offload_batch()")
+            _refuse_in_capture(tensor.device, "offload_batch()")
             t = tensor.detach()
             nbytes = t.numel() * t.element_size()
             handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
@@ -1354,6 +1359,8 @@ class Client:
         put on the allocating stream before its memory is let go (_DeferredReload.__del__)."""
         handles = list(handles)
         self._check_reload_batch(handles, stream, free)
+        for device in {h.device for h in handles}:
+            _refuse_in_capture(device, "reload")
         started = [None] * len(handles)
         direct = collections.OrderedDict()  # device -> [index]
         staged = []
@@ -1436,6 +1443,19 @@ class Client:
                 self._staging_release(staging)
             raise
         return out
+
+
+def _refuse_in_capture(device, what):
+    """tier.FailedPrecondition when `device`'s current stream (None: the current device's)
+    is capturing a CUDA graph: a job's host half would not be in the graph (_cuda_graphs)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return  # no torch, no CUDA graph
+    if device is None:
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return
+        device = torch.device("cuda", torch.cuda.current_device())
+    _cuda_graphs.refuse_if_capturing(device, what)
 
 
 def _refuse_dtensor(tensor, what):
@@ -1766,6 +1786,7 @@ class Handle:
         if self._freed:
             raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
                                             "reload of a freed handle")
+        _refuse_in_capture(self.device, "reload()")
         c = self._client
         if self._kept is not None:
             return _Ready(self._from_kept(stream, free))

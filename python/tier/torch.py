@@ -57,7 +57,10 @@ import weakref
 import torch
 
 from . import _checkpoint as checkpoint  # noqa: F401  (tier.torch.checkpoint.save/load)
+from . import _compile
+from . import _cuda_graphs
 from . import _dtensor
+from ._compile import compile_backend, compile_options, compile_stats  # noqa: F401
 from . import client as _client
 from . import errors as _errors
 from ._counters import Counters
@@ -81,7 +84,8 @@ __all__ = ["checkpoint", "offload_activations", "no_offload", "offload_module_we
            "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
            "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
            "get_act_offloading_ctx_manager", "apply_group_offloading", "plan_activations",
-           "ActivationPlanner", "CPUOffloadOptimizer"]
+           "ActivationPlanner", "CPUOffloadOptimizer", "compile_options", "compile_backend",
+           "compile_stats"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
@@ -260,6 +264,7 @@ class ActivationOffloader:
         self._deferred_bytes = 0
         self._defer_cpu = False  # tests: the deferral's bookkeeping on the host engine
         self._warned_flush = False
+        self._capture = _cuda_graphs.CaptureGuard()
 
     BATCH_TENSORS = 16
     BATCH_BYTES = 32 << 20
@@ -283,6 +288,7 @@ class ActivationOffloader:
                           list(self._module.buffers())))
         if self._selection is not None:
             self._selection.install()
+        _compile.on_offloader_enter(self)  # graphs compiled from now on offload inside
         if self._budget is not None:
             if self._step_open:
                 self._budget.end_step(self._site)  # the step before: its backward has run
@@ -343,9 +349,11 @@ class ActivationOffloader:
     def _pack(self, tensor):
         stats = self.stats
         stats.saved += 1
-        if not self._should_offload(tensor):
+        if not self._should_offload(tensor) or self._capture.keep(tensor):
+            # (_capture: inside a CUDA graph capture nothing is offloaded; tier/_cuda_graphs.py)
             stats.kept += 1
             return tensor
+        _compile.note_hooked_save()  # from a torch.compile graph Tierd did not rewrite? (once)
         budget = self._budget
         if budget is None:
             return self._offload_saved(tensor, None)

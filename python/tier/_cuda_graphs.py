@@ -1,0 +1,74 @@
+"""CUDA graph capture and Tierd: detected, and refused or avoided, never left undefined.
+
+A tierd job is host work (a ring entry the daemon reads, a registration, a completion the client
+reaps) tied to GPU work (a ticket written on the producer stream, a wait on the consumer
+stream). Captured into a CUDA graph (``torch.cuda.graph``, whole-step capture as Megatron does,
+``torch.compile(mode="reduce-overhead")``'s CUDA graph trees), only the GPU half would be
+recorded: a replay would wait for tickets no job answers, or copy nothing while the host thinks
+it did. So inside a capture:
+
+* the client's tensor API and the registration it needs refuse with ``tier.FailedPrecondition``
+  naming the case (:func:`refuse_if_capturing`);
+* activation offload keeps the saved tensor on the GPU, with one loud warning per offloader
+  (:class:`CaptureGuard`): the captured step runs as it would without Tierd.
+
+Which stream is capturing is asked of the tensor's device (``torch.cuda.is_current_stream_capturing``
+on the current stream, the one a capture runs on).
+"""
+
+import warnings
+
+from . import errors
+
+UNSUPPORTED = ("inside a CUDA graph capture (torch.cuda.graph / CUDAGraph.capture_begin, "
+               "whole-step capture, torch.compile mode='reduce-overhead'): a tierd job is host "
+               "work plus GPU waits, and a graph replay would repeat only the GPU half. Not "
+               "supported: run offload and reload outside the captured region")
+
+
+def _capturing(device):
+    """Whether the current stream of `device` (a CUDA device) is capturing a CUDA graph."""
+    import torch
+    if device is None:
+        return False
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_initialized():
+        return False  # nothing can be capturing on a context that does not exist yet
+    if device.index is None or device.index == torch.cuda.current_device():
+        return bool(torch.cuda.is_current_stream_capturing())
+    with torch.cuda.device(device):
+        return bool(torch.cuda.is_current_stream_capturing())
+
+
+def capturing(device):
+    return _capturing(device)
+
+
+def refuse_if_capturing(device, what):
+    """Raises tier.FailedPrecondition if `device`'s current stream is capturing."""
+    if capturing(device):
+        raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
+                                        "tier: %s %s" % (what, UNSUPPORTED))
+
+
+class CaptureGuard:
+    """For activation offload: keep(t) says whether t must stay where it is because a capture
+    is under way on its device; warns once (per guard) when it first does."""
+
+    __slots__ = ("_warned", "kept")
+
+    def __init__(self):
+        self._warned = False
+        self.kept = 0
+
+    def keep(self, tensor):
+        if not capturing(tensor.device):
+            return False
+        self.kept += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn("tier: activation offload %s. Saved tensors of the captured region "
+                          "stay on the GPU (not offloaded); the capture runs as it would "
+                          "without Tierd" % UNSUPPORTED.split(": a tierd")[0].rstrip(),
+                          RuntimeWarning, stacklevel=3)
+        return True
