@@ -10,8 +10,18 @@ about --params parameters after one optimizer step.
 
   torch.save disk     torch.save to --disk-dir, then fsync (the file is on the disk)
   torch.save shm      torch.save to /dev/shm (memory, no fsync): the fastest local copy
-  tierd host          tier.torch.checkpoint.save, committed in tierd's memory (h.wait())
-  tierd nvme          the same, then on NVMe (h.wait_durable(); tierd started with a spill_dir)
+  tierd host          tier.torch.checkpoint.save into a tierd without NVMe, committed in its
+                      memory (h.wait())
+  tierd nvme commit   the same into a tierd with a spill_dir (write-through journal): committed
+                      in host memory (h.wait()) while the journal writes
+  tierd nvme          ... and on NVMe (h.wait_durable())
+
+The link and the disk are measured in the same run: pinned cudaMemcpy of --link-bytes each way
+(torch copies between a GPU tensor and a pinned host tensor) and an O_DIRECT write and read of
+--disk-bytes in the spill directory (dd). Each tierd row says its GB/s and its fraction of the
+bound (the link for save and restore, the disk for "nvme"), and where a save's time went
+(tier.torch.checkpoint's SaveHandle.phases: snapshot in save(), copies until the data landed,
+record until committed, cleanup after).
 
 Columns: "blocks" is how long the training loop is held (the call's return, for tierd the
 snapshot), "save" until the copy is whole (committed / written and fsynced), "restore" a load of
@@ -93,23 +103,76 @@ def torch_save_row(state, path, fsync, device):
     return {"blocks_s": saved, "save_s": saved, "restore_s": restored, "bytes": size}
 
 
-def tierd_row(client, state, name, durable, device):
+def tierd_rows(client, state, name, durable, device, prefix):
+    """The row of a save committed in host memory (and with durable, the row of the same save
+    on NVMe), restored once."""
     ckpt = __import__("tier.torch", fromlist=["checkpoint"]).checkpoint
     sync(device)
     t0 = time.perf_counter()
     h = ckpt.save(state, name, keep=1, client=client)
     blocks = time.perf_counter() - t0
     h.wait()
+    committed = time.perf_counter() - t0
+    durable_s = None
     if durable:
         h.wait_durable()
-    saved = time.perf_counter() - t0
+        durable_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     loaded = ckpt.load(name, client=client)
     sync(device)
     restored = time.perf_counter() - t0
     del loaded
+    h._cleaned.wait()
+    phases = dict(h.phases)
     ckpt.delete(name, client=client)
-    return {"blocks_s": blocks, "save_s": saved, "restore_s": restored, "bytes": h.nbytes}
+    rows = {prefix + (" commit" if durable else ""): {
+        "blocks_s": blocks, "save_s": committed, "restore_s": restored, "bytes": h.nbytes,
+        "phases": phases}}
+    if durable:
+        rows[prefix] = {"blocks_s": blocks, "save_s": durable_s, "restore_s": restored,
+                        "bytes": h.nbytes, "phases": phases}
+    return rows
+
+
+def measure_link(device, nbytes):
+    """(d2h, h2d) GB/s of pinned copies of nbytes, best of 3."""
+    if not device.startswith("cuda"):
+        return None, None
+    g = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    out = []
+    for src, dst in ((g, h), (h, g)):
+        best = None
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+        out.append(nbytes / best / 1e9)
+    del g, h
+    return tuple(out)
+
+
+def measure_disk(directory, nbytes):
+    """(write, read) GB/s of dd with O_DIRECT, 8 MiB blocks, in `directory`."""
+    import subprocess
+    path = os.path.join(directory, "tier-bench-dd")
+    count = max(1, nbytes // (8 << 20))
+    out = []
+    try:
+        for args in (["if=/dev/zero", "of=" + path, "oflag=direct", "conv=fsync"],
+                     ["if=" + path, "of=/dev/null", "iflag=direct"]):
+            t0 = time.perf_counter()
+            r = subprocess.run(["dd", "bs=8M", "count=%d" % count] + args,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            dt = time.perf_counter() - t0
+            out.append(count * (8 << 20) / dt / 1e9 if r.returncode == 0 else None)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return tuple(out)
 
 
 def step_times(model, opt, device, width, steps, during=None):
@@ -142,6 +205,11 @@ def main():
     p.add_argument("--build-dir", default=os.environ.get("TIER_BUILD_DIR",
                                                          os.path.join(REPO_ROOT, "build")))
     p.add_argument("--socket", default=None)
+    p.add_argument("--skip-torch-save", action="store_true",
+                   help="leave out the torch.save rows (slow; ratios are then against the "
+                        "tierd host row)")
+    p.add_argument("--link-bytes", type=float, default=1 << 30)
+    p.add_argument("--disk-bytes", type=float, default=2 << 30)
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -156,24 +224,34 @@ def main():
         spill_dir = args.spill_dir or tempfile.mkdtemp(prefix="tierckpt-spill-",
                                                        dir=args.disk_dir)
     rows = {}
-    rows["torch.save disk"] = torch_save_row(state, os.path.join(args.disk_dir, "ckpt.pt"), True,
-                                             args.device)
-    rows["torch.save shm"] = torch_save_row(state, "/dev/shm/tier-ckpt-bench.pt", False,
-                                            args.device)
-    daemon = None
+    link = measure_link(args.device, int(args.link_bytes))
+    disk = measure_disk(spill_dir, int(args.disk_bytes)) if spill_dir else (None, None)
+    if not args.skip_torch_save:
+        rows["torch.save disk"] = torch_save_row(state, os.path.join(args.disk_dir, "ckpt.pt"),
+                                                 True, args.device)
+        rows["torch.save shm"] = torch_save_row(state, "/dev/shm/tier-ckpt-bench.pt", False,
+                                                args.device)
+    daemons = []
     if args.socket is None:
         pool = int(nbytes * 1.25) + (256 << 20)
-        extra = (("--spill_dir=" + spill_dir,
-                  "--spill_bytes=%d" % (int(nbytes * 1.5) + (256 << 20))) if spill_dir else ())
-        daemon = TierdProcess(args.build_dir, pool, extra)
-        client = daemon.connect("checkpoint_bench")
+        # Host memory only (no journal), then a second tierd with the NVMe tier.
+        daemons.append(TierdProcess(args.build_dir, pool, ("--pool_lock=best-effort",)))
+        client = daemons[0].connect("checkpoint_bench")
     else:
         import tier
         client = tier.Client(socket=args.socket, name="checkpoint_bench")
     try:
-        rows["tierd host"] = tierd_row(client, state, "bench/host", False, args.device)
-        if spill_dir:
-            rows["tierd nvme"] = tierd_row(client, state, "bench/nvme", True, args.device)
+        rows.update(tierd_rows(client, state, "bench/host", False, args.device, "tierd host"))
+        if spill_dir and args.socket is None:
+            client.close()
+            daemons[0].stop()
+            daemons.pop()
+            extra = ("--pool_lock=best-effort", "--spill_dir=" + spill_dir,
+                     "--spill_bytes=%d" % (int(nbytes * 1.5) + (256 << 20)))
+            daemons.append(TierdProcess(args.build_dir, pool, extra))
+            client = daemons[0].connect("checkpoint_bench")
+            rows.update(tierd_rows(client, state, "bench/nvme", True, args.device,
+                                   "tierd nvme"))
         ckpt = __import__("tier.torch", fromlist=["checkpoint"]).checkpoint
         base = step_times(model, opt, args.device, args.width, args.steps)
         handles = []
@@ -187,20 +265,39 @@ def main():
             ckpt.delete("bench/async", client=client)
     finally:
         client.close()
-        if daemon is not None:
+        for daemon in daemons:
             daemon.stop()
         if spill_dir and not args.spill_dir:
             shutil.rmtree(spill_dir, ignore_errors=True)
 
-    disk = rows["torch.save disk"]
-    print("\n%-18s %10s %10s %10s %12s %14s" % ("", "blocks s", "save s", "restore s",
-                                               "save vs disk", "restore vs disk"))
+    if link[0] is not None:
+        print("\nlink (pinned copies, %.0f MiB): D2H %.1f GB/s, H2D %.1f GB/s"
+              % (args.link_bytes / 2**20, link[0], link[1]))
+    if disk[0] is not None:
+        print("disk (dd O_DIRECT, %s): write %.2f GB/s, read %.2f GB/s"
+              % (spill_dir, disk[0], disk[1] or 0))
+    ref_row = rows.get("torch.save disk") or rows["tierd host"]
+    print("\n%-18s %9s %9s %10s %8s %9s %8s %8s %8s" % (
+        "", "blocks s", "save s", "restore s", "save x", "restore x", "save GB/s",
+        "rest GB/s", "of bound"))
     for name, r in rows.items():
-        r["save_vs_disk"] = disk["save_s"] / r["save_s"]
-        r["restore_vs_disk"] = disk["restore_s"] / r["restore_s"]
-        print("%-18s %10.3f %10.3f %10.3f %11.2fx %13.2fx" % (
+        r["save_vs_disk"] = ref_row["save_s"] / r["save_s"]
+        r["restore_vs_disk"] = ref_row["restore_s"] / r["restore_s"]
+        r["save_gbps"] = r["bytes"] / r["save_s"] / 1e9
+        r["restore_gbps"] = r["bytes"] / r["restore_s"] / 1e9
+        bound = None
+        if name.startswith("tierd") and name.endswith("nvme") and disk[0]:
+            bound = r["save_gbps"] / disk[0]
+        elif name.startswith("tierd") and link[0]:
+            bound = r["save_gbps"] / link[0]
+        r["save_of_bound"] = bound
+        print("%-18s %9.3f %9.3f %10.3f %7.2fx %8.2fx %9.2f %8.2f %8s" % (
             name, r["blocks_s"], r["save_s"], r["restore_s"], r["save_vs_disk"],
-            r["restore_vs_disk"]))
+            r["restore_vs_disk"], r["save_gbps"], r["restore_gbps"],
+            "-" if bound is None else "%.2f" % bound))
+        if "phases" in r:
+            print("%-18s phases: %s" % ("", ", ".join("%s %.3f s" % kv
+                                                      for kv in sorted(r["phases"].items()))))
     base_ms = statistics.median(base) * 1e3
     during_ms = statistics.median(during) * 1e3
     print("\nstep: %.2f ms without a save, %.2f ms with an asynchronous tierd save in flight "
@@ -209,6 +306,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"params": params, "state_bytes": nbytes, "device": args.device,
+                       "link_gbps": link, "disk_gbps": disk,
                        "weight_dtype": args.weight_dtype, "rows": rows,
                        "step_ms": base_ms, "step_ms_during_save": during_ms,
                        "save_committed_s": committed_after}, f, indent=2)

@@ -12,11 +12,15 @@ checkpoint NAME and version V with a random token T:
   ``chunk_bytes``; each CUDA tensor is one object, copied by tierd straight from the GPU.
 - ``NAME@V.T/meta``: the commit record, written after every data object landed: the structure of
   the state dict with each tensor replaced by (object, offset, bytes, dtype, shape, device).
-- ``NAME/index.0``, ``NAME/index.1``: the versions kept, newest first, with a sequence number.
-  A save rewrites the older slot, so one slot is always whole; a reader takes the valid slot with
-  the higher sequence. Before a save writes any data it records the version as *pending* in the
-  index, so the objects of a save cut short (the trainer killed half way) are found and deleted by
-  the next save instead of being left behind in the quota.
+- ``NAME/index.0`` .. ``NAME/index.2``: the versions kept, newest first, with a sequence number
+  S, in slot S % 3; a reader takes the valid slot with the highest sequence. Before a save writes
+  any data it records the version as *pending* (sequence S+1), so the objects of a save cut short
+  (the trainer killed half way) are found and deleted by the next save instead of being left
+  behind in the quota; its commit is sequence S+2. Both slots are free when written: after a
+  commit, the save deletes the two older slots (and the versions past ``keep``), which frees the
+  slots the next save writes. So nothing is deleted between a save and its commit: a delete waits
+  for tierd's NVMe journal (the write-through of the data just saved), a create does not, and
+  "committed in host memory" stays at the speed of host memory.
 
 Only builtin containers and scalars are stored besides tensors (a restricted unpickler reads the
 record back), so loading runs no code from the store.
@@ -168,10 +172,13 @@ def _delete_quietly(client, name):
 
 # ---- the index ----------------------------------------------------------------------------------
 
+_SLOTS = 3
+
+
 def _read_index(client, name):
     """(slot, record) of the newest whole index slot, or (None, empty record)."""
     best = (None, {"seq": 0, "versions": [], "pending": None})
-    for slot in (0, 1):
+    for slot in range(_SLOTS):
         try:
             record = _loads(_read_small(client, "%s/index.%d" % (name, slot)),
                             "the index of checkpoint %r" % name)
@@ -184,14 +191,23 @@ def _read_index(client, name):
     return best
 
 
-def _write_index(client, name, slot, record):
-    """Writes `record` into the slot that is not `slot` (the newest): the newest stays whole."""
-    target = 1 if slot == 0 else 0
+def _index_name(name, seq):
+    return "%s/index.%d" % (name, seq % _SLOTS)
+
+
+def _write_index(client, name, record):
+    """Writes `record` (sequence S) into slot S % 3, which the save before freed; returns its
+    name. (A slot still taken, as after a version of this module with two slots, is deleted
+    first: never the newest, which has another number.)"""
     record = dict(record, format=_FORMAT)
-    path = "%s/index.%d" % (name, target)
-    _delete_quietly(client, path)
-    _write_small(client, path, _dumps(record))
-    return target
+    path = _index_name(name, record["seq"])
+    data = _dumps(record)
+    try:
+        _write_small(client, path, data)
+    except errors.AlreadyExists:
+        _delete_quietly(client, path)
+        _write_small(client, path, data)
+    return path
 
 
 def _delete_version(client, name, entry):
@@ -215,8 +231,13 @@ class SaveHandle:
         self._objects = objects  # every object name of this version, meta included
         self._index_name = None
         self._committed = threading.Event()
+        self._cleaned = threading.Event()  # the older index slots and versions deleted
         self._error = None
         self.seconds_to_commit = None
+        # Where the time went (seconds): "snapshot" (in save(): registration, submission, host
+        # chunks filled), "copies" (until every data object landed), "record" (meta and index
+        # written: committed), "cleanup" (older slots and versions deleted, after the commit).
+        self.phases = {}
 
     def done(self):
         return self._committed.is_set()
@@ -319,6 +340,10 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
             previous.wait()
         except errors.TierError:
             pass  # its failure was its caller's to see; this save starts clean
+        # Its cleanup frees the index slots this save writes. (Saving more often than tierd's
+        # NVMe journal absorbs waits here: that is the disk's speed.)
+        previous._cleaned.wait()
+    started = time.monotonic()
 
     tensors = []
     tree = _flatten(state_dict, tensors)
@@ -326,19 +351,18 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
     refs, sizes, kinds = _layout(tensors, chunk_bytes)
     slot, index = _read_index(client, name)
     if index.get("pending"):
-        _delete_version(client, name, index["pending"])
+        _delete_version(client, name, index["pending"])  # a save cut short: its objects go
     kept = index["versions"]
     version = max([e["version"] for e in kept] + [index.get("last_version", 0)]) + 1
     token = secrets.token_hex(4)
     entry = {"version": version, "token": token, "objects": len(sizes)}
-    slot = _write_index(client, name, slot, {"seq": index["seq"] + 1, "versions": kept,
-                                             "pending": entry, "last_version": version})
     index_seq = index["seq"] + 1
+    _write_index(client, name, {"seq": index_seq, "versions": kept, "pending": entry,
+                                "last_version": version})
 
     object_names = [_object_name(name, version, token, str(i)) for i in range(len(sizes))]
     meta_name = _object_name(name, version, token, "meta")
     handle = SaveHandle(client, name, version, object_names + [meta_name], sum(sizes))
-    started = time.monotonic()
     jobs, staging = [], []
     try:
         # The snapshot: host chunks filled now, CUDA tensors copied by tierd in stream order.
@@ -376,24 +400,27 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                    for t, (o, offset, nbytes) in zip(tensors, refs)]
     record = {"format": _FORMAT, "version": version, "sizes": sizes, "tensors": tensor_refs,
               "tree": tree}
+    handle.phases["snapshot"] = time.monotonic() - started
 
     def commit():
+        committed_index = None
         try:
+            t0 = time.monotonic()
             for obj, job in jobs:
                 client.wait(job)
                 client.release_object(obj)
             for buf in staging:
                 client._staging_release(buf)
             staging.clear()
+            t1 = time.monotonic()
             _write_small(client, meta_name, _dumps(record))
             versions = [entry] + kept
-            index_slot = _write_index(client, name, slot, {
+            committed_index = _write_index(client, name, {
                 "seq": index_seq + 1, "versions": versions[:keep], "pending": None,
                 "last_version": version})
-            handle._index_name = "%s/index.%d" % (name, index_slot)
-            for old in versions[keep:]:
-                _delete_version(client, name, old)
+            handle._index_name = committed_index
             handle.seconds_to_commit = time.monotonic() - started
+            handle.phases.update(copies=t1 - t0, record=time.monotonic() - t1)
         except BaseException as e:  # noqa: B902 - reported through the handle
             handle._error = e if isinstance(e, errors.TierError) else _error(errors.Internal,
                 "checkpoint %r version %d: %s" % (name, version, e))
@@ -404,6 +431,21 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                     pass
         finally:
             handle._committed.set()
+        # After the commit, off its path: the older index slots (freeing the slots the next
+        # save writes) and the versions past `keep`. Each delete may wait for tierd's journal.
+        try:
+            t2 = time.monotonic()
+            if committed_index is not None:
+                for slot in range(_SLOTS):
+                    if "%s/index.%d" % (name, slot) != committed_index:
+                        _delete_quietly(client, "%s/index.%d" % (name, slot))
+                for old in ([entry] + kept)[keep:]:
+                    _delete_version(client, name, old)
+            handle.phases["cleanup"] = time.monotonic() - t2
+        except errors.TierError:
+            pass  # what is left is found and deleted by the next save (or delete())
+        finally:
+            handle._cleaned.set()
             with _saving_lock:
                 if _saving.get(key) is handle:
                     del _saving[key]
@@ -440,7 +482,10 @@ def _read_version(client, name, entry, map_location):
             tensors[i] = torch.empty(shape, dtype=getattr(torch, dtype),
                                      device=_target_device(device, map_location))
             tensors[i].requires_grad_(requires_grad)
+    direct = _read_direct(client, name, entry, record, by_object, map_location, tensors)
     for o, size in enumerate(sizes):
+        if o in direct:
+            continue
         object_name = _object_name(name, entry["version"], entry["token"], str(o))
         obj, length = client.open_object(object_name)
         try:
@@ -465,6 +510,51 @@ def _read_version(client, name, entry, map_location):
         finally:
             client.release_object(obj)
     return _unflatten(record["tree"], tensors)
+
+
+def _read_direct(client, name, entry, record, by_object, map_location, tensors):
+    """The objects that each hold one whole tensor going to a GPU (each CUDA tensor of a save)
+    are reloaded by tierd straight into their new GPU tensors: one batch per GPU, the
+    destinations allocated on its current stream, which waits (on the GPU) for the batch's
+    copies; then this waits for them on the host, so the tensors are whole when load returns.
+    Returns the indices of the objects read so."""
+    if client.engine == "host" or client._device_direct is False:
+        return set()  # no GPU engine: through host memory
+    per_device = {}  # device -> [(object index, tensor index)]
+    for o, size in enumerate(record["sizes"]):
+        refs = by_object.get(o, [])
+        if len(refs) != 1:
+            continue
+        _, offset, nbytes, _, _, device, _ = record["tensors"][refs[0]]
+        target = _target_device(device, map_location)
+        if target.type == "cuda" and offset == 0 and nbytes == size and nbytes > 0:
+            per_device.setdefault(target, []).append((o, refs[0]))
+    done = set()
+    for device, items in per_device.items():
+        opened, rows = [], []
+        stream = torch.cuda.current_stream(device)
+        try:
+            for o, i in items:
+                object_name = _object_name(name, entry["version"], entry["token"], str(o))
+                obj, length = client.open_object(object_name)
+                opened.append(obj)
+                _, _, nbytes, dtype, shape, _, requires_grad = record["tensors"][i]
+                if length != nbytes:
+                    raise _error(errors.DataLoss, "checkpoint %r version %d: %s holds %d bytes, "
+                                 "the record says %d" % (name, entry["version"], object_name,
+                                                         length, nbytes))
+                with torch.cuda.device(device), torch.cuda.stream(stream):
+                    t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                buffer_id, offset = client.register_device(t.data_ptr(), nbytes)
+                rows.append((obj, buffer_id, offset, nbytes))
+                tensors[i] = t.requires_grad_(requires_grad)
+            for job in client.reload_buffer_batch(rows, consumer_stream=stream):
+                client.wait(job)
+        finally:
+            for obj in opened:
+                client.release_object(obj)
+        done.update(o for o, _ in items)
+    return done
 
 
 def _target_device(saved, map_location):
@@ -509,6 +599,6 @@ def delete(name, client=None):
     _, index = _read_index(client, name)
     for entry in index["versions"] + ([index["pending"]] if index.get("pending") else []):
         _delete_version(client, name, entry)
-    for slot in (0, 1):
+    for slot in range(_SLOTS):
         _delete_quietly(client, "%s/index.%d" % (name, slot))
     return len(index["versions"])
