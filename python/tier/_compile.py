@@ -376,10 +376,7 @@ def _effective_users(node):
 
 
 def _nbytes(val):
-    try:
-        return int(val.numel()) * val.element_size()
-    except (TypeError, RuntimeError):
-        return None  # symbolic: decided at run time
+    return int(val.numel()) * val.element_size()
 
 
 def rewrite(fw, bw, num_fwd_outputs, policy_id, min_bytes, prefetch, devices=("cuda",)):
@@ -402,8 +399,9 @@ def rewrite(fw, bw, num_fwd_outputs, policy_id, min_bytes, prefetch, devices=("c
             continue
         if _is_view(node) or node.name not in bw_inputs:
             continue  # a view keeps its base alive; offloading it would free nothing
-        nbytes = _nbytes(val)
-        if nbytes is not None and nbytes < min_bytes:
+        if not all(isinstance(v, int) for v in list(val.size()) + list(val.stride())):
+            continue  # dynamic shapes: not rewritten (the ops take static sizes)
+        if _nbytes(val) < min_bytes:
             continue
         if not val.is_contiguous():
             continue
