@@ -628,6 +628,10 @@ def parse_args():
     p.add_argument("--disk-mib", type=int, default=2048)
     p.add_argument("--disk-qd", type=int, default=16)
     p.add_argument("--disk-io-kib", type=int, default=1024)
+    p.add_argument("--compile", action="store_true",
+                   help="also 'compiled none' / 'compiled tierd' (bench/framework_rows.py)")
+    p.add_argument("--fsdp", type=int, default=0, metavar="N",
+                   help="also 'fsdpN none' / 'fsdpN tierd': FSDP2 on N GPUs")
     p.add_argument("--build-dir", default=os.environ.get("TIER_BUILD_DIR",
                                                          os.path.join(REPO_ROOT, "build")))
     args = p.parse_args()
@@ -740,13 +744,24 @@ def main():
     notes += row_notes
     add_bounds(results, link, disk)
     print_report(args, shape, device_name, results, link, disk, notes)
+    framework = {}
+    if args.compile or args.fsdp:
+        import framework_rows  # bench/framework_rows.py
+        daemon = TierdProcess(args.build_dir, int(state_bytes * 1.25) + (512 << 20))
+        try:
+            daemon.connect("optimizer_bench").close()  # waits until it serves
+            framework = framework_rows.run("optimizer", "optimizer_bench", args, daemon.socket,
+                                           args.compile, args.fsdp)
+        finally:
+            daemon.stop()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "optimizer_bench", "device": device_name,
                        "torch": torch.__version__, "python": sys.version.split()[0],
                        "config": vars(args), "params": params, "layers": layers,
                        "state_bytes": state_bytes, "link": link, "disk": disk,
-                       "results": results, "notes": notes}, f, indent=2)
+                       "results": results, "framework_rows": framework, "notes": notes}, f,
+                      indent=2)
         log("wrote", args.json)
 
 

@@ -843,6 +843,10 @@ def parse_args(argv=None):
                    help="tierd: see offload_activations")
     p.add_argument("--link-mib", type=int, default=256, help="pinned copy size for the bound")
     p.add_argument("--socket", help="an already running tierd (else one is started)")
+    p.add_argument("--compile", action="store_true",
+                   help="also the rows 'compiled none' / 'compiled tierd' (bench/framework_rows.py)")
+    p.add_argument("--fsdp", type=int, default=0, metavar="N",
+                   help="also the rows 'fsdpN none' / 'fsdpN tierd': FSDP2 on N GPUs")
     p.add_argument("--build-dir", default=os.environ.get("TIER_BUILD_DIR",
                                                          os.path.join(REPO_ROOT, "build")))
     p.add_argument("--pool-bytes", help="tierd's host pool (24G; CPU 1G)")
@@ -883,7 +887,7 @@ def main():
     models = ["a", "b"] if args.model == "both" else [args.model]
     os.environ.setdefault("TIER_BUILD_DIR", args.build_dir)
     daemon = None
-    if set(args.modes) & set(TIERD_MODES):
+    if set(args.modes) & set(TIERD_MODES) or args.compile or args.fsdp:
         args.socket, daemon = start_tierd(args, notes)
     runs = []
     started = time.monotonic()
@@ -901,6 +905,14 @@ def main():
                     analyze(run)
                     report(run)
                     runs.append(run)
+        if args.compile or args.fsdp:
+            import framework_rows  # bench/framework_rows.py
+            for model in models:
+                config = argparse.Namespace(**child_config(args, model, "default", None))
+                log("\n[%s] framework rows" % model)
+                rows = framework_rows.run("activations", "torch_offload_bench", config,
+                                          args.socket, args.compile, args.fsdp)
+                runs.append({"model": model, "framework_rows": rows})
     finally:
         if daemon is not None:
             daemon.stop()
