@@ -45,6 +45,7 @@ import hashlib
 import itertools
 import sys
 import threading
+import typing
 import warnings
 import weakref
 
@@ -310,47 +311,56 @@ def compile_stats():
 
 # ---- the ops the graphs call ---------------------------------------------------------------
 
-_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+HAVE_OPS = hasattr(torch.library, "custom_op")  # torch >= 2.4
 
 
-@torch.library.custom_op("tier::offload_saved", mutates_args=(), tags=_TAGS)
-def offload_saved(x: torch.Tensor, policy: int) -> torch.Tensor:
-    return _RUNTIME.offload(x, policy)
+def _register_ops():
+    tags = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+    @torch.library.custom_op("tier::offload_saved", mutates_args=(), tags=tags)
+    def offload_saved(x: torch.Tensor, policy: int) -> torch.Tensor:
+        return _RUNTIME.offload(x, policy)
+
+    @offload_saved.register_fake
+    def _(x, policy):
+        return torch.empty(1, dtype=torch.int64, device="cpu")
+
+    @torch.library.custom_op("tier::release_saved", mutates_args=(), tags=tags)
+    def release_saved(h: torch.Tensor, x: torch.Tensor) -> None:
+        _RUNTIME.release(h)
+
+    @release_saved.register_fake
+    def _(h, x):
+        return None
+
+    @torch.library.custom_op("tier::reload_saved", mutates_args=(), tags=tags)
+    def reload_saved(h: torch.Tensor, ahead: typing.List[torch.Tensor], device: torch.device,
+                     size: typing.List[int], stride: typing.List[int],
+                     dtype: torch.dtype) -> torch.Tensor:
+        return _RUNTIME.reload(h, ahead, device, size, stride, dtype)
+
+    @reload_saved.register_fake
+    def _(h, ahead, device, size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+    try:  # side effects: never removed as dead code
+        from torch.fx.node import has_side_effect
+        for op in (torch.ops.tier.offload_saved, torch.ops.tier.release_saved,
+                   torch.ops.tier.reload_saved):
+            has_side_effect(op.default)
+    except ImportError:  # pragma: no cover - older torch: the graph's outputs keep them alive
+        pass
 
 
-@offload_saved.register_fake
-def _(x, policy):
-    return torch.empty(1, dtype=torch.int64, device="cpu")
+if HAVE_OPS:
+    _register_ops()
 
 
-@torch.library.custom_op("tier::release_saved", mutates_args=(), tags=_TAGS)
-def release_saved(h: torch.Tensor, x: torch.Tensor) -> None:
-    _RUNTIME.release(h)
-
-
-@release_saved.register_fake
-def _(h, x):
-    return None
-
-
-@torch.library.custom_op("tier::reload_saved", mutates_args=(), tags=_TAGS)
-def reload_saved(h: torch.Tensor, ahead: list[torch.Tensor], device: torch.device,
-                 size: list[int], stride: list[int], dtype: torch.dtype) -> torch.Tensor:
-    return _RUNTIME.reload(h, ahead, device, size, stride, dtype)
-
-
-@reload_saved.register_fake
-def _(h, ahead, device, size, stride, dtype):
-    return torch.empty_strided(size, stride, dtype=dtype, device=device)
-
-
-try:  # side effects: never removed as dead code, never reordered across
-    from torch.fx.node import has_side_effect
-    has_side_effect(torch.ops.tier.offload_saved.default)
-    has_side_effect(torch.ops.tier.release_saved.default)
-    has_side_effect(torch.ops.tier.reload_saved.default)
-except ImportError:  # pragma: no cover - older torch: the graph's outputs keep them alive
-    pass
+def _need_ops():
+    if not HAVE_OPS:
+        raise RuntimeError("tier: activation offload inside torch.compile graphs needs "
+                           "torch.library.custom_op (torch >= 2.4); this is torch %s"
+                           % torch.__version__)
 
 
 # ---- the graph rewrite -------------------------------------------------------------------------
@@ -523,6 +533,7 @@ def compile_options(min_bytes=DEFAULT_MIN_BYTES, prefetch=2,
     graphs offload their saved activations of at least ``min_bytes`` through Tierd whenever they
     run, each as soon as the forward is done with it; see the module docstring. ``devices``:
     the device types whose activations go (CPU too for tests)."""
+    _need_ops()
     policy = _RUNTIME.register_policy(_Policy(min_bytes, prefetch, max_inflight_bytes, client))
     return {"custom_partitioner_fn": TierPartitioner(policy, min_bytes, prefetch, devices)}
 
@@ -533,6 +544,7 @@ def compile_backend(min_bytes=DEFAULT_MIN_BYTES, prefetch=2,
     """A ``torch.compile`` backend without Inductor (aot_autograd, graphs run as FX code) with
     the same rewrite: for backends other than Inductor, and for CPU tests
     (``devices=("cpu",)``). Returns (backend, partitioner)."""
+    _need_ops()
     from torch._dynamo.backends.common import aot_autograd
     from functorch.compile import make_boxed_func
     policy = _RUNTIME.register_policy(_Policy(min_bytes, prefetch, max_inflight_bytes, client))
@@ -561,7 +573,7 @@ def on_offloader_enter(offloader):
         return
     if getattr(inductor_config, "custom_partitioner_fn", "absent") is not None:
         return  # theirs (or a torch without the setting)
-    if not hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"):
+    if not HAVE_OPS or not hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"):
         return  # cannot tell the active offloader at run time: compile_options() only
     _installed = TierPartitioner(FOLLOW, min(DEFAULT_MIN_BYTES, offloader.min_bytes),
                                  offloader.prefetch, AUTO_DEVICES)
