@@ -64,7 +64,7 @@ def test_aot_graph_holds_handles_and_matches_bit_for_bit(client, daemon):
         assert torch.equal(loss, ref_loss)
         for g, r in zip(grads, ref_grads):
             assert torch.equal(g, r)
-    assert part.offloaded == 4
+    # (part.offloaded counts graphs partitioned in this process: none when a cache served it)
     # Where the graph saved four 64 KiB activations, autograd now holds four 8-byte handles.
     assert ref_saved.count(65536) == 4
     assert saved.count(8) == 4 and 65536 not in saved
@@ -78,8 +78,9 @@ def test_inductor_compile_options_match_bit_for_bit(client, daemon):
     ref_loss, ref_grads, _ = _run(torch.compile(model), model)
     torch._dynamo.reset()
     opts = tt.compile_options(min_bytes=1024, client=client, devices=("cpu",))
+    ops0 = _compile.compile_stats().offloaded
     loss, grads, saved = _run(torch.compile(model, options=opts), model)
-    assert opts["custom_partitioner_fn"].offloaded == 4
+    assert _compile.compile_stats().offloaded - ops0 == 4
     assert saved.count(8) == 4
     assert torch.equal(loss, ref_loss)
     for g, r in zip(grads, ref_grads):
@@ -96,7 +97,7 @@ def test_offload_activations_rewrites_graphs_compiled_inside(client, daemon, mon
     with off:
         loss = compiled(X).sum()  # first call: compiled here, with Tierd's partitioner
     loss.backward()
-    assert _compile._installed is not None and _compile._installed.offloaded == 4
+    assert _compile._installed is not None
     assert _compile.compile_stats().offloaded - ops0 == 4
     # The graph's four, and its input X (saved as it is in eager mode: the hooks take it).
     assert off.stats.offloaded_storages == 5 and off.stats.reloads == 5

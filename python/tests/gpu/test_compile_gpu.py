@@ -125,7 +125,7 @@ def test_compiled_model_offload_frees_the_peak(client):
     before = _compile.compile_stats().offloaded_bytes
     run = _steps(model, torch.compile(model, options=opts), x)
     offloaded = (_compile.compile_stats().offloaded_bytes - before) // STEPS
-    assert opts["custom_partitioner_fn"].offloaded > 0
+    assert offloaded > 0
     _check("compile_options", base, run, offloaded, largest=BATCH * HEADS * SEQ * SEQ * 4)
     torch._dynamo.reset()
 
@@ -143,7 +143,7 @@ def test_compiled_model_under_offload_activations(client):
     before = _compile.compile_stats().offloaded_bytes
     run = _steps(model, compiled, x, ctx=off)
     offloaded = (_compile.compile_stats().offloaded_bytes - before) // STEPS
-    assert _compile._installed is not None and _compile._installed.offloaded > 0
+    assert _compile._installed is not None and offloaded > 0
     _check("offload_activations", base, run, offloaded, largest=BATCH * HEADS * SEQ * SEQ * 4)
     torch._dynamo.reset()
     _compile.uninstall()
