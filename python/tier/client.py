@@ -485,7 +485,6 @@ class Client:
         tier.Unimplemented without a GPU engine. The id stays registered in tierd until a job
         names it (tier.h), even if another registration finds its memory remapped meanwhile:
         register again for every job rather than keeping ids of memory the allocator may free."""
-        _refuse_in_capture(None, "registering device memory")
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
         with self._lock:
@@ -572,6 +571,8 @@ class Client:
         """tier_offload: copies buffer[offset, +length) into a new daemon object. Returns
         (object id, job id); wait for the job before changing the bytes."""
         buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        if not isinstance(buffer, HostBuffer):
+            _refuse_in_capture(None, "offload_buffer() of device memory")
         ptrs = [_stream_ptr(s) for s in producer_streams] if producer_streams else None
         with self._lock:
             self._check_locked()
@@ -584,6 +585,8 @@ class Client:
         """tier_reload: copies the object (length must equal its length) into buffer at offset.
         Returns the job id."""
         buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        if not isinstance(buffer, HostBuffer):
+            _refuse_in_capture(None, "reload_buffer() into device memory")
         with self._lock:
             self._check_locked()
             job = self._submit_reload_locked(object_id, buffer_id, offset, length,
@@ -743,6 +746,8 @@ class Client:
         id). AlreadyExists when the name is taken; ResourceExhausted past the uid's quota.
         `keep`: anything to hold alive until the job completed (a source tensor)."""
         buffer_id = buffer.id if isinstance(buffer, HostBuffer) else int(buffer)
+        if not isinstance(buffer, HostBuffer):
+            _refuse_in_capture(None, "offload_persistent() of device memory")
         options, _streams = _offload_options(
             [_stream_ptr(s) for s in producer_streams] if producer_streams else None, 0)
         obj = _lib.c_object_id()
@@ -1187,7 +1192,6 @@ class Client:
                 raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
                                 tensor.device.type)
             _refuse_dtensor(tensor, "offload_batch()")
-            _refuse_in_capture(tensor.device, "offload_batch()")
             t = tensor.detach()
             nbytes = t.numel() * t.element_size()
             handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
@@ -1203,6 +1207,8 @@ class Client:
                 direct.setdefault(t.device, []).append((handle, t, hint))
             else:
                 staged.append((handle, t, hint, _streams_of_device(streams, t.device)))
+        for device in set(direct) | {t.device for _, t, _, _ in staged}:
+            _refuse_in_capture(device, "offload_batch()")  # once per device: it costs us
         producers = {device: _streams_of_device(streams, device) for device in direct}
         for device, items in direct.items():
             # The library may turn out to have no GPU support: those tensors are staged instead.
