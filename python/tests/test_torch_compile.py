@@ -127,3 +127,68 @@ def test_hooks_warn_once_for_a_graph_tierd_did_not_rewrite(client):
     loud = [w for w in caught if "torch.compile graph" in str(w.message)]
     assert len(loud) == 1, [str(w.message) for w in caught]
     assert "compile_options" in str(loud[0].message)
+
+
+class _Block(nn.Module):
+    """A GPT block with what compiled graphs make of it: layer norm (several outputs), views,
+    a masked softmax, dropout (the partitioner's RNG handling)."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        att = self.drop(att.masked_fill(mask[:s, :s], float("-inf")).softmax(-1))
+        x = x + self.drop(self.proj((att @ v).transpose(1, 2).reshape(b, s, d)))
+        return x + self.drop(self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)))))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab=128, d=64, seq=32, layers=2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(_Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, vocab)
+        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1))
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for b in self.blocks:
+            x = b(x, self.mask)
+        return self.head(x)
+
+
+def test_inductor_gpt_with_dropout_matches_bit_for_bit(client, daemon):
+    idx = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(3))
+
+    def run(options):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _GPT()
+        compiled = torch.compile(model, options=options) if options else torch.compile(model)
+        out = []
+        for step in range(2):
+            torch.manual_seed(100 + step)  # dropout: the same masks in both runs
+            model.zero_grad()
+            loss = nn.functional.cross_entropy(compiled(idx).view(-1, 128), idx.view(-1))
+            loss.backward()
+            out.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        return out
+
+    ref = run(None)
+    ops0 = _compile.compile_stats().offloaded
+    got = run(tt.compile_options(min_bytes=4096, client=client, devices=("cpu",)))
+    assert _compile.compile_stats().offloaded - ops0 >= 2 * 8  # several per block, each step
+    for (ref_loss, ref_grads), (loss, grads) in zip(ref, got):
+        assert torch.equal(loss, ref_loss)
+        for g, r in zip(grads, ref_grads):
+            assert torch.equal(g, r)
+    daemon.wait_host_used(0)

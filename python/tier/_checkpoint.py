@@ -545,7 +545,10 @@ def _read_direct(client, name, entry, record, by_object, map_location, tensors):
                                                          length, nbytes))
                 with torch.cuda.device(device), torch.cuda.stream(stream):
                     t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                buffer_id, offset = client.register_device(t.data_ptr(), nbytes)
+                try:
+                    buffer_id, offset = client.register_device(t.data_ptr(), nbytes)
+                except errors.Unimplemented:
+                    return done  # a library without GPU support: the rest through host memory
                 rows.append((obj, buffer_id, offset, nbytes))
                 tensors[i] = t.requires_grad_(requires_grad)
             for job in client.reload_buffer_batch(rows, consumer_stream=stream):
