@@ -235,7 +235,7 @@ class SaveHandle:
         self._error = None
         self.seconds_to_commit = None
         # Where the time went (seconds): "snapshot" (in save(): registration, submission, host
-        # chunks filled), "copies" (until every data object landed), "record" (meta and index
+        # chunks filled; "register" of it: GPU memory registered with tierd), "copies" (until every data object landed), "record" (meta and index
         # written: committed), "cleanup" (older slots and versions deleted, after the commit).
         self.phases = {}
 
@@ -364,6 +364,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
     meta_name = _object_name(name, version, token, "meta")
     handle = SaveHandle(client, name, version, object_names + [meta_name], sum(sizes))
     jobs, staging = [], []
+    registering = 0.0
     try:
         # The snapshot: host chunks filled now, CUDA tensors copied by tierd in stream order.
         host_views = {}
@@ -380,7 +381,9 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                 host_views[o].tensor(torch.uint8)[offset:offset + nbytes].copy_(_byte_view(t))
             else:
                 stream = torch.cuda.current_stream(t.device)
+                t_reg = time.monotonic()
                 buffer_id, buf_offset = client.register_device(t.data_ptr(), nbytes)
+                registering += time.monotonic() - t_reg
                 obj, job = client.offload_persistent(object_names[o], buffer_id, buf_offset,
                                                      nbytes, producer_streams=[stream], keep=t)
                 client.stream_wait_offload(job, stream)
@@ -401,6 +404,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
     record = {"format": _FORMAT, "version": version, "sizes": sizes, "tensors": tensor_refs,
               "tree": tree}
     handle.phases["snapshot"] = time.monotonic() - started
+    handle.phases["register"] = registering  # of the snapshot: GPU memory registered with tierd
 
     def commit():
         committed_index = None
