@@ -77,6 +77,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=8)
     args = p.parse_args()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the same kernels both runs
     ref_losses, ref_params, ref_peak = run(args.steps, [])
     cb = TierCallback(activations=True, optimizer_state=True)
     losses, params, peak = run(args.steps, [cb])
