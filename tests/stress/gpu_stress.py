@@ -1,7 +1,8 @@
 """The many-trainers stress test of issue 10: N trainer processes against one tierd.
 
 Each run starts one tierd (delay injection on in some runs), N trainers (tests/stress/trainer.py;
-half of them with PyTorch's expandable segments), and, now and then, SIGKILLs one trainer in the
+half of them with PyTorch's expandable segments; dealt over the GPUs of --gpus by rank, every
+GPU's trainers sharing the one tierd), and, now and then, SIGKILLs one trainer in the
 middle of a task and starts a new one in its place. A watchdog reads every trainer's progress:
 a task that runs longer than --watchdog-s is a hang, and then every thread's stack (Python stacks
 through SIGUSR1, native ones through cuda-gdb where it exists, kernel wait channels always) and
@@ -48,9 +49,11 @@ class Trainer:
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         # A trainer started in place of a killed one runs only until the run's end.
         minutes = max(0.2, (run.deadline - now()) / 60)
+        # --gpus: trainers dealt over the GPUs by rank, as one node's ranks are.
+        self.gpu = run.args.gpu_list[rank % len(run.args.gpu_list)]
         cmd = [sys.executable, TRAINER, "--socket", run.socket, "--rank", str(rank),
                "--seed", str(seed), "--minutes", "%.2f" % minutes,
-               "--status", self.status_path]
+               "--status", self.status_path, "--device", str(self.gpu)]
         if scenario:
             cmd += ["--scenario", scenario, "--steps", str(run.args.steps)]
         self._log = open(self.log_path, "w")
@@ -133,8 +136,9 @@ class Run:
             for cmd in (["--json", "status"], ["--json", "clients"]):
                 out.write("--- tierctl %s\n%s\n" % (" ".join(cmd), self.tierctl(*cmd)))
             procs = [("tierd", self.tierd.pid)] + [
-                ("trainer %d (seed %d%s)" % (t.rank, t.seed, ", expandable" if t.expandable
-                                             else ""), t.proc.pid)
+                ("trainer %d (GPU %d, seed %d%s)" % (t.rank, t.gpu, t.seed,
+                                                     ", expandable" if t.expandable else ""),
+                 t.proc.pid)
                 for t in self.trainers if t.proc.poll() is None]
             for name, pid in procs:
                 out.write("--- %s pid %d: kernel view of each thread\n" % (name, pid))
@@ -294,10 +298,24 @@ class Run:
         self._tierd_log.close()
 
 
+def gpu_list(spec):
+    """--gpus: "all" (every GPU torch sees here) or a list of GPU indices ("0", "0,2")."""
+    if spec != "all":
+        return [int(g) for g in spec.split(",") if g.strip() != ""]
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                       capture_output=True, text=True)
+    count = int(r.stdout.strip() or 0) if r.returncode == 0 else 0
+    if count == 0:
+        raise SystemExit("gpu-stress: --gpus all: no GPU found (torch.cuda.device_count() is 0)")
+    return list(range(count))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="total time of all runs")
     p.add_argument("--procs", type=int, default=8)
+    p.add_argument("--gpus", default="0",
+                   help="GPUs the trainers are dealt over by rank: all, or a list (0,1)")
     p.add_argument("--run-minutes", type=float, default=2.0, help="length of one run")
     p.add_argument("--runs", type=int, default=0, help="number of runs (0: as --minutes allow)")
     p.add_argument("--delay-fraction", type=float, default=0.5,
@@ -319,6 +337,10 @@ def main():
     args.tierd = os.path.join(args.build, "daemon", "tierd")
     args.tierctl = os.path.join(args.build, "tierctl", "tierctl")
     os.environ["TIER_BUILD_DIR"] = args.build
+    args.gpu_list = gpu_list(args.gpus)
+    print("gpu-stress: %d trainers dealt over GPU%s %s, one tierd" % (
+        args.procs, "s" if len(args.gpu_list) > 1 else "", ",".join(map(str, args.gpu_list))),
+        flush=True)
     os.makedirs(args.out, exist_ok=True)
     random.seed(args.seed)
     results = []

@@ -291,9 +291,11 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--scenario", default="")
     p.add_argument("--status", required=True)
+    p.add_argument("--device", type=int, default=0, help="this trainer's GPU (every 'cuda' is it)")
     args = p.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.cuda.set_device(args.device)  # before anything touches CUDA: its context only
     torch.cuda.init()
     sys.exit(Runner(args).run())
 
