@@ -361,7 +361,9 @@ class Worker {
   void Stall(const Command& c, Result* r) {
     CheckFits(c);
     std::vector<tier_object_id> objects = Preload(c);
-    std::atomic<int> release{0};
+    // A member, not a local: a host function may still read it after a failure left this call.
+    std::atomic<int>& release = stall_release_;
+    release.store(0, std::memory_order_release);
     Check(cudaLaunchHostFunc(stall_producer_, HoldUntilSet, &release), "cudaLaunchHostFunc");
     Check(cudaLaunchHostFunc(stall_consumer_, HoldUntilSet, &release), "cudaLaunchHostFunc");
     tier_offload_options offload = OffloadOptions(&stall_producer_);
@@ -409,6 +411,7 @@ class Worker {
   cudaStream_t base_d2h_ = nullptr, base_h2d_ = nullptr, producer_ = nullptr;
   cudaStream_t stall_producer_ = nullptr, stall_consumer_ = nullptr, latency_consumer_ = nullptr;
   std::vector<cudaStream_t> slot_consumers_;
+  std::atomic<int> stall_release_{1};
   tier_session* session_ = nullptr;
   tier_buffer_id buffer_ = 0;
   uint64_t base_ = 0;
