@@ -77,6 +77,9 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const Session
   session->token_ = opened->attach_token();
   session->quota_bytes_ = attached->quota_bytes;
   session->engine_ = attached->engine;
+  // From the start, for every session: the death is known at once (tier_session_flags), also
+  // for a client that waits for nothing, so it can open a session with the next tierd.
+  session->StartDeathWatch();
   return session;
 }
 
@@ -187,7 +190,6 @@ absl::StatusOr<DeviceRegistry::Registered> ClientSession::RegisterDevice(const v
         "tierd runs the host engine (no GPU in the daemon): register host memory instead");
   }
   absl::StatusOr<DeviceRegistry::Registered> registered = devices_->Register(device_ptr, len);
-  if (registered.ok()) std::call_once(death_watch_once_, [this] { StartDeathWatch(); });
   return registered;
 }
 

@@ -203,7 +203,6 @@ class ClientSession {
   };
   std::unordered_map<uint64_t, HostBuffer> host_buffers_;  // guarded by channel_mu_
   std::unique_ptr<DeviceRegistry> devices_;
-  std::once_flag death_watch_once_;
   UniqueFd death_watch_stop_;  // eventfd
   std::thread death_watch_;
 };

@@ -54,6 +54,7 @@ class Daemon:
                "--state_dir=" + os.path.join(self.dir, "state"),
                "--pool_bytes=" + pool_bytes, "--pool_lock=" + pool_lock, "--log_level=warning"]
         cmd.extend(extra)
+        self._cmd = cmd
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         try:
@@ -76,6 +77,13 @@ class Daemon:
     def log(self):
         with open(self.log_path) as f:
             return f.read()
+
+    def start_again(self):
+        """After the process exited (killed, or SIGTERM): a new tierd with the same settings, on
+        the same socket; returns once it serves."""
+        assert self.proc.poll() is not None, "tierd still runs"
+        self.proc = subprocess.Popen(self._cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        wait_until(self._ready, what="the new tierd to serve on " + self.socket)
 
     def status(self):
         """`tierctl --json status`, parsed."""

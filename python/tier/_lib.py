@@ -30,6 +30,8 @@ c_buffer_id = ctypes.c_uint64
 c_object_id = ctypes.c_uint64
 c_job_id = ctypes.c_uint64
 
+TIER_SESSION_DAEMON_GONE = 1
+TIER_SESSION_DAEMON_DRAINING = 2
 TIER_RELOAD_FREE_AFTER = 1
 TIER_RELOAD_DEFER_WAIT = 2
 TIER_MAX_BATCH_JOBS = 1024  # jobs per tier_offload_batch / tier_reload_batch (and <= ring_entries)
@@ -55,7 +57,7 @@ class SessionInfo(ctypes.Structure):
         ("session_id", ctypes.c_uint64),
         ("quota_bytes", ctypes.c_uint64),
         ("ring_entries", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
         ("jobs_in_flight", ctypes.c_uint64),
         ("engine", ctypes.c_char * 16),
         ("device_registrations", ctypes.c_uint64),
@@ -141,6 +143,7 @@ _SIGNATURES = {
     "tier_session_open": (c_status, [_P(SessionOptions), _P(ctypes.c_void_p)]),
     "tier_session_close": (None, [ctypes.c_void_p]),
     "tier_session_get_info": (c_status, [ctypes.c_void_p, _P(SessionInfo)]),
+    "tier_session_flags": (ctypes.c_uint32, [ctypes.c_void_p]),
     "tier_stream_wait_reload": (c_status, [ctypes.c_void_p, c_job_id, ctypes.c_void_p]),
     "tier_link_rate": (c_status, [ctypes.c_void_p, ctypes.c_int, _P(ctypes.c_double),
                                   _P(ctypes.c_double)]),

@@ -41,6 +41,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 import warnings
 import weakref
 
@@ -292,26 +293,36 @@ class Client:
     ``staging_cache_bytes``: idle staging memory kept for reuse (CPU tensors).
 
     Thread-safe. Use as a context manager or call :meth:`close`.
+
+    When tierd goes away (killed, restarted, upgraded), the client opens a session with the next
+    tierd on the same socket by itself, at the first call after it is up (tried at most once per
+    ``reconnect_interval_s``; offload contexts try when they are entered). Until then calls fail
+    with :class:`tier.Unavailable` and the torch integration keeps data on the GPU. What was
+    offloaded to the tierd that went away is lost and reported so (:class:`tier.DataLoss` from a
+    handle's reload), never read from the new one. ``generation`` counts the sessions opened.
+    ``reconnect=False`` turns this off.
     """
 
+    RECONNECT_TIMEOUT_MS = 500  # one attempt's connect limit, so a call is never held long
+
     def __init__(self, socket=None, name=None, quota_bytes=0, ring_entries=0,
-                 connect_timeout_ms=0, staging_cache_bytes=DEFAULT_STAGING_CACHE_BYTES):
+                 connect_timeout_ms=0, staging_cache_bytes=DEFAULT_STAGING_CACHE_BYTES,
+                 reconnect=True, reconnect_interval_s=1.0):
         self._c = _lib.load()
         self._session = None
         self._closed = True
         self._pid = os.getpid()
-        options = _lib.new_struct(_lib.SessionOptions)
-        socket_bytes = os.fsencode(socket) if socket is not None else None
-        name_bytes = name.encode() if name is not None else None
-        options.socket_path = socket_bytes
-        options.name = name_bytes
-        options.quota_bytes = int(quota_bytes)
-        options.ring_entries = int(ring_entries)
-        options.connect_timeout_ms = int(connect_timeout_ms)
-        session = ctypes.c_void_p()
-        _lib.check(self._c.tier_session_open(ctypes.byref(options), ctypes.byref(session)),
-                   "opening a session with tierd")
-        self._session = session
+        # Kept for reconnecting (and the bytes alive while the options point at them).
+        self._socket_bytes = os.fsencode(socket) if socket is not None else None
+        self._name_bytes = name.encode() if name is not None else None
+        self._quota_bytes = int(quota_bytes)
+        self._ring_entries = int(ring_entries)
+        self._reconnect = bool(reconnect)
+        self._reconnect_interval_s = float(reconnect_interval_s)
+        self._next_reconnect = 0.0
+        self._dead_sessions = []  # sessions of tierds that went away: closed with the client
+        self.generation = 0
+        self._session = self._open_session(int(connect_timeout_ms))
         self._closed = False
         self._lock = threading.Lock()
         self._unlocked_calls = 0  # library calls made without the lock (register_device)
@@ -330,6 +341,73 @@ class Client:
         self.engine = info.engine
         # Jobs per tier_offload_batch / tier_reload_batch call; larger batches go as several.
         self._batch_limit = max(1, min(info.ring_entries, _lib.TIER_MAX_BATCH_JOBS))
+
+    def _open_session(self, connect_timeout_ms):
+        options = _lib.new_struct(_lib.SessionOptions)
+        options.socket_path = self._socket_bytes
+        options.name = self._name_bytes
+        options.quota_bytes = self._quota_bytes
+        options.ring_entries = self._ring_entries
+        options.connect_timeout_ms = int(connect_timeout_ms)
+        session = ctypes.c_void_p()
+        _lib.check(self._c.tier_session_open(ctypes.byref(options), ctypes.byref(session)),
+                   "opening a session with tierd")
+        return session
+
+    def _daemon_flags_locked(self):
+        return self._c.tier_session_flags(self._session)
+
+    def _maybe_reconnect_locked(self, force=False):
+        """The session's tierd went away: opens a session with the next one, at most once per
+        reconnect_interval_s (force: now). Jobs of the old session all ended (UNAVAILABLE, in the
+        library) and are taken first; its buffers, staging and registrations are dropped; handles
+        of its objects become lost (Handle._lost). The old session stays open (its host buffers may
+        still be viewed) until the client closes."""
+        if not self._reconnect or self._session is None:
+            return False
+        if not self._daemon_flags_locked() & _lib.TIER_SESSION_DAEMON_GONE:
+            return False
+        now = time.monotonic()
+        if not force and now < self._next_reconnect:
+            return False
+        self._next_reconnect = now + self._reconnect_interval_s
+        try:
+            session = self._open_session(self.RECONNECT_TIMEOUT_MS)
+        except errors.TierError:
+            return False  # not up yet: calls go on failing with UNAVAILABLE
+        self._reap_locked()  # the old session's results (its jobs all ended)
+        for job in list(self._inflight.values()):
+            self._finish_locked(job, errors.UNAVAILABLE, "tierd went away")
+        self._inflight.clear()
+        self._staging.invalidate_all()
+        self._device_buffers.clear()
+        self._device_direct = None
+        self._dead_sessions.append(self._session)
+        self._session = session
+        self.generation += 1
+        info = self._info_locked()
+        self.session_id = info.session_id
+        self.engine = info.engine
+        self._batch_limit = max(1, min(info.ring_entries, _lib.TIER_MAX_BATCH_JOBS))
+        warnings.warn("tier: tierd went away and is back; this client opened session %d with it. "
+                      "What it had offloaded before is lost." % self.session_id, RuntimeWarning)
+        return True
+
+    def reconnect(self):
+        """Opens a session with the next tierd now if the current one's went away (else nothing).
+        Returns True if it did."""
+        with self._lock:
+            self._check_closed_locked()
+            return self._maybe_reconnect_locked(force=True)
+
+    def ensure_connected(self):
+        """False while tierd is gone (a new session is tried, at most once per
+        reconnect_interval_s) or draining (it refuses offloads, and will exit); True when it
+        serves. For offload contexts, at their start: cheap (no message to tierd)."""
+        with self._lock:
+            self._check_closed_locked()
+            self._maybe_reconnect_locked()
+            return self._daemon_flags_locked() == 0
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -389,14 +467,22 @@ class Client:
             self._staging.invalidate_all()
             session, self._session = self._session, None
             self._c.tier_session_close(session)
+            for dead in self._dead_sessions:
+                self._c.tier_session_close(dead)
+            self._dead_sessions = []
 
-    def _check_locked(self):
+    def _check_closed_locked(self):
         if self._closed:
             raise errors.FailedPrecondition(errors.FAILED_PRECONDITION, "the client is closed")
         if os.getpid() != self._pid:
             raise errors.FailedPrecondition(
                 errors.FAILED_PRECONDITION,
                 "this session belongs to process %d; open a new Client after fork" % self._pid)
+
+    def _check_locked(self):
+        self._check_closed_locked()
+        if self._reconnect and time.monotonic() >= self._next_reconnect:
+            self._maybe_reconnect_locked()
         while self._deferred:
             fn = self._deferred.popleft()
             try:
@@ -423,10 +509,13 @@ class Client:
 
     def info(self):
         """The session's state (tier_session_get_info)."""
-        info = _lib.new_struct(_lib.SessionInfo)
         with self._lock:
             self._check_locked()
-            _lib.check(self._c.tier_session_get_info(self._session, ctypes.byref(info)))
+            return self._info_locked()
+
+    def _info_locked(self):
+        info = _lib.new_struct(_lib.SessionInfo)
+        _lib.check(self._c.tier_session_get_info(self._session, ctypes.byref(info)))
         return SessionInfo(info.session_id, info.quota_bytes, info.ring_entries,
                            info.jobs_in_flight, info.engine.decode(), info.device_registrations,
                            info.device_extensions, info.device_exports)
@@ -1341,6 +1430,8 @@ class Client:
                                                 "reload of a freed handle")
             if free and id(h) in seen:
                 raise ValueError("reload_batch(free=True): a handle appears twice")
+            if h._lost():
+                h._raise_lost()
             seen.add(id(h))
             if h.device.type == "cuda":
                 _consumer_stream(stream, h.device)  # refuses a stream of another device
@@ -1686,6 +1777,7 @@ class Handle:
 
     def __init__(self, client, object_id, job, shape, dtype, device, nbytes, direct):
         self._client = client
+        self._generation = client.generation  # the session its object lives in
         self._object = object_id
         self._job = job            # the offload's job record (None for an empty tensor)
         self._direct = direct      # CUDA through the GPU engine (no host staging)
@@ -1787,11 +1879,24 @@ class Handle:
         # of an offload still in flight (see _pending_source).
         return data.view(self.shape)
 
+    def _lost(self):
+        """The object lived in a tierd that went away (the client reconnected since): its data
+        is gone, and its id may name another object of the new session."""
+        return (self._object is not None and self._kept is None and self._fallback is None
+                and self._generation != self._client.generation)
+
+    def _raise_lost(self):
+        raise errors.DataLoss(errors.DATA_LOSS, (
+            "object %d (%d bytes) was offloaded to a tierd that went away (this client has "
+            "reconnected since): its data is lost" % (self._object, self.nbytes)))
+
     def _start_reload(self, stream=None, free=False):
         """reload() in two steps: submit now, result() later (prefetch)."""
         if self._freed:
             raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
                                             "reload of a freed handle")
+        if self._lost():
+            self._raise_lost()
         _refuse_in_capture(self.device, "reload()")
         c = self._client
         if self._kept is not None:
@@ -1890,12 +1995,13 @@ class Handle:
 
     def _free_locked(self):
         c = self._client
+        lost = self._lost()
         self._kept = None
         fallback, self._fallback = self._fallback, None
         if isinstance(fallback, HostBuffer):
             c._staging.release(fallback)
-        if self._object is None:
-            return
+        if self._object is None or lost:
+            return  # (lost: its tierd freed it; the id may be another object's now)
         offload = self._job
         if offload is not None and offload.status is not None and offload.status != errors.OK:
             return  # a failed offload leaves no object behind

@@ -264,6 +264,8 @@ class ActivationOffloader:
         self._deferred_bytes = 0
         self._defer_cpu = False  # tests: the deferral's bookkeeping on the host engine
         self._warned_flush = False
+        self._warned_down = False
+        self._serving = True  # tierd serves (checked as each context begins)
         self._capture = _cuda_graphs.CaptureGuard()
 
     BATCH_TENSORS = 16
@@ -278,7 +280,14 @@ class ActivationOffloader:
     def __enter__(self):
         if self._hooks is not None:
             raise RuntimeError("this ActivationOffloader is already active")
-        self.client  # open the session now, not inside the first hook
+        # Opens the session now, not inside the first hook; a tierd that went away is replaced
+        # by the next one here when it is up. While none serves (gone, or draining before a
+        # restart) this context offloads nothing: every saved tensor stays where it is.
+        self._serving = self.client.ensure_connected()
+        if not self._serving and not self._warned_down:
+            self._warned_down = True
+            warnings.warn("tier: tierd is restarting or gone: saved activations stay on the GPU "
+                          "until it serves again", RuntimeWarning, stacklevel=2)
         if self._module is not None:
             # Parameters and buffers stay resident anyway: offloading them would save nothing.
             # (A DTensor's storage is its local shard's: FSDP2, tensor parallel.)
@@ -315,6 +324,8 @@ class ActivationOffloader:
     # -- pack (forward) --
 
     def _should_offload(self, t):
+        if not self._serving:
+            return False
         if self._selection is not None and not self._selection.active():
             return False  # saved outside the selected modules
         if type(t) is not _Tensor:

@@ -109,9 +109,12 @@ class Runner:
         self.args = args
         self.rng = random.Random(args.seed)
         self.status = open(args.status, "a", buffering=1)
-        self.client = tier.Client(socket=args.socket, name="stress-%d" % args.rank)
+        # Reconnects by itself when tierd is killed or restarted (gpu-stress --daemon-kill-every-s).
+        self.client = tier.Client(socket=args.socket, name="stress-%d" % args.rank,
+                                  reconnect_interval_s=0.2)
         self.tasks = 0
         self.mismatches = 0
+        self.aborted = 0
 
     def log(self, **kv):
         kv["t"] = time.time()
@@ -265,13 +268,35 @@ class Runner:
                     break
                 name = self.rng.choices(names, weights)[0]
             self.log(event="begin", task=name, n=n)
-            getattr(self, "task_" + name)()
+            try:
+                getattr(self, "task_" + name)()
+            except Exception as e:  # noqa: BLE001
+                # tierd went away under the task (a daemon kill): a clear error is the allowed
+                # outcome, wrong data never is (the task compares before it returns).
+                if not _daemon_gone_error(e):
+                    raise
+                self.aborted += 1
+                self.log(event="aborted", task=name, n=n, what="%s: %s" % (type(e).__name__, e))
+                torch.cuda.synchronize()
             self.log(event="end", task=name, n=n)
             n += 1
         self.client.synchronize()
-        self.log(event="done", tasks=n, mismatches=self.mismatches)
+        self.log(event="done", tasks=n, mismatches=self.mismatches, aborted=self.aborted)
         self.client.close()
         return 0 if self.mismatches == 0 else 1
+
+
+def _daemon_gone_error(e):
+    """Whether `e` is the clear error a task gets when tierd died or restarted under it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (tier.Unavailable, tier.DataLoss)):
+            return True
+        if isinstance(e, tier.TierError) and "went away" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 class _null:
