@@ -44,7 +44,7 @@ _GROUPS_GOING_OUT = 2
 
 class OptimizerStateStats(Counters):
     __slots__ = ("steps", "groups", "offloads", "offloaded_bytes", "reloads", "prefetched_groups",
-                 "resident_tensors")
+                 "resident_tensors", "steps_kept_resident")
 
 
 class _Away:
@@ -98,8 +98,6 @@ class OptimizerStateOffloader:
         self._prefetch = int(prefetch)
         self._min_bytes = int(min_bytes)
         self._away = {}           # (id(param), key) -> _Away
-        self._group_events = {}   # group index -> CUDA event after its prefetched reloads
-        self._side_streams = {}
         self._step_index = 0
         self.stats = OptimizerStateStats()
         # The optimizer's own methods, bound to the optimizer itself, so that wrappers that
@@ -195,51 +193,32 @@ class OptimizerStateOffloader:
         for handle in handles:
             handle._wait_offload()
 
-    def _side_stream(self, device):
-        stream = self._side_streams.get(device)
-        if stream is None:
-            stream = torch.cuda.Stream(device=device)
-            self._side_streams[device] = stream
-        return stream
-
     def _start_group(self, gi, group, prefetch):
-        """Starts the reloads of a group's state not started yet, as one batch per device (on a
-        side stream when prefetching on CUDA: one ticket, the side stream waits once for all of
-        the group's copies, and one event after them orders the group before its update)."""
-        todo = collections.OrderedDict()  # (device, side stream or None) -> [away]
+        """Starts the reloads of a group's state not started yet, as one batch per device. On
+        CUDA they are allocated on the current stream like any reload; a prefetch's wait is put
+        where the state is first used (the client's deferred reload, as activation prefetches:
+        one stream's allocator pool, no side stream and no event of our own)."""
+        todo = collections.OrderedDict()  # device -> [away]
         for p in group:
             for key in list(self._opt.state.get(p, {}).keys()):
                 away = self._away.get((id(p), key))
                 if away is None or away.started is not None:
                     continue
-                device = away.handle.device
-                side = prefetch and device.type == "cuda"
-                todo.setdefault((device, side), []).append(away)
+                todo.setdefault(away.handle.device, []).append(away)
         if not todo:
             return
-        events = []
-        for (device, side), aways in todo.items():
-            stream = self._side_stream(device) if side else None
-            started = self._client._start_reload_batch([a.handle for a in aways], stream=stream,
-                                                       free=True)
+        for device, aways in todo.items():
+            started = self._client._start_reload_batch([a.handle for a in aways], free=True,
+                                                       defer=prefetch)
             for away, reload in zip(aways, started):
                 away.started = reload
             self.stats.reloads += len(aways)
-            if side:
-                event = torch.cuda.Event()
-                event.record(stream)
-                events.append((device, event))
-        if events:
-            self._group_events[gi] = events
         if prefetch:
             self.stats.prefetched_groups += 1
 
     def _finish_group(self, gi, group):
-        """The group's state back in the optimizer, ordered before the update on CUDA."""
-        waited = set()
-        for device, event in self._group_events.pop(gi, []):
-            torch.cuda.current_stream(device).wait_event(event)
-            waited.add(device)
+        """The group's state back in the optimizer, ordered before the update on CUDA (the
+        deferred reload's result() makes the current stream wait for its copies)."""
         for p in group:
             state = self._opt.state.get(p)
             if not state:
@@ -251,11 +230,7 @@ class OptimizerStateOffloader:
                 if away.started is None:  # not started ahead: on the current stream
                     away.started = away.handle._start_reload(free=True)
                     self.stats.reloads += 1
-                data = away.result()
-                local = data._local_tensor if away.wrap is not None else data
-                if local.device.type == "cuda" and local.device in waited:
-                    local.record_stream(torch.cuda.current_stream(local.device))
-                state[key] = data
+                state[key] = away.result()
 
     def _onload_all(self):
         groups = self._groups()
@@ -276,6 +251,11 @@ class OptimizerStateOffloader:
         saved = [pg["params"] for pg in opt.param_groups]
         class_step = type(opt).step
         going_out = collections.deque()  # the handles of the last groups' offloads
+        # While tierd is gone or draining (a restart), the state comes back and stays resident:
+        # the step costs GPU memory, never the state. Offloading resumes once tierd serves.
+        serving = self._client.ensure_connected()
+        if not serving:
+            self.stats.steps_kept_resident += 1
         try:
             for gi in range(min(len(groups), 1 + self._prefetch)):
                 self._start_group(gi, groups[gi], prefetch=gi > 0)
@@ -293,15 +273,16 @@ class OptimizerStateOffloader:
                 finally:
                     for pg, params in zip(opt.param_groups, saved):
                         pg["params"] = params
+                if not serving:
+                    continue
                 if len(going_out) == _GROUPS_GOING_OUT:
                     self._await_copied_out(going_out.popleft())
                 going_out.append(self._offload_group(group, self._hint(gi, len(groups))))
         except BaseException:
             # Whatever was reloaded stays resident (state is never lost); the rest stays away.
             for gi, group in enumerate(groups):
-                if gi in self._group_events or any(
-                        a.started is not None for (pid, _), a in self._away.items()
-                        if pid in members[gi]):
+                if any(a.started is not None for (pid, _), a in self._away.items()
+                       if pid in members[gi]):
                     self._finish_group(gi, group)
             raise
         self._step_index += 1
@@ -323,7 +304,6 @@ class OptimizerStateOffloader:
         for away in self._away.values():
             away.handle.free()
         self._away.clear()
-        self._group_events.clear()
         type(self._opt).load_state_dict(self._opt, state_dict)
         groups = self._groups()
         for gi, group in enumerate(groups):

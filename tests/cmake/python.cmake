@@ -17,27 +17,32 @@ if(NOT _tier_py_test_python)
 endif()
 set(_tier_py_test_ok FALSE)
 if(TIER_SANITIZE)
-  message(STATUS "python_package_test: not registered in a sanitizer build (TIER_SANITIZE=${TIER_SANITIZE})")
+  message(STATUS "python tests (python_test_*): not registered in a sanitizer build (TIER_SANITIZE=${TIER_SANITIZE})")
 elseif(NOT EXISTS ${_tier_py_test_python})
-  message(STATUS "python_package_test: not registered (${_tier_py_test_python} not found)")
+  message(STATUS "python tests (python_test_*): not registered (${_tier_py_test_python} not found)")
 else()
   execute_process(COMMAND ${_tier_py_test_python} -c "import torch, pytest, numpy"
                   RESULT_VARIABLE _tier_py_test_rc OUTPUT_QUIET ERROR_QUIET)
   if(_tier_py_test_rc EQUAL 0)
     set(_tier_py_test_ok TRUE)
-    message(STATUS "python_package_test: ${_tier_py_test_python}")
+    message(STATUS "python tests (python_test_*): ${_tier_py_test_python}")
   else()
-    message(STATUS "python_package_test: not registered (${_tier_py_test_python} cannot import "
+    message(STATUS "python tests (python_test_*): not registered (${_tier_py_test_python} cannot import "
                    "torch, pytest and numpy: scripts/python-env makes an environment that can)")
   endif()
 endif()
 if(_tier_py_test_ok)
-  # -p no:cacheprovider and PYTHONDONTWRITEBYTECODE: the test writes nothing into the source tree.
-  add_test(NAME python_package_test
-           COMMAND ${_tier_py_test_python} -m pytest -q -p no:cacheprovider
-                   ${CMAKE_SOURCE_DIR}/python/tests)
-  set_tests_properties(python_package_test PROPERTIES
-    LABELS integration
-    TIMEOUT 900
-    ENVIRONMENT "TIER_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
+  # One CTest test per test file, so `ctest -j` runs them side by side (together they take
+  # minutes: the trainers, FSDP2 ranks, the planner). -p no:cacheprovider and
+  # PYTHONDONTWRITEBYTECODE: the tests write nothing into the source tree.
+  file(GLOB _tier_py_test_files CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/tests/test_*.py)
+  foreach(_file IN LISTS _tier_py_test_files)
+    get_filename_component(_name ${_file} NAME_WE)
+    add_test(NAME python_${_name}
+             COMMAND ${_tier_py_test_python} -m pytest -q -p no:cacheprovider ${_file})
+    set_tests_properties(python_${_name} PROPERTIES
+      LABELS integration
+      TIMEOUT 900
+      ENVIRONMENT "TIER_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
+  endforeach()
 endif()
