@@ -434,7 +434,18 @@ class ActivationOffloader:
                 self._compact()
         if not t.is_cuda and not self._defer_cpu:
             # CPU: the bytes are staged now (as saved), the job goes with the next batch.
-            staged = self.client._stage_offload(flat)
+            try:
+                staged = self.client._stage_offload(flat)
+            except _errors.TierError as e:
+                # No staging memory from tierd (it went away or drains): the bytes stay where
+                # they are and backward uses them, as for a batch refused in _flush.
+                record.tensor = flat
+                self.stats.fallbacks += 1
+                if not self._warned_flush:
+                    self._warned_flush = True
+                    warnings.warn("tier: saved activations stay in memory: %s" % e,
+                                  RuntimeWarning, stacklevel=2)
+                return record
             self._deferred.append((weakref.ref(record), None, None, staged))
         else:
             # The producer is the current stream now (it may be another by the time of the
