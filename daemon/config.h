@@ -77,8 +77,13 @@ struct Config {
   FaultInjection spill_inject_faults;
   uint64_t default_quota_bytes = 0;  // default_quota_bytes (0: the whole pool)
   uint64_t max_quota_bytes = 0;      // max_quota_bytes (0: the whole pool)
-  // persistent_quota_bytes_per_uid: named objects that outlive sessions (0: the whole pool)
-  uint64_t persistent_quota_bytes_per_uid = 0;
+  // Named objects that outlive sessions (daemon/persistent_store.h). Sizes 0: a share of what the
+  // daemon holds (pool + NVMe), resolved at start.
+  uint64_t persistent_quota_bytes_per_uid = 0;  // 0: 1/16 of what the daemon holds
+  uint64_t persistent_max_bytes = 0;            // every uid together; 0: 1/4 of it
+  uint32_t persistent_max_objects_per_uid = 16384;  // names (reservations too) of one uid
+  uint32_t persistent_max_objects = 65536;          // names of every uid together
+  uint64_t persistent_journal_max_bytes = 0;    // the journal file on NVMe; 0: 2 x persistent_max_bytes
   uint32_t ring_entries = 1024;      // ring_entries
   uint32_t max_sessions = 256;       // max_sessions
   uint32_t attach_timeout_ms = 10000;  // attach_timeout_ms

@@ -290,8 +290,22 @@ std::vector<Key> BuildKeys() {
                          &Config::max_quota_bytes, true, 0));
   keys.push_back(SizeKey("persistent_quota_bytes_per_uid", kSessions,
                          "most bytes (all tiers) the persistent objects of one user may hold; 0: "
-                         "all the daemon holds",
+                         "1/16 of all the daemon holds",
                          &Config::persistent_quota_bytes_per_uid, true, 0));
+  keys.push_back(SizeKey("persistent_max_bytes", kSessions,
+                         "most bytes (all tiers) the persistent objects of every user hold "
+                         "together; 0: 1/4 of all the daemon holds",
+                         &Config::persistent_max_bytes, true, 0));
+  keys.push_back(IntegerKey("persistent_max_objects_per_uid", kSessions,
+                            "most persistent objects (and names reserved) of one user",
+                            &Config::persistent_max_objects_per_uid, 1, 1 << 24));
+  keys.push_back(IntegerKey("persistent_max_objects", kSessions,
+                            "most persistent objects (and names reserved) of every user together",
+                            &Config::persistent_max_objects, 1, 1 << 24));
+  keys.push_back(SizeKey("persistent_journal_max_bytes", kSessions,
+                         "most bytes the journal of persistent objects takes on NVMe (beside the "
+                         "spill file); 0: twice persistent_max_bytes, and 64 MiB",
+                         &Config::persistent_journal_max_bytes, true, 0));
   keys.push_back(IntegerKey("ring_entries", kSessions,
                             "job ring entries per session (power of two, 8..65536)",
                             &Config::ring_entries, 8, 65536, /*power_of_two=*/true));

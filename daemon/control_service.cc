@@ -188,7 +188,25 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   response->set_buffers(counts.buffers);
   response->set_gpu_lanes(counts.lanes);
   response->set_pending_releases(counts.pending_releases);
+  if (persistent_ != nullptr) AddPersistent(persistent_->usage(), response->mutable_persistent());
   return grpc::Status::OK;
+}
+
+void ControlService::AddPersistent(const PersistentUsage& usage, v1::PersistentStatus* out) {
+  out->set_objects(usage.objects);
+  out->set_bytes(usage.bytes);
+  out->set_uids(usage.uids);
+  out->set_quota_bytes_per_uid(usage.limits.quota_bytes_per_uid);
+  out->set_max_bytes(usage.limits.max_bytes);
+  out->set_max_objects_per_uid(usage.limits.max_objects_per_uid);
+  out->set_max_objects(usage.limits.max_objects);
+  out->set_journaled(usage.journaled);
+  out->set_journal_bytes(usage.journal.file_bytes);
+  out->set_journal_live_bytes(usage.journal.live_bytes);
+  out->set_journal_max_bytes(usage.journal.max_bytes);
+  out->set_journal_compactions(usage.journal.compactions);
+  out->set_journal_errors(usage.journal.errors);
+  out->set_journal_queued(usage.writes_queued);
 }
 
 void ControlService::AddPoolParts(v1::GetStatusResponse* response) const {

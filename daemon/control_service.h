@@ -75,6 +75,8 @@ class ControlService final : public tier::v1::Control::Service {
   DaemonMetrics& metrics_;
   const HealthMonitor& health_;
   std::function<uint64_t(uint32_t)> drain_;
+  static void AddPersistent(const PersistentUsage& usage, v1::PersistentStatus* out);
+
   const PersistentStore* const persistent_;
 };
 

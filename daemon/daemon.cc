@@ -228,22 +228,31 @@ absl::Status Daemon::Init() {
   tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller,
                                          pool_layout_.part_of_gpu);
   tiers_->Start();
+  // Persistent objects: a share of what the daemon holds per uid and for all, unless set.
+  const PersistentLimits persistent_limits{
+      config_.persistent_quota_bytes_per_uid ? config_.persistent_quota_bytes_per_uid
+                                             : capacity / 16,
+      config_.persistent_max_bytes ? config_.persistent_max_bytes : capacity / 4,
+      config_.persistent_max_objects_per_uid, config_.persistent_max_objects};
   if (spill_store_ != nullptr) {
-    // Persistent objects are written through to the first spill directory and come back after a
-    // restart (daemon/persistent_journal.h).
+    // Written through to the first spill directory, they come back after a restart
+    // (daemon/persistent_journal.h); the journal's disk is bounded apart from spill_bytes.
+    JournalOptions journal_options;
+    journal_options.max_bytes = config_.persistent_journal_max_bytes
+                                    ? config_.persistent_journal_max_bytes
+                                    : 2 * persistent_limits.max_bytes + (64 << 20);
     absl::StatusOr<std::unique_ptr<PersistentJournal>> journal =
-        PersistentJournal::Open(config_.spill_dirs.front() + "/persistent");
+        PersistentJournal::Open(config_.spill_dirs.front() + "/persistent", journal_options);
     if (!journal.ok()) return journal.status();
     journal_ = *std::move(journal);
   }
-  persistent_ = std::make_unique<PersistentStore>(
-      *tiers_,
-      config_.persistent_quota_bytes_per_uid ? config_.persistent_quota_bytes_per_uid : capacity,
-      journal_.get());
+  persistent_ = std::make_unique<PersistentStore>(*tiers_, persistent_limits, journal_.get());
   if (journal_ != nullptr) {
-    size_t restored = persistent_->Restore();
-    LogInfo("persistent objects: ", restored, " of ", journal_->records().size(),
-            " restored from ", journal_->dir());
+    const size_t records = journal_->usage().live_records;
+    const size_t restored = persistent_->Restore();
+    LogInfo("persistent objects: ", restored, " of ", records, " restored from ",
+            journal_->dir(), " (journal ", journal_->usage().file_bytes >> 20, " of at most ",
+            journal_->usage().max_bytes >> 20, " MiB)");
   }
   executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_, persistent_.get());
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
@@ -301,7 +310,8 @@ absl::Status Daemon::Init() {
 absl::Status Daemon::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   metrics_collector_ = std::make_shared<MetricsCollector>(
-      MetricsSources{metrics_, *pool_, tiers_->spiller(), *registry_, *engine_, *health_},
+      MetricsSources{metrics_, *pool_, tiers_->spiller(), *registry_, *engine_, *health_,
+                     persistent_.get()},
       BuildInfo{kVersion, std::string(engine_->name()), started_unix_s_, pool_pin_seconds_});
   absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
       MetricsExporter::Start(config_.metrics_listen, metrics_collector_);

@@ -29,8 +29,7 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
       status = Reload(session, entry);
       break;
     case Opcode::kFree:
-      status = Free(*session, entry);
-      if (status.ok()) Complete(*session, entry, status);
+      status = Free(session, entry);  // (completes itself when it succeeds)
       break;
     case Opcode::kNop:
       Complete(*session, entry, absl::OkStatus());
@@ -242,15 +241,17 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
   // result stands only once the fill is known to have succeeded.
   auto finish = [this, session, e, table, object](absl::Status result, const absl::Status& fill) {
     if (!fill.ok()) result = FillFailedError(e.object_id, fill);
+    bool later = false;
     if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) {
       table->DropAfterReload(*object);
-      if (persistent_ != nullptr && table != session->objects()) {
-        persistent_->Forget(table, object->id());
-      }
+      // A persistent object's name goes too; the job completes once that is durable.
+      later = persistent_ != nullptr && table != session->objects() &&
+              persistent_->Forget(table, object->id(),
+                                  [this, session, e] { Complete(*session, e, absl::OkStatus()); });
     }
     tiers_.Settle(table->Unpin(*object));
     tiers_.CopyEnded();
-    Complete(*session, e, result);
+    if (!later) Complete(*session, e, result);
   };
   if (table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;
   finish(std::move(copy),
@@ -266,16 +267,20 @@ void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
   Fail(session, e, std::move(status));
 }
 
-absl::Status JobExecutor::Free(Session& session, const ring::SubmissionEntry& e) {
+absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,
+                               const ring::SubmissionEntry& e) {
   // Jobs already accepted keep their pins; the memory returns when the last one ends.
-  // (A persistent object bound to the id is deleted: its name goes with it.)
-  ObjectSlot slot = session.Resolve(e.object_id);
+  ObjectSlot slot = session->Resolve(e.object_id);
   absl::StatusOr<Release> released = slot.table->Free(slot.id);
   if (!released.ok()) return released.status();
-  if (persistent_ != nullptr && slot.table != session.objects()) {
-    persistent_->Forget(slot.table, slot.id);
-  }
+  // A persistent object bound to the id is deleted: its name goes with it, and the job completes
+  // once that is durable (a crash must not bring back an object whose free the client saw).
+  const bool later =
+      persistent_ != nullptr && slot.table != session->objects() &&
+      persistent_->Forget(slot.table, slot.id,
+                          [this, session, e] { Complete(*session, e, absl::OkStatus()); });
   tiers_.Settle(*released);
+  if (!later) Complete(*session, e, absl::OkStatus());
   return absl::OkStatus();
 }
 

@@ -59,7 +59,7 @@ class JobExecutor {
   // started completes from a callback.
   absl::Status Offload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
   absl::Status Reload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
-  absl::Status Free(Session& session, const ring::SubmissionEntry& e);
+  absl::Status Free(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e);
 
   // Offload, once the object has its host extent.
   // (`table` is where the object lives: the session's, or a persistent object's uid table.)

@@ -39,6 +39,15 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
     s.spill.prefetch_misses = c.prefetch_misses.load(std::memory_order_relaxed);
   }
 
+  if (const PersistentStore* persistent = sources_.persistent) {
+    const PersistentUsage u = persistent->usage();
+    s.persistent = PersistentGauges{u.objects,           u.bytes,
+                                    u.limits.max_bytes,  u.journal.file_bytes,
+                                    u.journal.live_bytes, u.journal.max_bytes,
+                                    u.writes_queued,     u.journal.compactions,
+                                    u.journal.errors};
+  }
+
   const DaemonMetrics& m = sources_.metrics;
   s.jobs_in_flight = m.jobs_in_flight.value();
   s.bytes_offloaded = m.totals.bytes_offloaded.load(std::memory_order_relaxed);

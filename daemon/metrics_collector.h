@@ -11,6 +11,7 @@
 #include "daemon/health_monitor.h"
 #include "daemon/metrics.h"
 #include "daemon/metrics_snapshot.h"
+#include "daemon/persistent_store.h"
 #include "daemon/session_registry.h"
 #include "daemon/spiller.h"
 #include "daemon/user_totals.h"
@@ -28,6 +29,7 @@ struct MetricsSources {
   const SessionRegistry& registry;
   const engine::CopyEngine& engine;
   const HealthMonitor& health;
+  const PersistentStore* persistent = nullptr;  // named objects; null: none
 };
 
 // Fixed for the daemon's life.

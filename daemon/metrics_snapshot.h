@@ -44,6 +44,19 @@ struct UserGauges {
   uint64_t jobs_in_flight = 0;
 };
 
+// Named, persistent objects and their journal (PersistentUsage, read).
+struct PersistentGauges {
+  uint64_t objects = 0;
+  uint64_t bytes = 0;
+  uint64_t max_bytes = 0;
+  uint64_t journal_bytes = 0;
+  uint64_t journal_live_bytes = 0;
+  uint64_t journal_max_bytes = 0;
+  uint64_t journal_queued = 0;
+  uint64_t journal_compactions = 0;
+  uint64_t journal_errors = 0;
+};
+
 // The lanes of one user on one GPU in one direction.
 struct LaneGroup {
   uint64_t wait_ms = 0;  // longest current wait for a client's ticket
@@ -86,6 +99,8 @@ struct MetricsSnapshot {
   std::map<uint32_t, UserGauges> users;
   std::map<uint32_t, UserCounters> user_totals;  // monotonic (UserTotals)
   std::map<LaneKey, LaneGroup> lanes;
+
+  PersistentGauges persistent;
 };
 
 std::vector<prometheus::MetricFamily> ToMetricFamilies(const MetricsSnapshot& snapshot);

@@ -6,6 +6,45 @@
 
 namespace tier::daemon {
 
+bool SharedQuota::TryCharge(uint64_t bytes, bool force) {
+  uint64_t used = used_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (!force && (bytes > limit_bytes_ || used > limit_bytes_ - bytes)) return false;
+  } while (!used_bytes_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+absl::Status ObjectTable::ChargeLocked(uint64_t bytes, Charge mode) {
+  const bool force = mode == Charge::kForce;
+  if (!force && (bytes > quota_bytes_ || used_bytes_ > quota_bytes_ - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(quota_name_, " exceeded: ", used_bytes_,
+                                                     " + ", bytes, " bytes > quota of ",
+                                                     quota_bytes_));
+  }
+  if (shared_ != nullptr && !shared_->TryCharge(bytes, force)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(shared_->name(), " exceeded: ", shared_->used_bytes(), " + ", bytes,
+                     " bytes > ", shared_->limit_bytes()));
+  }
+  used_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void ObjectTable::RefundLocked(uint64_t bytes) {
+  used_bytes_ -= bytes;
+  if (shared_ != nullptr) shared_->Refund(bytes);
+}
+
+void ObjectTable::ChargeOutside(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  (void)ChargeLocked(bytes, Charge::kForce);
+}
+
+void ObjectTable::RefundOutside(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  RefundLocked(bytes);
+}
+
 uint64_t ObjectTable::used_bytes() const {
   MutexLock lock(&mu_);
   return used_bytes_;
@@ -32,20 +71,15 @@ std::vector<uint64_t> ObjectTable::Ids() const {
 
 absl::StatusOr<std::shared_ptr<Object>> ObjectTable::Create(uint64_t id, uint64_t len,
                                                             uint64_t hint, uint64_t seq,
-                                                            uint64_t charge) {
+                                                            uint64_t charge, Charge mode) {
   MutexLock lock(&mu_);
   if (objects_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("object ", id, " already exists"));
   }
-  if (used_bytes_ + charge > quota_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(quota_name_, " exceeded: ", used_bytes_,
-                                                     " + ", charge, " bytes > quota of ",
-                                                     quota_bytes_));
-  }
+  if (absl::Status charged = ChargeLocked(charge, mode); !charged.ok()) return charged;
   auto object = std::make_shared<Object>(id, len, hint, seq);
   object->pins_ = 1;  // the fill
   object->charged_ = charge;
-  used_bytes_ += charge;
   objects_.emplace(id, object);
   return object;
 }
@@ -57,8 +91,8 @@ absl::Status ObjectTable::Admit(Object& object, storage::Extent extent) {
         absl::StrCat("object ", object.id(), " was admitted already or is not filling"));
   }
   object.extent_ = extent;
-  used_bytes_ += extent.bytes;
-  used_bytes_ -= object.charged_;
+  (void)ChargeLocked(extent.bytes, Charge::kForce);  // (the extent exists: it counts)
+  RefundLocked(object.charged_);
   object.charged_ = extent.bytes;
   return absl::OkStatus();
 }
@@ -134,6 +168,24 @@ absl::StatusOr<ObjectTable::Pinned> ObjectTable::PinForReload(uint64_t id, uint6
   }
   object.prefetched_ = false;
   return pinned;
+}
+
+absl::StatusOr<ObjectTable::CopySource> ObjectTable::PinForCopy(Object& object) {
+  MutexLock lock(&mu_);
+  if (object.dropped_) return absl::NotFoundError(absl::StrCat("object ", object.id(), " is gone"));
+  if (object.state_ != Object::State::kReady) {
+    return absl::FailedPreconditionError(absl::StrCat("object ", object.id(), " is not filled"));
+  }
+  ++object.pins_;
+  CopySource source;
+  source.on_nvme =
+      object.where_ == Object::Where::kNvme || object.where_ == Object::Where::kFetching;
+  if (source.on_nvme) {
+    source.record = object.record_;
+  } else {
+    source.extent = object.extent_;
+  }
+  return source;
 }
 
 bool ObjectTable::AwaitFill(Object& object, ObjectWaiter waiter) {
@@ -270,7 +322,7 @@ Release ObjectTable::UnpinLocked(Object& object) {
     release.extent = object.extent_;
     object.extent_ = {};
   }
-  used_bytes_ -= object.charged_;
+  RefundLocked(object.charged_);
   object.charged_ = 0;
   return release;
 }

@@ -88,11 +88,35 @@ struct Release {
   bool empty() const { return !extent && !record; }
 };
 
+// A byte limit several tables charge together besides their own quota (the persistent objects
+// of every uid: persistent_max_bytes). Lock-free; a table charges it under its own lock.
+class SharedQuota {
+ public:
+  SharedQuota(uint64_t limit_bytes, std::string name)
+      : limit_bytes_(limit_bytes), name_(std::move(name)) {}
+  SharedQuota(const SharedQuota&) = delete;
+  SharedQuota& operator=(const SharedQuota&) = delete;
+
+  uint64_t limit_bytes() const { return limit_bytes_; }
+  uint64_t used_bytes() const { return used_bytes_.load(std::memory_order_relaxed); }
+  const std::string& name() const { return name_; }
+  // Charges `bytes` if they fit (or always, with `force`); false otherwise (nothing charged).
+  bool TryCharge(uint64_t bytes, bool force = false);
+  void Refund(uint64_t bytes) { used_bytes_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+ private:
+  const uint64_t limit_bytes_;
+  const std::string name_;
+  std::atomic<uint64_t> used_bytes_{0};
+};
+
 class ObjectTable {
  public:
   // `quota_name` says whose quota an error names ("session quota", "persistent quota of uid 7").
-  explicit ObjectTable(uint64_t quota_bytes, std::string quota_name = "session quota")
-      : quota_bytes_(quota_bytes), quota_name_(std::move(quota_name)) {}
+  // `shared`: a limit this table's charges count against too (null: none).
+  explicit ObjectTable(uint64_t quota_bytes, std::string quota_name = "session quota",
+                       std::shared_ptr<SharedQuota> shared = nullptr)
+      : quota_bytes_(quota_bytes), quota_name_(std::move(quota_name)), shared_(std::move(shared)) {}
   ObjectTable(const ObjectTable&) = delete;
   ObjectTable& operator=(const ObjectTable&) = delete;
 
@@ -105,10 +129,19 @@ class ObjectTable {
   std::vector<uint64_t> Ids() const;
 
   // ---- life ----
+  enum class Charge {
+    kWithinQuota,  // RESOURCE_EXHAUSTED past the quota (or the shared one)
+    kForce,        // charged whatever the quota says: bytes that exist already (a restore)
+  };
   // A new object `id` of `len` bytes, filling, pinned by its fill, charged `charge` bytes (what
   // the pool will hand out for it). ALREADY_EXISTS, RESOURCE_EXHAUSTED (quota).
   absl::StatusOr<std::shared_ptr<Object>> Create(uint64_t id, uint64_t len, uint64_t hint,
-                                                 uint64_t seq, uint64_t charge);
+                                                 uint64_t seq, uint64_t charge,
+                                                 Charge mode = Charge::kWithinQuota);
+  // Bytes the quota's owner holds outside the table's objects (a persistent object left on NVMe
+  // at restart): charged whatever the quota says, and refunded by the caller.
+  void ChargeOutside(uint64_t bytes);
+  void RefundOutside(uint64_t bytes);
   // The object's host extent, given by the tiers when it was admitted: the charge becomes the
   // extent's size. Once, before the fill's copy. FAILED_PRECONDITION otherwise.
   absl::Status Admit(Object& object, storage::Extent extent);
@@ -134,6 +167,17 @@ class ObjectTable {
   };
   // A reload of `len` bytes of `id`: pins it. NOT_FOUND, INVALID_ARGUMENT (length).
   absl::StatusOr<Pinned> PinForReload(uint64_t id, uint64_t len);
+  // A reader of a ready object's bytes beside the jobs (the persistent journal's writer): pins
+  // it and says where its bytes are now. In host memory (kHost, kSpilling: `extent`), or on NVMe
+  // (kNvme, kFetching: `record`; a fetch may free that record under the reader, which the spill
+  // store answers NOT_FOUND: then ask again). NOT_FOUND once dropped, FAILED_PRECONDITION while
+  // filling. Unpin when done.
+  struct CopySource {
+    bool on_nvme = false;
+    storage::Extent extent;
+    storage::SpillRecord record;
+  };
+  absl::StatusOr<CopySource> PinForCopy(Object& object);
   // If the fill still runs, `waiter` starts when it ends (true); else false (nothing kept).
   bool AwaitFill(Object& object, ObjectWaiter waiter);
   // Whether the fill failed (a reload submitted while it ran reports the fill's failure).
@@ -200,8 +244,13 @@ class ObjectTable {
   // Out of the table (a free, a failed fill, the session's end); the memory stays with the pins.
   void DropLocked(Object& object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Charges `bytes` to the table and the shared quota (`mode` kForce: whatever they say).
+  absl::Status ChargeLocked(uint64_t bytes, Charge mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefundLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const uint64_t quota_bytes_;
   const std::string quota_name_;
+  const std::shared_ptr<SharedQuota> shared_;
   mutable Mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Object>> objects_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;

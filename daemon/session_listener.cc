@@ -89,13 +89,22 @@ void SessionListener::Run() {
     const uint64_t now = MonotonicMs();
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;
-      if (fd == wake_fd_.get()) continue;
+      if (fd == wake_fd_.get()) {
+        uint64_t count;
+        [[maybe_unused]] ssize_t got = ::read(wake_fd_.get(), &count, sizeof(count));
+        SendDeferredReplies();
+        continue;
+      }
       if (fd == listen_fd_.get()) {
         Accept(now);
         continue;
       }
       auto it = connections_.find(fd);
       if (it == connections_.end()) continue;
+      if (it->second.awaiting_reply) {  // (not reading: only a hang-up wakes it)
+        if (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) Drop(fd, "client disconnected");
+        continue;
+      }
       if (!Serve(it->second)) Drop(fd, "client disconnected");
     }
     ResumeAcceptingIfDue(now);
@@ -152,7 +161,7 @@ void SessionListener::Accept(uint64_t now_ms) {
     return;
   }
   ++of_uid;
-  connections_.emplace(fd, Connection{std::move(conn), *peer, nullptr, now_ms});
+  connections_.emplace(fd, Connection{std::move(conn), *peer, nullptr, now_ms, next_serial_++});
 }
 
 void SessionListener::PauseAccepting(uint64_t now_ms, int error) {
@@ -462,9 +471,13 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
         }
         break;
       }
-      case wire::ObjectOp::kRelease:
+      case wire::ObjectOp::kRelease: {
+        // (A name reserved for the id and never filled goes with it.)
+        const ObjectSlot slot = c.session->Resolve(request.object_id);
         status = c.session->Unbind(request.object_id);
+        if (status.ok()) persistent_->Released(c.session->id(), slot);
         break;
+      }
       case wire::ObjectOp::kDelete: {
         uid_t owner = request.uid == wire::kCallerUid ? caller : request.uid;
         if (owner != caller && caller != 0) {
@@ -474,7 +487,22 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
             status = absl::NotFoundError(absl::StrCat("no persistent object named \"", name, "\""));
           }
         } else {
-          status = persistent_->Delete(owner, name);
+          // Answered at once, or (when a record of it may be in the journal) once its deletion
+          // is durable: no journal I/O on this thread, which serves every session.
+          std::optional<absl::Status> now = persistent_->Delete(
+              owner, name, [this, fd = c.fd.get(), serial = c.serial,
+                            request_id = request.header.request_id](absl::Status done) {
+                DeferredReply deferred{fd, serial, {}};
+                FillReply(&deferred.reply.reply, wire::MessageType::kObjectReply, request_id,
+                          done);
+                PostReply(std::move(deferred));
+              });
+          if (!now.has_value()) {
+            c.awaiting_reply = true;
+            SetReading(c, false);
+            return;
+          }
+          status = *now;
         }
         break;
       }
@@ -485,6 +513,38 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
   FillReply(&reply.reply, wire::MessageType::kObjectReply, parsed ? request.header.request_id : 0,
             status);
   (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+}
+
+void SessionListener::PostReply(DeferredReply reply) {
+  {
+    MutexLock lock(&replies_mu_);
+    replies_.push_back(std::move(reply));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
+}
+
+void SessionListener::SendDeferredReplies() {
+  std::vector<DeferredReply> replies;
+  {
+    MutexLock lock(&replies_mu_);
+    replies.swap(replies_);
+  }
+  for (const DeferredReply& deferred : replies) {
+    auto it = connections_.find(deferred.fd);
+    if (it == connections_.end() || it->second.serial != deferred.serial) continue;  // gone
+    (void)SendMessage(it->second.fd.get(), &deferred.reply, sizeof(deferred.reply));
+    it->second.awaiting_reply = false;
+    SetReading(it->second, true);
+  }
+}
+
+void SessionListener::SetReading(const Connection& c, bool reading) {
+  epoll_event ev{};
+  ev.events = EPOLLRDHUP;
+  if (reading) ev.events |= EPOLLIN;
+  ev.data.fd = c.fd.get();
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
 }
 
 }  // namespace tier::daemon

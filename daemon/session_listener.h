@@ -14,11 +14,13 @@
 
 #include "absl/status/status.h"
 #include "common/log_rate_limiter.h"
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/persistent_store.h"
 #include "daemon/session_registry.h"
 #include "engine/copy_engine.h"
+#include "tier/session_wire.h"
 
 namespace tier::daemon {
 
@@ -46,6 +48,14 @@ class SessionListener {
     PeerCredentials peer;
     std::shared_ptr<Session> session;  // set by a successful attach
     uint64_t accepted_ms = 0;
+    uint64_t serial = 0;          // tells a reused descriptor number from this connection
+    bool awaiting_reply = false;  // a deferred answer is due: nothing more is read till it is sent
+  };
+  // An answer decided on another thread (a persistent delete, once durable).
+  struct DeferredReply {
+    int fd = -1;
+    uint64_t serial = 0;
+    wire::ObjectReply reply{};
   };
 
   void Run();
@@ -65,6 +75,10 @@ class SessionListener {
   void HandleExtend(Connection& c, const std::vector<char>& data, std::vector<UniqueFd> fds);
   void HandleUnregister(Connection& c, const std::vector<char>& data);
   void HandleObject(Connection& c, const std::vector<char>& data);
+  // Deferred answers: queued from any thread (waking this one), sent from this thread.
+  void PostReply(DeferredReply reply);
+  void SendDeferredReplies();
+  void SetReading(const Connection& c, bool reading);
 
   SessionRegistry& registry_;
   engine::CopyEngine& engine_;
@@ -77,6 +91,9 @@ class SessionListener {
   std::atomic<bool> stop_{false};
   std::map<int, Connection> connections_;  // listener thread only
   std::map<uid_t, uint32_t> connections_per_uid_;  // listener thread only
+  uint64_t next_serial_ = 1;                        // listener thread only
+  Mutex replies_mu_;
+  std::vector<DeferredReply> replies_ ABSL_GUARDED_BY(replies_mu_);
   bool accepting_ = true;          // the listening socket is in the epoll set
   uint64_t resume_accept_ms_ = 0;  // when it goes back (accepting_ false)
   uint64_t accept_backoff_ms_ = 0;

@@ -331,6 +331,18 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                                                   status.spill_read_errors(), " read, ",
                                                   status.checksum_failures(), " checksum")});
   }
+  if (status.has_persistent()) {
+    const v1::PersistentStatus& p = status.persistent();
+    std::string line = absl::StrCat(p.objects(), " of ", p.uids(), " users, ",
+                                    FormatBytes(p.bytes()), " of ", FormatBytes(p.max_bytes()),
+                                    " (", FormatBytes(p.quota_bytes_per_uid()), " per user)");
+    if (p.journaled()) {
+      absl::StrAppend(&line, "; journal ", FormatBytes(p.journal_bytes()), " of ",
+                      FormatBytes(p.journal_max_bytes()), ", ", p.journal_queued(), " queued, ",
+                      p.journal_errors(), " errors");
+    }
+    fields.push_back({"Persistent objects", line});
+  }
   RenderFields(fields, out);
   out << '\n';
   RenderTiersTable(status, out);

@@ -3,10 +3,12 @@
 // tierctl lists and deletes them; with an NVMe tier they survive SIGKILL and a restart, and
 // damaged files on disk are refused, never served.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -410,17 +412,35 @@ class PersistentRestart : public ::testing::Test {
     if (!(in >> token)) return absl::NotFoundError("no token");
     return token;
   }
-  // The journal's file for the only record (its manifest's first record line).
-  std::string RecordFile() const {
-    std::ifstream in(spill_ + "/persistent/manifest");
-    std::string header, line;
-    std::getline(in, header);
-    std::getline(in, line);
-    std::vector<std::string> fields;
-    std::string field;
-    std::istringstream split(line);
-    while (split >> field) fields.push_back(field);
-    return fields.size() == 5 ? spill_ + "/persistent/" + fields[3] : "";
+  // The journal's file (journal-<generation>; one only, as after a clean start).
+  std::string JournalFile() const {
+    for (int g = 9; g >= 1; --g) {
+      std::string path = spill_ + "/persistent/journal-" + std::to_string(g);
+      if (::access(path.c_str(), F_OK) == 0) return path;
+    }
+    return "";
+  }
+  // SIGKILL, then until the dead daemon's spill file is free: the kernel drops a killed
+  // process's io_uring, and the file references it holds, a moment after the process is reaped.
+  void KillAndAwaitFiles(TierdProcess& tierd) const {
+    tierd.Kill();
+    const std::string path = spill_ + "/tierd.spill";
+    for (int i = 0; i < 3000; ++i) {
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+      ::close(fd);
+      if (free) return;
+      ::usleep(10000);
+    }
+  }
+  static void FlipByte(const std::string& path, off_t offset) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset);
+    char c = 0;
+    f.get(c);
+    f.seekp(offset);
+    f.put(static_cast<char>(c ^ 0x5a));
   }
 
   std::string spill_;
@@ -441,7 +461,7 @@ TEST_F(PersistentRestart, SurvivesSigkillBitIdentical) {
     session.Delete("ckpt/deleted");
     auto [bound, bound_len] = session.Open("ckpt/durable");
     EXPECT_EQ(bound_len, len);
-    tierd.Kill();  // SIGKILL: no shutdown path runs
+    KillAndAwaitFiles(tierd);  // SIGKILL: no shutdown path runs
   }
   TierdProcess restarted(Flags());
   Session session(OptionsFor(restarted));
@@ -464,15 +484,11 @@ TEST_F(PersistentRestart, DamagedRecordIsRefusedWithAClearError) {
     TierdProcess tierd(Flags());
     Persist(tierd, "ckpt/w", 65536, 23);
     ASSERT_TRUE(Durable(tierd, "ckpt/w"));
-    tierd.Kill();
+    KillAndAwaitFiles(tierd);
   }
-  const std::string file = RecordFile();
+  const std::string file = JournalFile();
   ASSERT_FALSE(file.empty());
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(1000);
-    f.put('\x5a');
-  }
+  FlipByte(file, static_cast<off_t>(std::filesystem::file_size(file)) - 1000);  // in its data
   TierdProcess tierd(Flags(), testing::TierdOptions{0, /*capture_log=*/true});
   Session session(OptionsFor(tierd));
   EXPECT_EQ(CodeOf([&] { session.Open("ckpt/w"); }), TIER_NOT_FOUND);
@@ -482,25 +498,23 @@ TEST_F(PersistentRestart, DamagedRecordIsRefusedWithAClearError) {
   EXPECT_NE(log.find("checksum mismatch"), std::string::npos) << log;
 }
 
-TEST_F(PersistentRestart, DamagedManifestIsRefusedWithAClearError) {
+TEST_F(PersistentRestart, DamagedJournalIsRefusedWithAClearError) {
   {
     TierdProcess tierd(Flags());
     Persist(tierd, "ckpt/m", 8192, 24);
     ASSERT_TRUE(Durable(tierd, "ckpt/m"));
-    tierd.Kill();
+    KillAndAwaitFiles(tierd);
   }
-  {
-    std::fstream f(spill_ + "/persistent/manifest", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(22);  // in the record line
-    f.put('9');
-  }
+  const std::string file = JournalFile();
+  ASSERT_FALSE(file.empty());
+  FlipByte(file, 20);  // in the file's header
   TierdProcess tierd(Flags(), testing::TierdOptions{0, /*capture_log=*/true});
   Session session(OptionsFor(tierd));
   EXPECT_EQ(CodeOf([&] { session.Open("ckpt/m"); }), TIER_NOT_FOUND);
   const std::string log = tierd.Log();
-  EXPECT_NE(log.find("manifest"), std::string::npos) << log;
+  EXPECT_NE(log.find("journal"), std::string::npos) << log;
   EXPECT_NE(log.find("damaged"), std::string::npos) << log;
-  EXPECT_EQ(::access((spill_ + "/persistent/manifest.damaged").c_str(), F_OK), 0);
+  EXPECT_EQ(::access((file + ".damaged").c_str(), F_OK), 0);
   // The daemon serves on, and new persistent objects are durable again.
   Persist(tierd, "ckpt/new", 4096, 25);
   EXPECT_TRUE(Durable(tierd, "ckpt/new"));

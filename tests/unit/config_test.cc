@@ -68,6 +68,10 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.default_quota_bytes, b.default_quota_bytes);
   EXPECT_EQ(a.max_quota_bytes, b.max_quota_bytes);
   EXPECT_EQ(a.persistent_quota_bytes_per_uid, b.persistent_quota_bytes_per_uid);
+  EXPECT_EQ(a.persistent_max_bytes, b.persistent_max_bytes);
+  EXPECT_EQ(a.persistent_max_objects_per_uid, b.persistent_max_objects_per_uid);
+  EXPECT_EQ(a.persistent_max_objects, b.persistent_max_objects);
+  EXPECT_EQ(a.persistent_journal_max_bytes, b.persistent_journal_max_bytes);
   EXPECT_EQ(a.ring_entries, b.ring_entries);
   EXPECT_EQ(a.max_sessions, b.max_sessions);
   EXPECT_EQ(a.attach_timeout_ms, b.attach_timeout_ms);
@@ -231,13 +235,35 @@ TEST(ConfigText, PoolNumaIsAutoOffOrANodeList) {
 
 TEST(ConfigText, PersistentQuotaPerUidIsASize) {
   Config config = DefaultConfig(RootEnv());
-  EXPECT_EQ(config.persistent_quota_bytes_per_uid, 0u);  // 0: the whole pool
+  EXPECT_EQ(config.persistent_quota_bytes_per_uid, 0u);  // 0: 1/16 of pool and NVMe
   ASSERT_TRUE(ApplyConfigText("persistent_quota_bytes_per_uid = 3 GiB\n", "t.conf", &config).ok());
   EXPECT_EQ(config.persistent_quota_bytes_per_uid, 3 * kGiB);
   absl::Status bad = ApplyConfigText("persistent_quota_bytes_per_uid = lots\n", "t.conf", &config);
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
   EXPECT_NE(bad.message().find("persistent_quota_bytes_per_uid"), std::string::npos) << bad;
   EXPECT_EQ(config.persistent_quota_bytes_per_uid, 3 * kGiB);
+}
+
+// Finding 2 of issue 30: persistent objects are bounded per uid and for the node by default.
+TEST(ConfigText, PersistentLimitsHaveDefaultsAndAreChecked) {
+  Config config = DefaultConfig(RootEnv());
+  EXPECT_EQ(config.persistent_max_bytes, 0u);  // 0: 1/4 of pool and NVMe
+  EXPECT_EQ(config.persistent_max_objects_per_uid, 16384u);
+  EXPECT_EQ(config.persistent_max_objects, 65536u);
+  EXPECT_EQ(config.persistent_journal_max_bytes, 0u);
+  ASSERT_TRUE(ApplyConfigText("persistent_max_bytes = 2 GiB\npersistent_max_objects_per_uid = 10\n"
+                              "persistent_max_objects = 100\npersistent_journal_max_bytes = 5G\n",
+                              "t.conf", &config)
+                  .ok());
+  EXPECT_EQ(config.persistent_max_bytes, 2 * kGiB);
+  EXPECT_EQ(config.persistent_max_objects_per_uid, 10u);
+  EXPECT_EQ(config.persistent_max_objects, 100u);
+  EXPECT_EQ(config.persistent_journal_max_bytes, 5 * kGiB);
+  for (const char* bad : {"persistent_max_objects_per_uid = 0\n", "persistent_max_objects = -1\n",
+                          "persistent_max_bytes = lots\n"}) {
+    absl::Status status = ApplyConfigText(bad, "t.conf", &config);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << bad << ": " << status;
+  }
 }
 
 TEST(ConfigText, EverySizeSuffixIsAPowerOf1024) {

@@ -523,7 +523,7 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "prefetch_misses", "spill_files", "buffers", "gpu_lanes",
                                    "pending_releases", "spills", "fetches", "job_kinds",
                                    "latency_bucket_bounds_seconds", "pool_setup",
-                                   "pool_parts", "pool_layout", "gpus"}));
+                                   "pool_parts", "pool_layout", "gpus", "persistent"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
