@@ -146,6 +146,18 @@ def test_a_record_that_names_code_is_refused(client):
     with pytest.raises(tier.DataLoss, match="posix.system|os.system"):
         ckpt.load("t/forged", client=client)
     assert not os.path.exists("/tmp/tier-checkpoint-pwned")
+
+    # A record whose fields lie (issue 30): a tensor of a trillion elements in 16 bytes, and a
+    # version entry naming a billion objects, are refused before anything is allocated or looped.
+    client.delete_object(meta)
+    data = pickle.dumps({"format": 1, "version": 1, "sizes": [16],
+                         "tensors": [(0, 0, 16, "float32", (10 ** 12,), "cpu", False)],
+                         "tree": {"w": ("__tier_tensor__", 0)}})
+    buf = client.alloc_host_buffer(len(data))
+    buf.view()[:] = data
+    client.wait(client.offload_persistent(meta, buf, 0, len(data))[1])
+    with pytest.raises(tier.DataLoss, match="shape"):
+        ckpt.load("t/forged", client=client)
     ckpt.delete("t/forged", client=client)
 
 
@@ -279,14 +291,15 @@ def test_a_damaged_record_on_nvme_is_never_loaded(make_daemon, tmp_path):
         h2.wait_durable(timeout=30)
         chunk = [n for n in h2._objects if n.endswith("/0")][0]
     d.kill()
-    # Flip one byte of version 2's data file on disk.
-    manifest = (spill / "persistent" / "manifest").read_text().split("\n")
-    fields = [line.split() for line in manifest if chunk in line.split()]
-    assert len(fields) == 1, manifest
-    data_file = spill / "persistent" / fields[0][3]
-    raw = bytearray(data_file.read_bytes())
-    raw[100] ^= 0xFF
-    data_file.write_bytes(bytes(raw))
+    # Flip one byte of version 2's data in the journal on disk (a record's name is followed by
+    # its bytes).
+    journals = sorted((spill / "persistent").glob("journal-*[0-9]"))
+    assert len(journals) == 1, journals
+    raw = bytearray(journals[0].read_bytes())
+    at = raw.find(chunk.encode())
+    assert at > 0 and raw.find(chunk.encode(), at + 1) == -1
+    raw[at + len(chunk) + 100] ^= 0xFF
+    journals[0].write_bytes(bytes(raw))
 
     d2 = _nvme_daemon(make_daemon, spill)
     wait_until(lambda: "DATA_LOSS" in d2.log() or "checksum" in d2.log(), timeout_s=10,

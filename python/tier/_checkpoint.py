@@ -112,9 +112,9 @@ def _unflatten(obj, tensors):
 
 
 class _RecordUnpickler(pickle.Unpickler):
-    """Builtins only: a record is data, never code."""
-    _ALLOWED = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "complex",
-                                          "bytearray")} | {("collections", "OrderedDict")}
+    """What _flatten makes and nothing else: a record is data, never code. (No bytearray: its
+    opcode allocates the length it declares before reading a byte.)"""
+    _ALLOWED = {("builtins", "complex"), ("collections", "OrderedDict")}
 
     def find_class(self, module, name):
         if (module, name) in self._ALLOWED:
@@ -123,17 +123,183 @@ class _RecordUnpickler(pickle.Unpickler):
                               % (module, name))
 
 
+# Bounds on what a record may describe, far above any real checkpoint: a damaged or forged record
+# is refused (DataLoss) before it can make the loader allocate, loop or recurse without end.
+_MAX_RECORD_BYTES = 256 << 20
+_MAX_NODES = 1 << 22      # containers and scalars in a record, shared ones counted each time
+_MAX_DEPTH = 64           # nesting of containers
+_MAX_OBJECTS = 1 << 24    # data objects of a version (tierd's most names of a uid)
+_MAX_VERSIONS = 4096
+_MAX_INT = 1 << 62
+
+
 def _dumps(obj):
     return pickle.dumps(obj, protocol=4)
 
 
+def _check_opcodes(data):
+    """Walks the pickle's opcodes without building anything: every length it declares must lie
+    within the record (pickletools reads each argument from the bytes that are there)."""
+    import pickletools
+    for opcode, arg, _ in pickletools.genops(io.BytesIO(data)):
+        if opcode.name == "BYTEARRAY8" or opcode.name in ("NEXT_BUFFER", "READONLY_BUFFER"):
+            raise ValueError("opcode %s is not in a tierd checkpoint record" % opcode.name)
+        if opcode.name == "FRAME" and arg > len(data):
+            raise ValueError("a frame of %d bytes in a record of %d" % (arg, len(data)))
+        # The unpickler grows its memo to the index a PUT names: never past the record's size.
+        if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and int(arg) > len(data):
+            raise ValueError("memo index %s in a record of %d bytes" % (arg, len(data)))
+
+
+def _check_tree(obj):
+    """Iteratively (no recursion): at most _MAX_DEPTH deep and _MAX_NODES in all."""
+    stack = [(obj, 0)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > _MAX_NODES:
+            raise ValueError("more than %d values" % _MAX_NODES)
+        if depth > _MAX_DEPTH:
+            raise ValueError("nested more than %d deep" % _MAX_DEPTH)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, depth + 1))
+                stack.append((v, depth + 1))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+        elif not (value is None or isinstance(value, (bool, int, float, complex, str, bytes))):
+            raise ValueError("a %s" % type(value).__name__)
+
+
 def _loads(data, what):
     try:
-        return _RecordUnpickler(io.BytesIO(data)).load()
+        if len(data) > _MAX_RECORD_BYTES:
+            raise ValueError("%d bytes, at most %d" % (len(data), _MAX_RECORD_BYTES))
+        _check_opcodes(data)
+        record = _RecordUnpickler(io.BytesIO(data)).load()
+        _check_tree(record)
+        return record
     except errors.TierError:
         raise
-    except Exception as e:  # a damaged record: say so, never return half of it
-        raise _error(errors.DataLoss, "%s is not a readable checkpoint record: %s" % (what, e)) from None
+    except Exception as e:  # a damaged record (RecursionError, MemoryError too): say so
+        raise _error(errors.DataLoss, "%s is not a readable checkpoint record: %s: %s"
+                     % (what, type(e).__name__, e)) from None
+
+
+def _is_int(value, low=0, high=_MAX_INT):
+    return type(value) is int and low <= value <= high
+
+
+def _bad(what, why):
+    return _error(errors.DataLoss, "%s is not a valid checkpoint record: %s" % (what, why))
+
+
+def _check_entry(entry, what):
+    """A version's entry in the index: {"version", "token", "objects"}."""
+    if not isinstance(entry, dict):
+        raise _bad(what, "a version entry is a %s" % type(entry).__name__)
+    if not _is_int(entry.get("version"), 1):
+        raise _bad(what, "version %r" % (entry.get("version"),))
+    token = entry.get("token")
+    if not (isinstance(token, str) and len(token) == 8 and
+            all(c in "0123456789abcdef" for c in token)):
+        raise _bad(what, "token %r" % (token,))
+    if not _is_int(entry.get("objects"), 0, _MAX_OBJECTS):
+        raise _bad(what, "objects %r (at most %d)" % (entry.get("objects"), _MAX_OBJECTS))
+    return entry
+
+
+def _check_index(record, what):
+    if not isinstance(record, dict):
+        raise _bad(what, "a %s" % type(record).__name__)
+    if not _is_int(record.get("seq")):
+        raise _bad(what, "seq %r" % (record.get("seq"),))
+    versions = record.get("versions")
+    if not isinstance(versions, list) or len(versions) > _MAX_VERSIONS:
+        raise _bad(what, "versions is not a list of at most %d" % _MAX_VERSIONS)
+    for entry in versions:
+        _check_entry(entry, what)
+    if record.get("pending") is not None:
+        _check_entry(record["pending"], what)
+    if not _is_int(record.get("last_version", 0)):
+        raise _bad(what, "last_version %r" % (record.get("last_version"),))
+    return record
+
+
+def _dtype_of(name):
+    """The torch dtype `name` names, if it is one tensors can be made of; else None."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        return None
+    try:
+        torch.empty((0,), dtype=dtype)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return dtype
+
+
+def _device_of(text):
+    try:
+        return torch.device(text) if isinstance(text, str) and len(text) <= 64 else None
+    except (RuntimeError, ValueError, TypeError):
+        return None
+
+
+def _check_meta(record, what):
+    """The commit record of a version: every field of the right type and within what it says."""
+    if not isinstance(record, dict):
+        raise _bad(what, "a %s" % type(record).__name__)
+    sizes = record.get("sizes")
+    if not isinstance(sizes, list) or len(sizes) > _MAX_OBJECTS or \
+            not all(_is_int(n) for n in sizes):
+        raise _bad(what, "sizes is not a list of byte counts")
+    tensors = record.get("tensors")
+    if not isinstance(tensors, list):
+        raise _bad(what, "tensors is not a list")
+    for i, ref in enumerate(tensors):
+        if not isinstance(ref, tuple) or len(ref) != 7:
+            raise _bad(what, "tensor %d is not a 7-tuple" % i)
+        o, offset, nbytes, dtype, shape, device, requires_grad = ref
+        if not (_is_int(o, -1, len(sizes) - 1) and _is_int(offset) and _is_int(nbytes)):
+            raise _bad(what, "tensor %d: object %r, offset %r, bytes %r" % (i, o, offset, nbytes))
+        if o >= 0 and offset + nbytes > sizes[o]:
+            raise _bad(what, "tensor %d: bytes %d..%d past object %d of %d bytes"
+                       % (i, offset, offset + nbytes, o, sizes[o]))
+        kind = _dtype_of(dtype)
+        if kind is None:
+            raise _bad(what, "tensor %d: dtype %r" % (i, dtype))
+        if not isinstance(shape, tuple) or len(shape) > 64 or not all(_is_int(d) for d in shape):
+            raise _bad(what, "tensor %d: shape %r" % (i, shape))
+        numel = 1
+        for d in shape:
+            numel *= d
+        # The shape must be the bytes it names (an empty tensor, for object -1): no record makes
+        # the loader allocate what it does not hold.
+        if numel * kind.itemsize != (nbytes if o >= 0 else 0):
+            raise _bad(what, "tensor %d: shape %r of %s is not %d bytes" % (i, shape, dtype, nbytes))
+        if _device_of(device) is None:
+            raise _bad(what, "tensor %d: device %r" % (i, device))
+        if type(requires_grad) is not bool:
+            raise _bad(what, "tensor %d: requires_grad %r" % (i, requires_grad))
+    # The tree: tensor references within `tensors`, torch references that name a dtype or device.
+    stack = [record.get("tree")]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "__tier_tensor__":
+            if not _is_int(value[1], 0, len(tensors) - 1):
+                raise _bad(what, "a reference to tensor %r of %d" % (value[1], len(tensors)))
+        elif isinstance(value, tuple) and len(value) == 2 and value[0] == "__tier_torch__":
+            text = value[1]
+            if not isinstance(text, str) or (
+                    _dtype_of(text[len("torch."):]) is None if text.startswith("torch.")
+                    else _device_of(text) is None):
+                raise _bad(what, "torch value %r" % (text,))
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return record
 
 
 # ---- small objects: write and read whole ------------------------------------------------------
@@ -186,6 +352,10 @@ def _read_index(client, name):
             continue
         if not isinstance(record, dict) or record.get("format") != _FORMAT:
             continue
+        try:
+            _check_index(record, "the index of checkpoint %r" % name)
+        except errors.DataLoss:
+            continue  # the other slot is whole
         if record["seq"] > best[1]["seq"]:
             best = (slot, record)
     return best
@@ -212,8 +382,16 @@ def _write_index(client, name, record):
 
 def _delete_version(client, name, entry):
     _delete_quietly(client, _object_name(name, entry["version"], entry["token"], "meta"))
+    # Objects are numbered from 0; a save cut short leaves a prefix of them or scattered few. A
+    # long run of missing ones means the rest were never made: stop there.
+    missing = 0
     for i in range(entry["objects"]):
-        _delete_quietly(client, _object_name(name, entry["version"], entry["token"], str(i)))
+        if _delete_quietly(client, _object_name(name, entry["version"], entry["token"], str(i))):
+            missing = 0
+        else:
+            missing += 1
+            if missing >= 1024:
+                break
 
 
 # ---- save -----------------------------------------------------------------------------------------
@@ -476,6 +654,7 @@ def _read_version(client, name, entry, map_location):
     if not isinstance(record, dict) or record.get("format") != _FORMAT:
         raise _error(errors.DataLoss, "checkpoint %r version %d: unknown record format"
                               % (name, entry["version"]))
+    _check_meta(record, "checkpoint %r version %d" % (name, entry["version"]))
     sizes = record["sizes"]
     by_object = {}
     for i, ref in enumerate(record["tensors"]):
