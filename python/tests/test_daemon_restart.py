@@ -108,8 +108,9 @@ def test_training_goes_on_across_a_drain_and_restart():
 
             def on_step_after(step):
                 on_step(step)
-                if step == 5:  # the next tierd is up before the last steps
+                if step == 5:  # the next tierd is up, and the client back, before the last steps
                     assert restarted.wait(60)
+                    wait_until(c.ensure_connected, what="the client to reconnect")
 
             with pytest.warns(RuntimeWarning):
                 losses, params = _train(8, c, on_step_after)
