@@ -191,10 +191,12 @@ bool Spiller::SpillOne() {
       // candidate any more, so a failing device is not hammered (it becomes one again once
       // filled anew).
       {
+        // Signalled under the lock: Stop() may return (and the spiller go) as soon as the count
+        // it waits for reaches zero, so nothing of ours may be touched after the unlock.
         MutexLock lock(&mu_);
         writes_in_flight_.fetch_sub(1);
+        io_done_cv_.SignalAll();
       }
-      io_done_cv_.SignalAll();
     };
     absl::Status started = store_.Write(pool_.At(extent), object->len(), landed);
     if (!started.ok()) {
@@ -344,10 +346,10 @@ bool Spiller::StartFetch(const std::shared_ptr<ObjectTable>& table,
     EndFetch(table, object, record, prefetch, feed, extent, read);
     if (prefetch) (*then)(Readable{});
     {
-      MutexLock lock(&mu_);
+      MutexLock lock(&mu_);  // signalled under it: see the write's landing above
       reads_in_flight_.fetch_sub(1);
+      io_done_cv_.SignalAll();
     }
-    io_done_cv_.SignalAll();
   };
   storage::SpillStore::ReadProgress progress = nullptr;
   if (feed != nullptr) {
