@@ -109,13 +109,15 @@ def _assert_identical(got, want):
 @needs_sac
 def test_planned_steps_bit_identical_to_the_same_recompute_without_tierd(client, monkeypatch):
     modes = ["keep", "keep", "selective", "full", "keep", "full"]
-    got, want, seen, plan = _run_planned(client, modes, monkeypatch)
+    got, want, seen, plan = _run_planned(client, modes, monkeypatch, steps=6)
     _assert_identical(got, want)
-    # Warm-up (all full), calibration (one block per mode), then the plan.
+    # Warm-up (all full), calibration (one block per mode, in the middle: the saved tensors,
+    # then the same modes timed without hooks), then the plan.
     assert seen[0] == ["full"] * 6
-    assert sorted(set(seen[1])) == ["full", "keep", "selective"]
-    assert seen[2:] == [modes] * 3
-    assert plan.stats.calibration_steps == 1 and plan.stats.plans == 1
+    assert seen[1] == ["full", "keep", "selective", "full", "full", "full"]
+    assert seen[2] == seen[1]
+    assert seen[3:] == [modes] * 3
+    assert plan.stats.calibration_steps == 2 and plan.stats.plans == 1
     s = plan.offloader.stats
     assert s.offloaded_storages > 0  # the kept blocks' tensors and recomputed blocks' inputs
     assert s.reloads + s.prefetches + s.source_hits == s.offloaded_storages
@@ -126,7 +128,7 @@ def test_bit_identical_under_delay_injection(make_daemon, monkeypatch):
     d = make_daemon(extra=("--copy_delay_us=500",))
     with tier.Client(socket=d.socket, name="planner-delay") as c:
         got, want, _, plan = _run_planned(c, ["keep", "selective", "full", "keep", "keep",
-                                              "full"], monkeypatch, steps=4)
+                                              "full"], monkeypatch, steps=5)
         assert plan.offloader.stats.offloaded_storages > 0
     _assert_identical(got, want)
 
@@ -153,7 +155,7 @@ def test_offload_only_when_recompute_is_not_allowed(client):
     plan = tt.plan_activations(net, max_overhead=0.5, recompute=(), client=client,
                                min_bytes=0, link=(1e15, 1e15), verbose=False)
     assert plan.allowed == ("keep",)
-    for x in _batches(3):
+    for x in _batches(5):
         with plan:
             _step(net, x)
     assert plan.plan is not None and set(plan.modes) == {"keep"}
@@ -165,7 +167,7 @@ def test_the_summary_is_printed_and_says_what_was_chosen(client, capsys):
     net = Net()
     plan = tt.plan_activations(net, max_overhead=0.05, client=client, min_bytes=0,
                                link=(1e15, 1e15))
-    for x in _batches(3):
+    for x in _batches(4):
         with plan:
             _step(net, x)
     err = capsys.readouterr().err
@@ -191,11 +193,12 @@ def test_few_blocks_of_a_kind_take_more_calibration_steps(client):
     net = Net(layers=2)  # three modes to measure, two blocks: two calibration steps
     plan = tt.plan_activations(net, max_overhead=0.05, client=client, min_bytes=0,
                                link=(1e15, 1e15), verbose=False)
-    for x in _batches(4):
+    for x in _batches(6):
         with plan:
             _step(net, x)
     allowed = set(plan.allowed)
-    assert plan.stats.calibration_steps == (2 if allowed == set(ap.MODES) else 1)
+    # Per round, a step that records the saved tensors and one that times the blocks.
+    assert plan.stats.calibration_steps == (4 if allowed == set(ap.MODES) else 2)
     assert plan.plan is not None
 
 
@@ -236,7 +239,7 @@ def test_a_block_called_with_a_kv_cache_is_not_recomputed():
     blocks.active = True
     calls = []
     blocks.observer = type("O", (), {"block_begins": lambda s, b, m, a, k: calls.append(m),
-                                     "block_ends": lambda s, b, m, o: None})()
+                                     "block_ends": lambda s, b, m, o, t: None})()
     x = torch.randn(2, 4, 64, requires_grad=True)
     with pytest.warns(RuntimeWarning, match="KV cache"):
         blocks._run(0, lambda x, use_cache=None: x * 2, x, use_cache=True)
@@ -266,7 +269,7 @@ def test_hf_llama_planned_steps_identical(client, monkeypatch):
     plan = tt.plan_activations(model, target_bytes=1, client=client, min_bytes=4096,
                                link=(1e15, 1e15), verbose=False)
     ref_modes = pa.BlockModes(ref.model.layers)
-    for step in range(4):
+    for step in range(5):
         ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(step))
         model.zero_grad()
         ref.zero_grad()
@@ -283,3 +286,63 @@ def test_hf_llama_planned_steps_identical(client, monkeypatch):
             assert torch.equal(p.grad, r.grad), name
     assert plan.modes == modes
     assert plan.offloader.stats.offloaded_storages > 0
+
+
+def test_planned_steps_run_without_hooks_where_nothing_is_offloaded(client, monkeypatch):
+    """A planned step runs the saved-tensor hooks only inside the blocks where the plan
+    offloads or starts reloads; with nothing offloaded, autograd saves as it would without
+    tierd (no Python call per saved tensor)."""
+    torch.manual_seed(0)
+    net = Net()
+    plan = tt.plan_activations(net, max_overhead=0.5, client=client, min_bytes=0,
+                               verbose=False, offload=False)
+    saved = []
+    for x in _batches(6):
+        before = plan.offloader.stats.saved
+        with plan:
+            _step(net, x)
+        saved.append(plan.offloader.stats.saved - before)
+    assert plan.plan is not None and plan.stats.planned_steps >= 1
+    assert saved[1] > 0        # the calibration step that records the saved tensors
+    assert saved[2] == 0       # the one that times the blocks: no hooks
+    assert saved[-1] == 0      # a planned step without offload: no hooks either
+
+
+def test_hooks_only_in_the_blocks_that_offload(client, monkeypatch):
+    modes = ["keep", "full", "full", "full", "full", "full"]
+    force_modes(monkeypatch, modes)
+    torch.manual_seed(0)
+    net = Net()
+    plan = tt.plan_activations(net, target_bytes=1, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False)
+    saved = []
+    for x in _batches(6):
+        before = plan.offloader.stats.saved
+        with plan:
+            _step(net, x)
+        saved.append(plan.offloader.stats.saved - before)
+    regions = plan._step_plan.regions
+    assert regions.hooked[0] and plan.offloader.stats.offloaded_storages > 0
+    assert 0 < saved[-1] < saved[1]  # the hooked blocks' saves, not the whole step's
+
+
+def test_retarget_between_steps_follows_the_new_plan_without_calibrating_again(client):
+    torch.manual_seed(0)
+    net = Net()
+    plan = tt.plan_activations(net, max_overhead=0.05, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False)
+    batches = _batches(8)
+    for x in batches[:5]:
+        with plan:
+            _step(net, x)
+    calibrated = plan.stats.calibration_steps
+    planned = plan.stats.planned_steps
+    assert plan.plan is not None and planned >= 1
+    plan.retarget(target_bytes=1)
+    assert plan.stats.plans == 2
+    for x in batches[5:]:
+        with plan:
+            _step(net, x)
+    assert plan.stats.calibration_steps == calibrated
+    assert plan.stats.plans == 2 and plan.stats.planned_steps == planned + 2
+    assert list(plan._blocks.modes) == plan.modes

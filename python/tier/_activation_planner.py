@@ -48,6 +48,11 @@ from . import _offload_planner as op
 
 MODES = ("keep", "selective", "full")
 
+# Reloads due within RELOAD_WINDOW_S of one another start together, while the batch stays within
+# RELOAD_BATCH_BYTES (tier/_offload_planner.reload_triggers).
+RELOAD_WINDOW_S = 1e-3
+RELOAD_BATCH_BYTES = 64 << 20
+
 TemplateSite = collections.namedtuple("TemplateSite", "nbytes produced needed offloadable")
 TemplateSite.__doc__ = """One candidate a block saves in a mode: ``nbytes`` of its storage (0 for
 a later view of a storage the block saved before), ``produced`` seconds after the block's
@@ -124,16 +129,20 @@ class Evaluation:
     """One plan's predictions: ``step_s``, ``peak_bytes`` (the model's activation peak with the
     calibration's offset), ``offloaded_bytes``; and what the offloader needs: ``count``
     (candidates in the step), ``sites`` (planner Sites, global candidate index), ``chosen``
-    (offloaded Sites), ``members`` ({first view: [its views]}), ``sim``, ``timing_site``."""
+    (offloaded Sites), ``members`` ({first view: [its views]}), ``sim``, ``triggers`` (the
+    reloads' start points), ``early`` (per block, the reloaded bytes of earlier blocks already
+    allocated during its backward), ``timed_s`` (what the planned step's timer measures)."""
 
     __slots__ = ("modes", "step_s", "peak_bytes", "offloaded_bytes", "overhead_s", "count",
-                 "sites", "chosen", "members", "sim", "forward_end", "timing_site",
-                 "block_bytes", "how")
+                 "sites", "chosen", "members", "sim", "forward_end", "timed_s", "triggers",
+                 "early", "layout", "block_bytes", "how")
 
     def as_dict(self):
         return {"modes": list(self.modes), "step_s": self.step_s, "peak_bytes": self.peak_bytes,
                 "offloaded_bytes": self.offloaded_bytes, "overhead_s": self.overhead_s,
-                "offloaded_sites": len(self.chosen), "how": self.how}
+                "offloaded_sites": len(self.chosen), "how": self.how,
+                "timed_s": self.timed_s, "early_reload_bytes": max(self.early or [0]),
+                "block_bytes": list(self.block_bytes)}
 
 
 class Layout:
@@ -147,9 +156,9 @@ class Layout:
         self.modes = list(modes)
         per = [profile.modes[sig][m] for sig, m in zip(profile.blocks, modes)]
         t = profile.pre_s
-        fwd_start = []
+        self.fwd_start = []
         for p in per:
-            fwd_start.append(t)
+            self.fwd_start.append(t)
             t += p.fwd_s
         self.forward_end = t
         t += profile.post_s
@@ -157,65 +166,66 @@ class Layout:
         for b in range(len(per) - 1, -1, -1):
             bwd_start[b] = t
             t += per[b].bwd_s
-        blocks_end = t
+        self.bwd_start = bwd_start
+        self.blocks_end = t
         self.base_step = t + profile.tail_s
         # Candidates in save order: before the blocks, each block's, after them.
-        index = 0
+        index = len(profile.pre_sites)
         self.sites = []      # planner Sites of offloadable first views
         self.members = {}    # first view -> its later views in the same block
-        self.timing = (-1.0, -1)
-        for nbytes, needed in profile.pre_sites:
-            self._time(blocks_end + needed, index)
-            index += 1
-        self.block_bytes = []   # per block: (bytes it keeps at the end of forward, its whole)
+        self.starts = []     # per block: the index of its first candidate
+        self.counts = []     # per block: its candidates
+        self.block_bytes = []   # per block: the bytes it keeps at the end of forward
         for b, p in enumerate(per):
+            self.starts.append(index)
+            self.counts.append(len(p.sites))
             first = None
             kept = p.extra_bytes
-            for k, s in enumerate(p.sites):
+            for s in p.sites:
                 if s.nbytes > 0:
                     first = index
                     kept += s.nbytes
                     if s.offloadable:
-                        self.sites.append(op.Site(index, s.nbytes, fwd_start[b] + s.produced,
+                        self.sites.append(op.Site(index, s.nbytes, self.fwd_start[b] + s.produced,
                                                   bwd_start[b] + s.needed))
                         self.members[index] = [index]
                 elif first is not None and first in self.members:
                     self.members[first].append(index)
-                self._time(bwd_start[b] + s.needed, index)
                 index += 1
             self.block_bytes.append(kept)
-        for _ in profile.post_sites:
-            index += 1
-        self.count = index
+        self.count = index + len(profile.post_sites)
         self.outside_bytes = sum(n for n, _ in profile.pre_sites) + sum(profile.post_sites)
         self.pre_bytes = sum(n for n, _ in profile.pre_sites)
         # The whole of a block's activations during its backward: what it saves kept, whatever
         # the mode it runs in (recomputed or reloaded, it is all there again).
         self.whole = [_keep_bytes(profile.modes[sig]) for sig in profile.blocks]
 
-    def _time(self, needed, index):
-        if needed > self.timing[0]:
-            self.timing = (needed, index)
+    def block_of(self, index):
+        """The block whose candidates include `index` (-1 before the first block)."""
+        return _bisect_right(self.starts, index) - 1
 
-    def peak(self, offloaded_by_block, offset):
+    def peak(self, offloaded_by_block, offset, early=None):
         """The model's activation peak given the bytes offloaded from each block: the end of
         forward (everything saved, less what was offloaded, plus the outside), or a block's
-        backward (the blocks before it, plus its whole activations again). Measured per segment
+        backward (the blocks before it, plus its whole activations again, plus ``early[b]``:
+        the bytes of earlier blocks whose reloads were started before or during this block's
+        backward, so their memory is allocated again by then). Measured per segment
         (StepProfile.measured): the calibration's own figures, moved by the difference in what
         the blocks keep; else the saved bytes plus the calibration's offset."""
         kept = [k - o for k, o in zip(self.block_bytes, offloaded_by_block)]
+        early = early or [0] * len(kept)
         p = self.profile
         if self.measured:
             peak = p.forward_peak - p.calib_kept() + self.outside_bytes + sum(kept)
             below = 0
             for b, (sig, mode) in enumerate(zip(p.blocks, self.modes)):
-                peak = max(peak, p.misc[b] + below + p.work[sig][mode])
+                peak = max(peak, p.misc[b] + below + p.work[sig][mode] + early[b])
                 below += kept[b]
             return int(peak)
         peak = self.outside_bytes + sum(kept)
         below = self.pre_bytes
         for b in range(len(kept)):
-            peak = max(peak, below + self.whole[b])
+            peak = max(peak, below + self.whole[b] + early[b])
             below += kept[b]
         return peak + offset
 
@@ -252,29 +262,36 @@ def _finish(profile, lay, modes, chosen, sim, how):
     e.chosen = list(chosen)
     e.members = lay.members
     e.sim = sim
+    e.layout = lay
     e.forward_end = lay.forward_end
-    e.timing_site = lay.timing[1]
     e.overhead_s = sim.overhead
     e.step_s = lay.base_step + sim.overhead
+    # What the planned step's timer measures: from the first block's forward to the end of its
+    # backward.
+    e.timed_s = lay.blocks_end - profile.pre_s + sim.overhead
     e.offloaded_bytes = sum(s.nbytes for s in chosen)
     e.how = how
-    by_block = [0] * len(modes)
+    n = len(modes)
+    by_block = [0] * n
+    early = [0] * n
+    e.triggers = {}
     if chosen:
-        starts = _block_starts(profile, modes, lay)
         for s in chosen:
-            by_block[_bisect_right(starts, s.index) - 1] += s.nbytes
+            by_block[lay.block_of(s.index)] += s.nbytes
+        e.triggers = op.reload_triggers(lay.sites, chosen, sim, RELOAD_WINDOW_S,
+                                        RELOAD_BATCH_BYTES)
+        size = {s.index: s.nbytes for s in chosen}
+        for trigger, members in e.triggers.items():
+            # Started at the trigger's first use, in the backward of block j: allocated from
+            # there on, through the backward of every block between j and its own.
+            j = lay.block_of(trigger)
+            for m in members:
+                for b in range(lay.block_of(m) + 1, j + 1):
+                    early[b] += size[m]
+    e.early = early
     e.block_bytes = lay.block_bytes
-    e.peak_bytes = lay.peak(by_block, profile.peak_offset)
+    e.peak_bytes = lay.peak(by_block, profile.peak_offset, early)
     return e
-
-
-def _block_starts(profile, modes, lay):
-    starts = []
-    index = len(profile.pre_sites)
-    for sig, m in zip(profile.blocks, modes):
-        starts.append(index)
-        index += len(profile.modes[sig][m].sites)
-    return starts
 
 
 def _bisect_right(a, x):
@@ -447,16 +464,37 @@ def _trim_offload(profile, e, link, target_bytes):
     return e
 
 
-RELOAD_WINDOW_S = 1e-3
-RELOAD_BATCH_BYTES = 64 << 20
-
-
 def step_plan(e, link):
-    """The StepPlan the offloader follows for Evaluation ``e``."""
-    if not e.chosen:
-        return op.StepPlan(e.count, (), timing_site=e.timing_site, barrier=False)
-    triggers = op.reload_triggers(e.sites, e.chosen, e.sim, RELOAD_WINDOW_S, RELOAD_BATCH_BYTES)
-    releases, _ = op.release_points(e.sites, e.chosen, e.sim, link)
+    """The StepPlan the offloader follows for Evaluation ``e``: block-scoped (``regions``): the
+    saved-tensor hooks run only inside blocks with an offloaded site or a reload trigger, each
+    block's sites are numbered from its first candidate's index, the sources of offloads whose
+    copies should be done go back at the start of a later block, the rest at the end of the
+    last block's forward (the barrier), and the step is timed from the first block's forward to
+    the end of its backward (no hooks for that)."""
+    lay = e.layout
+    n = len(e.modes)
     offload = [m for s in e.chosen for m in e.members[s.index]]
-    return op.StepPlan(e.count, offload, triggers, releases, barrier=True,
-                       timing_site=e.timing_site)
+    hooked = [False] * n
+    for index in offload:
+        hooked[lay.block_of(index)] = True
+    for index in e.triggers:
+        hooked[lay.block_of(index)] = True
+    regions = op.Regions(lay.starts, lay.counts, hooked, block_releases(e, link),
+                         barrier=bool(offload))
+    return op.StepPlan(e.count, offload, e.triggers, None, barrier=False, regions=regions)
+
+
+def block_releases(e, link, margin=0.1, margin_s=100e-6):
+    """Per block: the offloaded sites whose sources go back to the allocator when the block's
+    forward begins, the first block that begins after the site's copy is predicted done (with a
+    margin of ``margin`` of the copy's own time plus ``margin_s``); the others at the barrier."""
+    lay = e.layout
+    n = len(e.modes)
+    out = [[] for _ in range(n)]
+    for s in sorted(e.chosen, key=lambda s: (s.produced, s.index)):
+        ready = e.sim.offload_done[s.index] + margin * s.nbytes / link.d2h + margin_s
+        for b in range(lay.block_of(s.index) + 1, n):
+            if lay.fwd_start[b] >= ready:
+                out[b].append(s.index)
+                break
+    return [tuple(r) for r in out]

@@ -281,12 +281,16 @@ class StepPlan:
       of forward), -1 for none.
     * ``timing_site``: the candidate whose first use in backward ends the timed step, -1 for none.
     * ``count``: the candidates the plan expects; a step with another count calibrates again.
+    * ``regions``: None (the hooks see the whole step, as above), or :class:`Regions`: the
+      hooks run only inside the blocks it names, whose sites it numbers (the joint planner).
     """
 
-    __slots__ = ("count", "actions", "triggers", "releases", "barrier", "timing_site")
+    __slots__ = ("count", "actions", "triggers", "releases", "barrier", "timing_site",
+                 "regions")
 
     def __init__(self, count, offload=(), triggers=None, releases=None, barrier=True,
-                 timing_site=-1):
+                 timing_site=-1, regions=None):
+        self.regions = regions
         self.count = int(count)
         actions = bytearray(self.count)
         self.triggers = {k: tuple(v) for k, v in (triggers or {}).items() if v}
@@ -309,3 +313,35 @@ class StepPlan:
     def __repr__(self):
         return "StepPlan(%d candidates, %d offloaded, %d triggers, %d release points)" % (
             self.count, len(self.offloaded), len(self.triggers), len(self.releases))
+
+
+class Regions:
+    """A block-scoped StepPlan's blocks: ``first[b]`` / ``count[b]``: the index of block b's
+    first candidate and how many it saves; ``hooked[b]``: whether the saved-tensor hooks run in
+    its forward (an offloaded site or a reload trigger there; elsewhere autograd saves as it
+    would without tierd); ``releases[b]``: offloaded sites whose sources go back (in stream
+    order) when its forward begins; ``barrier``: every offload still held goes back at the end
+    of the last block's forward."""
+
+    __slots__ = ("first", "count", "hooked", "releases", "barrier")
+
+    def __init__(self, first, count, hooked, releases=None, barrier=False):
+        self.first = tuple(first)
+        self.count = tuple(count)
+        self.hooked = tuple(bool(h) for h in hooked)
+        n = len(self.first)
+        self.releases = tuple(tuple(r) for r in releases) if releases is not None else \
+            ((),) * n
+        if not len(self.count) == len(self.hooked) == len(self.releases) == n:
+            raise ValueError("Regions: one entry per block in each field")
+        self.barrier = bool(barrier)
+
+    @classmethod
+    def unhooked(cls, n):
+        """n blocks, no hooks anywhere (a step that only runs the blocks' modes)."""
+        return cls([0] * n, [0] * n, [False] * n)
+
+    def __repr__(self):
+        return "Regions(%d blocks, %d hooked, %d release points%s)" % (
+            len(self.first), sum(self.hooked), sum(1 for r in self.releases if r),
+            ", barrier" if self.barrier else "")

@@ -14,26 +14,40 @@ The model's blocks (its largest nn.ModuleList, or ``blocks=``) each run in one o
 hooks and may be offloaded), ``selective`` (torch.utils.checkpoint, non-reentrant, with the
 selective checkpoint contexts of ``selective_policy``: by default the outputs of matmuls and
 attention are kept, the rest recomputed) or ``full`` (torch.utils.checkpoint: the block's
-forward runs again in backward). The first steps calibrate, each with a mix of modes whose
-peak memory stays near full recompute's: per kind of block, one runs in each mode, the rest in
-full recompute; one step is enough where every kind has three blocks or more. They time each
-block's forward and backward (CUDA events, or the host clock on CPU), record every saved tensor
-(bytes, when it was saved, when backward first needs it) and, on CUDA, the activation peak
-(``torch.cuda.max_memory_allocated`` above the step's start: the calibration steps reset the peak
-statistics). The link's bandwidth comes from tierd (tier/_offload_budget.measure_link). Then the
-plan is chosen, printed (``verbose``) and followed from the next step on; ``plan.plan`` and
+forward runs again in backward). After one warm-up step, the next steps calibrate in rounds
+of two, each with a mix of modes whose peak memory stays near full recompute's: per kind of
+block, one block in the middle of its kind runs in each mode, the rest in full recompute (one
+round is enough where every kind has three blocks or more). The round's first step records
+every saved tensor through the saved-tensor hooks (bytes, when it was saved, when backward
+first needs it) and, on CUDA, the activation peak (``torch.cuda.max_memory_allocated`` above the
+step's start, per segment of the step); its second runs the same modes without any hooks and
+times each block's forward and backward (CUDA events, or the host clock on CPU; a block whose
+host work takes longer than its GPU work counts at the host's pace): the step a plan predicts is
+the step as it runs without tierd's hooks, so its baseline is the user's step without a plan.
+The link's bandwidth comes from tierd (tier/_offload_budget.measure_link). Then the plan is
+chosen, printed (``verbose``) and followed from the next step on; ``plan.plan`` and
 ``plan.summary()`` say what was chosen and what it predicts, ``plan.stats`` how it went.
 
 Runtime: the blocks' forwards are wrapped once (``plan.remove()`` undoes it); outside an active
 step, in backward (a recompute) and in a block whose call uses a KV cache they run as they are.
 Offload is an :class:`~tier.torch.ActivationOffloader` driven by a policy object with the budget's
-interface (begin_step / candidate / used / step_started / end_step), so the same hooks, batches,
-stream-ordered releases and planned reloads serve both.
+interface (begin_step / candidate / used / step_started / end_step), so the same batches,
+stream-ordered releases and planned reloads serve both. A planned step is block-scoped
+(tier._offload_planner.Regions): the saved-tensor hooks run only inside the blocks where the
+plan offloads a tensor or starts reloads (nowhere, in a plan without offload: no Python call
+per saved tensor), each such block numbering its saved tensors from its first one's index in
+calibration; offloaded sources go back to the allocator at the start of a later block once
+their copies should be done, the rest at the end of the last block's forward (the barrier),
+and the step is timed by two CUDA events, at the first block's forward and at the end of its
+backward. A block that saves other tensors than in calibration is seen at its end: the planner
+calibrates again (twice: it keeps the modes and stops offloading).
 """
 
 import collections
 import functools
+import statistics
 import sys
+import time
 import warnings
 
 import torch
@@ -135,7 +149,9 @@ class BlockModes:
     restores what was there). Outside :attr:`active`, in backward (checkpoint's recompute calls
     the original forward directly, and other callers) and in a call that uses a KV cache (a
     recompute would update it twice) the block runs as it is. ``observer``: told when a block's
-    forward begins and ends (the planner's calibration)."""
+    forward begins (``block_begins`` returns a token), ends (``block_ends``, with the token) or
+    raises (``block_aborted``): the planner's calibration stamps, and the hooks, releases and
+    timer of a planned step."""
 
     def __init__(self, blocks, selective_policy=None):
         if _checkpoint is None:
@@ -191,28 +207,35 @@ class BlockModes:
                               stacklevel=3)
             mode = "keep"
         observer = self.observer
+        token = None
         if observer is not None:
-            observer.block_begins(b, mode, args, kwargs)
-        if mode == "keep":
-            out = forward(*args, **kwargs)
-        elif mode == "full":
-            out = _checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        elif mode == "selective":
-            out = _checkpoint(forward, *args, use_reentrant=False,
-                              context_fn=self._context_fn, **kwargs)
-        else:
-            raise ValueError("unknown block mode %r" % (mode,))
+            token = observer.block_begins(b, mode, args, kwargs)
+        try:
+            if mode == "keep":
+                out = forward(*args, **kwargs)
+            elif mode == "full":
+                out = _checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            elif mode == "selective":
+                out = _checkpoint(forward, *args, use_reentrant=False,
+                                  context_fn=self._context_fn, **kwargs)
+            else:
+                raise ValueError("unknown block mode %r" % (mode,))
+        except BaseException:
+            if observer is not None:
+                observer.block_aborted(b, token)
+            raise
         if observer is not None:
-            observer.block_ends(b, mode, out)
+            observer.block_ends(b, mode, out, token)
         return out
 
 
 class PlannerStats(Counters):
-    """How the planner went: ``calibration_steps``; ``plans`` made; ``planned_steps`` run under a
-    plan; ``predicted_step_s`` / ``measured_step_s`` (the latest, from the step's start to the
-    last first use of a saved tensor in backward: ``measured_overhead`` compares them);
-    ``predicted_peak_bytes``; ``calibration_peak_bytes`` (CUDA: the activation peak measured in
-    the last calibration step); ``replans``."""
+    """How the planner went: ``calibration_steps`` (steps spent calibrating: per round, one that
+    records the saved tensors, one that times the blocks without hooks); ``plans`` made;
+    ``planned_steps`` run under a plan; ``predicted_step_s`` / ``measured_step_s`` (the latest,
+    from the first block's forward to the end of its backward: ``measured_overhead`` compares
+    them); ``predicted_peak_bytes``; ``calibration_peak_bytes`` (CUDA: the activation peak
+    measured in the last calibration step); ``replans``."""
 
     __slots__ = ("calibration_steps", "plans", "planned_steps", "predicted_step_s",
                  "measured_step_s", "measured_overhead", "predicted_peak_bytes",
@@ -223,28 +246,39 @@ class PlannerStats(Counters):
 
 
 class _Calibration:
-    """One calibration step: the modes it runs, and what it saw."""
+    """One calibration step: the modes it runs, and what it saw. ``kind``: "sites" (the
+    saved-tensor hooks see the whole step: every candidate is stamped, the allocator measured)
+    or "timing" (the same modes without any hooks: the blocks' times as they run)."""
 
-    def __init__(self, modes, device_hint):
+    def __init__(self, modes, device_hint, kind):
         self.modes = list(modes)
+        self.kind = kind
         self.clock = ob._Clock()
+        self.host = {}           # ("fs" | "fe" | "bs" | "be", block) -> host seconds
         self.windows = []        # per candidate: block index, "pre" or "post"
         self.sizes = []          # per candidate: storage bytes
         self.keys = []           # per candidate: storage key
         self.window = "pre"      # where candidates now land
-        self.started = set()
         self.sac_bytes = collections.defaultdict(int)
         self.mem_before = {}
         self.mem_extra = {}
         self.peak = None
         self.base = None
         self.device = device_hint
+        self.times = {}
         # CUDA, per segment of the step (the allocator's peak statistics reset at each block's
         # backward start): bytes above `base`.
         self.running = 0          # the step's peak so far
         self.forward_peak = None  # from the step's start to the last block's backward start
         self.alloc_bs = {}        # block -> allocated at its backward start
         self.seg_peak = {}        # block -> the peak during its backward
+
+    def span(self, b, start, end, host=False):
+        """Seconds from stamp (start, b) to (end, b); None where either is missing."""
+        t = self.host if host else self.times
+        if (start, b) in t and (end, b) in t:
+            return t[(end, b)] - t[(start, b)]
+        return None
 
 
 class _JointPolicy:
@@ -257,7 +291,7 @@ class _JointPolicy:
         return self._p._begin_step()
 
     def step_started(self, device):
-        self._p._timer.start(device)
+        pass  # a planned step is timed at its blocks (ActivationPlanner.block_begins)
 
     def candidate(self, site, nbytes, device, key):
         self._p._candidate(site, nbytes, device, key)
@@ -323,17 +357,20 @@ class ActivationPlanner:
         self._offloader = _tt.ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch,
                                                   client=client, module=model,
                                                   policy=_JointPolicy(self))
-        self._measured = {}          # (signature, mode) -> [(block, calibration)]
+        self._measured = {}          # (signature, mode) -> [(block, sites calib, timing calib)]
         self._profile = None
         self.plan = None             # the JointPlan being followed
-        self._step_plan = None
+        self._step_plan = None       # its StepPlan (block-scoped)
+        self._now = None             # the step in progress: warmup, sites, timing, planned
+        self._running = None         # the StepPlan of the planned step in progress
         self._calib = None
-        self._timer = ob.StepTimer()
+        self._pending = None         # a sites calibration waiting for its timing step
+        self._timer = None
         self._timers = []
+        self._mismatch = False
         self._mismatches = 0
         self._device = None
         self._warmup_left = int(warmup_steps)
-        self._warming = False
         self.stats = PlannerStats()
 
     # -- public --
@@ -346,6 +383,11 @@ class ActivationPlanner:
     def modes(self):
         """The blocks' modes in the plan followed (None before the plan)."""
         return None if self.plan is None else list(self.plan.best.modes)
+
+    @property
+    def profile(self):
+        """What the calibration measured (tier._activation_planner.StepProfile), or None."""
+        return self._profile
 
     def summary(self):
         if self.plan is None:
@@ -398,35 +440,45 @@ class ActivationPlanner:
 
     # -- the offloader's policy --
 
+    def _unhooked(self):
+        return op.StepPlan(0, regions=op.Regions.unhooked(len(self._signatures)))
+
     def _begin_step(self):
+        self._running = None
         if self._warmup_left > 0:
             # Before calibrating: one step as calibration's "rest" runs (the least memory),
             # not measured (a first step pays for allocator growth, library setup, caches).
             self._warmup_left -= 1
-            self._warming = True
+            self._now = "warmup"
             self._set_modes([self._rest_mode()] * len(self._signatures))
-            return op.StepPlan(0)
-        self._warming = False
+            return self._unhooked()
         if self._step_plan is not None:
+            self._now = "planned"
+            self._running = self._step_plan
             self._set_modes(self.plan.best.modes)
             self._timer = ob.StepTimer()
-            return self._step_plan
+            self._mismatch = False
+            return self._running
+        if self._pending is not None:
+            # The same modes again, without hooks: the blocks' times as a plan runs them.
+            self._now = "timing"
+            self._set_modes(self._pending.modes)
+            self._calib = _Calibration(self._pending.modes, self._device, "timing")
+            return self._unhooked()
         modes = self._calibration_modes()
+        self._now = "sites"
         self._set_modes(modes)
-        self._calib = _Calibration(modes, self._device)
+        self._calib = _Calibration(modes, self._device, "sites")
         return None
 
     def _set_modes(self, modes):
         if self._blocks is not None:
             self._blocks.modes = list(modes)
-            self._blocks._sac_observer = self._sac_saved if self._calib_pending() else None
-
-    def _calib_pending(self):
-        return self._step_plan is None
+            self._blocks._sac_observer = self._sac_saved if self._now == "sites" else None
 
     def _candidate(self, site, nbytes, device, key):
         c = self._calib
-        if c is None:
+        if c is None or c.kind != "sites":
             return
         if self._device is None:
             self._device = device
@@ -439,16 +491,14 @@ class ActivationPlanner:
 
     def _used(self, site, device):
         c = self._calib
-        if self._step_plan is None:
-            if c is not None:
-                c.clock.stamp(("u", site), device)
-        elif self._step_plan.timing_site == site:
-            self._timer.end(device)
+        if c is not None and c.kind == "sites":
+            c.clock.stamp(("u", site), device)
 
     def _start_peak(self, device):
+        # The allocator's statistics are the host's own accounting: no synchronization (one
+        # here would cost the step its host lead and slow the block measured next).
         c = self._calib
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
             c.base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         c.device = device
@@ -456,9 +506,28 @@ class ActivationPlanner:
     # -- block observer (BlockModes) --
 
     def block_begins(self, b, mode, args, kwargs):
+        now = self._now
+        if now == "planned":
+            plan = self._running
+            regions = plan.regions
+            device = self._device
+            if b == 0 and self._timer is not None and device is not None:
+                # Timed from here to the end of this block's backward (its input's gradient).
+                self._timer.start(device)
+                x = _first_tensor(args)
+                if x is None:
+                    x = _first_tensor(kwargs)
+                if x is not None:
+                    x.register_hook(functools.partial(_end_timer, self._timer, device))
+            due = regions.releases[b]
+            if due and device is not None:
+                self._offloader._release_sites(due, device)
+            if regions.hooked[b]:
+                return self._offloader._region_enter(regions.first[b])
+            return None
         c = self._calib
-        if c is None or self._step_plan is not None:
-            return
+        if c is None:
+            return None
         x = _first_tensor(args)
         if x is None:
             x = _first_tensor(kwargs)
@@ -467,36 +536,54 @@ class ActivationPlanner:
             t = x if x is not None else _first_tensor(args, need_grad=False)
             self._device = t.device if t is not None else torch.device("cpu")
         device = self._device
+        c.host[("fs", b)] = time.perf_counter()
         c.clock.stamp(("fs", b), device)
         c.window = b
-        c.started.add(b)
         if x is not None:
             # Its gradient arrives when this block's backward is done.
-            x.register_hook(functools.partial(self._grad_stamp, ("be", b), x.device))
-        if mode == "selective" and device.type == "cuda" and not _sac_op_output():
+            x.register_hook(functools.partial(self._grad_stamp, c, ("be", b), x.device))
+        if c.kind == "sites" and mode == "selective" and device.type == "cuda" and \
+                not _sac_op_output():
             c.mem_before[b] = torch.cuda.memory_allocated(device)
+        return None
 
-    def block_ends(self, b, mode, out):
+    def block_ends(self, b, mode, out, token):
+        if token is not None:
+            plan = self._running
+            end = self._offloader._region_exit(token)
+            if plan is not None and end - plan.regions.first[b] != plan.regions.count[b]:
+                self._mismatch = True  # the block saved otherwise than it did in calibration
+        now = self._now
+        if now == "planned":
+            plan = self._running
+            if b == len(self._signatures) - 1 and plan.regions.barrier:
+                self._offloader._barrier(self._device)
+            return
         c = self._calib
-        if c is None or self._step_plan is not None:
+        if c is None:
             return
         device = self._device or torch.device("cpu")
         c.clock.stamp(("fe", b), device)
+        c.host[("fe", b)] = time.perf_counter()
         c.window = "post" if b == len(self._signatures) - 1 else b  # (between blocks: b's)
         y = _first_tensor(out)
         if y is not None:
             # Its gradient arrives when this block's backward begins.
-            y.register_hook(functools.partial(self._grad_stamp, ("bs", b), y.device))
+            y.register_hook(functools.partial(self._grad_stamp, c, ("bs", b), y.device))
         if b in c.mem_before:
             c.mem_extra[b] = max(0, torch.cuda.memory_allocated(device) - c.mem_before[b] -
                                  _tensor_bytes(out))
 
-    def _grad_stamp(self, key, device, grad):
-        c = self._calib
-        if c is None or self._step_plan is not None:
-            return None
+    def block_aborted(self, b, token):
+        if token is not None:
+            self._offloader._region_exit(token)
+
+    def _grad_stamp(self, c, key, device, grad):
+        if c is not self._calib:
+            return None  # a step calibrating no longer (its backward ran late, or never)
+        c.host[key] = time.perf_counter()
         c.clock.stamp(key, device)
-        if device.type != "cuda" or c.base is None:
+        if device.type != "cuda" or c.base is None or c.kind != "sites":
             return None
         kind, b = key
         # A block's backward starts where the one after it ends (the same gradient; its
@@ -533,8 +620,10 @@ class ActivationPlanner:
             "selective" if "selective" in self.allowed else "keep")
 
     def _calibration_modes(self):
-        """Per signature: its blocks take the modes not yet measured, one each in block order;
-        the rest run in full recompute (the least memory), else selective, else keep."""
+        """Per signature: its blocks take the modes not yet measured, one each, in the middle
+        of its blocks (away from the step's start, where the host has no lead on the GPU yet,
+        and its end); the rest run in full recompute (the least memory), else selective, else
+        keep."""
         n = len(self._signatures)
         modes = [self._rest_mode()] * n
         by_sig = collections.OrderedDict()
@@ -542,63 +631,104 @@ class ActivationPlanner:
             by_sig.setdefault(sig, []).append(b)
         for sig, positions in by_sig.items():
             need = [m for m in self.allowed if (sig, m) not in self._measured]
-            for b, mode in zip(positions, need):
+            at = max(0, (len(positions) - len(need)) // 2)
+            for b, mode in zip(positions[at:], need):
                 modes[b] = mode
         return modes
 
     def _end_step(self, count):
-        if self._warming:
-            self._warming = False
+        now, self._now = self._now, None
+        if now == "planned":
+            self._planned_step_done()
             return
-        if self._step_plan is not None:
-            self._planned_step_done(count)
-            return
+        if now not in ("sites", "timing"):
+            return  # the warm-up, or a step whose plan was replaced meanwhile
         c, self._calib = self._calib, None
         if c is None:
             return
         if self._blocks is not None:
             self._blocks._sac_observer = None
-        times = c.clock.resolve()
-        produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
+        c.times = c.clock.resolve()
+        if now == "sites":
+            if not self._resolve_sites(c, count):
+                return  # no backward ran (inference): nothing learned
+            self.stats.calibration_steps += 1
+            if c.peak is not None:
+                self.stats.calibration_peak_bytes = c.peak
+            if self._blocks is None:
+                self._profile = self._build_profile(c, None)
+                self._choose()
+            else:
+                self._pending = c
+            return
+        sites = self._pending
+        if sites is None:
+            return
+        if not any(k[0] == "be" for k in c.times):
+            return  # no backward ran: time the same modes again next step
+        self._pending = None
+        self.stats.calibration_steps += 1
+        for b, (sig, mode) in enumerate(zip(self._signatures, sites.modes)):
+            self._measured.setdefault((sig, mode), []).append((b, sites, c))
+        if any((sig, m) not in self._measured for sig in self._signatures
+               for m in self.allowed):
+            return  # another calibration round measures the modes still missing
+        self._profile = self._build_profile(sites, c)
+        self._choose()
+
+    def _resolve_sites(self, c, count):
+        times = c.times
+        c.produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
         used = {}
         for k, v in times.items():
             if k[0] == "u" and k[1] not in used:
                 used[k[1]] = v
+        c.used = used
         if not used or len(c.sizes) != count:
-            return  # no backward ran (inference): nothing learned
+            return False
         if c.peak is None and c.device is not None and c.device.type == "cuda" and \
                 c.base is not None:
             c.peak = max(c.running, torch.cuda.max_memory_allocated(c.device) - c.base)
-        self.stats.calibration_steps += 1
-        if c.peak is not None:
-            self.stats.calibration_peak_bytes = c.peak
-        c.times = times
-        c.produced = produced
-        c.used = used
-        for b, (sig, mode) in enumerate(zip(self._signatures, c.modes)):
-            self._measured.setdefault((sig, mode), []).append((b, c))
-        if any((sig, m) not in self._measured for sig in self._signatures
-               for m in self.allowed):
-            return  # another calibration step measures the modes still missing
-        self._profile = self._build_profile(c)
-        self._choose()
+        return True
 
-    def _build_profile(self, last):
-        """The StepProfile from the calibration steps (times in seconds from each step's first
-        saved tensor)."""
+    def _block_times(self, b, sites, timing):
+        """(forward, backward, host forward, host backward) seconds of block b: from the timing
+        step (no hooks), else the sites step."""
+        for c in (timing, sites):
+            if c is None:
+                continue
+            fwd, bwd = c.span(b, "fs", "fe"), c.span(b, "bs", "be")
+            if fwd is not None:
+                return fwd, bwd, c.span(b, "fs", "fe", host=True), c.span(b, "bs", "be",
+                                                                            host=True)
+        return None, None, None, None
+
+    def _build_profile(self, last, last_timing):
+        """The StepProfile from the calibration steps (times in seconds from the sites step's
+        first saved tensor; the blocks' own times from the timing steps)."""
         modes = collections.defaultdict(dict)
+        host = collections.defaultdict(dict)
         for (sig, mode), seen in self._measured.items():
-            fwd, bwd = [], []
-            for b, c in seen:
-                t = c.times
-                if ("fs", b) in t and ("fe", b) in t:
-                    fwd.append(t[("fe", b)] - t[("fs", b)])
-                if ("bs", b) in t and ("be", b) in t:
-                    bwd.append(t[("be", b)] - t[("bs", b)])
-            b0, c0 = seen[0]
+            fwd, bwd, hfwd, hbwd = [], [], [], []
+            for b, s, t in seen:
+                f, w, hf, hw = self._block_times(b, s, t)
+                if f is not None:
+                    fwd.append(f)
+                    if hf is not None:
+                        hfwd.append(hf)
+                if w is not None:
+                    bwd.append(w)
+                    if hw is not None:
+                        hbwd.append(hw)
+            b0, s0, t0 = seen[0]
+            gpu_f = _median(fwd)
+            gpu_b = _median(bwd) if bwd else gpu_f * (2 if mode == "keep" else 3)
+            host_f, host_b = _median(hfwd), _median(hbwd)
+            host[sig][mode] = (gpu_f, gpu_b, host_f, host_b)
+            # A block whose host work takes longer than its GPU work runs at the host's pace.
             modes[sig][mode] = ap.ModeProfile(
-                _mean(fwd), _mean(bwd) if bwd else _mean(fwd) * (2 if mode == "keep" else 3),
-                self._template(b0, c0), self._extra(b0, c0, mode))
+                max(gpu_f, host_f), max(gpu_b, host_b),
+                self._template(b0, s0, t0), self._extra(b0, s0, mode))
         c = last
         t = c.times
         n = len(self._signatures)
@@ -614,10 +744,14 @@ class ActivationPlanner:
             elif window == "post":
                 post_sites.append(c.sizes[site] if self._first_view(c, site) else 0)
         pre_s = t.get(("fs", 0), first) - first if n else 0.0
-        post_s = (t.get(("bs", n - 1), end) - t.get(("fe", n - 1), end)) if n else 0.0
+        timed = last_timing if last_timing is not None else c
+        post_s = timed.span(n - 1, "fe", "bs") if n else None
+        if post_s is None:
+            post_s = 0.0
         tail_s = end - block0_end if n else end - first
         profile = ap.StepProfile(self._signatures, dict(modes), pre_sites, post_sites,
-                                 pre_s, post_s, tail_s)
+                                 pre_s, max(0.0, post_s), max(0.0, tail_s))
+        profile.host = {sig: dict(v) for sig, v in host.items()}
         if c.peak is not None:
             lay = ap.Layout(profile, c.modes, peak_model=False)
             profile.peak_offset = c.peak - lay.peak([0] * n, 0)
@@ -642,7 +776,7 @@ class ActivationPlanner:
             misc.append(last.alloc_bs[b] - below)
         work = collections.defaultdict(dict)
         for (sig, mode), seen in self._measured.items():
-            for b, c in seen:
+            for b, c, _ in seen:
                 if b in c.seg_peak and b in c.alloc_bs:
                     w = c.seg_peak[b] - c.alloc_bs[b] + kept(c)[b]
                     work[sig][mode] = max(work[sig].get(mode, 0), w)
@@ -654,11 +788,20 @@ class ActivationPlanner:
     def _first_view(self, c, site):
         return c.keys.index(c.keys[site]) == site
 
-    def _template(self, b, c):
-        """Block b's candidates in calibration c, as TemplateSites."""
+    def _template(self, b, c, timing):
+        """Block b's candidates in sites calibration c, as TemplateSites; when they were saved
+        and needed is scaled to the block's times in the timing step (without the hooks)."""
         t = c.times
         fs = t.get(("fs", b), 0.0)
         bs = t.get(("bs", b))
+        f_scale = b_scale = 1.0
+        if timing is not None:
+            f0, w0 = c.span(b, "fs", "fe"), c.span(b, "bs", "be")
+            f1, w1 = timing.span(b, "fs", "fe"), timing.span(b, "bs", "be")
+            if f0 and f1:
+                f_scale = f1 / f0
+            if w0 and w1:
+                b_scale = w1 / w0
         out = []
         windows_of = collections.defaultdict(set)
         for site, key in enumerate(c.keys):
@@ -668,8 +811,9 @@ class ActivationPlanner:
                 continue
             key = c.keys[site]
             first = self._first_view(c, site)
-            produced = c.produced.get(site, fs) - fs
-            needed = (c.used[site] - bs) if (bs is not None and site in c.used) else 0.0
+            produced = (c.produced.get(site, fs) - fs) * f_scale
+            needed = (c.used[site] - bs) * b_scale if (bs is not None and site in c.used) \
+                else 0.0
             out.append(ap.TemplateSite(c.sizes[site] if first else 0, max(0.0, produced),
                                        max(0.0, needed), first and windows_of[key] == {b}))
         return tuple(out)
@@ -694,12 +838,14 @@ class ActivationPlanner:
         if not _sac_op_output() and "selective" in self.allowed:
             jp.notes.append("selective checkpointing's kept bytes measured as the allocator's "
                             "growth (this torch gives the policy no op output)")
+        if self._now == "planned":
+            self._now = None  # the step in progress followed the plan replaced here
         self.plan = jp
         self._step_plan = jp.step_plan
         self._timers.clear()  # steps timed under another plan
         self._mismatches = 0
         self.stats.plans += 1
-        self.stats.predicted_step_s = jp.best.step_s
+        self.stats.predicted_step_s = jp.best.timed_s
         self.stats.predicted_peak_bytes = jp.best.peak_bytes
         self._set_modes(jp.best.modes)
         if self.verbose:
@@ -708,25 +854,26 @@ class ActivationPlanner:
             why = "; ".join(n for n in jp.notes if "reach" in n) or "the plan misses its goal"
             warnings.warn("tier.torch.plan_activations: " + why, RuntimeWarning, stacklevel=4)
 
-    def _planned_step_done(self, count):
-        timer, self._timer = self._timer, ob.StepTimer()
-        if count != self._step_plan.count:
+    def _planned_step_done(self):
+        timer, self._timer = self._timer, None
+        if self._mismatch:
             self._mismatches += 1
             if self._mismatches > 1:
                 # The model saves differently from step to step: keep the modes, offload
                 # nothing (a plan by position would offload the wrong tensors), and say so.
                 if self._step_plan.offloaded:
-                    warnings.warn("tier.torch.plan_activations: the model saved %d tensors "
-                                  "where the plan expected %d, twice: offload is off, the "
-                                  "recompute plan stays" % (count, self._step_plan.count),
-                                  RuntimeWarning, stacklevel=4)
-                self._step_plan = op.StepPlan(count, (), timing_site=-1, barrier=False)
+                    warnings.warn("tier.torch.plan_activations: the blocks saved other tensors "
+                                  "than in calibration, twice: offload is off, the recompute "
+                                  "plan stays", RuntimeWarning, stacklevel=4)
+                self._step_plan = self._unhooked()
                 return
             self.plan = self._step_plan = None
             self._measured.clear()
+            self._profile = None
             return
         self.stats.planned_steps += 1
-        self._timers.append(timer)
+        if timer is not None:
+            self._timers.append(timer)
         while self._timers and self._timers[0].ready():
             step = self._timers.pop(0).step_s()
             if step is None:
@@ -737,16 +884,20 @@ class ActivationPlanner:
                 self.stats.measured_overhead = step / predicted - 1.0
 
     def _predicted_timing_s(self):
-        """The planned step's predicted time to its timing site (what the timer measures)."""
-        if self.plan is None or self._profile is None:
+        """The planned step's predicted time from its first block's forward to the end of that
+        block's backward (what the timer measures)."""
+        if self.plan is None:
             return None
-        best = self.plan.best
-        lay = ap.Layout(self._profile, best.modes)
-        return lay.timing[0] + best.overhead_s
+        return self.plan.best.timed_s
 
 
-def _mean(values):
-    return sum(values) / len(values) if values else 0.0
+def _end_timer(timer, device, grad):
+    timer.end(device)
+    return None
+
+
+def _median(values):
+    return statistics.median(values) if values else 0.0
 
 
 @functools.lru_cache(maxsize=None)

@@ -196,7 +196,10 @@ class _KeptSite:
 
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_strided = torch.strided
 _KEEP, _STAMP, _OFFLOAD = _planner.KEEP, _planner.STAMP, _planner.OFFLOAD
+_SCOPED = object()  # ActivationOffloader._hooks under a block-scoped plan: active, no hooks here
 
 
 class ActivationOffloader:
@@ -239,6 +242,7 @@ class ActivationOffloader:
         self._client = client
         self._module = module
         self._skip = frozenset()
+        self._skip_params = None
         self._lock = threading.RLock()
         self._by_storage = weakref.WeakValueDictionary()  # (device, data_ptr) -> _StorageRecord
         self._order_index = []  # record indices in pack order (for bisect)
@@ -267,6 +271,7 @@ class ActivationOffloader:
         self._warned_down = False
         self._serving = True  # tierd serves (checked as each context begins)
         self._capture = _cuda_graphs.CaptureGuard()
+        self._region_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     BATCH_TENSORS = 16
     BATCH_BYTES = 32 << 20
@@ -288,16 +293,6 @@ class ActivationOffloader:
             self._warned_down = True
             warnings.warn("tier: tierd is restarting or gone: saved activations stay on the GPU "
                           "until it serves again", RuntimeWarning, stacklevel=2)
-        if self._module is not None:
-            # Parameters and buffers stay resident anyway: offloading them would save nothing.
-            # (A DTensor's storage is its local shard's: FSDP2, tensor parallel.)
-            self._skip = frozenset(
-                (t.device, _untyped_storage(t).data_ptr())
-                for t in (_dtensor.split(t)[0] for t in list(self._module.parameters()) +
-                          list(self._module.buffers())))
-        if self._selection is not None:
-            self._selection.install()
-        _compile.on_offloader_enter(self)  # graphs compiled from now on offload inside
         if self._budget is not None:
             if self._step_open:
                 self._budget.end_step(self._site)  # the step before: its backward has run
@@ -306,13 +301,33 @@ class ActivationOffloader:
             self._site = 0
             self._site_records = {}
             self._held = []
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
+        scoped = self._plan is not None and self._plan.regions is not None
+        if self._module is not None and (not scoped or self._skip_params is None):
+            # Parameters and buffers stay resident anyway: offloading them would save nothing.
+            # (A DTensor's storage is its local shard's: FSDP2, tensor parallel. A block-scoped
+            # plan keeps the set of its calibration: no walk over the module's tensors at every
+            # step.)
+            self._skip_params = frozenset(
+                (t.device, _untyped_storage(t).data_ptr())
+                for t in (_dtensor.split(t)[0] for t in list(self._module.parameters()) +
+                          list(self._module.buffers())))
+        self._skip = self._skip_params or frozenset()
+        if self._selection is not None:
+            self._selection.install()
+        _compile.on_offloader_enter(self)  # graphs compiled from now on offload inside
+        if scoped:
+            # Block-scoped: no hooks here; the policy opens them around the blocks the plan
+            # names (_region_enter / _region_exit).
+            self._hooks = _SCOPED
+        else:
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc):
         hooks, self._hooks = self._hooks, None
-        hooks.__exit__(*exc)
+        if hooks is not _SCOPED:
+            hooks.__exit__(*exc)
         with self._lock:
             self._flush()
             if self._held:
@@ -321,26 +336,51 @@ class ActivationOffloader:
             self._selection.remove()
         return False
 
+    # -- block-scoped plans (the joint planner) --
+
+    def _region_enter(self, first_site):
+        """Opens the saved-tensor hooks for one block of a block-scoped plan, whose candidates
+        are numbered from `first_site`. Returns the token for _region_exit."""
+        self._site = first_site
+        hooks = self._region_hooks
+        hooks.__enter__()
+        return hooks
+
+    def _region_exit(self, token, *exc):
+        """Closes the block's hooks; returns the index after its last candidate."""
+        token.__exit__(*(exc or (None, None, None)))
+        return self._site
+
+    def _barrier(self, device):
+        """The end of a block-scoped plan's forward: every planned offload still held goes back
+        in stream order (the current stream waits on the GPU for copies still running)."""
+        with self._lock:
+            if self._held:
+                self._release_held(device)
+
     # -- pack (forward) --
 
     def _should_offload(self, t):
         if not self._serving:
             return False
-        if self._selection is not None and not self._selection.active():
-            return False  # saved outside the selected modules
         if type(t) is not _Tensor:
             return False  # nn.Parameter, and tensor subclasses we cannot rebuild
+        if self._selection is not None and not self._selection.active():
+            return False  # saved outside the selected modules
         if t.numel() * t.element_size() < self.min_bytes:
             return False
-        if t.layout != torch.strided or t.is_quantized or not (t.is_cuda or t.is_cpu):
+        if t.layout != _strided or t.is_quantized or not (t.is_cuda or t.is_cpu):
             return False
-        # Parameters (and leaves that require grad: parameters in all but name) stay resident
-        # anyway; so do their views (weight.t(), saved by linear). A view is judged by its base:
-        # views made in no-grad mode (inside a custom Function's forward) look like leaves.
-        base = t._base if t._base is not None else t
-        if base.requires_grad and base.is_leaf:
-            return False
-        if type(base) is not _Tensor and isinstance(base, torch.nn.Parameter):
+        # Parameters and buffers (and their views: weight.t(), saved by linear; a view is judged
+        # by its base, and views made in no-grad mode, inside a custom Function's forward, look
+        # like leaves) are leaves: they stay resident anyway. Activations that require grad are
+        # not, and skip the lookups below.
+        base = t._base
+        if base is None:
+            base = t
+        if not base.is_leaf:
+            return True
+        if base.requires_grad or isinstance(base, _Parameter):
             return False
         if self._skip and (t.device, _untyped_storage(t).data_ptr()) in self._skip:
             return False  # a registered parameter or buffer of `module`

@@ -146,8 +146,9 @@ def test_planner_bit_identical_to_the_same_recompute_under_delay(delayed_client)
     assert s.offloaded_storages > 0, s
     if CUDA:
         assert s.released_storages > 0, s  # (CPU sources are staged when saved: none held)
-        # Where the plan ran, its peak is below the same recompute's without offload.
-        assert max(runs["plan"][2][2:]) < max(runs["ref"][2][2:])
+        # Where the plan ran (after the warm-up and the two calibration steps), its peak is
+        # below the same recompute's without offload.
+        assert max(runs["plan"][2][3:]) < max(runs["ref"][2][3:])
 
 
 @needs_cuda
