@@ -203,3 +203,48 @@ def test_every_planned_offload_is_released_by_the_end_of_forward(client, monkeyp
             assert points, "the plan has no release points"
             assert any(site < off._budget._step_plan.barrier + 1 for site, _ in released[:-1])
             loss.backward()
+
+
+# ---- one slow step does not halve the link (the first device run's 27 of 54 GB/s) ------------
+
+class _Timed:
+    def __init__(self, step_s):
+        self.s = step_s
+
+    def ready(self):
+        return True
+
+    def step_s(self):
+        return self.s
+
+
+def _budget_after_a_plan(monkeypatch):
+    from tier import _offload_budget as ob
+    b = ob.OffloadBudget(lambda: None, max_overhead=0.05, link=(54e9, 54e9))
+    replans = []
+    monkeypatch.setattr(b, "_replan", lambda: replans.append(b._link.d2h))
+    b._plan = ob.planner.Plan()
+    b._plan.offloaded_bytes = 1 << 30
+    b._base_step = 0.150
+    b._settle, b._slow = ob.SETTLE_STEPS, 0
+    return b, replans
+
+
+def test_a_plans_first_slow_step_and_a_lone_slow_step_do_not_replan(monkeypatch):
+    b, replans = _budget_after_a_plan(monkeypatch)
+    # The plan's first step pays once (registrations, the pinned pool's first touch); later a
+    # lone slow step between normal ones: no re-plan, the link stays.
+    for step in (0.190, 0.155, 0.190, 0.155, 0.156):
+        b._timers.append(_Timed(step))
+        b._read_timers()
+    assert replans == [] and b._link.d2h == 54e9 and b.stats.replans == 0
+    assert b.stats.link_source == "given"
+
+
+def test_two_slow_steps_in_a_row_replan_with_half_the_link(monkeypatch):
+    b, replans = _budget_after_a_plan(monkeypatch)
+    for step in (0.155, 0.190, 0.191):
+        b._timers.append(_Timed(step))
+        b._read_timers()
+    assert replans == [27e9] and b.stats.replans == 1
+    assert "halved" in b.stats.link_source

@@ -39,6 +39,9 @@ PROBE_ROUNDS = 2
 # submission each otherwise.
 RELOAD_WINDOW_S = 1e-3
 RELOAD_BATCH_BYTES = 64 << 20
+# A plan's first SETTLE_STEPS timed steps are not judged; SLOW_STEPS slow ones in a row re-plan.
+SETTLE_STEPS = 1
+SLOW_STEPS = 2
 
 
 class _Clock:
@@ -117,9 +120,10 @@ class StepTimer:
 
 class BudgetStats(Counters):
     """What the policy chose and how it went (``off.budget``). ``link_source``: where the link
-    figure came from ("tierd", "tierd after a probe", "probe", "given")."""
+    figure came from ("tierd", "tierd after a probe", "probe", "given"; ", halved after slow
+    steps" where measured steps made it plan again with half); ``replans``: how often."""
 
-    __slots__ = ("calibrations", "plans", "sites", "chosen_sites", "planned_bytes",
+    __slots__ = ("calibrations", "plans", "replans", "sites", "chosen_sites", "planned_bytes",
                  "predicted_overhead", "measured_overhead", "calibration_step_s", "last_step_s",
                  "link_d2h", "link_h2d", "met_target", "link_source")
 
@@ -230,6 +234,8 @@ class OffloadBudget:
         self._device = None
         self._calib = []          # this calibration's candidates: (nbytes, device, group)
         self._groups = {}         # storage key -> first site with it (calibration)
+        self._settle = SETTLE_STEPS
+        self._slow = 0
         self.stats = BudgetStats()
         if self._given_link is not None:
             self.stats.link_source = "given"
@@ -319,24 +325,37 @@ class OffloadBudget:
         self._replan()
 
     def _read_timers(self):
-        """Takes the measured length of every timed step whose GPU work has finished, in order."""
+        """Takes the measured length of every timed step whose GPU work has finished, in order.
+        A step slower than planned re-plans with less link only when the next one is too: the
+        first steps of a plan pay once for what calibration never saw (new registrations in
+        tierd, the pinned pool's first touch), and one slow step halved the link of the first
+        device run's budget (27 of 54 GB/s) for good."""
         while self._timers and self._timers[0].ready():
             step = self._timers.pop(0).step_s()
             if step is None or self._plan is None:
                 continue
             self.stats.last_step_s = step
             self.stats.measured_overhead = max(0.0, step / self._base_step - 1.0)
-            if self.max_overhead is not None and self._plan.offloaded_bytes > 0 and \
+            if self._settle > 0:
+                self._settle -= 1
+                continue
+            slow = (self.max_overhead is not None and self._plan.offloaded_bytes > 0 and
                     self.stats.measured_overhead > max(2 * self.max_overhead,
-                                                       self.max_overhead + 0.02):
-                # Slower than predicted: the link is slower than planned (other processes share
-                # it). tierd's figure, if it moved; else take the evidence: half the link.
+                                                       self.max_overhead + 0.02))
+            self._slow = self._slow + 1 if slow else 0
+            if self._slow >= SLOW_STEPS:
+                # Slower than predicted, twice: the link is slower than planned (other
+                # processes share it). tierd's figure, if it moved; else take the evidence:
+                # half the link.
                 fresh = None if self._given_link is not None else \
                     link_from_tierd(self._client_fn(), self._device)
                 if fresh is not None and fresh.d2h < 0.9 * self._link.d2h:
                     self._link, self.stats.link_source = fresh, "tierd"
                 else:
                     self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
+                    if "halved" not in self.stats.link_source:
+                        self.stats.link_source += ", halved after slow steps"
+                self.stats.replans += 1
                 self._replan()
                 self._timers.clear()  # steps timed under the old plan
 
@@ -350,6 +369,8 @@ class OffloadBudget:
         self._step_plan = planner.StepPlan(self._count, offload, p.triggers, p.releases,
                                            barrier=True, timing_site=self._timing_site)
         self.stats.plans += 1
+        self._settle = SETTLE_STEPS
+        self._slow = 0
         self.stats.sites = len(self._sites)
         self.stats.chosen_sites = len(p.indices)
         self.stats.planned_bytes = p.offloaded_bytes
