@@ -5,11 +5,14 @@ daemon, unit-tested on made-up steps (tests/test_activation_planner.py).
 The model. A step is: what runs before the first block (``pre_s``), each block's forward in
 order, what runs between the last block's forward and its backward (``post_s``: the head, the
 loss, the head's backward), each block's backward in reverse order, then the rest (``tail_s``).
-Each block runs in one of three modes, and a calibration measured each mode once per kind of
+Each block runs in one of four modes, and a calibration measured each mode once per kind of
 block (a signature: the same class and shapes):
 
 * ``keep``: nothing recomputed; every tensor the block saves for backward goes through the
   saved-tensor hooks, and may be offloaded.
+* ``light``: as keep, but a gated MLP's activation and multiply run inside
+  torch.utils.checkpoint: act_fn(gate) is not saved, and recomputed in backward (cheap
+  elementwise work); what the block keeps still goes through the hooks.
 * ``selective``: torch.utils.checkpoint with selective checkpoint contexts: the outputs of the
   expensive ops (matmuls, attention) are kept aside by PyTorch (``extra_bytes``, never offloaded),
   the rest is recomputed in backward; the block's inputs go through the hooks.
@@ -24,8 +27,10 @@ once (their first save); a storage also saved outside the block's window is neve
 Memory. At the end of forward every block holds what it saved (less what was offloaded, which a
 barrier there takes off: tier/_offload_planner.py), plus what runs outside the blocks keeps; the
 activation peak is that, or during a block's backward, what the blocks before it hold plus the
-whole of its activations again (recomputed, or reloaded), whichever is larger; plus an offset the
-calibration measured (the head's logits and loss, workspaces: the same in every plan).
+whole of its activations again (recomputed, or reloaded), plus what was reloaded already for
+earlier blocks (a reload the link must start blocks ahead is allocated from there on),
+whichever is larger; plus an offset the calibration measured (the head's logits and loss,
+workspaces: the same in every plan).
 
 Time. The blocks' times in their modes plus the outside times plus the link's overhead (the
 simulation of the offloads and reloads, the barrier's stall included).
@@ -46,7 +51,7 @@ import collections
 
 from . import _offload_planner as op
 
-MODES = ("keep", "selective", "full")
+MODES = ("keep", "light", "selective", "full")
 
 # Reloads due within RELOAD_WINDOW_S of one another start together, while the batch stays within
 # RELOAD_BATCH_BYTES (tier/_offload_planner.reload_triggers).
@@ -278,7 +283,11 @@ def _finish(profile, lay, modes, chosen, sim, how):
     if chosen:
         for s in chosen:
             by_block[lay.block_of(s.index)] += s.nbytes
-        e.triggers = op.reload_triggers(lay.sites, chosen, sim, RELOAD_WINDOW_S,
+        # Batched within a quarter of the shortest block's backward at most: a batch pulled
+        # across blocks would bring bytes back before their block needs them.
+        window = min([RELOAD_WINDOW_S] + [0.25 * profile.modes[sig][m].bwd_s
+                                          for sig, m in zip(profile.blocks, modes)])
+        e.triggers = op.reload_triggers(lay.sites, chosen, sim, max(0.0, window),
                                         RELOAD_BATCH_BYTES)
         size = {s.index: s.nbytes for s in chosen}
         for trigger, members in e.triggers.items():
@@ -306,26 +315,29 @@ def _bisect_right(a, x):
 
 
 def candidates(n, allowed):
-    """The mode assignments searched: the first blocks keep, the rest recompute, selective then
-    full or full then selective; every split."""
+    """The mode assignments searched: the first blocks kept (all in keep, or all in light), the
+    rest recomputed, selective then full or full then selective; every split."""
     sel = "selective" in allowed
     full = "full" in allowed
+    kept_modes = ["keep"] + (["light"] if "light" in allowed else [])
     seen = set()
     for n_full in range(n + 1 if full else 1):
         for n_sel in range(n - n_full + 1 if sel else 1):
             n_keep = n - n_full - n_sel
-            for tail in (["selective"] * n_sel + ["full"] * n_full,
-                         ["full"] * n_full + ["selective"] * n_sel):
-                modes = tuple(["keep"] * n_keep + tail)
-                if modes not in seen:
-                    seen.add(modes)
-                    yield modes
+            for kept in kept_modes:
+                for tail in (["selective"] * n_sel + ["full"] * n_full,
+                             ["full"] * n_full + ["selective"] * n_sel):
+                    modes = tuple([kept] * n_keep + tail)
+                    if modes not in seen:
+                        seen.add(modes)
+                        yield modes
 
 
 class JointPlan:
     """The choice: ``best`` (an Evaluation), the ``baseline`` (every block kept, nothing
     offloaded: the step as it runs without any of this), the points of the pure strategies
-    (``references``: full recompute, selective everywhere, offload only), whether the target
+    (``references``: full recompute, light and selective everywhere, offload only), whether the
+    target
     was met, and the StepPlan the offloader follows."""
 
     __slots__ = ("best", "baseline", "references", "target_bytes", "max_overhead",
@@ -424,6 +436,9 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     if "full" in allowed and n:
         jp.references["full recompute"] = evaluate(profile, tuple(["full"] * n), link,
                                                    offload=False)
+    if "light" in allowed and n:
+        jp.references["light everywhere"] = evaluate(profile, tuple(["light"] * n), link,
+                                                     offload=False)
     if "selective" in allowed and n:
         jp.references["selective everywhere"] = evaluate(
             profile, tuple(["selective"] * n), link, offload=False)

@@ -1061,13 +1061,14 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
 
 # ---- the joint planner: keep, offload or recompute ---------------------------------------------
 
-def plan_activations(model, target_bytes=None, max_overhead=None, recompute=("selective", "full"),
-                     offload=True, blocks=None, selective_policy=None,
+def plan_activations(model, target_bytes=None, max_overhead=None,
+                     recompute=("light", "selective", "full"), offload=True, blocks=None,
+                     selective_policy=None,
                      min_bytes=DEFAULT_MIN_BYTES, client=None, link=None, verbose=True):
     """Plans, for each of ``model``'s blocks, whether its activations are kept (and which of its
     saved tensors tierd offloads) or recomputed in backward by PyTorch's own checkpointing
-    (``torch.utils.checkpoint``, non-reentrant; selectively, with selective checkpoint contexts,
-    or fully), to meet ``target_bytes`` of activation memory (``torch.cuda.max_memory_allocated``
+    (``torch.utils.checkpoint``, non-reentrant: around a gated MLP's activation only, "light";
+    selectively, with selective checkpoint contexts; or fully), to meet ``target_bytes`` of activation memory (``torch.cuda.max_memory_allocated``
     above the step's start) at the least step time, or to save the most memory within
     ``max_overhead`` (a fraction of the step; the default, 0.05, when neither is given). Create
     it once and enter it every step::
@@ -1079,9 +1080,10 @@ def plan_activations(model, target_bytes=None, max_overhead=None, recompute=("se
                 loss.backward()
             optimizer.step(); optimizer.zero_grad()
 
-    The first step (more where a kind of block occurs fewer than three times) calibrates; then
-    the plan is printed (``verbose``) and followed. ``recompute``: the recompute modes allowed
-    (``()``: offload only); ``offload=False``: recompute only; ``blocks``: the modules to plan
+    After a warm-up step, two steps calibrate (more where a kind of block occurs fewer than four
+    times): one records the saved tensors, one times the blocks without hooks; then the plan is
+    printed (``verbose``) and followed. ``recompute``: the recompute modes allowed (``()``:
+    offload only; "light" where every block has a gated MLP); ``offload=False``: recompute only; ``blocks``: the modules to plan
     (default: the model's largest nn.ModuleList); ``selective_policy``: a policy function for
     ``create_selective_checkpoint_contexts`` (default: keep matmul and attention outputs).
     ``link``: ``(d2h, h2d)`` bytes/s instead of tierd's figure. Returns the
