@@ -18,6 +18,8 @@ Modes (rows), each from the same initial weights, one after the other:
   recompute       HF gradient checkpointing (full recompute, non-reentrant).
   selective       PyTorch selective checkpointing (create_selective_checkpoint_contexts) around
                   each decoder layer, saving the outputs of matmuls and attention.
+  light           the planner's cheapest recompute in every layer, no offload: the MLP's
+                  act_fn(gate) * up inside torch.utils.checkpoint (act_fn(gate) not saved).
   inprocess       the in-process offloader of bench/torch_offload_bench.py (torchtune's
                   OffloadActivations design: pinned copies on a side stream; CUDA only).
   tierd-budget    tier.torch.offload_activations(max_overhead=0.05): offload only, tierd.
@@ -26,7 +28,8 @@ Modes (rows), each from the same initial weights, one after the other:
   plan@...        tier.torch.plan_activations at several goals: max_overhead 0.05, at selective's
                   step time (max_overhead = its ratio - 1), and target_bytes = recompute's peak,
                   70% of selective's peak, and fractions of none's peak (--plan-fractions). One
-                  planner calibrates once; the other goals re-plan from its calibration.
+                  planner calibrates once (a warm-up step, a step recording the saved tensors,
+                  one timing the blocks without hooks); the other goals re-plan from it.
 
 Columns: step ms (median of --steps after --warmup; host wall clock, synchronized at both
 ends), x none, activation peak MiB (torch.cuda.max_memory_allocated above the step's start, the
@@ -42,9 +45,17 @@ backward at the H2D rate; the rates from a pinned-memory copy (--link-mib) and f
 
 Checks (issue 24's targets; "-" where a row is missing): the planner at recompute's peak <= 1.12x
 none (seq 4096); the planner within 5% of none >= 25% below none's peak; at selective's step time
-(within 2%) >= 30% below selective's peak; no reference point (recompute, selective, inprocess,
-tierd) better than the planner's on both axes at any goal; tierd-budget offloads >= 80% of the
-link bound and takes >= 80% of it (and >= 90% of what it offloaded) off the peak.
+(within 2%) >= 30% below selective's peak; no reference point (recompute, selective, light,
+inprocess, tierd) better than the planner's on both axes at any goal; each planner row with a
+target within it; tierd-budget within 5% of none, offloads >= 80% of the link bound and takes
+>= 80% of it (and >= 90% of what it offloaded) off the peak. Next to the first three, the bound
+this run's numbers allow (frontier_bounds: what the link moves in none's forward, the rest
+recomputed at the per-block cost full recompute measured) and whether the plan reached it.
+
+Where the time goes (CUDA; --probe-steps steps after each mode's measured ones, not in the
+table): per block and mode, forward and backward ms from CUDA events at the blocks' boundaries,
+the parts outside the blocks, and how far the host ran ahead of the GPU (near 0: the GPU waited
+for the host); next to it, what the planner calibrated and predicted for each of its rows.
 
 Output: a table per (shape, seq), the checks, --out-dir/frontier.json and frontier.png (activation
 peak vs step time, one panel per (shape, seq), one point per mode; without matplotlib, draw it
@@ -77,9 +88,10 @@ SHAPES = {
     "3b": dict(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8, batch=1),
     "tiny": dict(hidden=64, layers=6, intermediate=256, heads=4, kv_heads=2, batch=2),
 }
-BASE_MODES = ("none", "recompute", "selective", "inprocess", "tierd-budget", "tierd-at-rc")
-REFERENCE_MODES = ("recompute", "selective", "inprocess", "tierd-budget", "tierd-at-rc")
-PLANNER_WARMUP = 3  # warm-up, calibration, the first planned step
+BASE_MODES = ("none", "recompute", "selective", "light", "inprocess", "tierd-budget",
+              "tierd-at-rc")
+REFERENCE_MODES = ("recompute", "selective", "light", "inprocess", "tierd-budget", "tierd-at-rc")
+PLANNER_WARMUP = 4  # warm-up, calibration (saved tensors, then timing), the first planned step
 
 
 def log(*parts):
@@ -155,10 +167,11 @@ class Recompute(Mode):
 class Selective(Mode):
     name = label = "selective"
 
-    def __init__(self, model):
+    def __init__(self, model, mode="selective"):
         from tier._plan_activations import BlockModes
+        self.name = self.label = mode
         self.blocks = BlockModes(layers_of(model))
-        self.blocks.set_all("selective")
+        self.blocks.set_all(mode)
 
     @contextlib.contextmanager
     def context(self):
@@ -261,27 +274,170 @@ class Planned(TierdMode):
             out["met_target"] = p.met_target
             out["within_budget"] = p.within_budget
             out["summary"] = p.summary()
+            out["references_predicted"] = {k: v.as_dict() for k, v in p.references.items()}
+        out["profile"] = profile_summary(self.planner.profile)
         return out
+
+
+def profile_summary(profile):
+    """The planner's calibration, per mode (one signature: the model's blocks are alike): GPU and
+    host forward / backward ms per block, the bytes a block keeps at the end of forward, and the
+    times outside the blocks."""
+    if profile is None:
+        return None
+    from tier import _activation_planner as ap
+    sig = profile.blocks[0] if profile.blocks else None
+    host = getattr(profile, "host", {}).get(sig, {})
+    modes = {}
+    for mode, mp in (profile.modes.get(sig) or {}).items():
+        lay = ap.Layout(profile, [mode] * len(profile.blocks), peak_model=False)
+        g_f, g_b, h_f, h_b = host.get(mode, (mp.fwd_s, mp.bwd_s, 0.0, 0.0))
+        modes[mode] = {"fwd_ms": 1e3 * mp.fwd_s, "bwd_ms": 1e3 * mp.bwd_s,
+                       "gpu_fwd_ms": 1e3 * g_f, "gpu_bwd_ms": 1e3 * g_b,
+                       "host_fwd_ms": 1e3 * h_f, "host_bwd_ms": 1e3 * h_b,
+                       "block_mib": lay.block_bytes[0] / MiB, "sites": len(mp.sites),
+                       "offloadable": sum(1 for t in mp.sites if t.offloadable and t.nbytes)}
+    return {"modes": modes, "pre_ms": 1e3 * profile.pre_s, "post_ms": 1e3 * profile.post_s,
+            "tail_ms": 1e3 * profile.tail_s, "measured_peak_model": profile.measured(),
+            "forward_peak_mib": (profile.forward_peak or 0) / MiB,
+            "work_mib": {m: w / MiB for m, w in ((profile.work or {}).get(sig) or {}).items()}}
+
+
+# ---- where the time goes: per-block CUDA events ----------------------------------------------
+
+def _in_backward():
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
+def _first_grad_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x if x.requires_grad else None
+    if isinstance(x, (tuple, list)):
+        for item in x:
+            t = _first_grad_tensor(item)
+            if t is not None:
+                return t
+    if isinstance(x, dict):
+        return _first_grad_tensor(list(x.values()))
+    return None
+
+
+class Timeline:
+    """CUDA events (and host times) at each block's forward start and end (module hooks; a
+    recompute in backward is not counted) and backward start and end (gradient hooks on its
+    output and input), and at the step's start and end: where a mode's milliseconds go, and how
+    far the host runs ahead of the GPU (a host behind the GPU starves it). Installed only for
+    the --probe-steps steps after the measured ones."""
+
+    def __init__(self, layers, event=None):
+        self.layers = list(layers)
+        self.handles = []
+        self.ev = None
+        self.host = None
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+
+    def install(self):
+        for b, layer in enumerate(self.layers):
+            self.handles.append(layer.register_forward_pre_hook(
+                lambda m, a, b=b: self._pre(b, a)))
+            self.handles.append(layer.register_forward_hook(
+                lambda m, a, o, b=b: self._post(b, o)))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def mark(self, key):
+        if key in self.ev:
+            return
+        e = self.event()
+        e.record()
+        self.ev[key] = e
+        self.host[key] = time.perf_counter()
+
+    def begin(self):
+        self.ev, self.host = {}, {}
+        self.mark("start")
+
+    def _pre(self, b, args):
+        if self.ev is None or _in_backward():
+            return
+        self.mark(("fs", b))
+        x = _first_grad_tensor(args)
+        if x is not None:
+            x.register_hook(lambda g, b=b: self.mark(("be", b)))
+
+    def _post(self, b, out):
+        if self.ev is None or _in_backward():
+            return
+        self.mark(("fe", b))
+        y = _first_grad_tensor(out)
+        if y is not None:
+            y.register_hook(lambda g, b=b: self.mark(("bs", b)))
+
+    def end(self):
+        """(GPU ms, host ms) since the step's start, per key."""
+        self.mark("end")
+        ev, host, self.ev, self.host = self.ev, self.host, None, None
+        ev["end"].synchronize()
+        t0, h0 = ev["start"], host["start"]
+        return ({k: t0.elapsed_time(e) for k, e in ev.items()},
+                {k: 1e3 * (h - h0) for k, h in host.items()})
+
+
+def summarize_timeline(samples, n):
+    """Medians over the probe steps: per-block forward and backward ms, the parts outside the
+    blocks, and the host's lead on the GPU (GPU time minus host time of the same point: how far
+    ahead the host had queued work; near 0, the GPU waits for the host)."""
+    if not samples:
+        return None
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def span(g, a, b):
+        return g[b] - g[a] if a in g and b in g else None
+
+    fwd = [med(span(g, ("fs", b), ("fe", b)) for g, _ in samples) for b in range(n)]
+    bwd = [med(span(g, ("bs", b), ("be", b)) for g, _ in samples) for b in range(n)]
+    lead_f = [med(g[("fs", b)] - h[("fs", b)] for g, h in samples if ("fs", b) in g)
+              for b in range(n)]
+    lead_b = [med(g[("bs", b)] - h[("bs", b)] for g, h in samples if ("bs", b) in g)
+              for b in range(n)]
+    out = {"fwd_ms": fwd, "bwd_ms": bwd,
+           "pre_ms": med(span(g, "start", ("fs", 0)) for g, _ in samples),
+           "head_ms": med(span(g, ("fe", n - 1), ("bs", n - 1)) for g, _ in samples),
+           "tail_ms": med(span(g, ("be", 0), "end") for g, _ in samples),
+           "gpu_step_ms": med(g["end"] for g, _ in samples),
+           "host_step_ms": med(h["end"] for _, h in samples),
+           "lead_fwd_ms": lead_f, "lead_bwd_ms": lead_b}
+    return out
 
 
 # ---- one step, one mode -----------------------------------------------------------------------
 
-def train_step(model, opt, ids, mode, cuda):
+def train_step(model, opt, ids, mode, cuda, timeline=None):
     opt.zero_grad(set_to_none=False)  # gradients stay allocated: not part of the peak
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
+    if timeline is not None:
+        timeline.begin()
     with mode.context():
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
     opt.step()
+    probe = timeline.end() if timeline is not None else None
     if cuda:
         torch.cuda.synchronize()
     step = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated() - base) if cuda else None
-    return {"loss": loss.item(), "step_s": step, "act_peak": peak}
+    return {"loss": loss.item(), "step_s": step, "act_peak": peak, "probe": probe}
 
 
 def timed_forward_backward(model, ids, cuda):
@@ -320,6 +476,15 @@ def run_mode(mode, model, ids, args, warmup):
         samples.append(train_step(model, opt, ids, mode, cuda))
     after = mode.counters()
     measured = samples[warmup:]
+    probes = []
+    if cuda and args.probe_steps > 0:
+        timeline = Timeline(layers_of(model))
+        timeline.install()
+        try:
+            for _ in range(args.probe_steps):
+                probes.append(train_step(model, opt, ids, mode, cuda, timeline)["probe"])
+        finally:
+            timeline.remove()
 
     def per_step_mib(key):
         if before.get(key) is None or after.get(key) is None:
@@ -332,7 +497,8 @@ def run_mode(mode, model, ids, args, warmup):
            "act_peak_mib": (max(s["act_peak"] for s in measured) / MiB) if cuda else None,
            "d2h_mib": per_step_mib("d2h"), "h2d_mib": per_step_mib("h2d"),
            "offloader_d2h_mib": per_step_mib("offloader_d2h"),
-           "losses": [s["loss"] for s in samples]}
+           "losses": [s["loss"] for s in samples],
+           "probe": summarize_timeline(probes, len(layers_of(model)))}
     row.update(mode.details())
     return row
 
@@ -436,6 +602,8 @@ def make_mode(name, model, session, args, results):
         return Recompute(model)
     if name == "selective":
         return Selective(model)
+    if name == "light":
+        return Selective(model, "light")
     if name == "inprocess":
         return InProcess(model, args)
     if name == "tierd-budget":
@@ -507,7 +675,43 @@ def analyze(run, args):
                  "backward_bytes": run["none_bwd_s"] * link["h2d"]}
         bound["bytes"] = min(bound["forward_bytes"], bound["backward_bytes"])
     run["bound"] = bound
+    run["frontier_bound"] = frontier_bounds(run, by_label, bound)
     run["checks"] = checks(run, by_label, bound)
+
+
+def frontier_bounds(run, rows, bound):
+    """What this hardware allows at issue 24's targets, from this run's own numbers: in none's
+    forward the link moves bound["forward_bytes"] without a stall; every block's activations
+    beyond that must be recomputed, at the per-block cost full recompute measured ((its step -
+    none's) / blocks), each saving a block's bytes less its input. (Optimistic: offloaded bytes
+    also need the memory to come back before their block's backward.)"""
+    none, rc, sel = rows.get("none"), rows.get("recompute"), rows.get("selective")
+    if not (none and rc and bound) or _peak(none) is None or _peak(rc) is None:
+        return None
+    n = run["config"]["layers"]
+    none_ms = none["step_ms"]
+    cost = max(1e-6, (rc["step_ms"] - none_ms) / n)
+    prof = next((r.get("profile") for r in run["results"]
+                 if r.get("profile") and "keep" in r["profile"]["modes"]), None)
+    if prof and "full" in prof["modes"]:
+        block, inp, source = (prof["modes"]["keep"]["block_mib"],
+                              prof["modes"]["full"]["block_mib"], "the planner's calibration")
+    else:
+        block, inp, source = (_peak(none) - _peak(rc)) / max(1, n - 1), 0.0, "the peaks"
+    link_mib = bound["forward_bytes"] / MiB
+    linked = min(n, link_mib / max(block, 1e-6))
+
+    def peak_at(x):
+        k = min(n, max(0.0, (x - 1.0) * none_ms / cost))
+        return max(_peak(rc), _peak(none) - link_mib - k * (block - inp))
+
+    out = {"recompute_ms_per_block": cost, "block_mib": block, "input_mib": inp,
+           "link_mib": link_mib, "blocks_by_link": linked, "source": source,
+           "x_at_recompute_peak": (none_ms + max(0.0, n - linked) * cost) / none_ms,
+           "peak_at_1.05x": peak_at(1.05)}
+    if sel:
+        out["peak_at_selective_time"] = peak_at(sel["step_ms"] / none_ms)
+    return out
 
 
 def _peak(r):
@@ -516,32 +720,54 @@ def _peak(r):
 
 def checks(run, rows, bound):
     out = []
+    fb = run.get("frontier_bound") or {}
 
-    def check(target, value, passed):
-        out.append({"target": target, "value": value, "pass": passed})
+    def check(target, value, passed, bound_text=None, at_bound=None):
+        out.append({"target": target, "value": value, "pass": passed, "bound": bound_text,
+                    "at_bound": at_bound})
 
     none, rc, sel = rows.get("none"), rows.get("recompute"), rows.get("selective")
     at_rc = rows.get("plan@rc-peak")
     if at_rc and rc and _peak(at_rc) is not None and _peak(rc) is not None:
         ok_peak = _peak(at_rc) <= _peak(rc) * 1.02
+        text = at = None
+        if "x_at_recompute_peak" in fb:
+            x = fb["x_at_recompute_peak"]
+            text = ("bound %.3fx: the link takes %.1f blocks' %.0f MiB in forward, %.1f more "
+                    "recomputed at %.2f ms each" % (x, fb["blocks_by_link"], fb["block_mib"],
+                                                   run["config"]["layers"] - fb["blocks_by_link"],
+                                                   fb["recompute_ms_per_block"]))
+            at = ok_peak and at_rc["x_none"] <= max(1.12, x) * 1.02
         check("plan at recompute's peak: step <= 1.12x none%s" % (
             "" if run["seq"] == 4096 else " (target set for seq 4096)"),
             "%.3fx (recompute %.3fx), peak %.0f vs %.0f MiB" % (
                 at_rc["x_none"], rc["x_none"], _peak(at_rc), _peak(rc)),
-            at_rc["x_none"] <= 1.12 and ok_peak)
+            at_rc["x_none"] <= 1.12 and ok_peak, text, at)
     p5 = rows.get("plan@5%")
     if p5 and none and _peak(p5) is not None:
+        text = at = None
+        if "peak_at_1.05x" in fb:
+            bp = fb["peak_at_1.05x"]
+            text = "bound at 1.05x: peak %.0f MiB (-%.0f%%)" % (bp, 100 * (1 - bp / _peak(none)))
+            at = p5["x_none"] <= 1.05 * 1.01 and _peak(p5) <= max(bp, 0.75 * _peak(none)) * 1.02
         check("plan within 5% of none: peak >= 25% below none's",
               "%.3fx, peak %.0f of %.0f MiB (-%.0f%%)" % (
                   p5["x_none"], _peak(p5), _peak(none), 100 * (1 - _peak(p5) / _peak(none))),
-              p5["x_none"] <= 1.05 and _peak(p5) <= 0.75 * _peak(none))
+              p5["x_none"] <= 1.05 and _peak(p5) <= 0.75 * _peak(none), text, at)
     ps = rows.get("plan@sel-time")
     if ps and sel and _peak(ps) is not None and _peak(sel) is not None:
+        text = at = None
+        if "peak_at_selective_time" in fb:
+            bp = fb["peak_at_selective_time"]
+            text = "bound at selective's time: peak %.0f MiB (-%.0f%% of selective's)" % (
+                bp, 100 * (1 - bp / _peak(sel)))
+            at = ps["step_ms"] <= 1.02 * sel["step_ms"] and \
+                _peak(ps) <= max(bp, 0.7 * _peak(sel)) * 1.02
         check("plan at selective's step time (within 2%): peak >= 30% below selective's",
               "%.1f vs %.1f ms, peak %.0f vs %.0f MiB (-%.0f%%)" % (
                   ps["step_ms"], sel["step_ms"], _peak(ps), _peak(sel),
                   100 * (1 - _peak(ps) / _peak(sel))),
-              ps["step_ms"] <= 1.02 * sel["step_ms"] and _peak(ps) <= 0.7 * _peak(sel))
+              ps["step_ms"] <= 1.02 * sel["step_ms"] and _peak(ps) <= 0.7 * _peak(sel), text, at)
     refs = [rows[m] for m in REFERENCE_MODES if m in rows and _peak(rows[m]) is not None]
     plans = [r for label, r in rows.items() if label.startswith("plan@")
              and _peak(r) is not None]
@@ -553,6 +779,14 @@ def checks(run, rows, bound):
                     beaten.append("%s by %s" % (p["label"], r["label"]))
         check("no reference better than the planner on both axes (2% noise)",
               "; ".join(beaten) if beaten else "none", not beaten)
+    for p in plans:
+        goal = p.get("goal") or {}
+        predicted = (p.get("predicted") or {}).get("peak_bytes")
+        if "target_bytes" in goal and predicted is not None:
+            check("%s: measured peak within its target (2%%)" % p["label"],
+                  "%.0f MiB (target %.0f, predicted %.0f)" % (
+                      _peak(p), goal["target_bytes"] / MiB, predicted / MiB),
+                  _peak(p) * MiB <= 1.02 * goal["target_bytes"])
     tb = rows.get("tierd-budget")
     if tb and none and bound and _peak(tb) is not None and tb.get("d2h_mib") is not None:
         moved = tb["d2h_mib"] * MiB
@@ -566,6 +800,7 @@ def checks(run, rows, bound):
         check("tierd-budget takes >= 90% of what it offloaded off the peak",
               "%.0f of %.0f MiB" % (off_peak / MiB, moved / MiB),
               moved == 0 or off_peak >= 0.9 * moved)
+        check("tierd-budget within 5% of none", "%.3fx" % tb["x_none"], tb["x_none"] <= 1.05)
     return out
 
 
@@ -616,8 +851,72 @@ def report(run):
                     100 * budget["predicted_overhead"], 100 * budget["measured_overhead"]))
     for c in run["checks"]:
         log("  [%s] %s: %s" % ("pass" if c["pass"] else "FAIL", c["target"], c["value"]))
+        if c.get("bound"):
+            log("         %s%s" % (c["bound"], "" if c.get("at_bound") is None else
+                                   ("; the plan is at the bound" if c["at_bound"]
+                                    else "; the plan is NOT at the bound")))
+    report_probes(run)
     for note in run["notes"]:
         log("  note:", note)
+
+
+def _mode_of(r, n):
+    if r.get("modes"):
+        return list(r["modes"])
+    return [{"recompute": "full", "selective": "selective", "light": "light"}.get(
+        r["label"], "keep")] * n
+
+
+def report_probes(run):
+    """Where each mode's time goes (the probe steps' per-block events) and what the planner
+    calibrated, next to each other."""
+    n = run["config"]["layers"]
+    rows = [r for r in run["results"] if r.get("probe")]
+    if rows:
+        log("  where the time goes (probe steps, GPU ms; per block by mode: forward/backward; "
+            "host lead = how far the host ran ahead of the GPU, min over blocks):")
+    for r in rows:
+        p = r["probe"]
+        modes = _mode_of(r, n)
+        parts = []
+        for m in ("keep", "light", "selective", "full"):
+            f = [p["fwd_ms"][b] for b in range(n) if modes[b] == m and p["fwd_ms"][b] is not None]
+            w = [p["bwd_ms"][b] for b in range(n) if modes[b] == m and p["bwd_ms"][b] is not None]
+            if f or w:
+                parts.append("%s %s/%s x%d" % (m, fmt(statistics.median(f) if f else None, "%.2f"),
+                                               fmt(statistics.median(w) if w else None, "%.2f"),
+                                               modes.count(m)))
+        lf = [v for v in p["lead_fwd_ms"] if v is not None]
+        lb = [v for v in p["lead_bwd_ms"] if v is not None]
+        log("    %-14s %s; pre %s head %s tail %s; GPU step %s (host %s); lead fwd %s bwd %s" % (
+            r["label"], ", ".join(parts), fmt(p["pre_ms"], "%.1f"), fmt(p["head_ms"], "%.1f"),
+            fmt(p["tail_ms"], "%.1f"), fmt(p["gpu_step_ms"], "%.1f"),
+            fmt(p["host_step_ms"], "%.1f"), fmt(min(lf) if lf else None, "%.1f"),
+            fmt(min(lb) if lb else None, "%.1f")))
+    first = True
+    for r in run["results"]:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        if first:
+            first = False
+            log("  planner calibration (ms per block forward/backward, GPU and host; MiB a block "
+                "keeps): " + "; ".join(
+                    "%s %s/%s (host %s/%s) %s MiB" % (
+                        m, fmt(v.get("gpu_fwd_ms"), "%.2f"), fmt(v.get("gpu_bwd_ms"), "%.2f"),
+                        fmt(v.get("host_fwd_ms"), "%.2f"), fmt(v.get("host_bwd_ms"), "%.2f"),
+                        fmt(v.get("block_mib"), "%.0f")) for m, v in prof["modes"].items()) +
+                "; pre %s post %s tail %s ms" % (fmt(prof.get("pre_ms")), fmt(prof.get("post_ms")),
+                                                 fmt(prof.get("tail_ms"))))
+        st = r.get("planner_stats") or {}
+        pr = r.get("predicted") or {}
+        base = r.get("baseline_predicted") or {}
+        log("    %-14s predicted %.1f ms timed (%.3fx its baseline %.1f), planner measured %.1f "
+            "ms; peak predicted %.0f MiB (early reloads %.0f), measured %s MiB" % (
+                r["label"], 1e3 * pr.get("timed_s", 0), pr.get("step_s", 0) /
+                max(base.get("step_s", 1), 1e-9), 1e3 * base.get("timed_s", 0),
+                1e3 * st.get("measured_step_s", 0), pr.get("peak_bytes", 0) / MiB,
+                pr.get("early_reload_bytes", 0) / MiB, fmt(r.get("act_peak_mib"), "%.0f")))
 
 
 def draw(runs, path):
@@ -664,6 +963,9 @@ def parse_args(argv=None):
     p.add_argument("--plan-fractions", default="0.25,0.5",
                    help="planner targets as fractions of none's peak")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--probe-steps", type=int, default=2,
+                   help="CUDA: steps after the measured ones with per-block events (where the "
+                        "time goes; not in the table's figures)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--min-bytes", type=int, help="offload candidates from this size (1 MiB)")
     p.add_argument("--link-mib", type=int, default=256)

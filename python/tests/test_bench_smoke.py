@@ -35,7 +35,7 @@ def test_frontier_bench_smoke(tmp_path):
         out = json.load(f)
     (run,) = out["runs"]
     labels = [row["label"] for row in run["results"]]
-    assert labels[:4] == ["none", "recompute", "selective", "tierd-budget"], labels
+    assert labels[:5] == ["none", "recompute", "selective", "light", "tierd-budget"], labels
     planned = [row for row in run["results"] if row["label"].startswith("plan@")]
     assert planned and all("error" not in row for row in planned)
     assert all(row["modes"] and len(row["modes"]) == run["config"]["layers"] for row in planned)
@@ -54,3 +54,67 @@ def test_hook_overhead_bench_cpu(tmp_path):
     assert set(rows) == {"none", "identity", "kept", "planned", "half", "offload-all"}
     assert rows["planned"]["offloaded_storages"] > 0
     assert rows["kept"]["offloaded_storages"] == 0
+
+
+class _HostEvent:
+    """torch.cuda.Event's timing interface on the host clock (the probe's logic on CPU)."""
+
+    def record(self):
+        import time
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 1e3 * (other.t - self.t)
+
+
+def test_frontier_probe_and_report_on_cpu(capsys):
+    """frontier_bench's CUDA-only parts (the per-block timeline, the bounds, the checks and the
+    report) on a tiny Llama with host-clock events: every mode's blocks are seen in forward and
+    backward, a recompute in backward is not counted twice."""
+    pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import sys
+    sys.path.insert(0, BENCH)
+    import frontier_bench as fb
+    cfg = dict(fb.SHAPES["tiny"], seq=32, vocab=128, attn="eager")
+    model = fb.make_model(cfg, "cpu")
+    ids = fb.make_batch(cfg, "cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    n = cfg["layers"]
+    rows = []
+    for name in ("none", "recompute", "selective", "light"):
+        mode = fb.make_mode(name, model, None, None, {})
+        timeline = fb.Timeline(fb.layers_of(model), event=_HostEvent)
+        timeline.install()
+        try:
+            probes = [fb.train_step(model, opt, ids, mode, False, timeline)["probe"]
+                      for _ in range(2)]
+        finally:
+            timeline.remove()
+            mode.remove()
+        p = fb.summarize_timeline(probes, n)
+        assert all(v is not None and v >= 0 for v in p["fwd_ms"] + p["bwd_ms"]), (name, p)
+        assert p["head_ms"] is not None and p["tail_ms"] is not None
+        rows.append({"mode": name, "label": name, "step_ms": 100.0 + 10 * len(rows),
+                     "act_peak_mib": 1000.0 - 200 * len(rows), "d2h_mib": 0, "h2d_mib": 0,
+                     "probe": p})
+    rows.append(dict(rows[0], label="plan@rc-peak", mode="plan", step_ms=118.0,
+                     act_peak_mib=420.0, modes=["keep"] + ["full"] * (n - 1),
+                     goal={"target_bytes": 400 << 20}, predicted={"peak_bytes": 410 << 20},
+                     profile={"modes": {"keep": {"block_mib": 100.0}, "full": {"block_mib": 5.0}}}))
+    run = {"shape": "tiny", "seq": 4096, "config": dict(cfg, layers=n), "device": "cpu",
+           "torch": torch.__version__, "tierd_engine": "host", "none_fwd_s": 0.03,
+           "none_bwd_s": 0.06, "link_pinned": {"d2h": 5e9, "h2d": 5e9, "source": "pinned"},
+           "results": rows, "notes": []}
+    fb.analyze(run, None)
+    fb.report(run)
+    out = capsys.readouterr().out
+    assert "where the time goes" in out and "plan@rc-peak" in out
+    b = run["frontier_bound"]
+    assert b["x_at_recompute_peak"] >= 1.0 and b["source"] == "the planner's calibration"
+    rc_check = next(c for c in run["checks"] if "recompute's peak" in c["target"])
+    assert rc_check["bound"] and rc_check["at_bound"] is not None
+    assert any("within its target" in c["target"] for c in run["checks"])
