@@ -559,6 +559,8 @@ def run_child(config):
     def record(row):
         results[row["label"]] = row
         out["results"].append(row)
+        with open(args.out, "w") as f:  # what is done so far survives a timeout
+            json.dump(dict(out, partial=True), f)
         if "error" in row:
             log("%s %s: %s" % (tag, row["label"], row["error"]))
         else:
@@ -1070,12 +1072,19 @@ def main():
                         rc = subprocess.run(cmd, timeout=args.child_timeout + 60).returncode
                     except subprocess.TimeoutExpired:
                         rc = "timeout"
-                    if rc != 0 or not os.path.exists(out):
+                    if not os.path.exists(out):
                         notes.append("%s seq %d: the child failed (%s)" % (shape, seq, rc))
                         log("[%s seq %d] FAILED (%s; see above)" % (shape, seq, rc))
                         continue
                     with open(out) as f:
                         run = json.load(f)
+                    if rc != 0:
+                        # The rows it finished (a timeout, a crash): reported as far as they go.
+                        notes.append("%s seq %d: the child failed (%s) after %d row(s)" % (
+                            shape, seq, rc, len(run["results"])))
+                        log("[%s seq %d] FAILED (%s; see above): the rows done so far" % (
+                            shape, seq, rc))
+                        run["notes"].append("partial: the child failed (%s)" % rc)
                     analyze(run, args)
                     report(run)
                     runs.append(run)
@@ -1092,7 +1101,8 @@ def main():
     log("wrote", json_path)
     if runs:
         draw_or_say(runs, png_path)
-    return 0 if runs and len(runs) == len(args.shape.split(",")) * len(args.seq.split(",")) \
+    complete = [r for r in runs if not any(n.startswith("partial") for n in r["notes"])]
+    return 0 if runs and len(complete) == len(args.shape.split(",")) * len(args.seq.split(",")) \
         else 1
 
 
