@@ -403,3 +403,24 @@ def test_light_is_planned_where_every_block_has_a_gated_mlp(client):
     plan.remove()
     plan = tt.plan_activations(Net(), client=client, verbose=False)
     assert "light" not in plan.allowed and plan.allowed[0] == "keep"
+
+
+class GapNet(Net):
+    """Saves a tensor between two blocks (tanh saves its output): calibration counts it in the
+    block before, so a planned step's hooks stay open until the next block begins."""
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def test_what_runs_between_blocks_stays_in_the_block_before(client, monkeypatch):
+    torch.manual_seed(0)
+    modes = ["keep", "full", "keep", "full", "full", "full"]
+    got, want, seen, plan = _run_planned(client, modes, monkeypatch, steps=6, model=GapNet())
+    _assert_identical(got, want)
+    assert seen[3:] == [modes] * 3
+    assert plan.stats.plans == 1 and plan.stats.planned_steps >= 2  # no mismatch, no recalibration
+    assert plan.offloader.stats.offloaded_storages > 0

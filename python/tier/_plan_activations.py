@@ -421,6 +421,7 @@ class ActivationPlanner:
         self._step_plan = None       # its StepPlan (block-scoped)
         self._now = None             # the step in progress: warmup, sites, timing, planned
         self._running = None         # the StepPlan of the planned step in progress
+        self._region = None          # (block, hooks token): the block whose hooks are open
         self._calib = None
         self._pending = None         # a sites calibration waiting for its timing step
         self._timer = None
@@ -489,6 +490,7 @@ class ActivationPlanner:
 
     def __exit__(self, *exc):
         try:
+            self._close_region()  # a forward that ended without its last block
             return self._offloader.__exit__(*exc)
         finally:
             if self._blocks is not None:
@@ -577,11 +579,14 @@ class ActivationPlanner:
                     x = _first_tensor(kwargs)
                 if x is not None:
                     x.register_hook(functools.partial(_end_timer, self._timer, device))
+            self._close_region()
             due = regions.releases[b]
             if due and device is not None:
                 self._offloader._release_sites(due, device)
             if regions.hooked[b]:
-                return self._offloader._region_enter(regions.first[b])
+                # Open until the next block begins (calibration counted what runs between two
+                # blocks as the first one's), or the last block ends.
+                self._region = (b, self._offloader._region_enter(regions.first[b]))
             return None
         c = self._calib
         if c is None:
@@ -605,17 +610,24 @@ class ActivationPlanner:
             c.mem_before[b] = torch.cuda.memory_allocated(device)
         return None
 
+    def _close_region(self):
+        """Closes the open block's hooks and checks that it saved what calibration saw."""
+        region, self._region = self._region, None
+        if region is None:
+            return
+        b, token = region
+        end = self._offloader._region_exit(token)
+        plan = self._running
+        if plan is not None and end - plan.regions.first[b] != plan.regions.count[b]:
+            self._mismatch = True  # the block saved otherwise than it did in calibration
+
     def block_ends(self, b, mode, out, token):
-        if token is not None:
-            plan = self._running
-            end = self._offloader._region_exit(token)
-            if plan is not None and end - plan.regions.first[b] != plan.regions.count[b]:
-                self._mismatch = True  # the block saved otherwise than it did in calibration
         now = self._now
         if now == "planned":
-            plan = self._running
-            if b == len(self._signatures) - 1 and plan.regions.barrier:
-                self._offloader._barrier(self._device)
+            if b == len(self._signatures) - 1:
+                self._close_region()
+                if self._running.regions.barrier:
+                    self._offloader._barrier(self._device)
             return
         c = self._calib
         if c is None:
@@ -633,8 +645,7 @@ class ActivationPlanner:
                                  _tensor_bytes(out))
 
     def block_aborted(self, b, token):
-        if token is not None:
-            self._offloader._region_exit(token)
+        self._close_region()
 
     def _grad_stamp(self, c, key, device, grad):
         if c is not self._calib:

@@ -347,8 +347,12 @@ class ActivationOffloader:
         return hooks
 
     def _region_exit(self, token, *exc):
-        """Closes the block's hooks; returns the index after its last candidate."""
+        """Closes the block's hooks (its deferred offloads go now: their copies start by the
+        block's end); returns the index after its last candidate."""
         token.__exit__(*(exc or (None, None, None)))
+        if self._deferred:
+            with self._lock:
+                self._flush()
         return self._site
 
     def _barrier(self, device):
