@@ -253,3 +253,17 @@ def test_the_measured_segments_model_the_peak_where_the_allocator_was_measured()
     k_some = [900 * MB - some.offloaded_bytes] + [32 * MB] * 3
     assert some.peak_bytes == max([prof.forward_peak - sum(kept) + sum(k_some)] +
                                   backward_peaks(k_some))
+
+
+def test_candidates_between_blocks_are_numbered_after_their_block_and_never_offloaded():
+    prof = llama_like(n=3)
+    prof.gaps = [[8 * MB, 8 * MB], [8 * MB, 8 * MB], []]  # after the last block: the head's
+    lay = ap.Layout(prof, ("keep",) * 3)
+    per_block = len(prof.modes["L"]["keep"].sites)
+    assert lay.starts == [1, 1 + per_block + 2, 1 + 2 * per_block + 4]
+    assert lay.counts == [per_block] * 3
+    assert lay.block_bytes[0] == lay.block_bytes[2] + 16 * MB
+    gap_indices = set(range(1 + per_block, 1 + per_block + 2))
+    assert not gap_indices & {s.index for s in lay.sites}
+    jp = ap.choose(prof, LINK, max_overhead=0.0)
+    assert not gap_indices & set(jp.step_plan.offloaded)

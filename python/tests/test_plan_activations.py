@@ -406,8 +406,9 @@ def test_light_is_planned_where_every_block_has_a_gated_mlp(client):
 
 
 class GapNet(Net):
-    """Saves a tensor between two blocks (tanh saves its output): calibration counts it in the
-    block before, so a planned step's hooks stay open until the next block begins."""
+    """Saves a tensor between two blocks (tanh saves its output; after the last block, it is
+    the head's): calibration numbers it in a gap after the block, outside every block's sites
+    (a planned step's hooks never see it, and every block of a kind keeps one template)."""
 
     def forward(self, x):
         x = self.inp(x)
@@ -416,7 +417,7 @@ class GapNet(Net):
         return self.head(x)
 
 
-def test_what_runs_between_blocks_stays_in_the_block_before(client, monkeypatch):
+def test_what_runs_between_blocks_is_numbered_outside_them(client, monkeypatch):
     torch.manual_seed(0)
     modes = ["keep", "full", "keep", "full", "full", "full"]
     got, want, seen, plan = _run_planned(client, modes, monkeypatch, steps=6, model=GapNet())

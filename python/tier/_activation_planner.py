@@ -76,8 +76,9 @@ class StepProfile:
     first block (never offloaded): (nbytes, needed seconds after block 0's backward ended).
     ``post_sites``: the candidates saved after the last block's forward (never offloaded):
     their bytes. ``pre_s``, ``post_s``, ``tail_s``: the times outside the blocks (see the module
-    docstring). ``peak_offset``: the measured activation peak minus the model's for the
-    calibration step (0 where it cannot be measured).
+    docstring). ``gaps``: per block, the candidates saved between it and the next block (their
+    bytes; never offloaded). ``peak_offset``: the measured activation peak minus the model's
+    for the calibration step (0 where it cannot be measured).
 
     Where the allocator was measured per segment of the calibration step (CUDA), the peak is
     modelled from those instead (:meth:`Layout.peak`): ``calib_modes``, the calibration's
@@ -90,11 +91,14 @@ class StepProfile:
 
     def __init__(self, blocks, modes, pre_sites=(), post_sites=(), pre_s=0.0, post_s=0.0,
                  tail_s=0.0, peak_offset=0, calib_modes=None, forward_peak=None, misc=None,
-                 work=None):
+                 work=None, gaps=None):
         self.blocks = list(blocks)
         self.modes = modes
         self.pre_sites = [tuple(s) for s in pre_sites]
         self.post_sites = [int(b) for b in post_sites]
+        # Per block position: the candidates saved after it and before the next block (code
+        # between two blocks; never offloaded): their bytes.
+        self.gaps = [list(g) for g in gaps] if gaps is not None else [[] for _ in self.blocks]
         self.pre_s = float(pre_s)
         self.post_s = float(post_s)
         self.tail_s = float(tail_s)
@@ -197,6 +201,9 @@ class Layout:
                 elif first is not None and first in self.members:
                     self.members[first].append(index)
                 index += 1
+            gap = profile.gaps[b] if b < len(profile.gaps) else ()
+            kept += sum(gap)    # kept until backward passes the gap
+            index += len(gap)
             self.block_bytes.append(kept)
         self.count = index + len(profile.post_sites)
         self.outside_bytes = sum(n for n, _ in profile.pre_sites) + sum(profile.post_sites)

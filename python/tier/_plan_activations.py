@@ -584,8 +584,6 @@ class ActivationPlanner:
             if due and device is not None:
                 self._offloader._release_sites(due, device)
             if regions.hooked[b]:
-                # Open until the next block begins (calibration counted what runs between two
-                # blocks as the first one's), or the last block ends.
                 self._region = (b, self._offloader._region_enter(regions.first[b]))
             return None
         c = self._calib
@@ -624,10 +622,9 @@ class ActivationPlanner:
     def block_ends(self, b, mode, out, token):
         now = self._now
         if now == "planned":
-            if b == len(self._signatures) - 1:
-                self._close_region()
-                if self._running.regions.barrier:
-                    self._offloader._barrier(self._device)
+            self._close_region()
+            if b == len(self._signatures) - 1 and self._running.regions.barrier:
+                self._offloader._barrier(self._device)
             return
         c = self._calib
         if c is None:
@@ -635,7 +632,9 @@ class ActivationPlanner:
         device = self._device or torch.device("cpu")
         c.clock.stamp(("fe", b), device)
         c.host[("fe", b)] = time.perf_counter()
-        c.window = "post" if b == len(self._signatures) - 1 else b  # (between blocks: b's)
+        # Between this block and the next: a gap of its own (never offloaded; a planned
+        # step's hooks do not see it).
+        c.window = "post" if b == len(self._signatures) - 1 else ("gap", b)
         y = _first_tensor(out)
         if y is not None:
             # Its gradient arrives when this block's backward begins.
@@ -806,12 +805,15 @@ class ActivationPlanner:
         post_sites = []
         end = max(c.used.values())
         block0_end = t.get(("be", 0), end)
+        gaps = [[] for _ in range(n)]
         for site, window in enumerate(c.windows):
             if window == "pre":
                 pre_sites.append((c.sizes[site] if self._first_view(c, site) else 0,
                                   c.used.get(site, end) - block0_end))
             elif window == "post":
                 post_sites.append(c.sizes[site] if self._first_view(c, site) else 0)
+            elif isinstance(window, tuple):
+                gaps[window[1]].append(c.sizes[site] if self._first_view(c, site) else 0)
         pre_s = t.get(("fs", 0), first) - first if n else 0.0
         timed = last_timing if last_timing is not None else c
         post_s = timed.span(n - 1, "fe", "bs") if n else None
@@ -819,7 +821,8 @@ class ActivationPlanner:
             post_s = 0.0
         tail_s = end - block0_end if n else end - first
         profile = ap.StepProfile(self._signatures, dict(modes), pre_sites, post_sites,
-                                 max(0.0, pre_s), max(0.0, post_s), max(0.0, tail_s))
+                                 max(0.0, pre_s), max(0.0, post_s), max(0.0, tail_s),
+                                 gaps=gaps)
         profile.host = {sig: dict(v) for sig, v in host.items()}
         if c.peak is not None:
             lay = ap.Layout(profile, c.modes, peak_model=False)
