@@ -271,7 +271,6 @@ class ActivationOffloader:
         self._warned_down = False
         self._serving = True  # tierd serves (checked as each context begins)
         self._capture = _cuda_graphs.CaptureGuard()
-        self._region_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     BATCH_TENSORS = 16
     BATCH_BYTES = 32 << 20
@@ -342,7 +341,9 @@ class ActivationOffloader:
         """Opens the saved-tensor hooks for one block of a block-scoped plan, whose candidates
         are numbered from `first_site`. Returns the token for _region_exit."""
         self._site = first_site
-        hooks = self._region_hooks
+        # Made per region, not kept: an offloader holding hooks bound to itself would live on
+        # in a reference cycle (its records and tierd objects with it) until a collection.
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         return hooks
 
