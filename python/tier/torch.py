@@ -1068,15 +1068,15 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
 
 def plan_activations(model, target_bytes=None, max_overhead=None,
                      recompute=("light", "selective", "full"), offload=True, blocks=None,
-                     selective_policy=None,
-                     min_bytes=DEFAULT_MIN_BYTES, client=None, link=None, verbose=True):
+                     selective_policy=None, min_bytes=DEFAULT_MIN_BYTES, client=None, link=None,
+                     verbose=True):
     """Plans, for each of ``model``'s blocks, whether its activations are kept (and which of its
     saved tensors tierd offloads) or recomputed in backward by PyTorch's own checkpointing
     (``torch.utils.checkpoint``, non-reentrant: around a gated MLP's activation only, "light";
-    selectively, with selective checkpoint contexts; or fully), to meet ``target_bytes`` of activation memory (``torch.cuda.max_memory_allocated``
-    above the step's start) at the least step time, or to save the most memory within
-    ``max_overhead`` (a fraction of the step; the default, 0.05, when neither is given). Create
-    it once and enter it every step::
+    selectively, with selective checkpoint contexts; or fully), to meet ``target_bytes`` of
+    activation memory (``torch.cuda.max_memory_allocated`` above the step's start) at the least
+    step time, or to save the most memory within ``max_overhead`` (a fraction of the step; the
+    default, 0.05, when neither is given). Create it once and enter it every step::
 
         plan = tier.torch.plan_activations(model, target_bytes=8 << 30)
         for batch in data:
@@ -1088,9 +1088,10 @@ def plan_activations(model, target_bytes=None, max_overhead=None,
     After a warm-up step, two steps calibrate (more where a kind of block occurs fewer than four
     times): one records the saved tensors, one times the blocks without hooks; then the plan is
     printed (``verbose``) and followed. ``recompute``: the recompute modes allowed (``()``:
-    offload only; "light" where every block has a gated MLP); ``offload=False``: recompute only; ``blocks``: the modules to plan
-    (default: the model's largest nn.ModuleList); ``selective_policy``: a policy function for
-    ``create_selective_checkpoint_contexts`` (default: keep matmul and attention outputs).
+    offload only; "light" where every block has a gated MLP); ``offload=False``: recompute
+    only; ``blocks``: the modules to plan (default: the model's largest nn.ModuleList);
+    ``selective_policy``: a policy function for ``create_selective_checkpoint_contexts``
+    (default: keep matmul and attention outputs).
     ``link``: ``(d2h, h2d)`` bytes/s instead of tierd's figure. Returns the
     :class:`~tier._plan_activations.ActivationPlanner` (``.plan``, ``.summary()``, ``.stats``,
     ``.remove()``). See tier/_plan_activations.py and tier/_activation_planner.py.
