@@ -7,14 +7,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "engine/copy_engine.h"
 #include "engine/memfd_mapping.h"
@@ -67,31 +66,32 @@ class CopyLane {
       SubmitFed(std::move(job));
       return;
     }
+    bool stopping = false;
     {
-      std::unique_lock lock(mu_);
-      if (stopping_) {
-        lock.unlock();
-        std::move(job.done)(absl::UnavailableError("copy engine is shut down"));
-        return;
-      }
+      MutexLock lock(&mu_);
+      stopping = stopping_;
       // Small copies run right here when nothing is queued ahead of them: no thread hand-off,
       // which is most of a small job's latency.
-      if (!(job.len <= inline_max_bytes_ && queue_.empty() && delay_us_ == 0)) {
+      if (!stopping && !(job.len <= inline_max_bytes_ && queue_.empty() && delay_us_ == 0)) {
         queue_.push_back(Item{std::move(job), nullptr, 0, 0});
-        cv_.notify_one();
+        cv_.Signal();
         return;
       }
+    }
+    if (stopping) {
+      std::move(job.done)(absl::UnavailableError("copy engine is shut down"));
+      return;
     }
     Run(job);
   }
 
-  void Shutdown() {
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) return;
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (std::thread& t : workers_) t.join();
   }
 
@@ -114,7 +114,7 @@ class CopyLane {
       absl::AnyInvocable<void(absl::Status) &&> finish;
       absl::Status result;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         if (fed->finished) return;
         if (ended) {
           fed->ended = true;
@@ -132,13 +132,13 @@ class CopyLane {
             queue_.push_back(Item{CopyJob{}, fed, fed->queued, ready});
             fed->queued = ready;
             ++fed->outstanding;
-            cv_.notify_one();
+            cv_.Signal();
           }
           if (fed->ended && fed->outstanding == 0) {
             // Nothing left to copy: a worker reports it, outside the feed's lock.
             queue_.push_back(Item{CopyJob{}, fed, 0, 0});
             ++fed->outstanding;
-            cv_.notify_one();
+            cv_.Signal();
           }
         }
       }
@@ -154,7 +154,7 @@ class CopyLane {
     absl::AnyInvocable<void(absl::Status) &&> finish;
     absl::Status result;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       --fed.outstanding;
       if (fed.ended && fed.outstanding == 0 && !fed.finished) {
         fed.finished = true;
@@ -183,8 +183,8 @@ class CopyLane {
     for (;;) {
       Item item;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
         // Drain what is queued even when stopping: every job's callback must run.
         if (queue_.empty()) return;
         item = std::move(queue_.front());
@@ -200,10 +200,11 @@ class CopyLane {
 
   const uint64_t inline_max_bytes_;
   const uint64_t delay_us_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool stopping_ = false;
+  // A leaf: copies and callbacks run with it released. Also guards the FedCopy records.
+  Mutex mu_;
+  CondVar cv_;  // work queued, or stopping
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

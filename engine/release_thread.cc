@@ -10,20 +10,20 @@ ReleaseThread::ReleaseThread() : thread_([this] { Run(); }) {}
 
 ReleaseThread::~ReleaseThread() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 void ReleaseThread::Post(absl::AnyInvocable<void() &&> work) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!stop_) {
       queue_.push_back(std::move(work));
       ++posted_;
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
   }
@@ -31,29 +31,29 @@ void ReleaseThread::Post(absl::AnyInvocable<void() &&> work) {
 }
 
 void ReleaseThread::Drain() {
-  std::unique_lock lock(mu_);
-  uint64_t target = posted_;
-  drained_cv_.wait(lock, [&] { return done_ >= target; });
+  MutexLock lock(&mu_);
+  const uint64_t target = posted_;
+  while (done_ < target) drained_cv_.Wait(&mu_);
 }
 
 size_t ReleaseThread::pending() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<size_t>(posted_ - done_);
 }
 
 void ReleaseThread::Run() {
   SetThreadRole(ThreadRole::kReleaser);
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
     if (queue_.empty()) return;  // stopping, and nothing left
     absl::AnyInvocable<void() &&> work = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    mu_.Unlock();
     std::move(work)();
-    lock.lock();
+    mu_.Lock();
     ++done_;
-    drained_cv_.notify_all();
+    drained_cv_.SignalAll();
   }
 }
 

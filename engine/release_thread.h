@@ -6,13 +6,13 @@
 #ifndef TIER_ENGINE_RELEASE_THREAD_H_
 #define TIER_ENGINE_RELEASE_THREAD_H_
 
-#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
-#include <mutex>
 #include <thread>
 
 #include "absl/functional/any_invocable.h"
+#include "common/mutex.h"
 
 namespace tier::engine {
 
@@ -25,21 +25,22 @@ class ReleaseThread {
   ReleaseThread& operator=(const ReleaseThread&) = delete;
 
   // Queues `work` (run in order, once). After the destructor began, runs it on the caller.
-  void Post(absl::AnyInvocable<void() &&> work);
+  void Post(absl::AnyInvocable<void() &&> work) ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until everything posted before the call has run.
-  void Drain();
-  size_t pending() const;
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
+  size_t pending() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable drained_cv_;
-  std::deque<absl::AnyInvocable<void() &&>> queue_;
-  uint64_t posted_ = 0;
-  uint64_t done_ = 0;
-  bool stop_ = false;
+  // A leaf: the work runs with it released.
+  mutable Mutex mu_;
+  CondVar cv_;          // work posted, or stop
+  CondVar drained_cv_;  // a piece of work ran
+  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t posted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after everything above exists
 };
 

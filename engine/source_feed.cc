@@ -9,7 +9,7 @@ SourceFeed::SourceFeed(uint64_t len, uint64_t chunk_bytes)
     : len_(len), chunk_bytes_(chunk_bytes == 0 ? (len == 0 ? 1 : len) : chunk_bytes) {}
 
 void SourceFeed::Advance(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   bytes = std::min(bytes, len_);
   if (ended_ || bytes <= ready_) return;
   ready_ = bytes;
@@ -17,7 +17,7 @@ void SourceFeed::Advance(uint64_t bytes) {
 }
 
 void SourceFeed::End(absl::Status status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (ended_) return;
   ended_ = true;
   if (status.ok()) {
@@ -29,23 +29,23 @@ void SourceFeed::End(absl::Status status) {
 }
 
 void SourceFeed::Subscribe(Progress progress) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   progress_ = std::move(progress);
   progress_(ready_, ended_, status_);
 }
 
 void SourceFeed::Unsubscribe() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   progress_ = nullptr;
 }
 
 uint64_t SourceFeed::ready() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return ready_;
 }
 
 absl::Status SourceFeed::status() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return status_;
 }
 

@@ -17,9 +17,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 
 #include "absl/status/status.h"
+#include "common/mutex.h"
 
 namespace tier::engine {
 
@@ -52,11 +52,12 @@ class SourceFeed {
  private:
   const uint64_t len_;
   const uint64_t chunk_bytes_;
-  mutable std::mutex mu_;
-  uint64_t ready_ = 0;
-  bool ended_ = false;
-  absl::Status status_;
-  Progress progress_;
+  // Held while the consumer's function runs.
+  mutable Mutex mu_;
+  uint64_t ready_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  Progress progress_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tier::engine
