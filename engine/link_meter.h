@@ -46,6 +46,8 @@ class LinkMeter {
   uint64_t total_bytes() const;  // completed since start
 
  private:
+  friend struct Lane;  // Lane::mu is taken before mu_ (its lock-order annotation names mu_)
+
   struct Sample {
     uint64_t bytes;
     uint64_t ns;

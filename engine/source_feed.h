@@ -50,6 +50,8 @@ class SourceFeed {
   absl::Status status() const;
 
  private:
+  friend struct Lane;  // a GPU lane's lock is taken before mu_ (its lock order names mu_)
+
   const uint64_t len_;
   const uint64_t chunk_bytes_;
   // Held while the consumer's function runs.
