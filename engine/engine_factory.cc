@@ -3,11 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 
-#if defined(TIER_HAVE_CUDA)
-#include "engine/cuda_engine.h"
-#endif
-#if defined(TIER_HAVE_HIP)
-#include "engine/hip_engine.h"
+#if defined(TIER_HAVE_CUDA) || defined(TIER_HAVE_HIP)
+#include "engine/gpu_engine.h"
 #endif
 
 namespace tier::engine {
@@ -42,10 +39,8 @@ absl::StatusOr<std::unique_ptr<CopyEngine>> MakeGpuEngine(const EngineOptions& o
   gpu.lane_wait_warn_ms = options.lane_wait_warn_ms;
   gpu.poll_spin_us = options.gpu_poll_spin_us;
   gpu.lane_window_bytes = options.gpu_lane_window_bytes;
-#if defined(TIER_HAVE_CUDA)
-  return MakeCudaEngine(gpu);
-#elif defined(TIER_HAVE_HIP)
-  return MakeHipEngine(gpu);
+#if defined(TIER_HAVE_CUDA) || defined(TIER_HAVE_HIP)
+  return StartGpuEngine(gpu);
 #else
   (void)gpu;
   return absl::UnimplementedError("this tierd was built without a GPU runtime (TIER_GPU=none)");

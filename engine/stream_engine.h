@@ -1,7 +1,8 @@
-// The GPU copy engine's runtime-neutral core, shared by CUDA (cuda_engine.cc) and HIP
-// (hip_engine.cc). It holds what is the same on both: per-session lanes, ticket ordering, issue
-// and completion, delay injection, abandoning sessions. The runtime behind it is reached only
-// through GpuRuntime (engine/gpu_runtime.h), so none of its files includes a GPU header.
+// The GPU copy engine's runtime-neutral core, shared by CUDA and HIP (engine/gpu_engine.h). It
+// holds what is the same on both: per-session lanes, ticket ordering, issue and completion, delay
+// injection, abandoning sessions. The runtime behind it is reached only through GpuRuntime
+// (engine/gpu_runtime.h; implemented in portable_runtime.*, cuda_engine.cc, cuda_vmm.*,
+// hip_engine.cc), so none of the files below includes a GPU header.
 //
 // Where a change goes:
 //   stream_engine.cc     the CopyEngine facade: hands each call to its part; shutdown, diagnostics

@@ -1,33 +1,10 @@
 #include "gpu/cuda_driver.h"
 
-#include <cstring>
-#include <mutex>
-#include <vector>
-
 #include "absl/strings/str_cat.h"
+#include "gpu/runtime.h"
 
 namespace tier::gpu::cuda {
 namespace {
-
-absl::StatusCode RuntimeCode(cudaError_t error) {
-  switch (error) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorMapBufferObjectFailed:
-      return absl::StatusCode::kInvalidArgument;
-    case cudaErrorMemoryAllocation:
-      return absl::StatusCode::kResourceExhausted;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-      return absl::StatusCode::kUnavailable;
-    case cudaErrorNotSupported:
-      return absl::StatusCode::kFailedPrecondition;
-    default:
-      return absl::StatusCode::kInternal;
-  }
-}
 
 absl::StatusCode DriverCode(CUresult result) {
   switch (result) {
@@ -106,11 +83,6 @@ absl::StatusOr<const Driver*> GetDriver() {
   return &**driver;
 }
 
-absl::Status RuntimeError(cudaError_t error, absl::string_view what) {
-  return absl::Status(RuntimeCode(error), absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
-                                                       cudaGetErrorString(error), ")"));
-}
-
 absl::Status DriverError(CUresult result, absl::string_view what) {
   const char* name = "CUDA_ERROR_UNKNOWN";
   const char* text = "unknown error";
@@ -119,93 +91,6 @@ absl::Status DriverError(CUresult result, absl::string_view what) {
     (*d)->GetErrorString(result, &text);
   }
   return absl::Status(DriverCode(result), absl::StrCat(what, ": ", name, " (", text, ")"));
-}
-
-int DeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky; clear it for the caller
-    return 0;
-  }
-  return count;
-}
-
-absl::StatusOr<std::array<uint8_t, 16>> DeviceUuid(int device) {
-  static std::mutex mu;
-  static std::vector<std::optional<std::array<uint8_t, 16>>> cache;
-  std::lock_guard lock(mu);
-  if (device >= 0 && static_cast<size_t>(device) < cache.size() && cache[device]) {
-    return *cache[device];
-  }
-  cudaDeviceProp prop{};
-  if (absl::Status s = CheckRuntime(cudaGetDeviceProperties(&prop, device),
-                                    absl::StrCat("properties of GPU ", device));
-      !s.ok()) {
-    return s;
-  }
-  std::array<uint8_t, 16> uuid{};
-  static_assert(sizeof(prop.uuid.bytes) == 16);
-  std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
-  if (static_cast<size_t>(device) >= cache.size()) cache.resize(device + 1);
-  cache[device] = uuid;
-  return uuid;
-}
-
-absl::StatusOr<std::string> PciBusId(int device) {
-  char id[32] = {};  // "DDDDDDDD:BB:DD.F" and a NUL at most
-  if (absl::Status s = CheckRuntime(cudaDeviceGetPCIBusId(id, sizeof(id), device),
-                                    absl::StrCat("PCI bus id of GPU ", device));
-      !s.ok()) {
-    return s;
-  }
-  return std::string(id);
-}
-
-std::optional<int> DeviceForUuid(const std::array<uint8_t, 16>& uuid) {
-  int count = DeviceCount();
-  for (int device = 0; device < count; ++device) {
-    absl::StatusOr<std::array<uint8_t, 16>> candidate = DeviceUuid(device);
-    if (candidate.ok() && *candidate == uuid) return device;
-  }
-  return std::nullopt;
-}
-
-absl::Status CheckStreamMemOps(int device) {
-  absl::StatusOr<const Driver*> d = GetDriver();
-  if (!d.ok()) return d.status();
-  CUdevice cu_device = 0;
-  if (absl::Status s = CheckDriver((*d)->DeviceGet(&cu_device, device), "cuDeviceGet"); !s.ok()) {
-    return s;
-  }
-  int supported = 0;
-  if (absl::Status s = CheckDriver((*d)->DeviceGetAttribute(
-                                       &supported, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
-                                       cu_device),
-                                   "cuDeviceGetAttribute(CAN_USE_64_BIT_STREAM_MEM_OPS)");
-      !s.ok()) {
-    return s;
-  }
-  if (supported == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GPU ", device, " does not support 64-bit stream memory operations "
-        "(cuStreamWaitValue64/cuStreamWriteValue64), which Tierd's GPU-side ordering needs"));
-  }
-  return absl::OkStatus();
-}
-
-DeviceGuard::DeviceGuard(int device) {
-  status_ = CheckRuntime(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (!status_.ok()) return;
-  if (previous_ == device) {
-    previous_ = -1;  // nothing to restore
-    return;
-  }
-  status_ = CheckRuntime(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
-  if (!status_.ok()) previous_ = -1;
-}
-
-DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) (void)cudaSetDevice(previous_);
 }
 
 }  // namespace tier::gpu::cuda

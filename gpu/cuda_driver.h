@@ -1,6 +1,6 @@
 // The CUDA driver API functions Tierd uses, reached through cudaGetDriverEntryPointByVersion so
 // that nothing links libcuda directly (the runtime finds the driver the process already loaded),
-// plus the error helpers and a device guard shared by the engine and the client library.
+// and their errors. The runtime API helpers both runtimes share are in gpu/runtime.h.
 #ifndef TIER_GPU_CUDA_DRIVER_H_
 #define TIER_GPU_CUDA_DRIVER_H_
 
@@ -8,10 +8,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <cstdint>
-#include <optional>
-#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,46 +44,11 @@ struct Driver {
 // missing or too old.
 absl::StatusOr<const Driver*> GetDriver();
 
-// "what: cudaErrorX (description)" with a fitting canonical code.
-absl::Status RuntimeError(cudaError_t error, absl::string_view what);
+// "what: CUDA_ERROR_X (description)" with a fitting canonical code.
 absl::Status DriverError(CUresult result, absl::string_view what);
-
-inline absl::Status CheckRuntime(cudaError_t error, absl::string_view what) {
-  return error == cudaSuccess ? absl::OkStatus() : RuntimeError(error, what);
-}
 inline absl::Status CheckDriver(CUresult result, absl::string_view what) {
   return result == CUDA_SUCCESS ? absl::OkStatus() : DriverError(result, what);
 }
-
-// Number of devices; 0 when there is no device or no driver.
-int DeviceCount();
-
-// The device's UUID (cached).
-absl::StatusOr<std::array<uint8_t, 16>> DeviceUuid(int device);
-
-// This process's ordinal of the GPU with `uuid`, or nullopt.
-std::optional<int> DeviceForUuid(const std::array<uint8_t, 16>& uuid);
-
-// The device's PCI bus id as the runtime writes it ("0000:3B:00.0").
-absl::StatusOr<std::string> PciBusId(int device);
-
-// FAILED_PRECONDITION unless `device` supports 64-bit stream memory operations (wait/write).
-absl::Status CheckStreamMemOps(int device);
-
-// Makes `device` current for the scope and restores the caller's device after: library code must
-// not change the current device of an application thread.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device);
-  ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  absl::Status status_;
-};
 
 }  // namespace tier::gpu::cuda
 

@@ -4,8 +4,9 @@
 // reaches the client's streams on the GPU, with no host round trip).
 //
 // Runtime neutral: no CUDA or HIP type appears here; streams are passed as void* (cudaStream_t or
-// hipStream_t; nullptr = the legacy default stream of the page's GPU). Built for CUDA
-// (client_gpu_cuda.cc), HIP (client_gpu_hip.cc) or nothing (client_gpu_none.cc: UNIMPLEMENTED).
+// hipStream_t; nullptr = the legacy default stream of the page's GPU). Written once for CUDA and
+// HIP (client_gpu_runtime.cc over gpu/runtime_names.h, with client_gpu_cuda.cc or
+// client_gpu_hip.cc for what only one has), or for nothing (client_gpu_none.cc: UNIMPLEMENTED).
 // The tickets are written once (device_sync.cc) over a small runtime interface (sync_runtime.h).
 //
 // The protocol this layer keeps with the daemon's engines (tickets, the ticket page, why it

@@ -1,35 +1,87 @@
-// client_gpu.h over CUDA: exporting allocations and registering the ticket page. Every call
-// makes the pointer's GPU current for its duration and restores the caller's after (DeviceGuard).
-// The tickets themselves are device_sync.cc over sync_runtime_cuda.cc.
-#include <cstring>
-
+// client_gpu.h, what only CUDA has (the rest is client_gpu_runtime.cc): the allocation id, and
+// exporting VMM memory (cuMemCreate, e.g. PyTorch's expandable segments) as a POSIX fd, through
+// the driver API (gpu/cuda_driver.h).
 #include "absl/strings/str_cat.h"
 #include "client/gpu/client_gpu.h"
+#include "client/gpu/vmm_export.h"
 #include "gpu/cuda_driver.h"
+#include "gpu/runtime.h"
 
 namespace tier::client::gpu {
-
-namespace cuda = ::tier::gpu::cuda;
 namespace {
 
+namespace cuda = ::tier::gpu::cuda;
 using cuda::CheckDriver;
-using cuda::CheckRuntime;
 using cuda::Driver;
 
-class CudaTicketPage final : public TicketPageRegistration {
- public:
-  explicit CudaTicketPage(ring::TicketPage* page) : page_(page) {}
-  ~CudaTicketPage() override { (void)cudaHostUnregister(page_); }
+// The extent of the allocation `handle` around `ptr` within the address range out holds (the
+// whole reservation, or on some drivers only this mapping), which may hold many physical
+// allocations side by side (PyTorch's expandable segments map one per segment page): found by
+// walking it in steps of the mapping granularity while the same allocation is mapped
+// (cuMemRetainAllocationHandle returns the allocation's own handle, with a reference that
+// cuMemRelease drops). The daemon maps exactly that allocation, at offset 0.
+void FindAllocation(const Driver& d, CUmemGenericAllocationHandle handle, CUdeviceptr ptr,
+                    size_t granularity, DeviceAllocation& out) {
+  auto same = [&](CUdeviceptr at) {
+    CUmemGenericAllocationHandle other = 0;
+    if (d.MemRetainAllocationHandle(&other, reinterpret_cast<void*>(at)) != CUDA_SUCCESS) {
+      return false;
+    }
+    (void)d.MemRelease(other);
+    return other == handle;
+  };
+  const CUdeviceptr base = out.reservation_base;
+  const CUdeviceptr range_end = base + out.reservation_bytes;
+  CUdeviceptr lo = ptr - (ptr - base) % granularity;
+  while (lo >= base + granularity && same(lo - granularity)) lo -= granularity;
+  CUdeviceptr hi = lo + granularity;
+  while (hi < range_end && same(hi)) hi += granularity;
+  out.base = lo;
+  out.bytes = hi - lo;
+  out.offset = ptr - lo;
+}
 
- private:
-  ring::TicketPage* page_;
-};
+// The retained VMM allocation `handle` at `ptr` into `out`, as a POSIX fd.
+absl::Status ExportRetained(const Driver& d, CUmemGenericAllocationHandle handle, CUdeviceptr ptr,
+                            DeviceAllocation& out) {
+  CUmemAllocationProp prop{};
+  if (absl::Status s = CheckDriver(d.MemGetAllocationPropertiesFromHandle(&prop, handle),
+                                   "cuMemGetAllocationPropertiesFromHandle");
+      !s.ok()) {
+    return s;
+  }
+  if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return absl::InvalidArgumentError(
+        "the VMM allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its "
+        "requested handle types, so it cannot be shared with tierd");
+  }
+  size_t granularity = 0;
+  if (absl::Status s = CheckDriver(
+          d.MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity");
+      !s.ok()) {
+    return s;
+  }
+  FindAllocation(d, handle, ptr, granularity, out);
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    out.device_memory_bytes = total_bytes;
+  } else {
+    (void)cudaGetLastError();
+  }
+  int fd = -1;
+  if (absl::Status s = CheckDriver(
+          d.MemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemExportToShareableHandle");
+      !s.ok()) {
+    return s;
+  }
+  out.kind = wire::BufferKind::kCudaVmmFd;
+  out.fd.reset(fd);
+  return absl::OkStatus();
+}
 
 }  // namespace
-
-int GpuDeviceCount() { return cuda::DeviceCount(); }
-
-absl::StatusOr<std::string> GpuPciBusId(int device) { return cuda::PciBusId(device); }
 
 uint64_t AllocationId(const void* device_ptr) {
   absl::StatusOr<const Driver*> driver = cuda::GetDriver();
@@ -50,133 +102,19 @@ uint64_t AllocationId(const void* device_ptr) {
   return id;
 }
 
-absl::StatusOr<DeviceAllocation> ExportDeviceAllocation(const void* device_ptr) {
-  if (device_ptr == nullptr) return absl::InvalidArgumentError("null device pointer");
+absl::StatusOr<bool> ExportVmmAllocation(const void* device_ptr, DeviceAllocation* out) {
   absl::StatusOr<const Driver*> driver = cuda::GetDriver();
   if (!driver.ok()) return driver.status();
   const Driver& d = **driver;
-
-  cudaPointerAttributes attributes{};
-  cudaError_t e = cudaPointerGetAttributes(&attributes, device_ptr);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a CUDA pointer: ", cudaGetErrorName(e)));
-  }
-  if (attributes.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError(
-        attributes.type == cudaMemoryTypeManaged
-            ? "managed memory cannot be registered; use device memory"
-            : "the pointer is not device memory (host or unregistered memory)");
-  }
-  int device = attributes.device;
-  cuda::DeviceGuard guard(device);
-  if (!guard.status().ok()) return guard.status();
-
-  DeviceAllocation out;
-  out.device = device;
-  absl::StatusOr<std::array<uint8_t, 16>> uuid = cuda::DeviceUuid(device);
-  if (!uuid.ok()) return uuid.status();
-  out.device_uuid = *uuid;
-  CUdeviceptr base = 0;
-  size_t size = 0;
   auto ptr = reinterpret_cast<CUdeviceptr>(device_ptr);
-  if (absl::Status s = CheckDriver(d.MemGetAddressRange(&base, &size, ptr), "cuMemGetAddressRange");
-      !s.ok()) {
-    return s;
-  }
-  out.base = base;
-  out.bytes = size;
-  out.offset = ptr - base;
-  out.reservation_base = base;
-  out.reservation_bytes = size;
-
-  // VMM memory (cuMemCreate + cuMemMap). cuMemGetAddressRange gave the VA range around it (the
-  // whole reservation, or on some drivers only this mapping),
-  // which may hold many physical allocations side by side (PyTorch's expandable segments map one
-  // per segment page), so the buffer is the one physical allocation mapped at the pointer: found
-  // by walking the reservation in steps of the mapping granularity while the same allocation is
-  // mapped (cuMemRetainAllocationHandle returns the allocation's own handle, with a reference
-  // that cuMemRelease drops). The daemon maps exactly that allocation, at offset 0.
   CUmemGenericAllocationHandle handle = 0;
-  if (d.MemRetainAllocationHandle(&handle, reinterpret_cast<void*>(ptr)) == CUDA_SUCCESS) {
-    CUmemAllocationProp prop{};
-    absl::Status s = CheckDriver(d.MemGetAllocationPropertiesFromHandle(&prop, handle),
-                                 "cuMemGetAllocationPropertiesFromHandle");
-    if (s.ok() && (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
-      s = absl::InvalidArgumentError(
-          "the VMM allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its "
-          "requested handle types, so it cannot be shared with tierd");
-    }
-    size_t granularity = 0;
-    if (s.ok()) {
-      s = CheckDriver(d.MemGetAllocationGranularity(&granularity, &prop,
-                                                    CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                      "cuMemGetAllocationGranularity");
-    }
-    if (s.ok()) {
-      auto same = [&](CUdeviceptr at) {
-        CUmemGenericAllocationHandle other = 0;
-        if (d.MemRetainAllocationHandle(&other, reinterpret_cast<void*>(at)) != CUDA_SUCCESS) {
-          return false;
-        }
-        (void)d.MemRelease(other);
-        return other == handle;
-      };
-      const CUdeviceptr range_end = base + size;
-      CUdeviceptr lo = ptr - (ptr - base) % granularity;
-      while (lo >= base + granularity && same(lo - granularity)) lo -= granularity;
-      CUdeviceptr hi = lo + granularity;
-      while (hi < range_end && same(hi)) hi += granularity;
-      out.base = lo;
-      out.bytes = hi - lo;
-      out.offset = ptr - lo;
-      size_t free_bytes = 0, total_bytes = 0;
-      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-        out.device_memory_bytes = total_bytes;
-      } else {
-        (void)cudaGetLastError();
-      }
-    }
-    int fd = -1;
-    if (s.ok()) {
-      s = CheckDriver(d.MemExportToShareableHandle(&fd, handle,
-                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                      "cuMemExportToShareableHandle");
-    }
-    (void)d.MemRelease(handle);  // balances the retain
-    if (!s.ok()) return s;
-    out.kind = wire::BufferKind::kCudaVmmFd;
-    out.fd.reset(fd);
-    return out;
+  if (d.MemRetainAllocationHandle(&handle, reinterpret_cast<void*>(ptr)) != CUDA_SUCCESS) {
+    return false;  // not VMM memory (cuMemCreate + cuMemMap)
   }
-
-  cudaIpcMemHandle_t ipc;
-  e = cudaIpcGetMemHandle(&ipc, reinterpret_cast<void*>(base));
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot export the allocation with cudaIpcGetMemHandle: ", cudaGetErrorName(e),
-        " (memory from stream-ordered pools, cudaMallocAsync, cannot be shared this way)"));
-  }
-  out.kind = wire::BufferKind::kCudaIpc;
-  static_assert(sizeof(ipc) == sizeof(out.ipc_handle));
-  std::memcpy(out.ipc_handle.data(), &ipc, sizeof(ipc));
-  return out;
-}
-
-absl::StatusOr<std::unique_ptr<TicketPageRegistration>> RegisterTicketPage(ring::TicketPage* page) {
-  if (cuda::DeviceCount() == 0) {
-    return absl::UnavailableError("no CUDA device (or no CUDA driver) found");
-  }
-  // Mapped: streams write it (stream memory operations); portable: for every GPU's context.
-  if (absl::Status s = CheckRuntime(
-          cudaHostRegister(page, sizeof(*page), cudaHostRegisterPortable | cudaHostRegisterMapped),
-          "cudaHostRegister of the session's ticket page");
-      !s.ok()) {
-    return s;
-  }
-  return std::make_unique<CudaTicketPage>(page);
+  absl::Status s = ExportRetained(d, handle, ptr, *out);
+  (void)d.MemRelease(handle);  // balances the retain
+  if (!s.ok()) return s;
+  return true;
 }
 
 }  // namespace tier::client::gpu

@@ -1,5 +1,5 @@
 // The GPU runtime operations the ticket protocol needs on the client side, as one small
-// interface: CUDA (sync_runtime_cuda.cc) and HIP (sync_runtime_hip.cc) implement it, and
+// interface: sync_runtime_gpu.cc implements it once for CUDA and HIP (gpu/runtime_names.h), and
 // DeviceSync (device_sync.h) is written once over it, so gpu/ticket_protocol.h's deadlock-freedom
 // argument is about one piece of code. Tests drive DeviceSync through a scripted fake.
 //

@@ -21,7 +21,7 @@ tier_add_test(link_share_test LABEL unit
 if(TIER_GPU_RUNTIME STREQUAL "cuda")
   tier_add_test(daemon_gpu_test LABEL gpu TIMEOUT 900
     SOURCES gpu/daemon_gpu_test.cc
-    LIBS tier_test_daemon tier_client_static tier_client_gpu tier_cuda_driver CUDA::cudart)
+    LIBS tier_test_daemon tier_client_static tier_client_gpu tier_gpu_runtime CUDA::cudart)
 endif()
 
 # The host engine's fed copies (reloads pipelined behind an NVMe read).
@@ -32,6 +32,6 @@ tier_add_test(host_engine_test LABEL unit
 # evidence behind gpu/gpu_call_class.h. A program, not a ctest test: run by scripts/gpu-tests.
 if(TIER_GPU_RUNTIME STREQUAL "cuda")
   add_executable(cuda_blocking_probe gpu/cuda_blocking_probe.cc)
-  target_link_libraries(cuda_blocking_probe PRIVATE tier_cuda_driver tier_common CUDA::cudart
+  target_link_libraries(cuda_blocking_probe PRIVATE tier_gpu_runtime tier_common CUDA::cudart
                         Threads::Threads)
 endif()

@@ -32,6 +32,7 @@
 
 #include "common/unix_socket.h"
 #include "gpu/cuda_driver.h"
+#include "gpu/runtime.h"
 
 namespace {
 
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
     Child(sv[1]);
   }
   ::close(sv[1]);
-  if (tier::gpu::cuda::DeviceCount() == 0) {
+  if (tier::gpu::DeviceCount() == 0) {
     std::printf("no GPU: skipped\n");
     ::kill(child, SIGKILL);
     return 77;

@@ -27,7 +27,8 @@
 #include "client/gpu/client_gpu.h"
 #include "engine/copy_engine.h"
 #include "gpu/cuda_driver.h"
-#include "engine/cuda_engine.h"
+#include "gpu/runtime.h"
+#include "engine/gpu_engine.h"
 
 namespace tier::engine {
 
@@ -114,7 +115,9 @@ class Client {
   }
 
  private:
-  static absl::Status Cuda(cudaError_t e, const char* what) { return cuda::CheckRuntime(e, what); }
+  static absl::Status Cuda(cudaError_t e, const char* what) {
+    return ::tier::gpu::CheckRuntime(e, what);
+  }
 
   static void Fill(Reply& reply, const DeviceAllocation& a) {
     reply.kind = static_cast<uint32_t>(a.kind);
@@ -539,7 +542,7 @@ class CudaEngineTest : public ::testing::TestWithParam<uint64_t> {
     ASSERT_NE(pool_, MAP_FAILED);
     GpuEngineOptions options;
     options.copy_delay_us = GetParam();
-    absl::StatusOr<std::unique_ptr<CopyEngine>> engine = MakeCudaEngine(options);
+    absl::StatusOr<std::unique_ptr<CopyEngine>> engine = StartGpuEngine(options);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = *std::move(engine);
     ASSERT_TRUE(engine_->RegisterPool(pool_, kPoolBytes).ok());

@@ -1,7 +1,7 @@
-// The CUDA copy engine: the stream engine (engine/stream_engine.h) over the CUDA runtime, with the
-// driver's stream memory operations reached through entry points (gpu/cuda_driver.h).
-#ifndef TIER_ENGINE_CUDA_ENGINE_H_
-#define TIER_ENGINE_CUDA_ENGINE_H_
+// The GPU copy engine of the runtime this build chose (CUDA: cuda_engine.cc, HIP: hip_engine.cc):
+// the stream engine (engine/stream_engine.h) over engine/portable_runtime.h.
+#ifndef TIER_ENGINE_GPU_ENGINE_H_
+#define TIER_ENGINE_GPU_ENGINE_H_
 
 #include <memory>
 
@@ -13,8 +13,8 @@ namespace tier::engine {
 // Fails (UNAVAILABLE / FAILED_PRECONDITION, with the reason) when there is no device, no driver,
 // or a device without 64-bit stream memory operations, or when the start-up self-test of stream
 // memory operations on mapped host memory fails.
-absl::StatusOr<std::unique_ptr<CopyEngine>> MakeCudaEngine(const GpuEngineOptions& options);
+absl::StatusOr<std::unique_ptr<CopyEngine>> StartGpuEngine(const GpuEngineOptions& options);
 
 }  // namespace tier::engine
 
-#endif  // TIER_ENGINE_CUDA_ENGINE_H_
+#endif  // TIER_ENGINE_GPU_ENGINE_H_
