@@ -247,21 +247,22 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> VmmImporter::Open(BufferImport& i
   return mapping;
 }
 
-// Address space is tierd's, not the client's: a reservation may not exceed the GPU's memory (no
-// segment can hold more), and all of them together stay under kMaxReservedBytes (each used to
-// take up to 4 TiB of tierd's 128 TiB, counted nowhere: issue 30, finding 12). Counts `reserved`
-// in reserved_bytes_ when it returns OK.
+// Address space is tierd's, not the client's: a reservation may not exceed twice the GPU's
+// memory (no segment can hold more than the memory; PyTorch reserves 1.125 times it per segment,
+// and a run may begin pages before the page registered), and all of them together stay under
+// kMaxReservedBytes (each used to take up to 4 TiB of tierd's 128 TiB, counted nowhere: issue 30,
+// finding 12). Counts `reserved` in reserved_bytes_ when it returns OK.
 absl::Status VmmImporter::Reserve(uint64_t reserved, uint64_t granularity, int device) {
   size_t free_bytes = 0, total_bytes = 0;
   if (absl::Status s = CheckRuntime(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
       !s.ok()) {
     return s;
   }
-  const uint64_t bound = total_bytes + granularity;  // the first page may stick out
+  const uint64_t bound = 2 * static_cast<uint64_t>(total_bytes);
   if (reserved > bound) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a VMM reservation of ", reserved, " bytes is larger than GPU ", device, "'s memory (",
-        total_bytes, " bytes)"));
+        "a VMM reservation of ", reserved, " bytes is larger than twice GPU ", device,
+        "'s memory (", total_bytes, " bytes)"));
   }
   if (reserved_bytes_.fetch_add(reserved) + reserved > kMaxReservedBytes) {
     reserved_bytes_.fetch_sub(reserved);

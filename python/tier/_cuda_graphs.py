@@ -65,10 +65,13 @@ class CaptureGuard:
         if not capturing(tensor.device):
             return False
         self.kept += 1
+        self.warn_once(stacklevel=4)
+        return True
+
+    def warn_once(self, stacklevel=3):
         if not self._warned:
             self._warned = True
             warnings.warn("tier: activation offload %s. Saved tensors of the captured region "
                           "stay on the GPU (not offloaded); the capture runs as it would "
                           "without Tierd" % UNSUPPORTED.split(": a tierd")[0].rstrip(),
-                          RuntimeWarning, stacklevel=3)
-        return True
+                          RuntimeWarning, stacklevel=stacklevel)

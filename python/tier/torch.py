@@ -200,6 +200,7 @@ _Parameter = torch.nn.Parameter
 _strided = torch.strided
 _KEEP, _STAMP, _OFFLOAD = _planner.KEEP, _planner.STAMP, _planner.OFFLOAD
 _SCOPED = object()  # ActivationOffloader._hooks under a block-scoped plan: active, no hooks here
+_CAPTURED = object()  # the context was entered during a CUDA graph capture: no hooks
 
 
 class ActivationOffloader:
@@ -284,6 +285,13 @@ class ActivationOffloader:
     def __enter__(self):
         if self._hooks is not None:
             raise RuntimeError("this ActivationOffloader is already active")
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # A CUDA graph capture (whole-step capture, reduce-overhead): no hook at all, so
+            # nothing of Tierd runs inside it, in forward or in backward; the captured step keeps
+            # its saved tensors on the GPU, as it would without Tierd.
+            self._capture.warn_once()
+            self._hooks = _CAPTURED
+            return self
         # Opens the session now, not inside the first hook; a tierd that went away is replaced
         # by the next one here when it is up. While none serves (gone, or draining before a
         # restart) this context offloads nothing: every saved tensor stays where it is.
@@ -325,6 +333,8 @@ class ActivationOffloader:
 
     def __exit__(self, *exc):
         hooks, self._hooks = self._hooks, None
+        if hooks is _CAPTURED:
+            return False
         if hooks is not _SCOPED:
             hooks.__exit__(*exc)
         with self._lock:
