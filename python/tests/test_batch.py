@@ -276,7 +276,7 @@ def test_batch_with_a_failing_offload(daemon):
         outs = c.reload_batch([hs[0], hs[2], hs[3]])
         assert all(torch.equal(a, b) for a, b in zip(outs, small))
         # retain_on_failure (tier.torch's form): the failed one comes back from its staging copy.
-        hs = c._offload_batch([small[0], big], None, None, retain_on_failure=True)
+        hs = c.offload_batch([small[0], big], None, None, retain_on_failure=True)
         c.synchronize()
         assert hs[1].failed
         outs = c.reload_batch(hs)

@@ -337,13 +337,13 @@ def test_saved_storages_go_out_in_batches(client, daemon, prefetch, monkeypatch)
     batches = _batches()
     ref_losses, ref_grads, _ = _train_steps(_fresh_model(), batches)
     sizes = []
-    real = client._offload_batch
+    real = client.offload_batch
 
     def counting(tensors, *args, **kwargs):
         tensors = list(tensors)
         sizes.append(len(tensors))
         return real(tensors, *args, **kwargs)
-    monkeypatch.setattr(client, "_offload_batch", counting)
+    monkeypatch.setattr(client, "offload_batch", counting)
 
     def deferring():
         off = tt.offload_activations(min_bytes=1024, prefetch=prefetch, client=client)

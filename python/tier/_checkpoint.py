@@ -305,25 +305,25 @@ def _check_meta(record, what):
 # ---- small objects: write and read whole ------------------------------------------------------
 
 def _write_small(client, name, data):
-    buf = client._staging_acquire(max(len(data), 1))
+    buf = client.staging_acquire(max(len(data), 1))
     try:
         buf.view()[:len(data)] = data
         obj, job = client.offload_persistent(name, buf, 0, len(data))
         client.wait(job)
         client.release_object(obj)
     finally:
-        client._staging_release(buf)
+        client.staging_release(buf)
 
 
 def _read_small(client, name):
     obj, length = client.open_object(name)
     try:
-        buf = client._staging_acquire(max(length, 1))
+        buf = client.staging_acquire(max(length, 1))
         try:
             client.wait(client.reload_buffer(obj, buf, 0, length))
             return bytes(buf.view()[:length])
         finally:
-            client._staging_release(buf)
+            client.staging_release(buf)
     finally:
         client.release_object(obj)
 
@@ -548,7 +548,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
         host_views = {}
         for o, (size, kind) in enumerate(zip(sizes, kinds)):
             if kind == "host":
-                buf = client._staging_acquire(max(size, 1))
+                buf = client.staging_acquire(max(size, 1))
                 staging.append(buf)
                 host_views[o] = buf
         cuda_jobs = []
@@ -572,7 +572,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
         jobs.extend(cuda_jobs)
     except BaseException:
         for buf in staging:
-            client._staging_release(buf)
+            client.staging_release(buf)
         raise
     # Per tensor: (object index, or -1 for no bytes; offset; nbytes; dtype; shape; device;
     # requires_grad).
@@ -592,7 +592,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                 client.wait(job)
                 client.release_object(obj)
             for buf in staging:
-                client._staging_release(buf)
+                client.staging_release(buf)
             staging.clear()
             t1 = time.monotonic()
             _write_small(client, meta_name, _dumps(record))
@@ -608,7 +608,7 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                 "checkpoint %r version %d: %s" % (name, version, e))
             for buf in staging:
                 try:
-                    client._staging_release(buf)
+                    client.staging_release(buf)
                 except errors.TierError:
                     pass
         finally:
@@ -676,7 +676,7 @@ def _read_version(client, name, entry, map_location):
                 raise _error(errors.DataLoss, "checkpoint %r version %d: %s holds %d bytes, the record "
                                       "says %d" % (name, entry["version"], object_name, length,
                                                    size))
-            buf = client._staging_acquire(max(length, 1))
+            buf = client.staging_acquire(max(length, 1))
             try:
                 client.wait(client.reload_buffer(obj, buf, 0, length))
                 data = buf.tensor(torch.uint8)
@@ -689,7 +689,7 @@ def _read_version(client, name, entry, map_location):
                         t = t.to(target)
                     tensors[i] = t.requires_grad_(requires_grad)
             finally:
-                client._staging_release(buf)
+                client.staging_release(buf)
         finally:
             client.release_object(obj)
     return _unflatten(record["tree"], tensors)
@@ -701,7 +701,7 @@ def _read_direct(client, name, entry, record, by_object, map_location, tensors):
     destinations allocated on its current stream, which waits (on the GPU) for the batch's
     copies; then this waits for them on the host, so the tensors are whole when load returns.
     Returns the indices of the objects read so."""
-    if client.engine == "host" or client._device_direct is False:
+    if client.engine == "host" or client.device_direct is False:
         return set()  # no GPU engine: through host memory
     per_device = {}  # device -> [(object index, tensor index)]
     for o, size in enumerate(record["sizes"]):

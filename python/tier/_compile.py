@@ -179,15 +179,15 @@ class _Runtime:
         # later in the graph, makes the stream wait for the copy before x's memory is reused.
         # A failed offload of a GPU tensor cannot fall back to x (it is reused by then): the
         # reload raises the offload's error. Host tensors are staged (copied) here: they can.
-        handle = client._offload(x.detach(), None, 0,
-                                 retain_on_failure=x.device.type != "cuda")
+        handle = client.offload(x.detach(), None, 0,
+                                retain_on_failure=x.device.type != "cuda")
         self.stats.offloaded += 1
         self.stats.offloaded_bytes += nbytes
         if off_stats is not None:
             off_stats.offloaded_tensors += 1
             off_stats.offloaded_storages += 1
             off_stats.offloaded_bytes += nbytes
-        if handle._direct and handle._job is not None:
+        if handle.direct and handle.submitted:
             self._bound_inflight(client, handle, nbytes, max_inflight)
         return self._handle_tensor(_Entry(handle=handle, client=client, stats=off_stats))
 
@@ -199,14 +199,14 @@ class _Runtime:
         reaped = False
         while self._inflight:
             oldest, size = self._inflight[0]
-            if oldest._job is not None and oldest._job.status is None:
+            if oldest.in_flight:
                 if self._inflight_bytes <= limit:
                     break
                 if not reaped:
-                    oldest._client.collect()
+                    oldest.client.collect()
                     reaped = True
                     continue
-                oldest._wait_offload()
+                oldest.wait_offload()
                 self.stats.inflight_waits += 1
             self._inflight.popleft()
             self._inflight_bytes -= size
@@ -216,12 +216,9 @@ class _Runtime:
         waits, on the GPU, until the daemon's copy has read x (no host wait)."""
         entry = self._entry(h)
         handle = entry.handle
-        if handle is None or not handle._direct or handle._job is None:
-            return  # kept (a copy), or staged (copied when offloaded)
-        if handle._job.status is not None:
-            return  # done: nothing to wait for
-        handle._client.stream_wait_offload(handle._job.id,
-                                           torch.cuda.current_stream(handle.device))
+        if handle is None or not handle.direct or not handle.in_flight:
+            return  # kept (a copy), staged (copied when offloaded), or done: nothing to wait for
+        handle.stream_wait_offload(torch.cuda.current_stream(handle.device))
 
     def _entry(self, h):
         key = int(h.item())
@@ -242,11 +239,11 @@ class _Runtime:
             stream = client.reload_stream(device)
             # Allocated on the side stream, which waits (GPU) for the copies; the consumer
             # waits for `event` before the first use (_finish).
-            started = client._start_reload_batch([e.handle for e in todo], stream=stream)
+            started = client.start_reloads([e.handle for e in todo], stream=stream)
             event = torch.cuda.Event()
             event.record(stream)
         else:
-            started = client._start_reload_batch([e.handle for e in todo])
+            started = client.start_reloads([e.handle for e in todo])
             event = None
         for e, s in zip(todo, started):
             e.pending, e.event = s, event

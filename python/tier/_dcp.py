@@ -237,7 +237,7 @@ class TierWriter(StorageWriter):
         results = []
         try:
             for index, size in host_sizes.items():
-                staging[index] = client._staging_acquire(max(size, 1))
+                staging[index] = client.staging_acquire(max(size, 1))
             for item, payload, nbytes, kind, index, offset in items:
                 object_name = _data_name(self.name, self.rank, index)
                 results.append(WriteResult(item.index, nbytes,
@@ -267,7 +267,7 @@ class TierWriter(StorageWriter):
                 client.release_object(obj)
         finally:
             for buf in staging.values():
-                client._staging_release(buf)
+                client.staging_release(buf)
         fut = Future()
         fut.set_result(results)
         return fut
@@ -400,7 +400,7 @@ class TierReader(StorageReader):
         return True
 
     def _read_staged(self, client, obj, length, reqs, planner):
-        buf = client._staging_acquire(max(length, 1))
+        buf = client.staging_acquire(max(length, 1))
         try:
             client.wait(client.reload_buffer(obj, buf, 0, length))
             data = buf.tensor(torch.uint8)
@@ -427,7 +427,7 @@ class TierReader(StorageReader):
                 target.copy_(stored)
                 planner.commit_tensor(req, target)
         finally:
-            client._staging_release(buf)
+            client.staging_release(buf)
 
 
 # ---- management ---------------------------------------------------------------------------------

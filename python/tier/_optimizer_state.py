@@ -177,8 +177,8 @@ class OptimizerStateOffloader:
             return []
         # retain_on_failure: a failed offload (pool and NVMe full) keeps the data in the handle,
         # and the reload serves it from there: state is never lost.
-        handles = self._client._offload_batch(values, None, [hint] * len(values),
-                                              retain_on_failure=True)
+        handles = self._client.offload_batch(values, None, [hint] * len(values),
+                                             retain_on_failure=True)
         for (p, key), value, wrap, handle in zip(keys, values, wraps, handles):
             self._away[(id(p), key)] = _Away(handle, wrap)
             self._opt.state[p][key] = torch.empty(0, dtype=value.dtype, device=value.device)
@@ -191,7 +191,7 @@ class OptimizerStateOffloader:
         """Waits until the offloads' copies finished, so their GPU sources are freed. A failed
         offload keeps its data in the handle (retain_on_failure): nothing is raised here."""
         for handle in handles:
-            handle._wait_offload()
+            handle.wait_offload()
 
     def _start_group(self, gi, group, prefetch):
         """Starts the reloads of a group's state not started yet, as one batch per device. On
@@ -208,8 +208,8 @@ class OptimizerStateOffloader:
         if not todo:
             return
         for device, aways in todo.items():
-            started = self._client._start_reload_batch([a.handle for a in aways], free=True,
-                                                       defer=prefetch)
+            started = self._client.start_reloads([a.handle for a in aways], free=True,
+                                                 prefetch=prefetch)
             for away, reload in zip(aways, started):
                 away.started = reload
             self.stats.reloads += len(aways)
@@ -228,7 +228,7 @@ class OptimizerStateOffloader:
                 if away is None:
                     continue
                 if away.started is None:  # not started ahead: on the current stream
-                    away.started = away.handle._start_reload(free=True)
+                    away.started = self._client.start_reloads([away.handle], free=True)[0]
                     self.stats.reloads += 1
                 state[key] = away.result()
 

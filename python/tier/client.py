@@ -685,6 +685,13 @@ class Client:
     # ---- jobs: batches ------------------------------------------------------------------------
 
     @property
+    def device_direct(self):
+        """How CUDA tensors travel: True once tierd's GPU engine copied one, False once the
+        client knows it cannot (tierd runs the host engine, or libtierclient has no GPU
+        support: staged through host memory), None until the first CUDA tensor."""
+        return self._device_direct
+
+    @property
     def batch_limit(self):
         """Jobs per batch call: min(the session's ring_entries, 1024). Larger batches given to the
         *_batch methods are split into several calls of at most this many jobs."""
@@ -1013,14 +1020,17 @@ class Client:
 
     # ---- tensors ----------------------------------------------------------------------------
 
-    def offload(self, tensor, streams=None, next_use_hint=0):
+    def offload(self, tensor, streams=None, next_use_hint=0, retain_on_failure=False):
         """Offloads a tensor's data to Tierd and returns a :class:`Handle`.
 
         ``streams``: the CUDA streams whose work wrote the tensor (default: the current stream);
         the daemon's copy waits for all of them on the GPU. Ignored for CPU tensors. The tensor
         must not be modified until ``handle.done()`` (the handle keeps it alive until then).
+        ``retain_on_failure``: if the offload fails (pool or quota full), the handle keeps its
+        source (the CUDA tensor, or the staging buffer) and reloads are served from it, so the
+        data is "not offloaded" rather than lost (tier.torch's offloaders use this).
         """
-        return self._offload(tensor, streams, next_use_hint, retain_on_failure=False)
+        return self._offload(tensor, streams, next_use_hint, retain_on_failure)
 
     def _offload(self, tensor, streams, hint, retain_on_failure):
         """offload(); with retain_on_failure, a failed offload keeps its source (the CUDA tensor or
@@ -1049,12 +1059,12 @@ class Client:
             return self._offload_staged(handle, t, hint, retain_on_failure, streams)
         raise TypeError("offload() supports cpu and cuda tensors, not %s" % t.device.type)
 
-    def _stage_offload(self, tensor):
+    def stage_offload(self, tensor):
         """A CPU tensor's offload in two steps, for batching without changing what is offloaded:
         its bytes are staged now (the tensor may change right after) and the job is submitted
-        later by :meth:`_submit_staged`, with others as one batch. Returns (handle, staging
+        later by :meth:`submit_staged`, with others as one batch. Returns (handle, staging
         buffer or None for an empty tensor); until submitted, the staging buffer is the
-        caller's (give it back with _staging_release if it is never submitted)."""
+        caller's (give it back with staging_release if it is never submitted)."""
         t = tensor.detach()
         nbytes = t.numel() * t.element_size()
         handle = Handle(self, None, None, t.shape, t.dtype, t.device, nbytes, direct=False)
@@ -1062,8 +1072,8 @@ class Client:
             return handle, None
         return handle, self._stage(handle, t, None)
 
-    def _submit_staged(self, items, retain_on_failure):
-        """Submits [(handle, staging)] from _stage_offload as batches of host jobs (split at
+    def submit_staged(self, items, retain_on_failure):
+        """Submits [(handle, staging)] from stage_offload as batches of host jobs (split at
         batch_limit); from here each staging buffer belongs to its job. If this raises, the
         items whose handle has no job (``handle._job is None``) were not submitted: their
         staging buffers are still the caller's."""
@@ -1082,13 +1092,13 @@ class Client:
                 for (handle, _), (obj, job) in zip(items[lo:hi], jobs):
                     handle._object, handle._job = obj, job
 
-    def _staging_acquire(self, nbytes):
+    def staging_acquire(self, nbytes):
         with self._lock:
             self._check_locked()
             self._reap_locked()  # completed jobs give their staging buffers back first
             return self._staging.acquire(nbytes)
 
-    def _staging_release(self, staging):
+    def staging_release(self, staging):
         with self._lock:
             self._staging.release(staging)
 
@@ -1105,7 +1115,7 @@ class Client:
                                                        staging, done)
                 handle._object, handle._job = obj, job
         except BaseException:
-            self._staging_release(staging)
+            self.staging_release(staging)
             raise
         return handle
 
@@ -1118,7 +1128,7 @@ class Client:
             cur = torch.cuda.current_stream(t.device)
             for s in streams or ():
                 _wait_stream(cur, s)
-        staging = self._staging_acquire(nbytes)
+        staging = self.staging_acquire(nbytes)
         try:
             with torch.no_grad():
                 if t.device.type == "cuda":
@@ -1127,7 +1137,7 @@ class Client:
                 else:
                     _staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
         except BaseException:
-            self._staging_release(staging)
+            self.staging_release(staging)
             raise
         return staging
 
@@ -1209,7 +1219,7 @@ class Client:
             handle._direct = True
         return True
 
-    def _release_sources(self, handles, stream):
+    def release_sources(self, handles, stream):
         """GPU-engine offloads still in flight: hands their sources back in stream order instead
         of when the host sees the copies complete. `stream` (the one the sources were allocated
         and produced on) waits on the GPU until the newest of these offloads has read its
@@ -1243,7 +1253,8 @@ class Client:
 
     # ---- tensors, in batches -------------------------------------------------------------------
 
-    def offload_batch(self, tensors, streams=None, next_use_hints=None):
+    def offload_batch(self, tensors, streams=None, next_use_hints=None,
+                      retain_on_failure=False):
         """offload() for many tensors at once: a :class:`Handle` per tensor, in order.
 
         CUDA tensors of one GPU (the GPU engine copies them) go as one batch sharing one ticket:
@@ -1258,8 +1269,9 @@ class Client:
         completes or fails on its own (``handle.wait()``), as with offload(); a tensor that
         cannot be one job (over memory that cannot be registered as one range) stays on the GPU
         as with offload(). The tensors must not be modified until their handles are done.
+        ``retain_on_failure`` as for offload().
         """
-        return self._offload_batch(tensors, streams, next_use_hints, retain_on_failure=False)
+        return self._offload_batch(tensors, streams, next_use_hints, retain_on_failure)
 
     def _offload_batch(self, tensors, streams, hints, retain_on_failure):
         """offload_batch(); retain_on_failure as in _offload (tier.torch uses it)."""
@@ -1394,7 +1406,7 @@ class Client:
                     submitted = self._offload_batch_locked(rows, None, stagings, dones)
             except BaseException:
                 for staging in stagings:  # none was submitted: they are still ours
-                    self._staging_release(staging)
+                    self.staging_release(staging)
                 raise
             for (handle, _, _, _), (obj, job) in zip(chunk, submitted):
                 handle._object, handle._job = obj, job
@@ -1416,7 +1428,7 @@ class Client:
         # Staged reloads hold a staging buffer each until their results are taken: bounded.
         for chunk in self._staged_chunks(handles, _staged_reload_bytes):
             out.extend(started.result()
-                       for started in self._start_reload_batch(chunk, stream, free))
+                       for started in self.start_reloads(chunk, stream, free))
         return out
 
     def _check_reload_batch(self, handles, stream, free):
@@ -1439,37 +1451,42 @@ class Client:
             if h._kept is not None or h._object is None:
                 continue
             if not h._direct:
-                h._wait_offload()  # staged: the offload's own result comes first
+                h.wait_offload()  # staged: the offload's own result comes first
             if h.failed and h._fallback is None:
                 raise h._job.error()
 
-    def _start_reload_batch(self, handles, stream=None, free=False, defer=False):
-        """Handle._start_reload for many handles: a started reload per handle (its result() is the
-        tensor). The reloads of one GPU's handles are one batch: one ticket, and the consumer
-        waits once for all of their copies. Staged reloads (CPU, or CUDA without a GPU engine) go
-        as batches of host jobs.
+    def start_reloads(self, handles, stream=None, free=False, prefetch=False):
+        """Starts the reloads of `handles` and returns one started reload per handle, in order:
+        its ``result()`` is the tensor, ordered before the work queued on the stream current at
+        that call. The reloads of one GPU's handles are one batch (one ticket); staged ones (CPU,
+        or CUDA without a GPU engine) go as batches of host jobs. Checks every handle before
+        any is started (as reload_batch()); ``free=True`` drops the objects after the reloads.
 
-        defer (GPU engine, CUDA handles): a prefetch into the consumer stream's own memory. The
-        consumer is not made to wait now; each result() makes the stream current at that point
-        wait (on the GPU) for the batch's copies, so the work queued between here and the first
-        use runs beside them (TIER_RELOAD_DEFER_WAIT). A result never taken still has its wait
-        put on the allocating stream before its memory is let go (_DeferredReload.__del__)."""
+        CUDA destinations are allocated on ``stream`` (default: the current stream), so they
+        come from that stream's allocator pool. ``prefetch=False``: the stream waits (on the
+        GPU) for the copies before this returns. ``prefetch=True``: it does not; each result()
+        makes the stream current at that point wait for its batch's copies
+        (TIER_RELOAD_DEFER_WAIT, tier_stream_wait_reload), so the work queued between here and
+        the first use runs beside them. A prefetch never taken still has its wait put on the
+        allocating stream before its memory is let go. This is how every offloader of
+        tier.torch prefetches: no side stream, no event of its own."""
         handles = list(handles)
         self._check_reload_batch(handles, stream, free)
         for device in {h.device for h in handles}:
             _refuse_in_capture(device, "reload")
         started = [None] * len(handles)
+        defer = prefetch
         direct = collections.OrderedDict()  # device -> [index]
         staged = []
         for i, h in enumerate(handles):
             if h._kept is not None:
-                started[i] = _Ready(h._from_kept(stream, free))
+                started[i] = Ready(h._from_kept(stream, free))
             elif h._object is None:
-                started[i] = _Ready(h._empty(stream))
+                started[i] = Ready(h._empty(stream))
             elif h.failed:
                 if h._fallback is None:
                     raise h._job.error()
-                started[i] = _Ready(h._from_fallback(stream))
+                started[i] = Ready(h._from_fallback(stream))
             elif h._direct:
                 direct.setdefault(h.device, []).append(i)
             else:
@@ -1479,7 +1496,7 @@ class Client:
                                                            stream, free, defer)
             batch = _DeferredBatch(self, jobs, consumer) if defer else None
             for i, dst in zip(indices, dsts):
-                started[i] = _DeferredReload(batch, dst) if defer else _Ready(dst)
+                started[i] = _DeferredReload(batch, dst) if defer else Ready(dst)
         if staged:
             for i, s in zip(staged, self._reload_batch_staged([handles[i] for i in staged],
                                                               stream, free)):
@@ -1522,7 +1539,7 @@ class Client:
         out = []
         try:
             for h in handles:
-                stagings.append(self._staging_acquire(h.nbytes))
+                stagings.append(self.staging_acquire(h.nbytes))
             with self._lock:
                 self._check_locked()
                 for lo, hi in self._chunks(len(handles)):
@@ -1537,7 +1554,7 @@ class Client:
                             h._freed = True
         except BaseException:
             for staging in stagings[len(out):]:
-                self._staging_release(staging)
+                self.staging_release(staging)
             raise
         return out
 
@@ -1643,7 +1660,7 @@ def _staging_view(staging, dtype, shape, nbytes):
     return v.view(shape)
 
 
-class _Ready:
+class Ready:
     """A reload whose tensor is already usable (CUDA: the stream waits on the GPU)."""
 
     __slots__ = ("_tensor",)
@@ -1687,7 +1704,7 @@ class _DeferredBatch:
 
 
 class _DeferredReload:
-    """A prefetched GPU reload into the consumer's memory (see Client._start_reload_batch):
+    """A prefetched GPU reload into the consumer's memory (see Client.start_reloads):
     result() orders the copy before the current stream's later work and returns the tensor."""
 
     __slots__ = ("_batch", "_tensor")
@@ -1750,7 +1767,7 @@ class _StagedReload:
             else:
                 out = src.clone()
         finally:
-            client._staging_release(staging)
+            client.staging_release(staging)
         self._tensor = out
         return out
 
@@ -1785,7 +1802,7 @@ class Handle:
         self._freed = False
         self._fallback = None      # the data, kept after a failed offload (retain_on_failure)
         self._kept = None          # (tensor, producer streams): not offloadable, kept on the GPU
-        self._released = False     # the source went back in stream order (_release_sources)
+        self._released = False     # the source went back in stream order (release_sources)
         self.shape = tuple(shape)
         self.dtype = dtype
         self.device = device
@@ -1810,6 +1827,39 @@ class Handle:
         """True once the offload is known to have failed (see wait() for the error)."""
         return self._job is not None and self._job.status not in (None, errors.OK)
 
+    @property
+    def client(self):
+        return self._client
+
+    @property
+    def direct(self):
+        """True when tierd's GPU engine copies the data (a CUDA tensor, no host staging)."""
+        return self._direct
+
+    @property
+    def stayed_on_gpu(self):
+        """True for a CUDA tensor that could not be one job (memory the library cannot register
+        as one range): it was not offloaded, and reloads hand it back as it is."""
+        return self._kept is not None
+
+    @property
+    def submitted(self):
+        """True once the offload is a job of tierd (False: an empty tensor, one that stayed on
+        the GPU, or a staged offload not submitted yet)."""
+        return self._job is not None
+
+    @property
+    def in_flight(self):
+        """True while the offload is submitted and its result not yet known to the client
+        (reads the client's records only: no reaping, no lock; see done())."""
+        return self._job is not None and self._job.status is None
+
+    @property
+    def released(self):
+        """True once the offload's source went back in stream order
+        (:meth:`Client.release_sources`)."""
+        return self._released
+
     def done(self):
         """True once the offload completed (successfully or not). Never blocks."""
         if self._job is None or self._job.status is not None:
@@ -1819,8 +1869,8 @@ class Handle:
             self._client._reap_locked()
         return self._job.status is not None
 
-    def _wait_offload(self, timeout_ms=-1):
-        """Waits for the offload's result without raising it."""
+    def wait_offload(self, timeout_ms=-1):
+        """Waits for the offload's result without raising it (see wait(), failed)."""
         if self._job is None or self._job.status is not None:
             return
         c = self._client
@@ -1876,7 +1926,7 @@ class Handle:
                     out.copy_(_staging_view(data, self.dtype, self.shape, self.nbytes))
             return out
         # The source tensor itself (a contiguous CUDA tensor): used where it is, like the data
-        # of an offload still in flight (see _pending_source).
+        # of an offload still in flight (see pending_source).
         return data.view(self.shape)
 
     def _lost(self):
@@ -1900,26 +1950,26 @@ class Handle:
         _refuse_in_capture(self.device, "reload()")
         c = self._client
         if self._kept is not None:
-            return _Ready(self._from_kept(stream, free))
+            return Ready(self._from_kept(stream, free))
         if self._object is None:
-            return _Ready(self._empty(stream))
+            return Ready(self._empty(stream))
         if not self._direct:
-            self._wait_offload()  # staged: the offload's own result comes first
+            self.wait_offload()  # staged: the offload's own result comes first
         if self.failed:
             if self._fallback is not None:
-                return _Ready(self._from_fallback(stream))
+                return Ready(self._from_fallback(stream))
             raise self._job.error()
         if self._direct:
-            return _Ready(self._reload_cuda(stream, free))
+            return Ready(self._reload_cuda(stream, free))
         if self.device.type == "cuda":
             stream = _consumer_stream(stream, self.device)
-        staging = c._staging_acquire(self.nbytes)
+        staging = c.staging_acquire(self.nbytes)
         try:
             with c._lock:
                 c._check_locked()
                 job = c._submit_reload_locked(self._object, staging.id, 0, self.nbytes, None, free)
         except BaseException:
-            c._staging_release(staging)
+            c.staging_release(staging)
             raise
         if free:
             self._freed = True
@@ -1961,7 +2011,15 @@ class Handle:
             self._freed = True
         return dst
 
-    def _pending_source(self, reap=True):
+    def stream_wait_offload(self, stream):
+        """Makes `stream` wait (on the GPU, no host wait) until a GPU-engine offload still in
+        flight has read its source, so work queued on it afterwards may overwrite the source
+        (:meth:`Client.stream_wait_offload`). Nothing to do otherwise (staged, kept, done)."""
+        if not self._direct or not self.in_flight:
+            return
+        self._client.stream_wait_offload(self._job.id, stream)
+
+    def pending_source(self, reap=True):
         """CUDA: the source tensor while the offload is still in flight (its data is intact and
         alive), or the one kept after a failed offload; else None. Lets a consumer skip a reload of
         data that never left the GPU. reap=False: the caller reaped just before (collect())."""
@@ -1982,7 +2040,7 @@ class Handle:
     def free(self):
         """Drops the object (its memory returns to the pool once jobs using it finish). The source
         of an offload still in flight stays owned by that job until it completes (unless
-        :meth:`Client._release_sources` handed it back in stream order)."""
+        :meth:`Client.release_sources` handed it back in stream order)."""
         if self._freed:
             return
         self._freed = True

@@ -490,7 +490,7 @@ class ActivationOffloader:
         if not t.is_cuda and not self._defer_cpu:
             # CPU: the bytes are staged now (as saved), the job goes with the next batch.
             try:
-                staged = self.client._stage_offload(flat)
+                staged = self.client.stage_offload(flat)
             except _errors.TierError as e:
                 # No staging memory from tierd (it went away or drains): the bytes stay where
                 # they are and backward uses them, as for a batch refused in _flush.
@@ -528,7 +528,7 @@ class ActivationOffloader:
                 if record is not None:
                     staged.append((record, stage))
                 elif stage[1] is not None:
-                    client._staging_release(stage[1])  # its saved tensors are gone
+                    client.staging_release(stage[1])  # its saved tensors are gone
             elif record is not None:
                 groups.setdefault((record.device, stream), []).append((record, flat))
         if staged:
@@ -538,9 +538,9 @@ class ActivationOffloader:
             # data and backward uses it from there: not offloaded, but not lost either (unless a
             # plan's release point handed the source back before the failure was known).
             try:
-                handles = self.client._offload_batch([flat for _, flat in items],
-                                                     [stream] if stream is not None else None,
-                                                     None, retain_on_failure=True)
+                handles = self.client.offload_batch([flat for _, flat in items],
+                                                    [stream] if stream is not None else None,
+                                                    None, retain_on_failure=True)
             except _errors.TierError as e:
                 # Refused before anything was submitted (tierd gone, ...). Raised here it would
                 # surface far from its cause (a later save, or backward); the bytes stay where
@@ -561,30 +561,30 @@ class ActivationOffloader:
         client = self.client
         try:
             # retain_on_failure: a failed offload leaves the data in its handle (see _flush).
-            client._submit_staged([stage for _, stage in staged], retain_on_failure=True)
+            client.submit_staged([stage for _, stage in staged], retain_on_failure=True)
         except _errors.TierError as e:
             if not self._warned_flush:
                 self._warned_flush = True
                 warnings.warn("tier: saved activations stay in memory: %s" % e, RuntimeWarning,
                               stacklevel=3)
         for record, (handle, staging) in staged:
-            if handle._job is None and staging is not None:
+            if not handle.submitted and staging is not None:
                 # Not submitted (refused): the bytes come back out of the staging buffer.
-                record.tensor = staging._uint8()[:handle.nbytes].clone()
-                client._staging_release(staging)
+                record.tensor = staging.tensor()[:handle.nbytes].clone()
+                client.staging_release(staging)
                 self.stats.fallbacks += 1
                 continue
             self._submitted(record, handle)
 
     def _submitted(self, record, handle):
         record.handle = handle
-        if handle._kept is not None:
+        if handle.stayed_on_gpu:
             self.stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
             self.stats.stayed_on_gpu_bytes += record.nbytes
         else:
             self.stats.offloaded_storages += 1
             self.stats.offloaded_bytes += record.nbytes
-        if handle._direct and handle._kept is None and self._budget is None:
+        if handle.direct and not handle.stayed_on_gpu and self._budget is None:
             # Without a plan: released when the host sees the copy complete, bounded.
             self._bound_inflight(handle, record.nbytes)
 
@@ -616,33 +616,33 @@ class ActivationOffloader:
         handles = [r.handle for r in records if r.handle is not None and r.device == device]
         released = 0
         if handles and device.type == "cuda":
-            released = self.client._release_sources(handles, torch.cuda.current_stream(device))
+            released = self.client.release_sources(handles, torch.cuda.current_stream(device))
         for r in records:
             r.released = True
         if released:
             self.stats.released_storages += released
-            self.stats.released_bytes += sum(h.nbytes for h in handles if h._released)
+            self.stats.released_bytes += sum(h.nbytes for h in handles if h.released)
 
     def _bound_inflight(self, handle, nbytes):
         """CUDA: a source's memory is released only once its copy is known (on the host) to have
         completed, and the host runs far ahead of the GPU. Bound what waits: past
         max_inflight_bytes, block the host on the oldest copy. The GPU keeps busy meanwhile with
         the work already queued; the copy waits only for kernels queued before it."""
-        if handle._job is None:
+        if not handle.submitted:
             return  # nothing in flight (kept on the GPU, or empty)
         self._inflight.append((handle, nbytes))
         self._inflight_bytes += nbytes
         reaped = False
         while self._inflight:
             oldest, size = self._inflight[0]
-            if oldest._job.status is None:
+            if oldest.in_flight:
                 if self._inflight_bytes <= self.max_inflight_bytes:
                     break
                 if not reaped:
                     self.client.collect()
                     reaped = True
                     continue
-                oldest._wait_offload()
+                oldest.wait_offload()
                 self.stats.inflight_waits += 1
             self._inflight.popleft()
             self._inflight_bytes -= size
@@ -732,7 +732,7 @@ class ActivationOffloader:
             if record.handle.failed:
                 self.stats.fallbacks += 1  # the offload failed: the handle kept the data
             if record.device.type == "cuda":
-                source = record.handle._pending_source(reap=False)
+                source = record.handle.pending_source(reap=False)
                 if source is not None:
                     # The offload is still in flight, so the bytes never left the GPU: use them.
                     record.tensor = source
@@ -745,7 +745,7 @@ class ActivationOffloader:
             # for a reload needed now, at the first use (_finish: result()) for a prefetch.
             # CPU: submitted now, taken in _finish.
             try:
-                started = client._start_reload_batch(handles, free=True, defer=prefetch)
+                started = client.start_reloads(handles, free=True, prefetch=prefetch)
             except _errors.TierError as e:
                 lost = [r for r in group if r.released and r.handle.failed]
                 if lost:
@@ -918,15 +918,15 @@ class WeightOffloader:
         return False
 
     def _offload_slots(self, slots):
-        # One batch per device (Client._offload_batch). CUDA: the daemon's copies wait for the
+        # One batch per device (Client.offload_batch). CUDA: the daemon's copies wait for the
         # current stream; each job keeps its old data alive until its copy completed, so the
         # swap to a placeholder below frees nothing early.
         if not slots:
             return
         # retain_on_failure: a failed offload (pool full) keeps the data in the handle, so the
         # weights come back from there: never lost.
-        handles = self._client._offload_batch([slot.tensor.data for slot in slots], None, 0,
-                                              retain_on_failure=True)
+        handles = self._client.offload_batch([slot.tensor.data for slot in slots], None, 0,
+                                             retain_on_failure=True)
         for slot, handle in zip(slots, handles):
             t = slot.tensor
             old, slot.handle = slot.handle, handle
@@ -968,14 +968,14 @@ class WeightOffloader:
         for i, slot in enumerate(g.slots):
             source = None
             if slot.tensor.device.type == "cuda":
-                source = slot.handle._pending_source()
+                source = slot.handle.pending_source()
             if source is not None:
-                started[i] = _client._Ready(source)
+                started[i] = _client.Ready(source)
                 self.stats.source_hits += 1
             else:
                 todo.append(i)
         if todo:
-            reloads = self._client._start_reload_batch([g.slots[i].handle for i in todo],
+            reloads = self._client.start_reloads([g.slots[i].handle for i in todo],
                                                        stream=stream)
             for i, reload in zip(todo, reloads):
                 started[i] = reload

@@ -49,7 +49,7 @@ def test_batch_of_two_fresh_producer_streams_reloaded_on_a_side_stream(delayed, 
             torch.cuda._sleep(2 * SLOW_NS)  # the second producer is later still
             b = [x * (k + 10) for k in range(3)]
         hs = c.offload_batch(a + b, streams=[s1, s2])
-        assert all(h._direct and h._job is not None for h in hs)  # the GPU engine's path
+        assert all(h.direct and h.submitted for h in hs)  # the GPU engine's path
         del a, b  # dropped at once: each job keeps its source until its copy completed
         with torch.cuda.stream(s1):  # memory the allocator could hand out again
             junk = [torch.full((4096, 1024), 7.0, device="cuda") for _ in range(4)]
