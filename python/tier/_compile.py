@@ -20,8 +20,9 @@ min-cut partitioner and then rewrites the two graphs it made:
   the forward to run under. (At most ``max_inflight_bytes`` of copies wait for the host to
   learn they are done.)
 * backward: before the first use, ``X = tier.reload_saved(h, ahead, ...)``; ``ahead`` are the
-  next ``prefetch`` handles in the backward's order, whose reloads start then on the client's
-  side stream (one batch) and are waited for, on the GPU, where they are used.
+  next ``prefetch`` handles in the backward's order, whose reloads start then (one batch,
+  allocated on the current stream: Client.start_reloads with prefetch) and are waited for, on
+  the GPU, where they are used.
 
 h is a one-element int64 CPU tensor naming an entry of this process's :class:`_Runtime` (the
 tierd handle); the entry is freed when h is (autograd drops the graph after backward, or the
@@ -92,13 +93,12 @@ class _Policy:
 class _Entry:
     """One saved activation of a compiled forward: in tierd (handle), or kept (tensor)."""
 
-    __slots__ = ("handle", "tensor", "pending", "event", "client", "stats")
+    __slots__ = ("handle", "tensor", "pending", "client", "stats")
 
     def __init__(self, handle=None, tensor=None, client=None, stats=None):
         self.handle = handle
         self.tensor = tensor
-        self.pending = None  # a prefetch started: (started reload, event)
-        self.event = None
+        self.pending = None  # a reload started (Client.start_reloads), not yet taken
         self.client = client
         self.stats = stats   # the ActivationOffloader's stats, when following one
 
@@ -229,24 +229,17 @@ class _Runtime:
                                "handle was freed before backward)" % key)
         return entry
 
-    def _start(self, entries, device, prefetch):
+    def _start(self, entries, prefetch):
         todo = [e for e in entries if e.handle is not None and e.tensor is None
                 and e.pending is None]
         if not todo:
             return
         client = todo[0].client
-        if device.type == "cuda" and prefetch:
-            stream = client.reload_stream(device)
-            # Allocated on the side stream, which waits (GPU) for the copies; the consumer
-            # waits for `event` before the first use (_finish).
-            started = client.start_reloads([e.handle for e in todo], stream=stream)
-            event = torch.cuda.Event()
-            event.record(stream)
-        else:
-            started = client.start_reloads([e.handle for e in todo])
-            event = None
+        # Allocated on the current stream (one batch); a prefetch's wait is put where it is
+        # first used (reload: result()), so its copies run beside the backward queued between.
+        started = client.start_reloads([e.handle for e in todo], prefetch=prefetch)
         for e, s in zip(todo, started):
-            e.pending, e.event = s, event
+            e.pending = s
             if prefetch:
                 self.stats.prefetches += 1
                 if e.stats is not None:
@@ -258,16 +251,11 @@ class _Runtime:
             return _as(entry.tensor, size, stride)
         # (No taking the source of an offload still in flight, as the eager offloader does:
         # the graph reused its memory after release_saved.)
-        self._start([entry], device, prefetch=False)
+        self._start([entry], prefetch=False)
         others = [self._entry(a) for a in ahead]
-        self._start([e for e in others if e.tensor is None], device, prefetch=True)
-        started, event = entry.pending, entry.event
-        entry.pending = entry.event = None
-        data = started.result()
-        if event is not None:
-            stream = torch.cuda.current_stream(device)
-            stream.wait_event(event)       # ordering: the prefetch's copy before any use
-            data.record_stream(stream)     # allocator lifetime only
+        self._start([e for e in others if e.tensor is None], prefetch=True)
+        started, entry.pending = entry.pending, None
+        data = started.result()  # the current stream waits (GPU) for the copy before any use
         self.stats.reloads += 1
         if entry.stats is not None:
             entry.stats.reloads += 1

@@ -157,8 +157,8 @@ def apply_group_offloading(module, onload_device=None, offload_device=None,
                            non_blocking=False, use_stream=False, record_stream=False,
                            low_cpu_mem_usage=False, client=None):
     """diffusers' ``apply_group_offloading`` through Tierd: the weights live in Tierd (host
-    memory, NVMe past the pool) and come back one group ahead of use, on a side stream on CUDA
-    that the current stream (whichever it is) waits for on the GPU::
+    memory, NVMe past the pool) and come back one group ahead of use, the current stream
+    (whichever it is) waiting for them on the GPU only where the group runs::
 
         from tier.torch import apply_group_offloading   # was: from diffusers.hooks import ...
         apply_group_offloading(pipe.transformer, onload_device="cuda",
@@ -172,7 +172,7 @@ def apply_group_offloading(module, onload_device=None, offload_device=None,
     ``onload_device``: where the module runs; it must be where its weights are now (Tierd keeps
     the offloaded copy itself, so there is no separate ``offload_device``: "cpu" or None).
     ``non_blocking``, ``use_stream``, ``record_stream`` and ``low_cpu_mem_usage`` are accepted:
-    the next group is always onloaded ahead on a side stream with the ordering done on the GPU.
+    the next group is always onloaded one ahead, with the ordering done on the GPU.
     Returns the :class:`~tier.torch.WeightOffloader` (``.remove()`` undoes it).
     """
     if offload_type not in _OFFLOAD_TYPES:

@@ -14,10 +14,9 @@ groups of state on the GPU at a time: the prefetched ones, the one being updated
 copied out (one group of slack keeps the host's wait off the GPU's critical path).
 
 Stream ordering (CUDA), as in tier.torch: an offload's copy waits on the GPU for the current stream
-(which ran the update); a prefetched group's reloads are allocated on a side stream that waits for
-the copies, and the current stream waits for an event recorded after them before the group's
-update (``wait_event``: the ordering; ``record_stream`` only keeps the caching allocator from
-reusing the memory early).
+(which ran the update); a prefetched group's reloads are allocated on the current stream, which
+waits on the GPU for their copies only where the group is updated (Client.start_reloads with
+``prefetch=True``: the deferred wait; no side stream, no event of our own).
 
 Sharded parameters (FSDP2's ``fully_shard``, tensor parallel: DTensors): each rank sends and
 fetches the local shard of each state tensor through its node's tierd, and the reloaded shard is

@@ -334,7 +334,6 @@ class Client:
         self._device_buffers = {}  # buffer id -> registrations that returned it
         self._device_direct = None  # None: not tried; False: no GPU engine, CUDA via staging
         self._warned_kept = False
-        self._reload_streams = {}  # torch.device -> torch.cuda.Stream (see reload_stream)
         self._poll_batch = (_lib.Completion * _POLL_BATCH)()
         info = self.info()
         self.session_id = info.session_id
@@ -426,20 +425,6 @@ class Client:
     @property
     def closed(self):
         return self._closed
-
-    def reload_stream(self, device):
-        """The side stream tier.torch allocates prefetched reloads on, one per GPU for the life of
-        the client. One and the same across steps on purpose: PyTorch's caching allocator keeps
-        freed blocks per stream, so a fresh stream each step (a new offload context) could reuse
-        none of the last step's reload buffers, and reserved memory grew by a step's reloads every
-        step (measured on the H100: 0.7-1.1 GiB a step, allocated memory flat)."""
-        torch = _torch()
-        device = torch.device(device)
-        with self._lock:
-            stream = self._reload_streams.get(device)
-            if stream is None:
-                stream = self._reload_streams[device] = torch.cuda.Stream(device=device)
-            return stream
 
     def close(self):
         """Waits for this client's jobs, then closes the session: the daemon frees every object it

@@ -13,7 +13,7 @@ Module weight offload (inference, or frozen weights under no_grad)::
 
     w = tier.torch.offload_module_weights(model, group=2)   # blocks' weights live in Tierd
     with torch.no_grad():
-        y = model(x)        # each group is onloaded one group ahead on a side stream
+        y = model(x)        # each group is onloaded one group ahead, as one batch
     w.remove()              # everything resident again, hooks gone
 
 Optimizer state offload (ZeRO-Offload style: Adam's moments live in Tierd between steps)::
@@ -34,16 +34,15 @@ Stream ordering (CUDA), stated once here and at each use:
   tensor / weight); the job record keeps the source alive until the copy completed.
 * Reload for immediate use: destination allocated on the current (consumer) stream, which waits on
   the GPU for the copy before tier_reload returns.
-* Prefetch (activations): destination allocated on the consumer stream at the prefetch point, so
+* Prefetch: destination allocated on the consumer stream at the prefetch point, so
   it comes from the same allocator pool as everything else of that stream; the copy waits for the
   stream to reach that point, and the stream waits for the copy only at the tensor's first use
   (TIER_RELOAD_DEFER_WAIT and ``tier_stream_wait_reload``; one wait per batch). A prefetch never
   used still has its wait put on the stream before its memory is let go.
-* Prefetch (weights): destination allocated on a side stream, which waits for the copy; an event
-  recorded on the side stream after the reload is waited for by the consumer stream before first
-  use (``wait_event``: this is the ordering). ``record_stream`` then only tells the caching
-  allocator that the memory is also used on the consumer stream, so it is not handed out again
-  before that work finished; it orders nothing.
+  Weights, optimizer state and compiled graphs prefetch the same way
+  (:meth:`tier.Client.start_reloads` with ``prefetch=True``): no offloader has a side stream or
+  an event of its own. Where the first use is on another stream than the allocating one,
+  ``record_stream`` only tells the caching allocator so; the wait is the ordering.
 """
 
 import bisect
@@ -841,14 +840,13 @@ class _WeightSlot:
 
 
 class _Group:
-    __slots__ = ("blocks", "slots", "onloaded", "pending", "event")
+    __slots__ = ("blocks", "slots", "onloaded", "pending")
 
     def __init__(self, blocks):
         self.blocks = blocks
         self.slots = []
         self.onloaded = False
         self.pending = None   # [(slot, started reload)] of a prefetch
-        self.event = None     # CUDA prefetch: recorded on the side stream after the reloads
 
 
 def _find_blocks(module):
@@ -936,33 +934,20 @@ class WeightOffloader:
             self.stats.offloaded_bytes += t.numel() * t.element_size()
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
 
-    def _side_stream(self, device):
-        # The client's, not one per offloader: offloaders come and go (Client.reload_stream).
-        return self._client.reload_stream(device)
-
     def _prefetch(self, gi):
         g = self._groups[gi]
         if g.onloaded or g.pending is not None or not g.slots:
             return
-        event = None
-        device = g.slots[0].tensor.device
-        if device.type == "cuda":
-            stream = self._side_stream(device)
-            # The group as one batch: destinations allocated on the side stream, which waits
-            # (GPU) for every copy of it; the consumer stream waits for `event` before the group
-            # runs (_onload).
-            g.pending = self._start_group(g, stream)
-            event = torch.cuda.Event()
-            event.record(stream)
-        else:
-            g.pending = self._start_group(g, None)
-        g.event = event
+        # The group as one batch, allocated on the current stream while the group before runs;
+        # that stream waits for the copies only where the group is onloaded (_onload: result()).
+        g.pending = self._start_group(g, prefetch=True)
         self.stats.prefetches += 1
 
-    def _start_group(self, g, stream):
-        """(slot, started reload) for each of the group's weights, the reloads as one batch. A
-        weight whose offload is still in flight never left the GPU: its source is used as it is
-        (a reload now would fail if that offload then failed for room, and the weight with it)."""
+    def _start_group(self, g, prefetch):
+        """(slot, started reload) for each of the group's weights, the reloads as one batch
+        (Client.start_reloads). A weight whose offload is still in flight never left the GPU:
+        its source is used as it is (a reload now would fail if that offload then failed for
+        room, and the weight with it)."""
         started = [None] * len(g.slots)
         todo = []
         for i, slot in enumerate(g.slots):
@@ -976,7 +961,7 @@ class WeightOffloader:
                 todo.append(i)
         if todo:
             reloads = self._client.start_reloads([g.slots[i].handle for i in todo],
-                                                       stream=stream)
+                                                 prefetch=prefetch)
             for i, reload in zip(todo, reloads):
                 started[i] = reload
         return list(zip(g.slots, started))
@@ -988,19 +973,12 @@ class WeightOffloader:
         if g.pending is None:
             # Not prefetched: the group as one batch on the current stream (it waits on the GPU
             # for every copy of it).
-            pending = self._start_group(g, None)
-            event = None
+            pending = self._start_group(g, prefetch=False)
         else:
-            pending, event = g.pending, g.event
-            g.pending = g.event = None
-        stream = None
-        if event is not None:
-            stream = torch.cuda.current_stream(g.slots[0].tensor.device)
-            stream.wait_event(event)  # ordering: the side stream's copies before this group runs
+            pending, g.pending = g.pending, None
         for slot, started in pending:
+            # A prefetch's result() makes the current stream wait (GPU) for its batch's copies.
             data = started.result()
-            if stream is not None:
-                data.record_stream(stream)  # allocator lifetime only; ordered by wait_event above
             slot.tensor.data = data
             slot.version = slot.tensor._version
         g.onloaded = True
@@ -1061,8 +1039,9 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
 
     Blocks are ``module``'s largest nn.ModuleList (or its children; or ``blocks``), taken ``group``
     at a time. A forward pre-hook on a group's blocks onloads the group (if its prefetch has not
-    already) and starts the next group's onload on a side stream (CUDA; synchronously staged on
-    CPU), so copies overlap compute; the compute stream waits for the copies on the GPU. After
+    already) and starts the next group's onload (CUDA: allocated on the current stream, which
+    waits on the GPU for the copies only when that group runs; synchronously staged on CPU), so
+    copies overlap compute. After
     the group's last block, its weights leave again (they are already in Tierd: nothing is
     copied, unless they changed in place). Outputs are identical to running without offload.
 

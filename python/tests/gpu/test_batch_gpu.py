@@ -114,8 +114,8 @@ def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
     user.synchronize()
     for y in got:
         assert torch.equal(y, want)
-    # Per pass: group 0 onloaded on the current stream, groups 1 and 2 prefetched on the side
-    # stream: one batch each.
+    # Per pass: group 0 onloaded when it runs, groups 1 and 2 prefetched one group ahead (the
+    # current stream waits for them where they run): one batch each.
     assert counted.sizes["tier_reload_batch"] == [per_group] * 6
     assert w.stats.onloads == 6 and w.stats.prefetches == 4, w.stats
     w.remove()
