@@ -46,7 +46,7 @@ class TierdProcess:
                 time.sleep(0.02)
         return t1 - t0, time.monotonic() - t1
 
-    def connect(self, name, timeout_s=120):
+    def connect(self, name, timeout_s=120, **client_options):
         import tier
         deadline = time.monotonic() + timeout_s
         while True:
@@ -54,7 +54,7 @@ class TierdProcess:
                 raise SystemExit("tierd exited (%s); log in %s" % (self.proc.returncode, self.dir))
             if os.path.exists(self.socket):
                 try:
-                    return tier.Client(socket=self.socket, name=name)
+                    return tier.Client(socket=self.socket, name=name, **client_options)
                 except tier.TierError:
                     pass
             if time.monotonic() > deadline:

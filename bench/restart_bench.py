@@ -89,8 +89,7 @@ def main():
 
     daemon = TierdProcess(args.build_dir, "4G",
                           extra=["--drain_handback_idle_ms=%d" % args.handback_idle_ms])
-    client = daemon.connect("restart-bench")
-    client._reconnect_interval_s = 0.02
+    client = daemon.connect("restart-bench", reconnect_interval_s=0.02)
     model, opt = make(device)
     data = batches(device, 64)
     restarts = []  # (sigterm wall time, exit s, up s)

@@ -39,12 +39,13 @@ class Installer:
         self._patched = []
 
     def __call__(self, client, fail_call=None):
-        counter = CountingLib(client._c, fail_call)
-        self._patched.append((client, client._c))
-        client._c = counter
+        session = client._session  # every C call of the client goes through session.lib
+        counter = CountingLib(session.lib, fail_call)
+        self._patched.append((session, session.lib))
+        session.lib = counter
         return counter
 
     def restore(self):
-        for client, lib in reversed(self._patched):
-            client._c = lib
+        for session, lib in reversed(self._patched):
+            session.lib = lib
         self._patched.clear()

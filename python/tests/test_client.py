@@ -241,10 +241,10 @@ def test_handle_dropped_inside_the_lock_is_deferred(client, daemon):
     # must queue its free rather than block; the next call runs it.
     h = client.offload(torch.randn(1024, 256))
     h.wait()
-    with client._lock:
+    with client._session.lock:
         del h
         gc.collect()
-        assert len(client._deferred) == 1
+        assert len(client._session._deferred) == 1
     client.collect()
     client.synchronize()
     daemon.wait_host_used(0)

@@ -97,7 +97,7 @@ def test_training_goes_on_across_a_drain_and_restart():
                 d.proc.send_signal(signal.SIGTERM)
                 # The rest of this forward sees the drain: its offloads are refused (kept here).
                 wait_until(lambda: c.info() is not None and
-                           c._c.tier_session_flags(c._session) & tier._lib.TIER_SESSION_DAEMON_DRAINING,
+                           c._session.flags() & tier._lib.TIER_SESSION_DAEMON_DRAINING,
                            what="the drain to reach the client")
 
                 def restart():

@@ -381,7 +381,7 @@ def test_deferred_storages_refused_stay_where_they_are(client, daemon, monkeypat
 
     def refuse(*args, **kwargs):
         raise tier.errors.Unavailable(tier.errors.UNAVAILABLE, "tierd went away (test)")
-    monkeypatch.setattr(client, "_offload_batch", refuse)
+    monkeypatch.setattr(client, "offload_batch", refuse)
 
     def deferring():
         off = tt.offload_activations(min_bytes=1024, prefetch=2, client=client)

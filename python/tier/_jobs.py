@@ -1,0 +1,279 @@
+"""A session's jobs, from submission until their result is known: the job C calls
+(tier_offload, tier_reload, tier_free and their batches, tier_offload_persistent, the stream
+waits), reaping and waiting.
+
+The C library hands a job's result out once (to tier_job_wait or tier_poll). This table is the
+only consumer: it polls (reaping every finished job: the callbacks release the sources and
+staging buffers) or waits for one job. Jobs of the low-level API (``user``) keep their result
+until Client.wait or Client.poll takes it; the tensor API's jobs report to their handles.
+
+Everything here runs under the session's lock (Session.lock) and on its current C session.
+"""
+
+import ctypes
+
+from . import _lib
+from . import errors
+
+POLL_BATCH = 64
+
+
+class Job:
+    """A submitted job, from submission until its result is known (and, for user jobs, taken)."""
+
+    __slots__ = ("id", "what", "status", "message", "keep", "on_done", "user", "object", "length")
+
+    def __init__(self, job_id, what, keep=None, on_done=None, user=False, object_id=0, length=0):
+        self.id = job_id
+        self.object = object_id
+        self.length = length
+        self.what = what          # for messages: "offload of 4096 bytes (object 7)"
+        self.status = None        # None while in flight
+        self.message = ""
+        self.keep = keep          # what must outlive the job (source tensor, staging buffer)
+        self.on_done = on_done    # called once, under the client's lock, with this job
+        self.user = user          # submitted through the low-level API: result kept for wait()
+
+    def error(self):
+        if self.status is None or self.status == errors.OK:
+            return None
+        return errors.error_from_code(self.status, "%s: %s" % (self.what, self.message))
+
+
+def offload_options(stream_ptrs, hint):
+    """tier_offload_options for producer streams `stream_ptrs` (ints, or None) and a next-use
+    hint; returns (options, the stream array the options point into: keep it for the call)."""
+    options = _lib.new_struct(_lib.OffloadOptions)
+    options.next_use_hint = int(hint)
+    streams = None
+    if stream_ptrs:
+        streams = (ctypes.c_void_p * len(stream_ptrs))(*stream_ptrs)
+        options.num_producer_streams = len(stream_ptrs)
+        options.producer_streams = ctypes.cast(streams, ctypes.POINTER(ctypes.c_void_p))
+    return options, streams
+
+
+class JobTable:
+    """The jobs of one session (see the module docstring). Under the session's lock."""
+
+    def __init__(self, session):
+        self._session = session
+        self._inflight = {}   # job id -> Job: submitted, result not yet taken from the library
+        self._unwaited = {}   # job id -> Job: user jobs, finished, result not yet taken
+        self._poll_batch = (_lib.Completion * POLL_BATCH)()
+
+    def __len__(self):
+        return len(self._inflight)
+
+    def _track(self, record):
+        self._inflight[record.id] = record
+        return record
+
+    def chunks(self, count):
+        """(start, end) of the consecutive calls a batch of `count` jobs is split into."""
+        step = self._session.batch_limit
+        return [(lo, min(lo + step, count)) for lo in range(0, count, step)]
+
+    # ---- submission -----------------------------------------------------------------------
+
+    def offload(self, buffer_id, offset, length, stream_ptrs, hint, keep, on_done=None,
+                user=False):
+        """tier_offload; returns (object id, Job)."""
+        s = self._session
+        options, _streams = offload_options(stream_ptrs, hint)  # (_streams: alive for the call)
+        obj = _lib.c_object_id()
+        job = _lib.c_job_id()
+        _lib.check(s.lib.tier_offload(s.c_session, int(buffer_id), int(offset), int(length),
+                                      ctypes.byref(options), ctypes.byref(obj),
+                                      ctypes.byref(job)),
+                   "offload of %d bytes from buffer %d" % (length, buffer_id))
+        return obj.value, self._track(Job(job.value, "offload of %d bytes (object %d, job %d)" % (
+            length, obj.value, job.value), keep, on_done, user, obj.value, length))
+
+    def offload_persistent(self, name, buffer_id, offset, length, stream_ptrs, keep):
+        """tier_offload_persistent (a user job); returns (object id, Job)."""
+        s = self._session
+        options, _streams = offload_options(stream_ptrs, 0)
+        obj = _lib.c_object_id()
+        job = _lib.c_job_id()
+        _lib.check(s.lib.tier_offload_persistent(
+            s.c_session, name.encode(), int(buffer_id), int(offset), int(length),
+            ctypes.byref(options), ctypes.byref(obj), ctypes.byref(job)),
+            "persistent offload of %d bytes as %r" % (length, name))
+        return obj.value, self._track(Job(job.value, "offload of %d bytes as %r (object %d, job %d)"
+                                          % (length, name, obj.value, job.value), keep, None,
+                                          True, obj.value, length))
+
+    def reload(self, object_id, buffer_id, offset, length, stream_ptr, free_after, keep=None,
+               on_done=None, user=False, defer=False):
+        """tier_reload; returns the Job. defer: TIER_RELOAD_DEFER_WAIT."""
+        s = self._session
+        options = _lib.new_struct(_lib.ReloadOptions)
+        options.flags = ((_lib.TIER_RELOAD_FREE_AFTER if free_after else 0)
+                         | (_lib.TIER_RELOAD_DEFER_WAIT if defer else 0))
+        options.consumer_stream = stream_ptr
+        job = _lib.c_job_id()
+        _lib.check(s.lib.tier_reload(s.c_session, int(object_id), int(buffer_id), int(offset),
+                                     int(length), ctypes.byref(options), ctypes.byref(job)),
+                   "reload of object %d" % object_id)
+        return self._track(Job(job.value, "reload of object %d (%d bytes, job %d)" % (
+            object_id, length, job.value), keep, on_done, user, object_id, length))
+
+    def free(self, object_id, on_done=None, user=False):
+        """tier_free; returns the Job."""
+        s = self._session
+        job = _lib.c_job_id()
+        _lib.check(s.lib.tier_free(s.c_session, int(object_id), ctypes.byref(job)),
+                   "free of object %d" % object_id)
+        return self._track(Job(job.value, "free of object %d (job %d)" % (object_id, job.value),
+                               None, on_done, user, object_id))
+
+    def offload_batch(self, rows, stream_ptrs, keeps=None, on_dones=None, user=False):
+        """One tier_offload_batch (at most batch_limit rows of (buffer id, offset, length,
+        next_use_hint)), all sharing the producer streams. Returns (object id, Job) per row. A
+        batch of one is a plain tier_offload (the same job)."""
+        s = self._session
+        n = len(rows)
+        keeps = keeps or [None] * n
+        on_dones = on_dones or [None] * n
+        if n == 1:
+            buffer_id, offset, length, hint = rows[0]
+            return [self.offload(buffer_id, offset, length, stream_ptrs, hint, keeps[0],
+                                 on_dones[0], user)]
+        options, _streams = offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
+        jobs = _lib.new_batch(n)
+        for job, (buffer_id, offset, length, hint) in zip(jobs, rows):
+            job.buffer = int(buffer_id)
+            job.offset = int(offset)
+            job.len = int(length)
+            job.next_use_hint = int(hint)
+        _lib.check(s.lib.tier_offload_batch(s.c_session, jobs, n, ctypes.byref(options)),
+                   "batch of %d offloads" % n)
+        return [(job.object, self._track(Job(
+            job.job, "offload of %d bytes (object %d, job %d, in a batch of %d)" % (
+                job.len, job.object, job.job, n), keeps[i], on_dones[i], user, job.object,
+            job.len))) for i, job in enumerate(jobs)]
+
+    def reload_batch(self, rows, stream_ptr, keeps=None, on_dones=None, user=False, defer=False):
+        """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
+        length, free_after)) for one consumer stream. Returns a Job per row. A batch of one is a
+        plain tier_reload (the same job). defer: TIER_RELOAD_DEFER_WAIT (the stream waits only
+        where tier_stream_wait_reload puts the wait)."""
+        s = self._session
+        n = len(rows)
+        keeps = keeps or [None] * n
+        on_dones = on_dones or [None] * n
+        if n == 1:
+            object_id, buffer_id, offset, length, free_after = rows[0]
+            return [self.reload(object_id, buffer_id, offset, length, stream_ptr, free_after,
+                                keeps[0], on_dones[0], user, defer)]
+        options = _lib.new_struct(_lib.ReloadOptions)
+        options.consumer_stream = stream_ptr
+        options.flags = _lib.TIER_RELOAD_DEFER_WAIT if defer else 0
+        jobs = _lib.new_batch(n)
+        for job, (object_id, buffer_id, offset, length, free_after) in zip(jobs, rows):
+            job.object = int(object_id)
+            job.buffer = int(buffer_id)
+            job.offset = int(offset)
+            job.len = int(length)
+            job.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
+        _lib.check(s.lib.tier_reload_batch(s.c_session, jobs, n, ctypes.byref(options)),
+                   "batch of %d reloads" % n)
+        return [self._track(Job(
+            job.job, "reload of object %d (%d bytes, job %d, in a batch of %d)" % (
+                job.object, job.len, job.job, n), keeps[i], on_dones[i], user, job.object,
+            job.len)) for i, job in enumerate(jobs)]
+
+    # ---- GPU-side waits (no host round trip) ----------------------------------------------
+
+    def stream_wait_offload(self, job_id, stream_ptr):
+        """tier_stream_wait_offload: the stream waits until offload `job_id` read its source."""
+        s = self._session
+        _lib.check(s.lib.tier_stream_wait_offload(s.c_session, int(job_id),
+                                                  ctypes.c_void_p(stream_ptr)),
+                   "stream wait for offload job %d" % job_id)
+
+    def stream_wait_reload(self, job_id, stream_ptr):
+        """tier_stream_wait_reload: the stream waits for a deferred reload's copy (and, one
+        ticket per batch, for every copy of its batch)."""
+        s = self._session
+        _lib.check(s.lib.tier_stream_wait_reload(s.c_session, int(job_id), stream_ptr),
+                   "ordering a prefetched reload before its use")
+
+    # ---- results --------------------------------------------------------------------------
+
+    def _finish(self, job, status, message):
+        job.status = int(status)
+        job.message = message
+        callback, job.on_done = job.on_done, None
+        if job.user:
+            self._unwaited[job.id] = job
+        try:
+            if callback is not None:
+                callback(job)
+        finally:
+            job.keep = None  # the source / staging buffer is no longer the job's
+
+    def reap(self):
+        """Takes every finished job's result from the library (tier_poll); never blocks."""
+        s = self._session
+        batch = self._poll_batch
+        count = ctypes.c_size_t()
+        while True:
+            _lib.check(s.lib.tier_poll(s.c_session, batch, POLL_BATCH, ctypes.byref(count)))
+            for i in range(count.value):
+                c = batch[i]
+                job = self._inflight.pop(c.job, None)
+                if job is not None:
+                    self._finish(job, c.status, "%s from tierd for job %d" % (
+                        errors.code_name(c.status), c.job))
+            if count.value < POLL_BATCH:
+                return
+
+    def wait(self, job, timeout_ms=-1):
+        """Waits for one job and records its result (raises only DeadlineExceeded)."""
+        if job.status is not None:
+            return job.status
+        s = self._session
+        status = s.lib.tier_job_wait(s.c_session, job.id, int(timeout_ms))
+        if status == errors.DEADLINE_EXCEEDED and timeout_ms >= 0:
+            raise errors.DeadlineExceeded(errors.DEADLINE_EXCEEDED,
+                                          "%s not done within %d ms" % (job.what, timeout_ms))
+        message = _lib.last_error() if status != errors.OK else ""
+        self._inflight.pop(job.id, None)
+        self._finish(job, status, message)
+        return job.status
+
+    def take(self, job_id, timeout_ms=-1):
+        """The result of user job `job_id`, waited for if need be and taken (once)."""
+        job = self._unwaited.pop(job_id, None)
+        if job is None:
+            job = self._inflight.get(job_id)
+            if job is None or not job.user:
+                raise errors.NotFound(errors.NOT_FOUND,
+                                      "job %d is unknown or was already waited for" % job_id)
+            self.wait(job, timeout_ms)
+            self._unwaited.pop(job_id, None)
+        return job
+
+    def take_finished(self, max_count):
+        """Up to max_count finished user jobs not yet taken (after a reap)."""
+        out = []
+        for job_id in list(self._unwaited)[:max_count]:
+            out.append(self._unwaited.pop(job_id))
+        return out
+
+    def wait_all(self, quiet=False):
+        """Waits for every job in flight (quiet: their errors are swallowed)."""
+        for job in list(self._inflight.values()):
+            try:
+                self.wait(job, -1)
+            except errors.TierError:
+                if not quiet:
+                    raise
+
+    def end_all(self, status, message):
+        """Every job still in flight ends with `status` (its session is gone)."""
+        for job in list(self._inflight.values()):
+            self._finish(job, status, message)
+        self._inflight.clear()

@@ -1,0 +1,275 @@
+"""Tensors into tierd objects: the checks, the choice of path, and tierd's GPU engine path.
+
+CUDA tensors are copied by the daemon itself (GPU engine): their allocation is registered, the
+producer streams are named on the offload, and the job record keeps the source (and the tensor
+it came from) alive until the daemon's copy completed, so dropping the tensor and the handle
+meanwhile cannot free memory under it. CPU tensors, and CUDA tensors when tierd runs the host
+engine or libtierclient has no GPU support, are staged (tier/_staging.py). A CUDA tensor that
+cannot be one job (the library answers OutOfRange: it spans physical allocations it cannot
+register as one range) stays on the GPU, and its reloads hand it back.
+"""
+
+import collections
+import warnings
+import weakref
+
+from . import errors
+from ._streams import (refuse_dtensor, refuse_in_capture, stream_ptr, streams_of_device,
+                       torch_module, wait_stream)
+
+
+def batch_hints(hints, count):
+    """next_use_hints of a batch: None (0 each), one int for all, or one per job."""
+    if hints is None:
+        return [0] * count
+    if isinstance(hints, int):
+        return [int(hints)] * count
+    hints = [int(h) for h in hints]
+    if len(hints) != count:
+        raise ValueError("%d next_use_hints for %d tensors" % (len(hints), count))
+    return hints
+
+
+def _cuda_offload_done(handle, src, retain_on_failure):
+    """The completion callback of a GPU-engine offload."""
+    weak_handle = weakref.ref(handle)
+
+    def done(job):
+        if retain_on_failure and job.status != errors.OK:
+            h = weak_handle()
+            if h is not None:
+                h.fallback = src  # intact: nothing else writes it (autograd saved it)
+    return done
+
+
+class Offloads:
+    """Client.offload / offload_batch / release_sources (see them for what the caller sees).
+    ``device_direct``: None until a CUDA tensor was tried, then whether the GPU engine takes them
+    (forgotten at a reconnect: the next tierd may differ)."""
+
+    def __init__(self, session, staged, new_handle):
+        self._session = session
+        self._staged = staged
+        self._new_handle = new_handle  # (tensor) -> an empty Handle for it
+        self.device_direct = None
+        self._warned_kept = False
+        session.on_reset(self._forget)
+
+    def _forget(self):
+        self.device_direct = None
+
+    def _check_tensor(self, tensor, what):
+        torch = torch_module()
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError("%s takes %s, got %s" % (
+                what, "a torch.Tensor" if what == "offload()" else "torch.Tensors",
+                type(tensor).__name__))
+        if tensor.layout != torch.strided:
+            raise TypeError("%s takes dense (strided) tensors, got %s" % (what, tensor.layout))
+
+    def _direct_possible(self):
+        """False where CUDA tensors must be staged (the first time: warned once)."""
+        if self.device_direct is None and self._session.engine == "host":
+            self._no_device_direct("tierd runs the host engine")
+        return self.device_direct is not False
+
+    def offload(self, tensor, streams, hint, retain_on_failure):
+        self._check_tensor(tensor, "offload()")
+        refuse_dtensor(tensor, "offload()")
+        refuse_in_capture(tensor.device, "offload()")
+        t = tensor.detach()
+        handle = self._new_handle(t)
+        if handle.nbytes == 0:
+            return handle
+        if t.device.type == "cpu":
+            return self._staged.offload(handle, t, hint, retain_on_failure, None)
+        if t.device.type == "cuda":
+            if self._direct_possible():
+                if self._offload_cuda(handle, t, streams, hint, retain_on_failure):
+                    return handle
+            return self._staged.offload(handle, t, hint, retain_on_failure, streams)
+        raise TypeError("offload() supports cpu and cuda tensors, not %s" % t.device.type)
+
+    def _no_device_direct(self, why):
+        if self.device_direct is None:
+            warnings.warn("%s: CUDA tensors are staged through host memory (synchronous copies)"
+                          % why, RuntimeWarning, stacklevel=5)
+        self.device_direct = False
+
+    def _keep_on_gpu(self, handle, src, producers):
+        """A CUDA tensor that cannot be one job: it stays on the GPU, correct but not
+        offloaded, and reload() hands it back once `producers` are followed. Warns once per
+        client."""
+        if not self._warned_kept:
+            self._warned_kept = True
+            # (stacklevel: the caller of Client.offload() / offload_batch().)
+            warnings.warn("tier: a tensor over GPU memory that cannot be registered as one range "
+                          "(pages of an expandable segment) stays on the GPU (not offloaded)",
+                          RuntimeWarning, stacklevel=5)
+        handle.kept = (src, producers)
+        handle.direct = True
+
+    def _register(self, src, nbytes):
+        """(buffer id, offset) of src's memory; None when the library has no GPU support (from
+        now on CUDA tensors are staged); False when it cannot be one range."""
+        try:
+            ids = self._session.register_device(src.data_ptr(), nbytes)
+        except errors.Unimplemented:
+            self._no_device_direct("libtierclient has no GPU support")
+            return None
+        except errors.OutOfRange:
+            return False
+        self.device_direct = True
+        return ids
+
+    def _offload_cuda(self, handle, t, streams, hint, retain_on_failure):
+        """The GPU engine path; False if the library has no GPU support (then staging is used)."""
+        torch = torch_module()
+        device = t.device
+        cur = torch.cuda.current_stream(device)
+        producers = list(streams) if streams else [cur]
+        src = t
+        if not t.is_contiguous():
+            # Gather on the current stream, after every producer stream: the gather is then the
+            # only producer of the bytes the daemon copies.
+            for s in producers:
+                wait_stream(cur, s)
+            with torch.no_grad(), torch.cuda.device(device):
+                src = t.contiguous()
+            producers = [cur]
+        ids = self._register(src, handle.nbytes)
+        if ids is None:
+            return False
+        if ids is False:
+            self._keep_on_gpu(handle, src, producers)
+            return True
+        buffer_id, offset = ids
+        ptrs = [stream_ptr(s) for s in producers]
+        done = _cuda_offload_done(handle, src, retain_on_failure)
+        session = self._session
+        with session.checked():
+            session.jobs.reap()
+            # The job keeps the source (and the tensor it came from) alive until the daemon's copy
+            # completed: dropping the tensor and the handle meanwhile cannot free memory under it.
+            handle.object_id, handle.job = session.jobs.offload(
+                buffer_id, offset, handle.nbytes, ptrs, hint, (src, t), done)
+            handle.direct = True
+        return True
+
+    def offload_batch(self, tensors, streams, hints, retain_on_failure):
+        tensors = list(tensors)
+        hints = batch_hints(hints, len(tensors))
+        handles = []
+        staged = []                           # (handle, tensor, hint, producer streams)
+        direct = collections.OrderedDict()    # device -> [(handle, tensor, hint)]
+        for tensor, hint in zip(tensors, hints):
+            # Every tensor is checked before anything is submitted.
+            self._check_tensor(tensor, "offload_batch()")
+            if tensor.device.type not in ("cpu", "cuda"):
+                raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
+                                tensor.device.type)
+            refuse_dtensor(tensor, "offload_batch()")
+            t = tensor.detach()
+            handle = self._new_handle(t)
+            handles.append(handle)
+            if handle.nbytes == 0:
+                continue
+            if t.device.type == "cpu":
+                staged.append((handle, t, hint, None))
+                continue
+            if self._direct_possible():
+                direct.setdefault(t.device, []).append((handle, t, hint))
+            else:
+                staged.append((handle, t, hint, streams_of_device(streams, t.device)))
+        for device in set(direct) | {t.device for _, t, _, _ in staged}:
+            refuse_in_capture(device, "offload_batch()")  # once per device: it costs us
+        producers = {device: streams_of_device(streams, device) for device in direct}
+        for device, items in direct.items():
+            # The library may turn out to have no GPU support: those tensors are staged instead.
+            staged.extend(self._offload_batch_cuda(device, items, producers[device],
+                                                   retain_on_failure))
+        if staged:
+            self._staged.offload_batch(staged, retain_on_failure)
+        return handles
+
+    def _offload_batch_cuda(self, device, items, streams, retain_on_failure):
+        """_offload_cuda for one GPU's tensors, as one batch (split at batch_limit): one ticket,
+        one wait for the producer streams for all of them. Returns the items to stage instead
+        (the library has no GPU support)."""
+        torch = torch_module()
+        cur = torch.cuda.current_stream(device)
+        producers = list(streams) if streams else [cur]
+        if any(not t.is_contiguous() for _, t, _ in items):
+            # Gather on the current stream, after every producer stream. The current stream then
+            # follows every producer of the batch, so it alone is the producer of all its bytes:
+            # the gathered ones and the others alike (one wait for the whole batch).
+            for s in producers:
+                wait_stream(cur, s)
+            with torch.no_grad(), torch.cuda.device(device):
+                items = [(h, t, t if t.is_contiguous() else t.contiguous(), hint)
+                         for h, t, hint in items]
+            producers = [cur]
+        else:
+            items = [(h, t, t, hint) for h, t, hint in items]
+        rows, batch, fallback = [], [], []
+        for i, (handle, t, src, hint) in enumerate(items):
+            ids = self._register(src, handle.nbytes)
+            if ids is None:
+                fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
+                break
+            if ids is False:
+                self._keep_on_gpu(handle, src, producers)
+                continue
+            rows.append(ids + (handle.nbytes, hint))
+            batch.append((handle, t, src))
+        if not batch:
+            return fallback
+        # Each id stays registered in tierd until a job names it, even if registering a later
+        # range of the batch found its memory remapped (the library's registration holds).
+        ptrs = [stream_ptr(s) for s in producers]
+        # Each job keeps its source (and the tensor it came from) alive until the daemon's copy
+        # completed: dropping tensors and handles meanwhile cannot free memory under it.
+        keeps = [(src, t) for _, t, src in batch]
+        dones = [_cuda_offload_done(handle, src, retain_on_failure) for handle, _, src in batch]
+        jobs = self._session.jobs
+        with self._session.checked():
+            jobs.reap()
+            for lo, hi in jobs.chunks(len(rows)):
+                submitted = jobs.offload_batch(rows[lo:hi], ptrs, keeps[lo:hi], dones[lo:hi])
+                for (handle, _, _), (obj, job) in zip(batch[lo:hi], submitted):
+                    handle.object_id, handle.job = obj, job
+                    handle.direct = True
+        return fallback
+
+    def stream_wait_offload(self, job_id, stream=None):
+        """See Client.stream_wait_offload."""
+        if stream is None:
+            stream = torch_module().cuda.current_stream()
+        refuse_in_capture(getattr(stream, "device", None), "stream_wait_offload()")
+        with self._session.checked():
+            self._session.jobs.stream_wait_offload(job_id, stream_ptr(stream))
+
+    def release_sources(self, handles, stream):
+        """See Client.release_sources."""
+        newest = None
+        todo = []
+        for h in handles:
+            if not h.direct or h.kept is not None or h.job is None or h.job.status is not None:
+                continue  # nothing held (kept on the GPU, empty, or already complete)
+            todo.append(h)
+            if newest is None or h.job.id > newest.job.id:
+                newest = h
+        if newest is None:
+            return 0
+        # GPU-side wait (no host round trip); from here on the stream is ordered after every
+        # copy of `todo`.
+        self.stream_wait_offload(newest.job.id, stream)
+        with self._session.lock:
+            for h in todo:
+                job = h.job
+                if job.status is None:
+                    job.keep = None      # the source (and the tensor it came from)
+                    job.on_done = None   # its fallback closure held the source too
+                h.released = True
+        return len(todo)
+

@@ -1,0 +1,219 @@
+"""Host staging: how CPU tensors (and CUDA tensors when tierd has no GPU engine) reach tierd,
+through host buffers of the session (:class:`StagingPool`, reused by size class), and the
+offload path over them (:class:`StagedOffloads`).
+
+Ownership (DESIGN.md section 5): a staging buffer belongs to its job from submission until the
+job completes (the job record holds it; its completion callback gives it back), so dropping a
+handle early is safe. A failed offload asked to retain its data keeps the buffer in its handle
+as the only copy instead. The staged reload is :class:`tier._reloads.StagedReload`.
+"""
+
+import collections
+import weakref
+
+from . import errors
+from ._host_buffer import staging_view
+from ._streams import torch_module, wait_stream
+
+DEFAULT_STAGING_CACHE_BYTES = 256 << 20
+MIN_STAGING_BYTES = 64 << 10
+
+
+def staging_class(nbytes):
+    """Staging buffers come in size classes: 64 KiB, then four classes per power of two (at most
+    25% waste), so buffers are reused across tensors of nearby sizes."""
+    if nbytes <= MIN_STAGING_BYTES:
+        return MIN_STAGING_BYTES
+    step = 1 << max(nbytes.bit_length() - 3, 0)
+    return (nbytes + step - 1) // step * step
+
+
+class StagingPool:
+    """Reusable staging buffers by size class, at most ``cache_bytes`` of them idle. acquire and
+    release run under the session's lock; take and give_back take it."""
+
+    def __init__(self, session, cache_bytes):
+        self._session = session
+        self.cache_bytes = cache_bytes
+        self._idle = collections.OrderedDict()  # buffer id -> HostBuffer, least recently used first
+        self._idle_bytes = 0
+        self._all = {}
+        session.on_reset(self.invalidate_all)  # the buffers were the old session's
+
+    def acquire(self, nbytes):
+        size = staging_class(nbytes)
+        for buffer_id, buf in self._idle.items():
+            if buf.nbytes == size:
+                del self._idle[buffer_id]
+                self._idle_bytes -= size
+                return buf
+        self._trim(self.cache_bytes - size)
+        buf = self._session.alloc_host_locked(size)
+        self._all[buf.id] = buf
+        return buf
+
+    def release(self, buf):
+        if buf.id not in self._all or not buf.valid:
+            return
+        self._idle[buf.id] = buf
+        self._idle_bytes += buf.nbytes
+
+    def take(self, nbytes):
+        """acquire, under the lock, after reaping (completed jobs give their buffers back)."""
+        with self._session.checked():
+            self._session.jobs.reap()
+            return self.acquire(nbytes)
+
+    def give_back(self, buf):
+        """release, under the lock."""
+        with self._session.lock:
+            self.release(buf)
+
+    def _trim(self, keep_bytes):
+        # tier_buffer_unregister waits for every job of the session; it only runs when the cache
+        # exceeds its budget, and never from a completion callback.
+        while self._idle and self._idle_bytes > max(keep_bytes, 0):
+            buffer_id, buf = self._idle.popitem(last=False)
+            self._idle_bytes -= buf.nbytes
+            del self._all[buffer_id]
+            try:
+                self._session.unregister_locked(buf)
+            except errors.TierError:
+                pass
+
+    @property
+    def idle_bytes(self):
+        return self._idle_bytes
+
+    @property
+    def total_bytes(self):
+        return sum(b.nbytes for b in self._all.values())
+
+    def invalidate_all(self):
+        for buf in self._all.values():
+            buf.invalidate()
+        self._all.clear()
+        self._idle.clear()
+        self._idle_bytes = 0
+
+    def chunks(self, items, nbytes_of):
+        """Consecutive runs of items of at most batch_limit items and at most the cache's bytes
+        (at least one item each): the staging buffers of a batch are all taken before it is
+        submitted, so a large batch must not hold all of its staging memory at once."""
+        chunk, used = [], 0
+        for item in items:
+            nbytes = nbytes_of(item)
+            if chunk and (len(chunk) >= self._session.batch_limit or
+                          used + nbytes > self.cache_bytes):
+                yield chunk
+                chunk, used = [], 0
+            chunk.append(item)
+            used += nbytes
+        if chunk:
+            yield chunk
+
+
+class StagedOffloads:
+    """Offloads through staging buffers: the bytes are copied into a buffer now (the tensor may
+    change right after), and the job copies them into tierd. CUDA tensors (no GPU engine) are
+    copied on the current stream after the producer streams; copy_ into pageable memory returns
+    once the bytes are on the host."""
+
+    def __init__(self, session, pool, new_handle):
+        self._session = session
+        self._pool = pool
+        self._new_handle = new_handle  # (tensor) -> an empty Handle for it
+
+    def stage(self, handle, t, streams):
+        """A staging buffer holding t's bytes."""
+        torch = torch_module()
+        nbytes = handle.nbytes
+        if t.device.type == "cuda":
+            cur = torch.cuda.current_stream(t.device)
+            for s in streams or ():
+                wait_stream(cur, s)
+        staging = self._pool.take(nbytes)
+        try:
+            with torch.no_grad():
+                if t.device.type == "cuda":
+                    with torch.cuda.device(t.device):
+                        staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
+                else:
+                    staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
+        except BaseException:
+            self._pool.give_back(staging)
+            raise
+        return staging
+
+    def _done(self, handle, staging, retain_on_failure):
+        """The completion callback of a staged offload."""
+        weak_handle = weakref.ref(handle)
+        pool = self._pool
+
+        def done(job):
+            # The staging buffer was the job's until now; it goes back to the pool, or stays with
+            # the handle as the only copy of the data if the offload failed and that was asked.
+            h = weak_handle() if retain_on_failure and job.status != errors.OK else None
+            if h is not None:
+                h.fallback = staging
+            else:
+                pool.release(staging)
+        return done
+
+    def offload(self, handle, t, hint, retain_on_failure, streams):
+        """One tensor, staged and submitted."""
+        staging = self.stage(handle, t, streams)
+        done = self._done(handle, staging, retain_on_failure)
+        try:
+            with self._session.checked():
+                handle.object_id, handle.job = self._session.jobs.offload(
+                    staging.id, 0, handle.nbytes, None, hint, staging, done)
+        except BaseException:
+            self._pool.give_back(staging)
+            raise
+        return handle
+
+    def offload_batch(self, items, retain_on_failure):
+        """[(handle, tensor, hint, producer streams)]: each staged as it would be alone, then
+        submitted as batches of host jobs."""
+        jobs = self._session.jobs
+        for chunk in self._pool.chunks(items, lambda item: item[0].nbytes):
+            stagings = []
+            try:
+                for handle, t, _, streams in chunk:
+                    stagings.append(self.stage(handle, t, streams))
+                rows = [(staging.id, 0, handle.nbytes, hint)
+                        for (handle, _, hint, _), staging in zip(chunk, stagings)]
+                dones = [self._done(handle, staging, retain_on_failure)
+                         for (handle, _, _, _), staging in zip(chunk, stagings)]
+                with self._session.checked():
+                    submitted = jobs.offload_batch(rows, None, stagings, dones)
+            except BaseException:
+                for staging in stagings:  # none was submitted: they are still ours
+                    self._pool.give_back(staging)
+                raise
+            for (handle, _, _, _), (obj, job) in zip(chunk, submitted):
+                handle.object_id, handle.job = obj, job
+
+    def stage_offload(self, tensor):
+        """See Client.stage_offload."""
+        t = tensor.detach()
+        handle = self._new_handle(t)
+        if handle.nbytes == 0:
+            return handle, None
+        return handle, self.stage(handle, t, None)
+
+    def submit(self, items, retain_on_failure):
+        """See Client.submit_staged."""
+        items = [(h, s) for h, s in items if s is not None]
+        if not items:
+            return
+        rows = [(staging.id, 0, handle.nbytes, 0) for handle, staging in items]
+        stagings = [staging for _, staging in items]
+        dones = [self._done(handle, staging, retain_on_failure) for handle, staging in items]
+        jobs = self._session.jobs
+        with self._session.checked():
+            for lo, hi in jobs.chunks(len(rows)):
+                submitted = jobs.offload_batch(rows[lo:hi], None, stagings[lo:hi], dones[lo:hi])
+                for (handle, _), (obj, job) in zip(items[lo:hi], submitted):
+                    handle.object_id, handle.job = obj, job
