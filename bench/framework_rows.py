@@ -3,8 +3,8 @@ the bench's own model and data, trained without Tierd and with it, in the same r
 
   compiled none / compiled tierd   torch.compile(model) (Inductor), without Tierd and with it:
                                    activations: tier.torch.compile_options() (the graph offloads
-                                   inside, tier/_compile.py); optimizer: offload_optimizer_state
-                                   with the compiled model.
+                                   inside, tier/torch/_compile.py); optimizer:
+                                   offload_optimizer_state with the compiled model.
   fsdpN none / fsdpN tierd         FSDP2 (fully_shard per block, then the model) on N GPUs,
                                    NCCL, one process per rank: activations: offload_activations;
                                    optimizer: offload_optimizer_state (each rank's DTensor shards).
@@ -91,7 +91,7 @@ class _Null:
 def compile_rows(kind, bench, args, socket):
     import tier
     import tier.torch as tt
-    from tier import _compile
+    from tier.torch import _compile
     torch = _torch()
     rows = {}
     client = tier.Client(socket=socket, name="%s-compile" % bench)

@@ -168,7 +168,7 @@ class Selective(Mode):
     name = label = "selective"
 
     def __init__(self, model, mode="selective"):
-        from tier._plan_activations import BlockModes
+        from tier.torch._plan_activations import BlockModes
         self.name = self.label = mode
         self.blocks = BlockModes(layers_of(model))
         self.blocks.set_all(mode)
@@ -285,7 +285,7 @@ def profile_summary(profile):
     times outside the blocks."""
     if profile is None:
         return None
-    from tier import _activation_planner as ap
+    from tier.torch import _activation_planner as ap
     sig = profile.blocks[0] if profile.blocks else None
     host = getattr(profile, "host", {}).get(sig, {})
     modes = {}

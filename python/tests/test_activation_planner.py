@@ -1,9 +1,10 @@
-"""The joint planner's arithmetic (tier/_activation_planner.py) on made-up steps: no daemon."""
+"""The joint planner's arithmetic (tier/torch/_activation_planner.py) on made-up steps: no
+daemon."""
 
 import pytest
 
-from tier import _activation_planner as ap
-from tier._offload_planner import OFFLOAD, Link
+from tier.torch import _activation_planner as ap
+from tier.torch._offload_planner import OFFLOAD, Link
 
 MB = 1 << 20
 GB = 1e9

@@ -356,7 +356,8 @@ def test_the_library_refuses_bad_batches(daemon):
         small.struct_size = 4
         assert lib.tier_offload_batch(c._session.c_session, batch(2), 2,
                                       ctypes.byref(small)) == errors.INVALID_ARGUMENT
-        assert lib.tier_reload_batch(c._session.c_session, batch(17), 17, None) == errors.INVALID_ARGUMENT
+        assert (lib.tier_reload_batch(c._session.c_session, batch(17), 17, None)
+                == errors.INVALID_ARGUMENT)
         assert c.info().jobs_in_flight == 0
         # Through the client the same 17 go as two calls.
         for _, job in c.offload_buffer_batch([(buf, (i % 16) * 1024, 1024) for i in range(17)]):

@@ -25,7 +25,7 @@ def test_frontier_bench_smoke(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
     torch = pytest.importorskip("torch")
-    from tier import _plan_activations as pa
+    from tier.torch import _plan_activations as pa
     if not pa.selective_available():
         pytest.skip("selective checkpointing needs torch >= 2.4 (torch %s)" % torch.__version__)
     r = _run([os.path.join(BENCH, "frontier_bench.py"), "--smoke", "--out-dir", str(tmp_path),

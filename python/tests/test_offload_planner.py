@@ -1,8 +1,9 @@
-"""The offload planner's arithmetic (tier/_offload_planner.py), on made-up steps: no daemon."""
+"""The offload planner's arithmetic (tier/torch/_offload_planner.py), on made-up steps: no
+daemon."""
 
 import pytest
 
-from tier._offload_planner import (Link, Site, fill_link, plan, release_points,
+from tier.torch._offload_planner import (Link, Site, fill_link, plan, release_points,
                                  reload_triggers, simulate)
 
 GB = 1e9

@@ -61,6 +61,7 @@ def test_pip_install_offline_bundles_the_library(daemon, tmp_path):
                         "--target", site_dir, str(src)], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert os.path.isfile(os.path.join(site_dir, "tier", "_lib", "libtierclient.so"))
+    assert os.path.isfile(os.path.join(site_dir, "tier", "torch", "__init__.py"))
     _probe(site_dir, os.path.join(site_dir, "tier", "_lib"), daemon, tmp_path)
 
 

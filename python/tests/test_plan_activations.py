@@ -10,8 +10,8 @@ import torch.nn as nn
 
 import tier
 import tier.torch as tt
-from tier import _activation_planner as ap
-from tier import _plan_activations as pa
+from tier.torch import _activation_planner as ap
+from tier.torch import _plan_activations as pa
 
 needs_sac = pytest.mark.skipif(not pa.selective_available(),
                                reason="selective checkpointing needs torch >= 2.4")

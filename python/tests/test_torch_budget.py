@@ -130,7 +130,7 @@ class _FigureClient:
 
 
 def test_the_link_figure_is_tierds_when_it_has_one():
-    from tier import _offload_budget as ob
+    from tier.torch import _offload_budget as ob
     probes = []
     client = _FigureClient([(52e9, 54e9)])
     link, source = ob.measure_link(client, torch.device("cuda", 0),
@@ -140,7 +140,7 @@ def test_the_link_figure_is_tierds_when_it_has_one():
 
 
 def test_without_a_figure_yet_the_probe_runs_and_tierd_is_asked_again():
-    from tier import _offload_budget as ob
+    from tier.torch import _offload_budget as ob
     probes = []
     client = _FigureClient([None, (50e9, 51e9)])
 
@@ -153,7 +153,7 @@ def test_without_a_figure_yet_the_probe_runs_and_tierd_is_asked_again():
 
 
 def test_the_probe_only_where_tierd_has_no_figure():
-    from tier import _offload_budget as ob
+    from tier.torch import _offload_budget as ob
     for client in (_FigureClient([None]), object()):  # no figure; a library without the call
         link, source = ob.measure_link(client, torch.device("cuda", 0),
                                        probe=lambda c, d, **kw: ob.planner.Link(10e9, 11e9))
@@ -219,7 +219,7 @@ class _Timed:
 
 
 def _budget_after_a_plan(monkeypatch):
-    from tier import _offload_budget as ob
+    from tier.torch import _offload_budget as ob
     b = ob.OffloadBudget(lambda: None, max_overhead=0.05, link=(54e9, 54e9))
     replans = []
     monkeypatch.setattr(b, "_replan", lambda: replans.append(b._link.d2h))

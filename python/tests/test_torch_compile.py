@@ -1,5 +1,5 @@
-"""Activation offload inside torch.compile graphs (tier/_compile.py), on CPU against a real tierd
-(host engine). The GPU test of the memory it frees is python/tests/gpu/test_compile_gpu.py.
+"""Activation offload inside torch.compile graphs (tier/torch/_compile.py), on CPU against a real
+tierd (host engine). The GPU test of the memory it frees is python/tests/gpu/test_compile_gpu.py.
 
 What is checked here is the mechanism: the compiled forward returns handles (8-byte tensors)
 where it returned the activations, so autograd holds no activation of the graph; backward gets
@@ -17,7 +17,7 @@ if not hasattr(torch, "compile") or not hasattr(torch.library, "custom_op"):
 import torch.nn as nn  # noqa: E402
 
 import tier.torch as tt  # noqa: E402
-from tier import _compile  # noqa: E402
+from tier.torch import _compile  # noqa: E402
 
 
 def _model():

@@ -1,5 +1,5 @@
-"""Drop-in surfaces (tier/_dropin.py) on CPU models against a real tierd (host engine), each used
-the way the seed's own users use the original: torchtune's OffloadActivations
+"""Drop-in surfaces (tier/torch/_dropin.py) on CPU models against a real tierd (host engine), each
+used the way the seed's own users use the original: torchtune's OffloadActivations
 (../shared/seeds/003_*.txt) and diffusers' apply_group_offloading (../shared/seeds/001_*.txt)."""
 
 import copy

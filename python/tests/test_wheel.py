@@ -86,6 +86,7 @@ def test_wheel_installs_into_a_fresh_venv_and_talks_to_tierd(daemon, tmp_path):
     names = zipfile.ZipFile(str(wheels[0])).namelist()
     assert "tier/_lib/libtierclient.so" in names, names
     assert "tier/__init__.py" in names
+    assert "tier/torch/__init__.py" in names, names  # the subpackage too (pyproject's packages)
 
     # A fresh venv (the system's site packages visible: no index here to fetch from).
     venv = tmp_path / "venv"

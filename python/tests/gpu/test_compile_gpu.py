@@ -1,12 +1,12 @@
-"""torch.compile + activation offload on the GPU (tier/_compile.py): the compiled graph offloads
-each saved activation after its last forward use, so the activation peak falls by at least 80%
-of the bytes offloaded at the peak; losses and gradients bit-identical to the same compiled
+"""torch.compile + activation offload on the GPU (tier/torch/_compile.py): the compiled graph
+offloads each saved activation after its last forward use, so the activation peak falls by at least
+80% of the bytes offloaded at the peak; losses and gradients bit-identical to the same compiled
 model without Tierd (and to it under identity saved-tensor hooks).
 
     python3 -m pytest -q -s python/tests/gpu/test_compile_gpu.py
 
 Model: a GPT (8 blocks, d_model 1024, seq 1024, batch 4, fp32, attention written out), the
-issue's model. Before tier/_compile.py, the same run moved 10.9 GB over 4 steps and left the
+issue's model. Before tier/torch/_compile.py, the same run moved 10.9 GB over 4 steps and left the
 peak where it was (the hooks saw the compiled graph's tensors only after its forward)."""
 
 import math
@@ -24,7 +24,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tier  # noqa: E402
 import tier.torch as tt  # noqa: E402
-from tier import _compile  # noqa: E402
+from tier.torch import _compile  # noqa: E402
 from conftest import Daemon  # noqa: E402
 
 D, HEADS, LAYERS, SEQ, BATCH = 1024, 16, 8, 1024, 4

@@ -111,5 +111,5 @@ def test_compile_reduce_overhead_with_offload(client):
         losses.append(loss.item())
     assert losses == ref_losses
     torch._dynamo.reset()
-    from tier import _compile
+    from tier.torch import _compile
     _compile.uninstall()

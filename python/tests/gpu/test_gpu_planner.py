@@ -26,8 +26,8 @@ from test_gpu_training import gpu_client, gpu_daemon, delayed_client  # noqa: E4
 
 import tier.torch as tt  # noqa: E402
 from conftest import BUILD_DIR  # noqa: E402
-from tier import _activation_planner as ap  # noqa: E402
-from tier import _plan_activations as pa  # noqa: E402
+from tier.torch import _activation_planner as ap  # noqa: E402
+from tier.torch import _plan_activations as pa  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "bench"))

@@ -25,12 +25,12 @@ backward first needs it (seconds after the block's backward began). Views of one
 once (their first save); a storage also saved outside the block's window is never offloaded.
 
 Memory. At the end of forward every block holds what it saved (less what was offloaded, which a
-barrier there takes off: tier/_offload_planner.py), plus what runs outside the blocks keeps; the
-activation peak is that, or during a block's backward, what the blocks before it hold plus the
-whole of its activations again (recomputed, or reloaded), plus what was reloaded already for
-earlier blocks (a reload the link must start blocks ahead is allocated from there on),
-whichever is larger; plus an offset the calibration measured (the head's logits and loss,
-workspaces: the same in every plan).
+barrier there takes off: tier/torch/_offload_planner.py), plus what runs outside the blocks keeps;
+the activation peak is that, or during a block's backward, what the blocks before it hold plus the
+whole of its activations again (recomputed, or reloaded), plus what was reloaded already for earlier
+blocks (a reload the link must start blocks ahead is allocated from there on), whichever is larger;
+plus an offset the calibration measured (the head's logits and loss, workspaces: the same in every
+plan).
 
 Time. The blocks' times in their modes plus the outside times plus the link's overhead (the
 simulation of the offloads and reloads, the barrier's stall included).
@@ -41,7 +41,7 @@ stall for the link would (a block recomputes several hundred MB in the milliseco
 needs for one hundred), so offloads are taken only as far as they hide (fill_link), and the
 remaining memory is bought with recompute: the first blocks keep (and offload), the last ones
 recompute. Every split (how many selective, how many full, in either order) is evaluated; the
-offload-only plan of the budget (tier/_offload_planner.plan, which may stall to meet a target)
+offload-only plan of the budget (tier/torch/_offload_planner.plan, which may stall to meet a target)
 is one more candidate. The answer: the least step time that meets ``target_bytes``, or the least
 memory within ``max_overhead`` (both: the target at the least time within the budget; if none
 does, the budget wins and the plan says how far from the target it stayed).
@@ -54,7 +54,7 @@ from . import _offload_planner as op
 MODES = ("keep", "light", "selective", "full")
 
 # Reloads due within RELOAD_WINDOW_S of one another start together, while the batch stays within
-# RELOAD_BATCH_BYTES (tier/_offload_planner.reload_triggers).
+# RELOAD_BATCH_BYTES (tier/torch/_offload_planner.reload_triggers).
 RELOAD_WINDOW_S = 1e-3
 RELOAD_BATCH_BYTES = 64 << 20
 

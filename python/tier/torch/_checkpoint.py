@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from . import client as _client
-from . import errors
+from .. import client as _client
+from .. import errors
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 _ALIGN = 64

@@ -39,8 +39,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
 from . import _checkpoint
-from . import client as _client
-from . import errors
+from .. import client as _client
+from .. import errors
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 _META = ".metadata"

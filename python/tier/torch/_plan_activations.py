@@ -10,7 +10,7 @@ target at the least step time, or to save the most memory within an overhead bud
         optimizer.step(); optimizer.zero_grad()
 
 The model's blocks (its largest nn.ModuleList, or ``blocks=``) each run in one of three modes
-(tier/_activation_planner.py): ``keep`` (their saved tensors go through tierd's saved-tensor
+(tier/torch/_activation_planner.py): ``keep`` (their saved tensors go through tierd's saved-tensor
 hooks and may be offloaded), ``selective`` (torch.utils.checkpoint, non-reentrant, with the
 selective checkpoint contexts of ``selective_policy``: by default the outputs of matmuls and
 attention are kept, the rest recomputed) or ``full`` (torch.utils.checkpoint: the block's
@@ -24,7 +24,7 @@ step's start, per segment of the step); its second runs the same modes without a
 times each block's forward and backward (CUDA events, or the host clock on CPU; a block whose
 host work takes longer than its GPU work counts at the host's pace): the step a plan predicts is
 the step as it runs without tierd's hooks, so its baseline is the user's step without a plan.
-The link's bandwidth comes from tierd (tier/_offload_budget.measure_link). Then the plan is
+The link's bandwidth comes from tierd (tier/torch/_offload_budget.measure_link). Then the plan is
 chosen, printed (``verbose``) and followed from the next step on; ``plan.plan`` and
 ``plan.summary()`` say what was chosen and what it predicts, ``plan.stats`` how it went.
 
@@ -33,7 +33,7 @@ step, in backward (a recompute) and in a block whose call uses a KV cache they r
 Offload is an :class:`~tier.torch.ActivationOffloader` driven by a policy object with the budget's
 interface (begin_step / candidate / used / step_started / end_step), so the same batches,
 stream-ordered releases and planned reloads serve both. A planned step is block-scoped
-(tier._offload_planner.Regions): the saved-tensor hooks run only inside the blocks where the
+(tier.torch._offload_planner.Regions): the saved-tensor hooks run only inside the blocks where the
 plan offloads a tensor or starts reloads (nowhere, in a plan without offload: no Python call
 per saved tensor), each such block numbering its saved tensors from its first one's index in
 calibration; offloaded sources go back to the allocator at the start of a later block once
@@ -55,7 +55,9 @@ import torch
 from . import _activation_planner as ap
 from . import _offload_budget as ob
 from . import _offload_planner as op
+from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
 from ._counters import Counters
+from ._weights import find_blocks
 
 try:
     from torch.utils.checkpoint import checkpoint as _checkpoint
@@ -369,7 +371,6 @@ class ActivationPlanner:
                  recompute=("light", "selective", "full"), offload=True, blocks=None,
                  selective_policy=None, min_bytes=1 << 20, client=None, link=None,
                  verbose=True, prefetch=2, warmup_steps=1):
-        from . import torch as _tt
         if target_bytes is None and max_overhead is None:
             max_overhead = 0.05
         if max_overhead is not None and not 0 <= max_overhead <= 10:
@@ -392,7 +393,7 @@ class ActivationPlanner:
             self.notes.append("selective checkpointing needs torch >= 2.4 "
                               "(create_selective_checkpoint_contexts); torch %s: not used" %
                               torch.__version__)
-        blocks = list(blocks) if blocks is not None else _tt._find_blocks(model)
+        blocks = list(blocks) if blocks is not None else find_blocks(model)
         blocks = [b for b in blocks if isinstance(b, torch.nn.Module)]
         if not blocks:
             recompute = ()
@@ -412,7 +413,7 @@ class ActivationPlanner:
         self._given_link = op.Link(*link) if link is not None else None
         self._link = self._given_link
         self._link_source = "given" if link is not None else None
-        self._offloader = _tt.ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch,
+        self._offloader = ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch,
                                                   client=client, module=model,
                                                   policy=_JointPolicy(self))
         self._measured = {}          # (signature, mode) -> [(block, sites calib, timing calib)]
@@ -445,7 +446,7 @@ class ActivationPlanner:
 
     @property
     def profile(self):
-        """What the calibration measured (tier._activation_planner.StepProfile), or None."""
+        """What the calibration measured (tier.torch._activation_planner.StepProfile), or None."""
         return self._profile
 
     def summary(self):
@@ -457,7 +458,7 @@ class ActivationPlanner:
     def retarget(self, target_bytes=None, max_overhead=None):
         """Plans again from the same calibration for another goal (no new calibration step;
         where the planner has not calibrated yet, the goal is taken for when it has). Returns
-        the new :class:`~tier._activation_planner.JointPlan` (or None)."""
+        the new :class:`~tier.torch._activation_planner.JointPlan` (or None)."""
         if target_bytes is None and max_overhead is None:
             max_overhead = 0.05
         if max_overhead is not None and not 0 <= max_overhead <= 10:
@@ -961,6 +962,42 @@ class ActivationPlanner:
         if self.plan is None:
             return None
         return self.plan.best.timed_s
+
+
+def plan_activations(model, target_bytes=None, max_overhead=None,
+                     recompute=("light", "selective", "full"), offload=True, blocks=None,
+                     selective_policy=None, min_bytes=DEFAULT_MIN_BYTES, client=None, link=None,
+                     verbose=True):
+    """Plans, for each of ``model``'s blocks, whether its activations are kept (and which of its
+    saved tensors tierd offloads) or recomputed in backward by PyTorch's own checkpointing
+    (``torch.utils.checkpoint``, non-reentrant: around a gated MLP's activation only, "light";
+    selectively, with selective checkpoint contexts; or fully), to meet ``target_bytes`` of
+    activation memory (``torch.cuda.max_memory_allocated`` above the step's start) at the least
+    step time, or to save the most memory within ``max_overhead`` (a fraction of the step; the
+    default, 0.05, when neither is given). Create it once and enter it every step::
+
+        plan = tier.torch.plan_activations(model, target_bytes=8 << 30)
+        for batch in data:
+            with plan:
+                loss = model(**batch).loss
+                loss.backward()
+            optimizer.step(); optimizer.zero_grad()
+
+    After a warm-up step, two steps calibrate (more where a kind of block occurs fewer than four
+    times): one records the saved tensors, one times the blocks without hooks; then the plan is
+    printed (``verbose``) and followed. ``recompute``: the recompute modes allowed (``()``:
+    offload only; "light" where every block has a gated MLP); ``offload=False``: recompute
+    only; ``blocks``: the modules to plan (default: the model's largest nn.ModuleList);
+    ``selective_policy``: a policy function for ``create_selective_checkpoint_contexts``
+    (default: keep matmul and attention outputs).
+    ``link``: ``(d2h, h2d)`` bytes/s instead of tierd's figure. Returns the
+    :class:`~tier.torch._plan_activations.ActivationPlanner` (``.plan``, ``.summary()``, ``.stats``,
+    ``.remove()``). See tier/torch/_plan_activations.py and tier/torch/_activation_planner.py.
+    """
+    return ActivationPlanner(model, target_bytes=target_bytes, max_overhead=max_overhead,
+                             recompute=recompute, offload=offload, blocks=blocks,
+                             selective_policy=selective_policy, min_bytes=min_bytes,
+                             client=client, link=link, verbose=verbose)
 
 
 def _end_timer(timer, device, grad):

@@ -1,74 +1,25 @@
-"""PyTorch integration: activation offload and module weight offload through Tierd.
-
-Activation offload::
-
-    with tier.torch.offload_activations(min_bytes=1 << 20, prefetch=2) as off:
-        loss = model(x).sum()               # saved activations >= min_bytes go to Tierd
-        with tier.torch.no_offload():       # opt-out region (e.g. the output head)
-            ...
-    loss.backward()                         # reloaded in reverse order, `prefetch` ahead
-    print(off.stats)
-
-Module weight offload (inference, or frozen weights under no_grad)::
-
-    w = tier.torch.offload_module_weights(model, group=2)   # blocks' weights live in Tierd
-    with torch.no_grad():
-        y = model(x)        # each group is onloaded one group ahead, as one batch
-    w.remove()              # everything resident again, hooks gone
-
-Optimizer state offload (ZeRO-Offload style: Adam's moments live in Tierd between steps)::
-
-    off = tier.torch.offload_optimizer_state(optimizer, group_bytes=64 << 20, prefetch=1)
-    optimizer.step()        # group by group: state back, update, state out; next group prefetched
-
-Checkpoints kept in tierd (they outlive the trainer; with NVMe, tierd too)::
-
-    h = tier.torch.checkpoint.save({"model": model.state_dict(),
-                                    "optim": optimizer.state_dict(), "step": step}, "run7/rank0")
-    ...                      # training goes on; h.wait() committed, h.wait_durable() on NVMe
-    state = tier.torch.checkpoint.load("run7/rank0")   # after a restart
-
-Stream ordering (CUDA), stated once here and at each use:
-
-* Offload: the daemon's copy waits on the GPU for the current stream (the producer of the saved
-  tensor / weight); the job record keeps the source alive until the copy completed.
-* Reload for immediate use: destination allocated on the current (consumer) stream, which waits on
-  the GPU for the copy before tier_reload returns.
-* Prefetch: destination allocated on the consumer stream at the prefetch point, so
-  it comes from the same allocator pool as everything else of that stream; the copy waits for the
-  stream to reach that point, and the stream waits for the copy only at the tensor's first use
-  (TIER_RELOAD_DEFER_WAIT and ``tier_stream_wait_reload``; one wait per batch). A prefetch never
-  used still has its wait put on the stream before its memory is let go.
-  Weights, optimizer state and compiled graphs prefetch the same way
-  (:meth:`tier.Client.start_reloads` with ``prefetch=True``): no offloader has a side stream or
-  an event of its own. Where the first use is on another stream than the allocating one,
-  ``record_stream`` only tells the caching allocator so; the wait is the ordering.
-"""
+"""Activation offload: tensors saved for backward go to tierd in forward and come back in
+backward (:func:`offload_activations`, :class:`ActivationOffloader`, :func:`no_offload`).
+Stream ordering: tier/torch/__init__.py's docstring and tier/_reloads.py."""
 
 import bisect
 import collections
 import contextlib
-import functools
 import threading
 import warnings
 import weakref
 
 import torch
 
-from . import _checkpoint as checkpoint  # noqa: F401  (tier.torch.checkpoint.save/load)
+from .. import _cuda_graphs
+from .. import _dtensor
+from .. import client as _client
+from .. import errors as _errors
 from . import _compile
-from . import _cuda_graphs
-from . import _dtensor
-from ._compile import compile_backend, compile_options, compile_stats  # noqa: F401
-from . import client as _client
-from . import errors as _errors
+from . import _offload_planner as _planner
 from ._counters import Counters
 from ._module_selection import ModuleSelection
-from . import _offload_planner as _planner
 from ._offload_budget import OffloadBudget
-from ._optimizer_state import (DEFAULT_GROUP_BYTES, DEFAULT_STATE_MIN_BYTES,  # noqa: F401
-                               OptimizerStateOffloader, OptimizerStateStats,
-                               offload_optimizer_state)
 
 try:
     from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
@@ -77,14 +28,6 @@ except ImportError:  # pragma: no cover - present in every torch this supports
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
-
-__all__ = ["checkpoint", "offload_activations", "no_offload", "offload_module_weights",
-           "ActivationOffloader", "WeightOffloader", "DEFAULT_MIN_BYTES", "DEFAULT_MAX_INFLIGHT_BYTES",
-           "offload_optimizer_state", "OptimizerStateOffloader", "DEFAULT_GROUP_BYTES",
-           "DEFAULT_STATE_MIN_BYTES", "OffloadActivations", "NoOpManager",
-           "get_act_offloading_ctx_manager", "apply_group_offloading", "plan_activations",
-           "ActivationPlanner", "CPUOffloadOptimizer", "compile_options", "compile_backend",
-           "compile_stats"]
 
 
 # ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
@@ -119,6 +62,7 @@ def no_offload():
     offloading hooks outside the region."""
     with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
         yield
+
 
 
 # ---- activation offload -----------------------------------------------------------------------
@@ -202,14 +146,14 @@ _SCOPED = object()  # ActivationOffloader._hooks under a block-scoped plan: acti
 _CAPTURED = object()  # the context was entered during a CUDA graph capture: no hooks
 
 
-class ActivationOffloader:
+class ActivationOffloader(_compile.Followed):
     """Offloads tensors saved for backward to Tierd; see :func:`offload_activations`.
 
     Two ways to decide, one mechanism. Without a budget every candidate is offloaded, and a CUDA
     source's memory is released when the host sees its copy complete (at most
     ``max_inflight_bytes`` wait so; past that the host waits for the oldest). With a budget (or
-    another policy with its interface, tier/_offload_budget.py) each step follows a
-    :class:`~tier._offload_planner.StepPlan`, read in O(1) per saved tensor: keep it as it is,
+    another policy with its interface, tier/torch/_offload_budget.py) each step follows a
+    :class:`~tier.torch._offload_planner.StepPlan`, read in O(1) per saved tensor: keep it as it is,
     keep it wrapped (its first use starts planned reloads or ends the timed step), or offload
     it. A planned offload's source goes back to PyTorch's allocator in stream order: at the
     plan's release point (a later saved tensor, once its copy should be done) and at the latest
@@ -403,12 +347,12 @@ class ActivationOffloader:
     @property
     def budget(self):
         """With max_overhead or target_bytes: what the policy chose and how it went
-        (:class:`~tier._offload_budget.BudgetStats`); else None."""
+        (:class:`~tier.torch._offload_budget.BudgetStats`); else None."""
         return self._budget.stats if self._budget is not None else None
 
     @property
     def plan(self):
-        """The budget's current plan (:class:`~tier._offload_planner.Plan`), or None."""
+        """The budget's current plan (:class:`~tier.torch._offload_planner.Plan`), or None."""
         return self._budget.plan if self._budget is not None else None
 
     def _pack(self, tensor):
@@ -795,14 +739,14 @@ def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, mo
     Use :func:`no_offload` for regions to leave alone. ``modules``: offload only what the listed
     modules save in their forward: module classes (every instance in ``module``), module
     instances, or name patterns over ``module``'s qualified names (``"layers.*.mlp"``; see
-    tier/_module_selection.py for Megatron's module names).
+    tier/torch/_module_selection.py for Megatron's module names).
 
     A budget instead of "everything": ``max_overhead=0.05`` (the step may grow by at most 5%)
     and/or ``target_bytes`` (saved-tensor memory to keep at the end of forward). Create the
     offloader once and enter it every step (``with off:``): the first step offloads nothing and
     is timed, the link is measured (or given: ``link=(d2h, h2d)`` bytes/s), and from the next step
     on only the saved tensors whose copies hide under compute are offloaded (largest and
-    longest-lived first; tier/_offload_planner.py). ``off.budget`` says what it chose, the
+    longest-lived first; tier/torch/_offload_planner.py). ``off.budget`` says what it chose, the
     predicted and the measured overhead; a step slower than planned makes it plan again with
     less. Returns the :class:`ActivationOffloader`
     (``.stats`` counts what happened). ``client``: a tier.Client (default: tier.default_client()).
@@ -819,291 +763,3 @@ def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, mo
                                module=module, max_inflight_bytes=max_inflight_bytes,
                                modules=modules, max_overhead=max_overhead,
                                target_bytes=target_bytes, link=link)
-
-
-# ---- module weight offload --------------------------------------------------------------------
-
-class WeightStats(Counters):
-    __slots__ = ("offloaded_tensors", "offloaded_bytes", "onloads", "prefetches", "releases",
-                 "reoffloads", "kept_resident", "source_hits")
-
-
-class _WeightSlot:
-    """One parameter or buffer whose data lives in Tierd between uses."""
-
-    __slots__ = ("tensor", "handle", "version")
-
-    def __init__(self, tensor, handle):
-        self.tensor = tensor    # the nn.Parameter / buffer object itself (identity is kept)
-        self.handle = handle
-        self.version = None     # tensor._version right after onload (detects in-place updates)
-
-
-class _Group:
-    __slots__ = ("blocks", "slots", "onloaded", "pending")
-
-    def __init__(self, blocks):
-        self.blocks = blocks
-        self.slots = []
-        self.onloaded = False
-        self.pending = None   # [(slot, started reload)] of a prefetch
-
-
-def _find_blocks(module):
-    if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
-        return list(module)
-    best = None
-    for m in module.modules():
-        if m is not module and isinstance(m, torch.nn.ModuleList) and len(m) > 0:
-            if best is None or len(m) > len(best):
-                best = m
-    if best is not None:
-        return list(best)
-    return list(module.children())
-
-
-class WeightOffloader:
-    """Keeps the weights of groups of blocks in Tierd between uses; see
-    :func:`offload_module_weights`. Also a context manager (exit = :meth:`remove`)."""
-
-    def __init__(self, module, group=1, client=None, blocks=None):
-        if group < 1:
-            raise ValueError("group must be >= 1")
-        self._client = client if client is not None else _client.default_client()
-        blocks = list(blocks) if blocks is not None else _find_blocks(module)
-        self._groups = [_Group(blocks[i:i + group]) for i in range(0, len(blocks), group)]
-        self._hooks = []
-        self._warned = False
-        self.stats = WeightStats()
-
-        # Tensors owned by more than one module (tied weights) stay resident: another module
-        # outside the group could use them while they are away.
-        owners = {}
-        for m in module.modules():
-            for t in list(m._parameters.values()) + list(m._buffers.values()):
-                if t is not None:
-                    owners[id(t)] = owners.get(id(t), 0) + 1
-        taken = set()
-        for g in self._groups:
-            for block in g.blocks:
-                for m in block.modules():
-                    for t in list(m._parameters.values()) + list(m._buffers.values()):
-                        if t is None or id(t) in taken or owners.get(id(t), 0) > 1:
-                            continue
-                        if t.numel() == 0 or t.layout != torch.strided:
-                            continue
-                        taken.add(id(t))
-                        g.slots.append(_WeightSlot(t, None))
-        for g in self._groups:
-            self._offload_slots(g.slots)  # a group's weights as one batch
-        for gi, g in enumerate(self._groups):
-            for bi, block in enumerate(g.blocks):
-                self._hooks.append(block.register_forward_pre_hook(
-                    functools.partial(self._pre_hook, gi)))
-                if bi == len(g.blocks) - 1:
-                    self._hooks.append(block.register_forward_hook(
-                        functools.partial(self._post_hook, gi)))
-
-    @property
-    def groups(self):
-        return len(self._groups)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False
-
-    def _offload_slots(self, slots):
-        # One batch per device (Client.offload_batch). CUDA: the daemon's copies wait for the
-        # current stream; each job keeps its old data alive until its copy completed, so the
-        # swap to a placeholder below frees nothing early.
-        if not slots:
-            return
-        # retain_on_failure: a failed offload (pool full) keeps the data in the handle, so the
-        # weights come back from there: never lost.
-        handles = self._client.offload_batch([slot.tensor.data for slot in slots], None, 0,
-                                             retain_on_failure=True)
-        for slot, handle in zip(slots, handles):
-            t = slot.tensor
-            old, slot.handle = slot.handle, handle
-            if old is not None:
-                old.free()
-            self.stats.offloaded_tensors += 1
-            self.stats.offloaded_bytes += t.numel() * t.element_size()
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-
-    def _prefetch(self, gi):
-        g = self._groups[gi]
-        if g.onloaded or g.pending is not None or not g.slots:
-            return
-        # The group as one batch, allocated on the current stream while the group before runs;
-        # that stream waits for the copies only where the group is onloaded (_onload: result()).
-        g.pending = self._start_group(g, prefetch=True)
-        self.stats.prefetches += 1
-
-    def _start_group(self, g, prefetch):
-        """(slot, started reload) for each of the group's weights, the reloads as one batch
-        (Client.start_reloads). A weight whose offload is still in flight never left the GPU:
-        its source is used as it is (a reload now would fail if that offload then failed for
-        room, and the weight with it)."""
-        started = [None] * len(g.slots)
-        todo = []
-        for i, slot in enumerate(g.slots):
-            source = None
-            if slot.tensor.device.type == "cuda":
-                source = slot.handle.pending_source()
-            if source is not None:
-                started[i] = _client.Ready(source)
-                self.stats.source_hits += 1
-            else:
-                todo.append(i)
-        if todo:
-            reloads = self._client.start_reloads([g.slots[i].handle for i in todo],
-                                                 prefetch=prefetch)
-            for i, reload in zip(todo, reloads):
-                started[i] = reload
-        return list(zip(g.slots, started))
-
-    def _onload(self, gi):
-        g = self._groups[gi]
-        if g.onloaded:
-            return
-        if g.pending is None:
-            # Not prefetched: the group as one batch on the current stream (it waits on the GPU
-            # for every copy of it).
-            pending = self._start_group(g, prefetch=False)
-        else:
-            pending, g.pending = g.pending, None
-        for slot, started in pending:
-            # A prefetch's result() makes the current stream wait (GPU) for its batch's copies.
-            data = started.result()
-            slot.tensor.data = data
-            slot.version = slot.tensor._version
-        g.onloaded = True
-        self.stats.onloads += 1
-
-    def _release(self, gi):
-        g = self._groups[gi]
-        if not g.onloaded:
-            return
-        if torch.is_grad_enabled():
-            # Autograd may have saved these very tensors for backward: they must stay.
-            self.stats.kept_resident += 1
-            if not self._warned:
-                self._warned = True
-                warnings.warn("tier.torch.offload_module_weights: forward ran with grad enabled, "
-                              "so weights stay resident after use (offload applies under "
-                              "torch.no_grad() / inference)", RuntimeWarning, stacklevel=3)
-            return
-        changed = []
-        for slot in g.slots:
-            if slot.tensor._version != slot.version:
-                # Changed in place while resident (optimizer step, running stats): Tierd's copy is
-                # stale, so offload the new data.
-                self.stats.reoffloads += 1
-                changed.append(slot)
-            else:
-                slot.tensor.data = torch.empty(0, dtype=slot.tensor.dtype,
-                                               device=slot.tensor.device)
-        self._offload_slots(changed)  # as one batch
-        g.onloaded = False
-        self.stats.releases += 1
-
-    def _pre_hook(self, gi, module, args):
-        self._onload(gi)
-        if gi + 1 < len(self._groups):
-            self._prefetch(gi + 1)  # one group ahead, while this group computes
-
-    def _post_hook(self, gi, module, args, output):
-        self._release(gi)
-
-    def remove(self):
-        """Makes every weight resident again, frees the Tierd objects, removes the hooks."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        for gi, g in enumerate(self._groups):
-            if not g.onloaded:
-                self._onload(gi)
-            for slot in g.slots:
-                if slot.handle is not None:
-                    slot.handle.free()
-                    slot.handle = None
-        self._groups = []
-
-
-def offload_module_weights(module, group=1, client=None, blocks=None):
-    """Keeps the weights of ``module``'s blocks in Tierd between uses.
-
-    Blocks are ``module``'s largest nn.ModuleList (or its children; or ``blocks``), taken ``group``
-    at a time. A forward pre-hook on a group's blocks onloads the group (if its prefetch has not
-    already) and starts the next group's onload (CUDA: allocated on the current stream, which
-    waits on the GPU for the copies only when that group runs; synchronously staged on CPU), so
-    copies overlap compute. After
-    the group's last block, its weights leave again (they are already in Tierd: nothing is
-    copied, unless they changed in place). Outputs are identical to running without offload.
-
-    For inference or frozen weights under ``torch.no_grad()``: with grad enabled, weights a
-    backward may need stay resident after use (a warning says so once). Tied weights (owned by
-    more than one module) stay resident. Call ``.remove()`` (or use ``with``) before changing
-    weights or moving the module.
-    """
-    return WeightOffloader(module, group=group, client=client, blocks=blocks)
-
-
-# ---- the joint planner: keep, offload or recompute ---------------------------------------------
-
-def plan_activations(model, target_bytes=None, max_overhead=None,
-                     recompute=("light", "selective", "full"), offload=True, blocks=None,
-                     selective_policy=None, min_bytes=DEFAULT_MIN_BYTES, client=None, link=None,
-                     verbose=True):
-    """Plans, for each of ``model``'s blocks, whether its activations are kept (and which of its
-    saved tensors tierd offloads) or recomputed in backward by PyTorch's own checkpointing
-    (``torch.utils.checkpoint``, non-reentrant: around a gated MLP's activation only, "light";
-    selectively, with selective checkpoint contexts; or fully), to meet ``target_bytes`` of
-    activation memory (``torch.cuda.max_memory_allocated`` above the step's start) at the least
-    step time, or to save the most memory within ``max_overhead`` (a fraction of the step; the
-    default, 0.05, when neither is given). Create it once and enter it every step::
-
-        plan = tier.torch.plan_activations(model, target_bytes=8 << 30)
-        for batch in data:
-            with plan:
-                loss = model(**batch).loss
-                loss.backward()
-            optimizer.step(); optimizer.zero_grad()
-
-    After a warm-up step, two steps calibrate (more where a kind of block occurs fewer than four
-    times): one records the saved tensors, one times the blocks without hooks; then the plan is
-    printed (``verbose``) and followed. ``recompute``: the recompute modes allowed (``()``:
-    offload only; "light" where every block has a gated MLP); ``offload=False``: recompute
-    only; ``blocks``: the modules to plan (default: the model's largest nn.ModuleList);
-    ``selective_policy``: a policy function for ``create_selective_checkpoint_contexts``
-    (default: keep matmul and attention outputs).
-    ``link``: ``(d2h, h2d)`` bytes/s instead of tierd's figure. Returns the
-    :class:`~tier._plan_activations.ActivationPlanner` (``.plan``, ``.summary()``, ``.stats``,
-    ``.remove()``). See tier/_plan_activations.py and tier/_activation_planner.py.
-    """
-    return ActivationPlanner(model, target_bytes=target_bytes, max_overhead=max_overhead,
-                             recompute=recompute, offload=offload, blocks=blocks,
-                             selective_policy=selective_policy, min_bytes=min_bytes,
-                             client=client, link=link, verbose=verbose)
-
-
-# Drop-in surfaces for torchtune's and diffusers' offloaders (tier/_dropin.py), over the above.
-from ._dropin import (CPUOffloadOptimizer, NoOpManager, OffloadActivations,  # noqa: E402,F401
-                      apply_group_offloading, get_act_offloading_ctx_manager)
-from ._plan_activations import ActivationPlanner  # noqa: E402
-
-
-def __getattr__(name):
-    # tier.torch.dcp (tier/_dcp.py) on first use: it imports torch.distributed.checkpoint.
-    # tier.torch.Checkpointer (tier/_checkpointer.py) likewise.
-    if name == "dcp":
-        from . import _dcp
-        return _dcp
-    if name == "Checkpointer":
-        from ._checkpointer import Checkpointer
-        return Checkpointer
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))

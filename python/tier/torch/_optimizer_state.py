@@ -31,8 +31,8 @@ import types
 
 import torch
 
-from . import _dtensor
-from . import client as _client
+from .. import _dtensor
+from .. import client as _client
 from ._counters import Counters
 
 DEFAULT_GROUP_BYTES = 64 << 20

@@ -18,12 +18,14 @@ import contextlib
 
 import torch
 
-from . import torch as _tt
+from ._activations import ActivationOffloader, no_offload
+from ._optimizer_state import offload_optimizer_state
+from ._weights import offload_module_weights
 
 # ---- torchtune ---------------------------------------------------------------------------------
 
 
-class OffloadActivations(_tt.ActivationOffloader):
+class OffloadActivations(ActivationOffloader):
     """torchtune's ``OffloadActivations`` through Tierd::
 
         from tier.torch import OffloadActivations   # was: from torchtune.training import ...
@@ -55,7 +57,7 @@ class OffloadActivations(_tt.ActivationOffloader):
 
 def NoOpManager():  # noqa: N802 - torchtune's name
     """torchtune's ``NoOpManager``: saved tensors inside stay where they are."""
-    return _tt.no_offload()
+    return no_offload()
 
 
 class _HeadKeepingOffload(OffloadActivations):
@@ -129,7 +131,7 @@ def CPUOffloadOptimizer(params, optimizer_class=torch.optim.AdamW, *,  # noqa: N
         optimizer_class = getattr(__import__(module or "torch.optim", fromlist=[name]), name)
     optimizer = optimizer_class(params, **kwargs)
     extra = {} if group_bytes is None else {"group_bytes": int(group_bytes)}
-    _tt.offload_optimizer_state(optimizer, prefetch=prefetch, client=client, **extra)
+    offload_optimizer_state(optimizer, prefetch=prefetch, client=client, **extra)
     return optimizer
 
 
@@ -191,5 +193,5 @@ def apply_group_offloading(module, onload_device=None, offload_device=None,
     if offload_type == "block_level":
         if num_blocks_per_group is None or int(num_blocks_per_group) < 1:
             raise ValueError("block_level offloading needs num_blocks_per_group >= 1")
-        return _tt.offload_module_weights(module, group=int(num_blocks_per_group), client=client)
-    return _tt.offload_module_weights(module, group=1, client=client, blocks=_leaves(module))
+        return offload_module_weights(module, group=int(num_blocks_per_group), client=client)
+    return offload_module_weights(module, group=1, client=client, blocks=_leaves(module))

@@ -1,9 +1,9 @@
 """The learning half of ``offload_activations(max_overhead=..., target_bytes=...)``: it watches one
 step with nothing offloaded (the calibration step), takes the link's bandwidth from tierd, asks
-the planner (tier/_offload_planner.py) which saved tensors hide under compute, and from the next
-step on hands the offloader a :class:`~tier._offload_planner.StepPlan`: for each saved tensor in
-forward order, keep it or offload it, where to release offloaded sources, where to start
-reloads. It re-plans when a step takes longer than the plan predicted.
+the planner (tier/torch/_offload_planner.py) which saved tensors hide under compute, and from the
+next step on hands the offloader a :class:`~tier.torch._offload_planner.StepPlan`: for each saved
+tensor in forward order, keep it or offload it, where to release offloaded sources, where to
+start reloads. It re-plans when a step takes longer than the plan predicted.
 
 A site is a saved tensor's position among the step's candidates (tensors the offloader could
 offload: big enough, not parameters); a model whose forward saves the same tensors in the same
@@ -27,7 +27,7 @@ import time
 import torch
 
 from . import _offload_planner as planner
-from . import errors as _errors
+from .. import errors as _errors
 from ._counters import Counters
 
 PROBE_BYTES = 64 << 20
@@ -35,7 +35,7 @@ PROBE_BYTES_CPU = 4 << 20
 PROBE_CHUNKS = 4
 PROBE_ROUNDS = 2
 # Reloads due within RELOAD_WINDOW_S of one another start together, while the batch stays within
-# RELOAD_BATCH_BYTES (tier/_offload_planner.reload_triggers): many small reloads cost one
+# RELOAD_BATCH_BYTES (tier/torch/_offload_planner.reload_triggers): many small reloads cost one
 # submission each otherwise.
 RELOAD_WINDOW_S = 1e-3
 RELOAD_BATCH_BYTES = 64 << 20
@@ -142,8 +142,8 @@ class BudgetStats(Counters):
 
 def link_from_tierd(client, device):
     """tierd's achieved D2H / H2D bandwidth of `device`'s link (``Client.link_bandwidth``), as a
-    :class:`~tier._offload_planner.Link`; None where tierd has no figure (no copies on that GPU
-    yet, the host engine, a CPU device, or a library without the call)."""
+    :class:`~tier.torch._offload_planner.Link`; None where tierd has no figure (no copies on that
+    GPU yet, the host engine, a CPU device, or a library without the call)."""
     if device is None or device.type != "cuda":
         return None
     ask = getattr(client, "link_bandwidth", None)
@@ -166,7 +166,7 @@ def probe_link(client, device, nbytes=PROBE_BYTES, chunks=PROBE_CHUNKS, rounds=P
     """Times offloads and reloads of ``chunks`` x ``nbytes`` through tierd on ``device``, each
     direction as one batch kept in flight together (a lone copy and a host round trip per copy
     measured a fifth of the link on the H100): one untimed round first (registration, the lane's
-    start), then the best of ``rounds``. A :class:`~tier._offload_planner.Link`."""
+    start), then the best of ``rounds``. A :class:`~tier.torch._offload_planner.Link`."""
     probes = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(chunks)]
 
     def sync():

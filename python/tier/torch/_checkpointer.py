@@ -15,7 +15,7 @@ Both copies go through DCP's planner, so a sharded state dict (FSDP2, tensor par
 and loaded shard by shard on every rank; the tierd copy through tier.torch.dcp. Every rank calls
 ``save`` and ``load`` (they are collective, as dcp.save and dcp.load are).
 
-In tierd, for a checkpointer NAME: ``NAME/s<step>`` (a DCP checkpoint, tier/_dcp.py) for each
+In tierd, for a checkpointer NAME: ``NAME/s<step>`` (a DCP checkpoint, tier/torch/_dcp.py) for each
 step kept (the newest ``keep``), and ``NAME/steps``, the list of those steps, newest first,
 written after the save committed, so a step listed is whole.
 """
@@ -24,8 +24,8 @@ import os
 
 from . import _checkpoint
 from . import _dcp
-from . import client as _client
-from . import errors
+from .. import client as _client
+from .. import errors
 
 _INDEX_FORMAT = 1
 

@@ -52,8 +52,8 @@ import weakref
 
 import torch
 
-from . import _cuda_graphs
-from . import client as _client
+from .. import _cuda_graphs
+from .. import client as _client
 from ._counters import Counters
 
 __all__ = ["compile_options", "compile_backend", "TierPartitioner", "compile_stats"]
@@ -63,6 +63,15 @@ DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 FOLLOW = 0  # policy id: follow the ActivationOffloader active at run time
 AUTO_DEVICES = ("cuda",)  # what the partitioner offload_activations installs rewrites
 RELEASE_LAG = 2  # offloads between an offload and the release of its source
+
+
+class Followed:
+    """What the ops of a graph compiled to follow the active offloader (FOLLOW) read from the
+    owner of the saved-tensor hooks on top when they run: ``client``, ``min_bytes``,
+    ``prefetch``, ``max_inflight_bytes`` and ``stats``. ActivationOffloader derives from it;
+    defined here, so that this module needs nothing of the offloader's."""
+
+    __slots__ = ()
 
 
 class CompiledOffloadStats(Counters):
@@ -126,12 +135,11 @@ class _Runtime:
 
     def _follow(self):
         """The ActivationOffloader whose hooks are on top now, or None."""
-        from .torch import ActivationOffloader
         top = torch._C._autograd._top_saved_tensors_default_hooks(False)
         if top is None:
             return None
         owner = getattr(top[0], "__self__", None)
-        return owner if isinstance(owner, ActivationOffloader) else None
+        return owner if isinstance(owner, Followed) else None
 
     def _settings(self, policy_id):
         """(client, min_bytes, prefetch, max_inflight_bytes, stats) or None (keep)."""
