@@ -9,11 +9,11 @@ Two layers, one :class:`Client`:
   batches (tier_offload_batch / tier_reload_batch, many jobs under one GPU ticket):
   :meth:`Client.offload_buffer_batch`, :meth:`Client.reload_buffer_batch`.
 * Tensors: ``h = client.offload(t, streams=None)`` gives a :class:`Handle`;
-  ``h.reload(stream=None)`` a tensor of the same shape, dtype and device; ``h.free()``. Handles may simply be dropped.
-  ``client.offload_batch(ts)`` / ``client.reload_batch(handles)`` do the same for many tensors,
-  one batch per GPU (one producer wait, one consumer wait) and batches of host jobs for CPU ones.
-  ``client.start_reloads(handles, prefetch=True)`` is the prefetch every offloader of tier.torch
-  uses.
+  ``h.reload(stream=None)`` a tensor of the same shape, dtype and device; ``h.free()``. Handles
+  may simply be dropped. ``client.offload_batch(ts)`` / ``client.reload_batch(handles)`` do the
+  same for many tensors, one batch per GPU (one producer wait, one consumer wait) and batches of
+  host jobs for CPU ones. ``client.start_reloads(handles, prefetch=True)`` is the prefetch every
+  offloader of tier.torch uses.
 
 Where each part lives (this class only wires them and checks arguments):
 

@@ -2,8 +2,6 @@
 backward (:func:`offload_activations`, :class:`ActivationOffloader`, :func:`no_offload`).
 Stream ordering: tier/torch/__init__.py's docstring and tier/_reloads.py."""
 
-import bisect
-import collections
 import contextlib
 import threading
 import warnings
@@ -14,12 +12,14 @@ import torch
 from .. import _cuda_graphs
 from .. import _dtensor
 from .. import client as _client
-from .. import errors as _errors
 from . import _compile
 from . import _offload_planner as _planner
 from ._counters import Counters
 from ._module_selection import ModuleSelection
+from ._backward_reloads import BackwardReloads
 from ._offload_budget import OffloadBudget
+from ._save_batches import SaveBatches
+from ._saved import KeptSite, Saved, StorageRecord, storage_bytes, untyped_storage, view_of
 
 try:
     from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
@@ -28,27 +28,6 @@ except ImportError:  # pragma: no cover - present in every torch this supports
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
-
-
-# ---- storage helpers (torch 1.13 .. 2.x) ------------------------------------------------------
-
-def _untyped_storage(t):
-    f = getattr(t, "untyped_storage", None)  # torch >= 2.0
-    if f is not None:
-        return f()
-    s = t.storage()  # torch 1.13: a TypedStorage over an UntypedStorage
-    return s.untyped() if hasattr(s, "untyped") else s._storage
-
-
-def _storage_bytes(t):
-    """A flat uint8 tensor over the whole storage of t (every view of it lies inside)."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(_untyped_storage(t))
-
-
-def _view_of(flat, dtype, size, stride, offset):
-    """The view (dtype, size, stride, storage offset) rebuilt over a flat byte tensor."""
-    return torch.empty(0, dtype=dtype, device=flat.device).set_(
-        _untyped_storage(flat), offset, size, stride)
 
 
 def _identity(x):
@@ -86,56 +65,6 @@ class ActivationStats(Counters):
                  "stayed_on_gpu_storages", "stayed_on_gpu_bytes",
                  "deduplicated", "reloads", "prefetches", "source_hits", "fallbacks",
                  "inflight_waits", "planned_prefetches", "released_storages", "released_bytes")
-
-
-class _StorageRecord:
-    """One offloaded storage. Lives while any saved view of it does (the graph holds _Saved
-    objects); when the last goes, the handle goes and its Tierd object is freed (or was already,
-    by its reload)."""
-
-    __slots__ = ("handle", "index", "device", "nbytes", "weak_storage", "version", "tensor",
-                 "pending", "released", "__weakref__")
-
-    def __init__(self, handle, index, device, nbytes, weak_storage, version):
-        self.handle = handle
-        self.index = index
-        self.device = device
-        self.nbytes = nbytes
-        self.weak_storage = weak_storage  # tells a live storage from a new one at the same address
-        self.version = version
-        self.tensor = None   # the bytes, back (or never gone), as a flat uint8 tensor
-        self.pending = None  # a reload started but not yet taken
-        self.released = False  # planned: the source went back to the allocator in stream order
-
-    def same_storage(self, nbytes, version):
-        if self.nbytes != nbytes or self.version != version:
-            return False  # other data, or the same data changed in place since it was offloaded
-        return self.weak_storage is not None and not self.weak_storage.expired()
-
-
-class _Saved:
-    """What autograd holds instead of an offloaded tensor: the storage's record plus the view."""
-
-    __slots__ = ("record", "dtype", "size", "stride", "offset", "site")
-
-    def __init__(self, record, t, site=None):
-        self.record = record
-        self.site = site  # the plan's site (None without a budget)
-        self.dtype = t.dtype
-        self.size = t.size()
-        self.stride = t.stride()
-        self.offset = t.storage_offset()
-
-
-class _KeptSite:
-    """A saved tensor the plan keeps but whose first use in backward it must see (a reload
-    trigger, the step's timing point, or every site of a calibration step)."""
-
-    __slots__ = ("tensor", "site")
-
-    def __init__(self, tensor, site):
-        self.tensor = tensor
-        self.site = site
 
 
 _Tensor = torch.Tensor
@@ -181,37 +110,27 @@ class ActivationOffloader(_compile.Followed):
         self.min_bytes = int(min_bytes)
         self.prefetch = int(prefetch)
         self.max_inflight_bytes = int(max_inflight_bytes)
-        self._inflight = collections.deque()  # (handle, bytes): CUDA offloads not known complete
-        self._inflight_bytes = 0
         self._client = client
         self._module = module
         self._skip = frozenset()
         self._skip_params = None
         self._lock = threading.RLock()
-        self._by_storage = weakref.WeakValueDictionary()  # (device, data_ptr) -> _StorageRecord
-        self._order_index = []  # record indices in pack order (for bisect)
-        self._order = []        # weakref.ref(_StorageRecord), parallel to _order_index
+        self._by_storage = weakref.WeakValueDictionary()  # (device, data_ptr) -> StorageRecord
         self._next_index = 0
-        self._compact_at = 1024
         self._hooks = None
         # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
         # the records of its offloaded sites, and those whose sources are still held.
         self._plan = None
         self._site = 0
         self._step_open = False
-        self._site_records = {}  # site -> weakref to its _StorageRecord
+        self._site_records = {}  # site -> weakref to its StorageRecord
         self._held = []          # weakrefs to planned records not yet released, in offload order
         self.stats = ActivationStats()
-        # Storages packed and not yet submitted: sent as one batch per (device, producer stream)
-        # once BATCH_TENSORS of them or BATCH_BYTES wait, and before anything needs them (a
-        # release point, the first unpack, the end of the context). CUDA only: CPU tensors are
-        # staged when saved (a storage changed in place afterwards is offloaded as it was when
-        # saved; on a GPU the copy runs after the producer's work queued so far, as every GPU
-        # offload).
-        self._deferred = []  # (weakref to _StorageRecord, flat bytes, producer stream or None)
-        self._deferred_bytes = 0
+        # Forward's side (tier/torch/_save_batches.py: packed storages sent as batches) and
+        # backward's (tier/torch/_backward_reloads.py: each storage back once, prefetched).
+        self._batches = SaveBatches(self, bounded=self._budget is None)
+        self._reloads = BackwardReloads(self, self._batches)
         self._defer_cpu = False  # tests: the deferral's bookkeeping on the host engine
-        self._warned_flush = False
         self._warned_down = False
         self._serving = True  # tierd serves (checked as each context begins)
         self._capture = _cuda_graphs.CaptureGuard()
@@ -258,7 +177,7 @@ class ActivationOffloader(_compile.Followed):
             # plan keeps the set of its calibration: no walk over the module's tensors at every
             # step.)
             self._skip_params = frozenset(
-                (t.device, _untyped_storage(t).data_ptr())
+                (t.device, untyped_storage(t).data_ptr())
                 for t in (_dtensor.split(t)[0] for t in list(self._module.parameters()) +
                           list(self._module.buffers())))
         self._skip = self._skip_params or frozenset()
@@ -267,7 +186,7 @@ class ActivationOffloader(_compile.Followed):
         _compile.on_offloader_enter(self)  # graphs compiled from now on offload inside
         if scoped:
             # Block-scoped: no hooks here; the policy opens them around the blocks the plan
-            # names (_region_enter / _region_exit).
+            # names (region_enter / region_exit).
             self._hooks = _SCOPED
         else:
             self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -281,18 +200,20 @@ class ActivationOffloader(_compile.Followed):
         if hooks is not _SCOPED:
             hooks.__exit__(*exc)
         with self._lock:
-            self._flush()
+            self._batches.flush()
             if self._held:
                 self._release_held(None)  # a step that never reached its barrier
         if self._selection is not None:
             self._selection.remove()
         return False
 
-    # -- block-scoped plans (the joint planner) --
+    # -- block-scoped plans: what a block-scoped policy (tier/torch/_plan_activations.py) drives:
+    # region_enter / region_exit around each block with candidates, release_sites where a block
+    # begins, barrier at the end of forward --
 
-    def _region_enter(self, first_site):
+    def region_enter(self, first_site):
         """Opens the saved-tensor hooks for one block of a block-scoped plan, whose candidates
-        are numbered from `first_site`. Returns the token for _region_exit."""
+        are numbered from `first_site`. Returns the token for region_exit."""
         self._site = first_site
         # Made per region, not kept: an offloader holding hooks bound to itself would live on
         # in a reference cycle (its records and tierd objects with it) until a collection.
@@ -300,16 +221,16 @@ class ActivationOffloader(_compile.Followed):
         hooks.__enter__()
         return hooks
 
-    def _region_exit(self, token, *exc):
+    def region_exit(self, token, *exc):
         """Closes the block's hooks (its deferred offloads go now: their copies start by the
         block's end); returns the index after its last candidate."""
         token.__exit__(*(exc or (None, None, None)))
-        if self._deferred:
+        if self._batches:
             with self._lock:
-                self._flush()
+                self._batches.flush()
         return self._site
 
-    def _barrier(self, device):
+    def barrier(self, device):
         """The end of a block-scoped plan's forward: every planned offload still held goes back
         in stream order (the current stream waits on the GPU for copies still running)."""
         with self._lock:
@@ -340,7 +261,7 @@ class ActivationOffloader(_compile.Followed):
             return True
         if base.requires_grad or isinstance(base, _Parameter):
             return False
-        if self._skip and (t.device, _untyped_storage(t).data_ptr()) in self._skip:
+        if self._skip and (t.device, untyped_storage(t).data_ptr()) in self._skip:
             return False  # a registered parameter or buffer of `module`
         return True
 
@@ -371,11 +292,11 @@ class ActivationOffloader(_compile.Followed):
         plan = self._plan
         if plan is None:
             # Calibration: every candidate kept and stamped (production now, first use later).
-            storage = _untyped_storage(tensor)
+            storage = untyped_storage(tensor)
             budget.candidate(site, storage.nbytes(), tensor.device,
                              (tensor.device, storage.data_ptr()))
             stats.kept += 1
-            return _KeptSite(tensor, site)
+            return KeptSite(tensor, site)
         if site == 0:
             budget.step_started(tensor.device)
         if site >= plan.count:
@@ -383,13 +304,13 @@ class ActivationOffloader(_compile.Followed):
             return tensor
         due = plan.releases.get(site)
         if due is not None:
-            self._release_sites(due, tensor.device)
+            self.release_sites(due, tensor.device)
         action = plan.actions[site]
         if action == _OFFLOAD:
             out = self._offload_saved(tensor, site)
         else:
             stats.kept += 1
-            out = tensor if action == _KEEP else _KeptSite(tensor, site)
+            out = tensor if action == _KEEP else KeptSite(tensor, site)
         if site == plan.barrier:
             # The end of forward: every planned offload still held goes back now, the current
             # stream waiting for the copies still running (the plan predicted how long).
@@ -398,7 +319,7 @@ class ActivationOffloader(_compile.Followed):
         return out
 
     def _offload_saved(self, tensor, site):
-        storage = _untyped_storage(tensor)
+        storage = untyped_storage(tensor)
         nbytes = storage.nbytes()
         key = (tensor.device, storage.data_ptr())
         with self._lock:
@@ -415,123 +336,25 @@ class ActivationOffloader(_compile.Followed):
             self.stats.offloaded_tensors += 1
             if site is not None:
                 self._site_records[site] = weakref.ref(record)
-        return _Saved(record, tensor, site)
+        return Saved(record, tensor, site)
 
     def _offload_storage(self, t, storage, nbytes):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
         # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
         # alive until the copy completed, or until a plan's release point hands it back.
-        flat = _storage_bytes(t)
+        flat = storage_bytes(t)
         weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
-        record = _StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
+        record = StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
         self._next_index += 1
         if self._budget is None:  # the order count-based prefetch walks (a plan has triggers)
-            self._order_index.append(record.index)
-            self._order.append(weakref.ref(record))
-            if len(self._order) >= self._compact_at:
-                self._compact()
-        if not t.is_cuda and not self._defer_cpu:
-            # CPU: the bytes are staged now (as saved), the job goes with the next batch.
-            try:
-                staged = self.client.stage_offload(flat)
-            except _errors.TierError as e:
-                # No staging memory from tierd (it went away or drains): the bytes stay where
-                # they are and backward uses them, as for a batch refused in _flush.
-                record.tensor = flat
-                self.stats.fallbacks += 1
-                if not self._warned_flush:
-                    self._warned_flush = True
-                    warnings.warn("tier: saved activations stay in memory: %s" % e,
-                                  RuntimeWarning, stacklevel=2)
-                return record
-            self._deferred.append((weakref.ref(record), None, None, staged))
-        else:
-            # The producer is the current stream now (it may be another by the time of the
-            # batch).
-            stream = torch.cuda.current_stream(t.device) if t.is_cuda else None
-            self._deferred.append((weakref.ref(record), flat, stream, None))
-        self._deferred_bytes += nbytes
-        if len(self._deferred) >= self.BATCH_TENSORS or self._deferred_bytes >= self.BATCH_BYTES:
-            self._flush()
+            self._reloads.note(record)
+        # CPU: the bytes are staged now (as saved), the job goes with the next batch.
+        self._batches.add(record, flat, t, stage_now=not t.is_cuda and not self._defer_cpu)
         return record
 
-    def _flush(self):
-        """Submits the deferred storages: one batch per (device, producer stream); each job
-        waits (GPU) for its producer stream and keeps its source alive until copied. Storages
-        whose saved tensors are all gone already are dropped. Called with self._lock held."""
-        if not self._deferred:
-            return
-        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
-        groups = collections.OrderedDict()  # (device, stream) -> [(record, flat)]
-        staged = []                         # [(record, (handle, staging))]: CPU, staged already
-        client = self.client
-        for ref, flat, stream, stage in deferred:
-            record = ref()
-            if stage is not None:
-                if record is not None:
-                    staged.append((record, stage))
-                elif stage[1] is not None:
-                    client.staging_release(stage[1])  # its saved tensors are gone
-            elif record is not None:
-                groups.setdefault((record.device, stream), []).append((record, flat))
-        if staged:
-            self._submit_staged(staged)
-        for (_, stream), items in groups.items():
-            # retain_on_failure: if an offload fails (pool or quota full), its handle keeps the
-            # data and backward uses it from there: not offloaded, but not lost either (unless a
-            # plan's release point handed the source back before the failure was known).
-            try:
-                handles = self.client.offload_batch([flat for _, flat in items],
-                                                    [stream] if stream is not None else None,
-                                                    None, retain_on_failure=True)
-            except _errors.TierError as e:
-                # Refused before anything was submitted (tierd gone, ...). Raised here it would
-                # surface far from its cause (a later save, or backward); the bytes stay where
-                # they are and backward uses them.
-                for record, flat in items:
-                    record.tensor = flat
-                    self.stats.fallbacks += 1
-                if not self._warned_flush:
-                    self._warned_flush = True
-                    warnings.warn("tier: saved activations stay on the GPU: %s" % e,
-                                  RuntimeWarning, stacklevel=2)
-                continue
-            for (record, _), handle in zip(items, handles):
-                self._submitted(record, handle)
-
-    def _submit_staged(self, staged):
-        """CPU storages staged when saved, submitted as batches of host jobs."""
-        client = self.client
-        try:
-            # retain_on_failure: a failed offload leaves the data in its handle (see _flush).
-            client.submit_staged([stage for _, stage in staged], retain_on_failure=True)
-        except _errors.TierError as e:
-            if not self._warned_flush:
-                self._warned_flush = True
-                warnings.warn("tier: saved activations stay in memory: %s" % e, RuntimeWarning,
-                              stacklevel=3)
-        for record, (handle, staging) in staged:
-            if not handle.submitted and staging is not None:
-                # Not submitted (refused): the bytes come back out of the staging buffer.
-                record.tensor = staging.tensor()[:handle.nbytes].clone()
-                client.staging_release(staging)
-                self.stats.fallbacks += 1
-                continue
-            self._submitted(record, handle)
-
-    def _submitted(self, record, handle):
-        record.handle = handle
-        if handle.stayed_on_gpu:
-            self.stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
-            self.stats.stayed_on_gpu_bytes += record.nbytes
-        else:
-            self.stats.offloaded_storages += 1
-            self.stats.offloaded_bytes += record.nbytes
-        if handle.direct and not handle.stayed_on_gpu and self._budget is None:
-            # Without a plan: released when the host sees the copy complete, bounded.
-            self._bound_inflight(handle, record.nbytes)
-
-    def _release_sites(self, sites, device):
+    def release_sites(self, sites, device):
+        """The planned offloads of `sites` whose sources are still held go back in stream
+        order (the current stream of `device` waits on the GPU for their copies)."""
         records = []
         for site in sites:
             ref = self._site_records.get(site)
@@ -555,7 +378,7 @@ class ActivationOffloader(_compile.Followed):
         of `device` waits (GPU) for their copies, then their jobs drop the sources. CPU sources
         were staged when saved: nothing is held. Called with self._lock held."""
         if any(r.handle is None for r in records):
-            self._flush()  # still deferred: submitted first, so there is a copy to wait for
+            self._batches.flush()  # still deferred: submitted first, so there is a copy to wait for
         handles = [r.handle for r in records if r.handle is not None and r.device == device]
         released = 0
         if handles and device.type == "cuda":
@@ -566,63 +389,33 @@ class ActivationOffloader(_compile.Followed):
             self.stats.released_storages += released
             self.stats.released_bytes += sum(h.nbytes for h in handles if h.released)
 
-    def _bound_inflight(self, handle, nbytes):
-        """CUDA: a source's memory is released only once its copy is known (on the host) to have
-        completed, and the host runs far ahead of the GPU. Bound what waits: past
-        max_inflight_bytes, block the host on the oldest copy. The GPU keeps busy meanwhile with
-        the work already queued; the copy waits only for kernels queued before it."""
-        if not handle.submitted:
-            return  # nothing in flight (kept on the GPU, or empty)
-        self._inflight.append((handle, nbytes))
-        self._inflight_bytes += nbytes
-        reaped = False
-        while self._inflight:
-            oldest, size = self._inflight[0]
-            if oldest.in_flight:
-                if self._inflight_bytes <= self.max_inflight_bytes:
-                    break
-                if not reaped:
-                    self.client.collect()
-                    reaped = True
-                    continue
-                oldest.wait_offload()
-                self.stats.inflight_waits += 1
-            self._inflight.popleft()
-            self._inflight_bytes -= size
-
-    def _compact(self):
-        live = [(i, r) for i, r in zip(self._order_index, self._order) if r() is not None]
-        self._order_index = [i for i, _ in live]
-        self._order = [r for _, r in live]
-        self._compact_at = max(1024, 2 * len(live))
-
     # -- unpack (backward) --
 
     def _unpack(self, saved):
         cls = type(saved)
-        if cls is _KeptSite:
+        if cls is KeptSite:
             self._on_use(saved.site, saved.tensor.device)
             return saved.tensor
-        if cls is not _Saved:
+        if cls is not Saved:
             return saved
         record = saved.record
         planned = saved.site is not None
         if planned:
             self._on_use(saved.site, record.device)
         with self._lock:
-            if self._deferred:
-                self._flush()  # backward began: whatever forward saved goes out now
+            if self._batches:
+                self._batches.flush()  # backward began: whatever forward saved goes out now
             if self._held:
                 self._release_held(record.device)  # a forward that ended before its barrier
             # The one needed now is submitted first, then the ones ahead: those the plan starts
             # at this point of backward (just early enough: _on_use), or else the next
             # `prefetch` in reverse order of offload (the order backward needs them); then we
             # take this one.
-            self._start(record, prefetch=False)
+            self._reloads.start([record], prefetch=False)
             if not planned:
-                self._prefetch_before(record)
-            flat = self._finish(record)
-        return _view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
+                self._reloads.prefetch_before(record, self.prefetch)
+            flat = self._reloads.take(record)
+        return view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
 
     def _on_use(self, site, device):
         """Backward uses a wrapped site: the calibration's stamp, the timed step's end, or the
@@ -640,91 +433,11 @@ class ActivationOffloader(_compile.Followed):
                 ref = self._site_records.get(other_site)
                 other = ref() if ref is not None else None
                 if other is not None and other.tensor is None and other.pending is None:
-                    ahead.append(other)  # (_start_records skips a record given twice)
+                    ahead.append(other)  # (start skips a record given twice)
             if ahead:
                 with self._lock:
-                    self._start_records(ahead, prefetch=True)  # as one batch
+                    self._reloads.start(ahead, prefetch=True)  # as one batch
                 self.stats.planned_prefetches += len(ahead)
-
-    def _start(self, record, prefetch):
-        self._start_records([record], prefetch)
-
-    def _start_records(self, records, prefetch):
-        """Starts the reloads of the records not started yet. Those of one device go as one
-        batch (one ticket). On CUDA the destinations are allocated on the consumer (current)
-        stream, also when prefetching: the copies start once that stream reaches this point, and
-        a prefetch's wait is put where the tensor is first used, so the copies overlap the
-        backward work queued in between. (Prefetches used to be allocated on a side stream, whose
-        allocations come from a pool of their own that the consumer stream never reuses:
-        reserved memory grew by 3 GiB on model a and, with expandable segments, crept for ten
-        steps; issue 28.) Each object is freed by its reload (a record is reloaded once: the
-        bytes stay with it for every later unpack), not by a separate free."""
-        todo = collections.OrderedDict()  # device -> [record]
-        seen = set()
-        client = self.client
-        reaped = False
-        for record in records:
-            if record.tensor is not None or record.pending is not None or id(record) in seen:
-                continue
-            seen.add(id(record))
-            if record.handle is None:
-                self._flush()
-            if not reaped:
-                client.collect()  # once for the batch: which offloads are done
-                reaped = True
-            if record.handle.failed:
-                self.stats.fallbacks += 1  # the offload failed: the handle kept the data
-            if record.device.type == "cuda":
-                source = record.handle.pending_source(reap=False)
-                if source is not None:
-                    # The offload is still in flight, so the bytes never left the GPU: use them.
-                    record.tensor = source
-                    self.stats.source_hits += 1
-                    continue
-            todo.setdefault(record.device, []).append(record)
-        for device, group in todo.items():
-            handles = [record.handle for record in group]
-            # CUDA: allocated on the current stream, which waits (GPU) for the copies: at once
-            # for a reload needed now, at the first use (_finish: result()) for a prefetch.
-            # CPU: submitted now, taken in _finish.
-            try:
-                started = client.start_reloads(handles, free=True, prefetch=prefetch)
-            except _errors.TierError as e:
-                lost = [r for r in group if r.released and r.handle.failed]
-                if lost:
-                    raise RuntimeError(
-                        "tier.torch: %d saved activation(s) (%d bytes) were lost: the offload "
-                        "failed (%s) after the plan had handed the GPU memory back to PyTorch. "
-                        "Give tierd room for a step's offloads (pool_bytes, the session's "
-                        "quota), or plan with less offload." % (
-                            len(lost), sum(r.nbytes for r in lost), e)) from e
-                raise
-            for record, pending in zip(group, started):
-                record.pending = pending
-                if prefetch:
-                    self.stats.prefetches += 1
-                else:
-                    self.stats.reloads += 1
-
-    def _finish(self, record):
-        if record.tensor is None:
-            pending, record.pending = record.pending, None
-            record.tensor = pending.result()
-        return record.tensor
-
-    def _prefetch_before(self, record):
-        if self.prefetch == 0:
-            return
-        pos = bisect.bisect_left(self._order_index, record.index)
-        ahead = []
-        j = pos - 1
-        while j >= 0 and len(ahead) < self.prefetch:
-            other = self._order[j]()
-            j -= 1
-            if other is None:
-                continue  # its backward already ran
-            ahead.append(other)
-        self._start_records(ahead, prefetch=True)  # those not started yet, as one batch
 
 
 def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,

@@ -41,7 +41,6 @@ Two ways in:
   compiled before are reported once, loudly, when their saved tensors reach the hooks.
 """
 
-import collections
 import hashlib
 import itertools
 import sys
@@ -55,6 +54,7 @@ import torch
 from .. import _cuda_graphs
 from .. import client as _client
 from ._counters import Counters
+from ._inflight import InflightBound
 
 __all__ = ["compile_options", "compile_backend", "TierPartitioner", "compile_stats"]
 
@@ -120,8 +120,7 @@ class _Runtime:
         self._entries = {}
         self._keys = itertools.count(1)
         self._policies = {}
-        self._inflight = collections.deque()  # (handle, bytes): offloads not known complete
-        self._inflight_bytes = 0
+        self._inflight = InflightBound()  # offloads whose copies are not known complete
         self.stats = CompiledOffloadStats()
         self._warned = set()
         self.op_calls = 0           # offload ops run, ever
@@ -196,28 +195,9 @@ class _Runtime:
             off_stats.offloaded_storages += 1
             off_stats.offloaded_bytes += nbytes
         if handle.direct and handle.submitted:
-            self._bound_inflight(client, handle, nbytes, max_inflight)
+            # Its source's memory returns once its copy is known complete (_inflight.py).
+            self.stats.inflight_waits += self._inflight.add(handle, nbytes, max_inflight)
         return self._handle_tensor(_Entry(handle=handle, client=client, stats=off_stats))
-
-    def _bound_inflight(self, client, handle, nbytes, limit):
-        """As ActivationOffloader._bound_inflight: a source's GPU memory returns once its copy
-        is known complete on the host; past `limit` bytes waiting so, wait for the oldest."""
-        self._inflight.append((handle, nbytes))
-        self._inflight_bytes += nbytes
-        reaped = False
-        while self._inflight:
-            oldest, size = self._inflight[0]
-            if oldest.in_flight:
-                if self._inflight_bytes <= limit:
-                    break
-                if not reaped:
-                    oldest.client.collect()
-                    reaped = True
-                    continue
-                oldest.wait_offload()
-                self.stats.inflight_waits += 1
-            self._inflight.popleft()
-            self._inflight_bytes -= size
 
     def release(self, h):
         """x's memory may be reused from here on in the graph's stream order: that stream

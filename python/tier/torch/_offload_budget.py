@@ -44,7 +44,7 @@ SETTLE_STEPS = 1
 SLOW_STEPS = 2
 
 
-class _Clock:
+class Clock:
     """Seconds since the step began, on the GPU's timeline for CUDA tensors."""
 
     def __init__(self):
@@ -249,7 +249,7 @@ class OffloadBudget:
     def begin_step(self):
         """The plan this step follows, or None: it calibrates."""
         if self._step_plan is None:
-            self._clock = _Clock()
+            self._clock = Clock()
             self._calib = []
             self._groups = {}
             return None

@@ -43,9 +43,7 @@ backward. A block that saves other tensors than in calibration is seen at its en
 calibrates again (twice: it keeps the modes and stops offloading).
 """
 
-import collections
 import functools
-import statistics
 import sys
 import time
 import warnings
@@ -56,6 +54,7 @@ from . import _activation_planner as ap
 from . import _offload_budget as ob
 from . import _offload_planner as op
 from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
+from ._calibration import Calibration, build_profile, calibration_modes, rest_mode, signature
 from ._counters import Counters
 from ._weights import find_blocks
 
@@ -298,42 +297,6 @@ class PlannerStats(Counters):
         return "PlannerStats(%s)" % ", ".join("%s=%s" % kv for kv in self.as_dict().items())
 
 
-class _Calibration:
-    """One calibration step: the modes it runs, and what it saw. ``kind``: "sites" (the
-    saved-tensor hooks see the whole step: every candidate is stamped, the allocator measured)
-    or "timing" (the same modes without any hooks: the blocks' times as they run)."""
-
-    def __init__(self, modes, device_hint, kind):
-        self.modes = list(modes)
-        self.kind = kind
-        self.clock = ob._Clock()
-        self.host = {}           # ("fs" | "fe" | "bs" | "be", block) -> host seconds
-        self.windows = []        # per candidate: block index, "pre" or "post"
-        self.sizes = []          # per candidate: storage bytes
-        self.keys = []           # per candidate: storage key
-        self.window = "pre"      # where candidates now land
-        self.sac_bytes = collections.defaultdict(int)
-        self.mem_before = {}
-        self.mem_extra = {}
-        self.peak = None
-        self.base = None
-        self.device = device_hint
-        self.times = {}
-        # CUDA, per segment of the step (the allocator's peak statistics reset at each block's
-        # backward start): bytes above `base`.
-        self.running = 0          # the step's peak so far
-        self.forward_peak = None  # from the step's start to the last block's backward start
-        self.alloc_bs = {}        # block -> allocated at its backward start
-        self.seg_peak = {}        # block -> the peak during its backward
-
-    def span(self, b, start, end, host=False):
-        """Seconds from stamp (start, b) to (end, b); None where either is missing."""
-        t = self.host if host else self.times
-        if (start, b) in t and (end, b) in t:
-            return t[(end, b)] - t[(start, b)]
-        return None
-
-
 class _JointPolicy:
     """The offloader's policy for the joint planner (the interface of OffloadBudget)."""
 
@@ -409,7 +372,7 @@ class ActivationPlanner:
                                          if m in recompute)
         if self._blocks is not None:
             self._blocks.observer = self
-        self._signatures = [self._signature(b) for b in blocks]
+        self._signatures = [signature(b) for b in blocks]
         self._given_link = op.Link(*link) if link is not None else None
         self._link = self._given_link
         self._link_source = "given" if link is not None else None
@@ -511,7 +474,7 @@ class ActivationPlanner:
             # not measured (a first step pays for allocator growth, library setup, caches).
             self._warmup_left -= 1
             self._now = "warmup"
-            self._set_modes([self._rest_mode()] * len(self._signatures))
+            self._set_modes([rest_mode(self.allowed)] * len(self._signatures))
             return self._unhooked()
         if self._step_plan is not None:
             self._now = "planned"
@@ -524,12 +487,12 @@ class ActivationPlanner:
             # The same modes again, without hooks: the blocks' times as a plan runs them.
             self._now = "timing"
             self._set_modes(self._pending.modes)
-            self._calib = _Calibration(self._pending.modes, self._device, "timing")
+            self._calib = Calibration(self._pending.modes, self._device, "timing")
             return self._unhooked()
-        modes = self._calibration_modes()
+        modes = calibration_modes(self._signatures, self.allowed, self._measured)
         self._now = "sites"
         self._set_modes(modes)
-        self._calib = _Calibration(modes, self._device, "sites")
+        self._calib = Calibration(modes, self._device, "sites")
         return None
 
     def _set_modes(self, modes):
@@ -544,7 +507,7 @@ class ActivationPlanner:
         if self._device is None:
             self._device = device
         if site == 0:
-            self._start_peak(device)
+            c.start_peak(device)
         c.windows.append(c.window)
         c.sizes.append(nbytes)
         c.keys.append(key)
@@ -554,15 +517,6 @@ class ActivationPlanner:
         c = self._calib
         if c is not None and c.kind == "sites":
             c.clock.stamp(("u", site), device)
-
-    def _start_peak(self, device):
-        # The allocator's statistics are the host's own accounting: no synchronization (one
-        # here would cost the step its host lead and slow the block measured next).
-        c = self._calib
-        if device.type == "cuda":
-            c.base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        c.device = device
 
     # -- block observer (BlockModes) --
 
@@ -583,9 +537,9 @@ class ActivationPlanner:
             self._close_region()
             due = regions.releases[b]
             if due and device is not None:
-                self._offloader._release_sites(due, device)
+                self._offloader.release_sites(due, device)
             if regions.hooked[b]:
-                self._region = (b, self._offloader._region_enter(regions.first[b]))
+                self._region = (b, self._offloader.region_enter(regions.first[b]))
             return None
         c = self._calib
         if c is None:
@@ -615,7 +569,7 @@ class ActivationPlanner:
         if region is None:
             return
         b, token = region
-        end = self._offloader._region_exit(token)
+        end = self._offloader.region_exit(token)
         plan = self._running
         if plan is not None and end - plan.regions.first[b] != plan.regions.count[b]:
             self._mismatch = True  # the block saved otherwise than it did in calibration
@@ -625,7 +579,7 @@ class ActivationPlanner:
         if now == "planned":
             self._close_region()
             if b == len(self._signatures) - 1 and self._running.regions.barrier:
-                self._offloader._barrier(self._device)
+                self._offloader.barrier(self._device)
             return
         c = self._calib
         if c is None:
@@ -648,29 +602,8 @@ class ActivationPlanner:
         self._close_region()
 
     def _grad_stamp(self, c, key, device, grad):
-        if c is not self._calib:
-            return None  # a step calibrating no longer (its backward ran late, or never)
-        c.host[key] = time.perf_counter()
-        c.clock.stamp(key, device)
-        if device.type != "cuda" or c.base is None or c.kind != "sites":
-            return None
-        kind, b = key
-        # A block's backward starts where the one after it ends (the same gradient; its
-        # "bs" hook was registered first, so it runs first): close that segment, open this one.
-        if kind == "bs":
-            peak = torch.cuda.max_memory_allocated(device) - c.base
-            if b == len(self._signatures) - 1:
-                c.forward_peak = peak
-            else:
-                c.seg_peak[b + 1] = peak
-            c.running = max(c.running, peak)
-            c.alloc_bs[b] = torch.cuda.memory_allocated(device) - c.base
-            torch.cuda.reset_peak_memory_stats(device)
-        elif b == 0:
-            peak = torch.cuda.max_memory_allocated(device) - c.base
-            c.seg_peak[0] = peak
-            c.running = max(c.running, peak)
-            c.peak = c.running
+        if c is self._calib:  # (else a step calibrating no longer: its backward ran late, or never)
+            c.grad_stamp(key, device, len(self._signatures) - 1)
         return None
 
     def _sac_saved(self, output):
@@ -679,31 +612,6 @@ class ActivationPlanner:
             c.sac_bytes[c.window] += _tensor_bytes(output)
 
     # -- calibration --
-
-    def _signature(self, block):
-        return (type(block).__qualname__,
-                tuple(tuple(p.shape) for p in block.parameters()))
-
-    def _rest_mode(self):
-        return "full" if "full" in self.allowed else (
-            "selective" if "selective" in self.allowed else "keep")
-
-    def _calibration_modes(self):
-        """Per signature: its blocks take the modes not yet measured, one each, in the middle
-        of its blocks (away from the step's start, where the host has no lead on the GPU yet,
-        and its end); the rest run in full recompute (the least memory), else selective, else
-        keep."""
-        n = len(self._signatures)
-        modes = [self._rest_mode()] * n
-        by_sig = collections.OrderedDict()
-        for b, sig in enumerate(self._signatures):
-            by_sig.setdefault(sig, []).append(b)
-        for sig, positions in by_sig.items():
-            need = [m for m in self.allowed if (sig, m) not in self._measured]
-            at = max(0, (len(positions) - len(need)) // 2)
-            for b, mode in zip(positions[at:], need):
-                modes[b] = mode
-        return modes
 
     def _end_step(self, count):
         now, self._now = self._now, None
@@ -719,13 +627,13 @@ class ActivationPlanner:
             self._blocks._sac_observer = None
         c.times = c.clock.resolve()
         if now == "sites":
-            if not self._resolve_sites(c, count):
+            if not c.resolve(count):
                 return  # no backward ran (inference): nothing learned
             self.stats.calibration_steps += 1
             if c.peak is not None:
                 self.stats.calibration_peak_bytes = c.peak
             if self._blocks is None:
-                self._profile = self._build_profile(c, None)
+                self._profile = build_profile(self._signatures, self._measured, c, None)
                 self._choose()
             else:
                 self._pending = c
@@ -742,161 +650,8 @@ class ActivationPlanner:
         if any((sig, m) not in self._measured for sig in self._signatures
                for m in self.allowed):
             return  # another calibration round measures the modes still missing
-        self._profile = self._build_profile(sites, c)
+        self._profile = build_profile(self._signatures, self._measured, sites, c)
         self._choose()
-
-    def _resolve_sites(self, c, count):
-        times = c.times
-        c.produced = {k[1]: v for k, v in times.items() if k[0] == "p"}
-        used = {}
-        for k, v in times.items():
-            if k[0] == "u" and k[1] not in used:
-                used[k[1]] = v
-        c.used = used
-        if not used or len(c.sizes) != count:
-            return False
-        if c.peak is None and c.device is not None and c.device.type == "cuda" and \
-                c.base is not None:
-            c.peak = max(c.running, torch.cuda.max_memory_allocated(c.device) - c.base)
-        return True
-
-    def _block_times(self, b, sites, timing):
-        """(forward, backward, host forward, host backward) seconds of block b: from the timing
-        step (no hooks), else the sites step."""
-        for c in (timing, sites):
-            if c is None:
-                continue
-            fwd, bwd = c.span(b, "fs", "fe"), c.span(b, "bs", "be")
-            if fwd is not None:
-                return fwd, bwd, c.span(b, "fs", "fe", host=True), c.span(b, "bs", "be",
-                                                                            host=True)
-        return None, None, None, None
-
-    def _build_profile(self, last, last_timing):
-        """The StepProfile from the calibration steps (times in seconds from the sites step's
-        first saved tensor; the blocks' own times from the timing steps)."""
-        modes = collections.defaultdict(dict)
-        host = collections.defaultdict(dict)
-        for (sig, mode), seen in self._measured.items():
-            fwd, bwd, hfwd, hbwd = [], [], [], []
-            for b, s, t in seen:
-                f, w, hf, hw = self._block_times(b, s, t)
-                if f is not None:
-                    fwd.append(f)
-                    if hf is not None:
-                        hfwd.append(hf)
-                if w is not None:
-                    bwd.append(w)
-                    if hw is not None:
-                        hbwd.append(hw)
-            b0, s0, t0 = seen[0]
-            gpu_f = _median(fwd)
-            gpu_b = _median(bwd) if bwd else gpu_f * (2 if mode == "keep" else 3)
-            host_f, host_b = _median(hfwd), _median(hbwd)
-            host[sig][mode] = (gpu_f, gpu_b, host_f, host_b)
-            # A block whose host work takes longer than its GPU work runs at the host's pace.
-            modes[sig][mode] = ap.ModeProfile(
-                max(gpu_f, host_f), max(gpu_b, host_b),
-                self._template(b0, s0, t0), self._extra(b0, s0, mode))
-        c = last
-        t = c.times
-        n = len(self._signatures)
-        first = min(c.produced.values())
-        pre_sites = []
-        post_sites = []
-        end = max(c.used.values())
-        block0_end = t.get(("be", 0), end)
-        gaps = [[] for _ in range(n)]
-        for site, window in enumerate(c.windows):
-            if window == "pre":
-                pre_sites.append((c.sizes[site] if self._first_view(c, site) else 0,
-                                  c.used.get(site, end) - block0_end))
-            elif window == "post":
-                post_sites.append(c.sizes[site] if self._first_view(c, site) else 0)
-            elif isinstance(window, tuple):
-                gaps[window[1]].append(c.sizes[site] if self._first_view(c, site) else 0)
-        pre_s = t.get(("fs", 0), first) - first if n else 0.0
-        timed = last_timing if last_timing is not None else c
-        post_s = timed.span(n - 1, "fe", "bs") if n else None
-        if post_s is None:
-            post_s = 0.0
-        tail_s = end - block0_end if n else end - first
-        profile = ap.StepProfile(self._signatures, dict(modes), pre_sites, post_sites,
-                                 max(0.0, pre_s), max(0.0, post_s), max(0.0, tail_s),
-                                 gaps=gaps)
-        profile.host = {sig: dict(v) for sig, v in host.items()}
-        if c.peak is not None:
-            lay = ap.Layout(profile, c.modes, peak_model=False)
-            profile.peak_offset = c.peak - lay.peak([0] * n, 0)
-        self._measure_segments(profile, c)
-        return profile
-
-    def _measure_segments(self, profile, last):
-        """The per-segment peak model's figures (StepProfile.measured), where the calibration
-        steps measured every block's backward on CUDA."""
-        n = len(self._signatures)
-        if last.forward_peak is None or len(last.alloc_bs) != n:
-            return
-
-        def kept(c):
-            # What each block keeps at the end of forward in calibration c, by the model.
-            return ap.Layout(profile, c.modes, peak_model=False).block_bytes
-
-        last_kept = kept(last)
-        misc, below = [], 0
-        for b in range(n):
-            below += last_kept[b]
-            misc.append(last.alloc_bs[b] - below)
-        work = collections.defaultdict(dict)
-        for (sig, mode), seen in self._measured.items():
-            for b, c, _ in seen:
-                if b in c.seg_peak and b in c.alloc_bs:
-                    w = c.seg_peak[b] - c.alloc_bs[b] + kept(c)[b]
-                    work[sig][mode] = max(work[sig].get(mode, 0), w)
-        profile.calib_modes = list(last.modes)
-        profile.forward_peak = last.forward_peak
-        profile.misc = misc
-        profile.work = dict(work)
-
-    def _first_view(self, c, site):
-        return c.keys.index(c.keys[site]) == site
-
-    def _template(self, b, c, timing):
-        """Block b's candidates in sites calibration c, as TemplateSites; when they were saved
-        and needed is scaled to the block's times in the timing step (without the hooks)."""
-        t = c.times
-        fs = t.get(("fs", b), 0.0)
-        bs = t.get(("bs", b))
-        f_scale = b_scale = 1.0
-        if timing is not None:
-            f0, w0 = c.span(b, "fs", "fe"), c.span(b, "bs", "be")
-            f1, w1 = timing.span(b, "fs", "fe"), timing.span(b, "bs", "be")
-            if f0 and f1:
-                f_scale = f1 / f0
-            if w0 and w1:
-                b_scale = w1 / w0
-        out = []
-        windows_of = collections.defaultdict(set)
-        for site, key in enumerate(c.keys):
-            windows_of[key].add(c.windows[site])
-        for site, window in enumerate(c.windows):
-            if window != b:
-                continue
-            key = c.keys[site]
-            first = self._first_view(c, site)
-            produced = (c.produced.get(site, fs) - fs) * f_scale
-            needed = (c.used[site] - bs) * b_scale if (bs is not None and site in c.used) \
-                else 0.0
-            out.append(ap.TemplateSite(c.sizes[site] if first else 0, max(0.0, produced),
-                                       max(0.0, needed), first and windows_of[key] == {b}))
-        return tuple(out)
-
-    def _extra(self, b, c, mode):
-        if mode != "selective":
-            return 0
-        if b in c.sac_bytes:
-            return c.sac_bytes[b]
-        return c.mem_extra.get(b, 0)
 
     def _choose(self):
         if self._link is None:
@@ -1003,10 +758,6 @@ def plan_activations(model, target_bytes=None, max_overhead=None,
 def _end_timer(timer, device, grad):
     timer.end(device)
     return None
-
-
-def _median(values):
-    return statistics.median(values) if values else 0.0
 
 
 @functools.lru_cache(maxsize=None)

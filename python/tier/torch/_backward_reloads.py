@@ -1,0 +1,117 @@
+"""Backward's side of activation offload: each offloaded storage comes back once.
+
+A storage is reloaded when backward first needs it; without a plan the next ``prefetch`` in
+reverse order of offload (the order backward needs them) are started with it, and a plan starts
+its reloads at its triggers instead. The reloads of one device go as one batch, through
+Client.start_reloads: on CUDA allocated on the consumer (current) stream, also when
+prefetching, so they come from that stream's allocator pool; a prefetch's wait is put where the
+tensor is first used (:meth:`BackwardReloads.take`), so the copies overlap the backward work
+queued in between (tier/_reloads.py). Each object is freed by its reload (a record is reloaded
+once: the bytes stay with it for every later unpack), not by a separate free. A CUDA storage
+whose offload is still in flight never left the GPU: its source is used as it is.
+
+Called with the offloader's lock held.
+"""
+
+import bisect
+import collections
+import weakref
+
+from .. import errors as _errors
+
+
+class BackwardReloads:
+    """See the module docstring. ``offloader``: the ActivationOffloader whose records these are
+    (its client and stats are read when needed)."""
+
+    def __init__(self, offloader, batches):
+        self._off = weakref.proxy(offloader)  # (it owns this: no cycle)
+        self._batches = batches
+        self._order_index = []  # record indices in pack order (for bisect)
+        self._order = []        # weakref.ref(StorageRecord), parallel to _order_index
+        self._compact_at = 1024
+
+    def note(self, record):
+        """An offloaded record in pack order, for count-based prefetch (a plan has triggers)."""
+        self._order_index.append(record.index)
+        self._order.append(weakref.ref(record))
+        if len(self._order) >= self._compact_at:
+            self._compact()
+
+    def _compact(self):
+        live = [(i, r) for i, r in zip(self._order_index, self._order) if r() is not None]
+        self._order_index = [i for i, _ in live]
+        self._order = [r for _, r in live]
+        self._compact_at = max(1024, 2 * len(live))
+
+    def start(self, records, prefetch):
+        """Starts the reloads of the records not started yet (see the module docstring)."""
+        stats = self._off.stats
+        todo = collections.OrderedDict()  # device -> [record]
+        seen = set()
+        client = self._off.client
+        reaped = False
+        for record in records:
+            if record.tensor is not None or record.pending is not None or id(record) in seen:
+                continue
+            seen.add(id(record))
+            if record.handle is None:
+                self._batches.flush()
+            if not reaped:
+                client.collect()  # once for the batch: which offloads are done
+                reaped = True
+            if record.handle.failed:
+                stats.fallbacks += 1  # the offload failed: the handle kept the data
+            if record.device.type == "cuda":
+                source = record.handle.pending_source(reap=False)
+                if source is not None:
+                    # The offload is still in flight, so the bytes never left the GPU: use them.
+                    record.tensor = source
+                    stats.source_hits += 1
+                    continue
+            todo.setdefault(record.device, []).append(record)
+        for device, group in todo.items():
+            handles = [record.handle for record in group]
+            # CUDA: allocated on the current stream, which waits (GPU) for the copies: at once
+            # for a reload needed now, at the first use (take: result()) for a prefetch.
+            # CPU: submitted now, taken in take().
+            try:
+                started = client.start_reloads(handles, free=True, prefetch=prefetch)
+            except _errors.TierError as e:
+                lost = [r for r in group if r.released and r.handle.failed]
+                if lost:
+                    raise RuntimeError(
+                        "tier.torch: %d saved activation(s) (%d bytes) were lost: the offload "
+                        "failed (%s) after the plan had handed the GPU memory back to PyTorch. "
+                        "Give tierd room for a step's offloads (pool_bytes, the session's "
+                        "quota), or plan with less offload." % (
+                            len(lost), sum(r.nbytes for r in lost), e)) from e
+                raise
+            for record, pending in zip(group, started):
+                record.pending = pending
+                if prefetch:
+                    stats.prefetches += 1
+                else:
+                    stats.reloads += 1
+
+    def take(self, record):
+        """The record's bytes (a flat uint8 tensor), its reload's result on first use."""
+        if record.tensor is None:
+            pending, record.pending = record.pending, None
+            record.tensor = pending.result()
+        return record.tensor
+
+    def prefetch_before(self, record, count):
+        """Starts the next `count` records before `record` in pack order, as one batch."""
+        if count == 0:
+            return
+        pos = bisect.bisect_left(self._order_index, record.index)
+        ahead = []
+        j = pos - 1
+        while j >= 0 and len(ahead) < count:
+            other = self._order[j]()
+            j -= 1
+            if other is None:
+                continue  # its backward already ran
+            ahead.append(other)
+        self.start(ahead, prefetch=True)  # those not started yet, as one batch

@@ -1,0 +1,143 @@
+"""Forward's side of activation offload: storages packed and not yet submitted, sent to tierd
+as batches.
+
+A CUDA storage is deferred (the copy of a batch runs after the producer's work queued so far, as
+every GPU offload) and sent as one batch per (device, producer stream) once ``batch_tensors`` of
+them or ``batch_bytes`` wait, and before anything needs them (a release point, the first unpack,
+the end of the context). A CPU storage is staged when saved (one changed in place afterwards is
+offloaded as it was when saved) and its job goes with the next batch. Storages whose saved
+tensors are all gone by then are dropped. An offload refused before anything was submitted
+(tierd gone, draining) leaves the bytes where they are, and backward uses them; one that fails
+later keeps its data in its handle (retain_on_failure). Without a plan, each CUDA source is held
+until its copy is known complete, within :class:`~tier.torch._inflight.InflightBound`.
+
+Called with the offloader's lock held.
+"""
+
+import collections
+import warnings
+import weakref
+
+import torch
+
+from .. import errors as _errors
+from ._inflight import InflightBound
+
+
+class SaveBatches:
+    """See the module docstring. ``offloader``: the ActivationOffloader whose storages these
+    are (its client, stats, BATCH_TENSORS, BATCH_BYTES and max_inflight_bytes are read when
+    needed). ``bounded``: hold sources until their copies complete, within max_inflight_bytes
+    (no plan); else the plan releases them in stream order."""
+
+    def __init__(self, offloader, bounded):
+        # A weak reference: the offloader owns this, and a cycle would keep it (its records and
+        # tierd objects with it) alive until a collection.
+        self._off = weakref.proxy(offloader)
+        self._bounded = bounded
+        self._deferred = []  # (weakref to StorageRecord, flat bytes, producer stream, staged)
+        self._deferred_bytes = 0
+        self._inflight = InflightBound()
+        self._warned = False
+
+    def __bool__(self):
+        return bool(self._deferred)
+
+    def _warn_once(self, message, stacklevel):
+        if not self._warned:
+            self._warned = True
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+
+    def add(self, record, flat, t, stage_now):
+        """Defers record's storage (`flat`, of tensor t) for the next batch; stage_now: a CPU
+        storage, staged now."""
+        if stage_now:
+            try:
+                staged = self._off.client.stage_offload(flat)
+            except _errors.TierError as e:
+                # No staging memory from tierd (it went away or drains): the bytes stay where
+                # they are and backward uses them, as for a batch refused in flush().
+                record.tensor = flat
+                self._off.stats.fallbacks += 1
+                self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
+                return
+            self._deferred.append((weakref.ref(record), None, None, staged))
+        else:
+            # The producer is the current stream now (it may be another by the time of the
+            # batch).
+            stream = torch.cuda.current_stream(t.device) if t.is_cuda else None
+            self._deferred.append((weakref.ref(record), flat, stream, None))
+        self._deferred_bytes += record.nbytes
+        if (len(self._deferred) >= self._off.BATCH_TENSORS
+                or self._deferred_bytes >= self._off.BATCH_BYTES):
+            self.flush()
+
+    def flush(self):
+        """Submits the deferred storages: one batch per (device, producer stream); each job
+        waits (GPU) for its producer stream and keeps its source alive until copied."""
+        if not self._deferred:
+            return
+        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        groups = collections.OrderedDict()  # (device, stream) -> [(record, flat)]
+        staged = []                         # [(record, (handle, staging))]: CPU, staged already
+        client = self._off.client
+        for ref, flat, stream, stage in deferred:
+            record = ref()
+            if stage is not None:
+                if record is not None:
+                    staged.append((record, stage))
+                elif stage[1] is not None:
+                    client.staging_release(stage[1])  # its saved tensors are gone
+            elif record is not None:
+                groups.setdefault((record.device, stream), []).append((record, flat))
+        if staged:
+            self._submit_staged(client, staged)
+        for (_, stream), items in groups.items():
+            # retain_on_failure: if an offload fails (pool or quota full), its handle keeps the
+            # data and backward uses it from there: not offloaded, but not lost either (unless a
+            # plan's release point handed the source back before the failure was known).
+            try:
+                handles = client.offload_batch([flat for _, flat in items],
+                                               [stream] if stream is not None else None,
+                                               None, retain_on_failure=True)
+            except _errors.TierError as e:
+                # Refused before anything was submitted (tierd gone, ...). Raised here it would
+                # surface far from its cause (a later save, or backward); the bytes stay where
+                # they are and backward uses them.
+                for record, flat in items:
+                    record.tensor = flat
+                    self._off.stats.fallbacks += 1
+                self._warn_once("tier: saved activations stay on the GPU: %s" % e, 2)
+                continue
+            for (record, _), handle in zip(items, handles):
+                self._submitted(record, handle)
+
+    def _submit_staged(self, client, staged):
+        """CPU storages staged when saved, submitted as batches of host jobs."""
+        try:
+            # retain_on_failure: a failed offload leaves the data in its handle (see flush).
+            client.submit_staged([stage for _, stage in staged], retain_on_failure=True)
+        except _errors.TierError as e:
+            self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
+        for record, (handle, staging) in staged:
+            if not handle.submitted and staging is not None:
+                # Not submitted (refused): the bytes come back out of the staging buffer.
+                record.tensor = staging.tensor()[:handle.nbytes].clone()
+                client.staging_release(staging)
+                self._off.stats.fallbacks += 1
+                continue
+            self._submitted(record, handle)
+
+    def _submitted(self, record, handle):
+        stats = self._off.stats
+        record.handle = handle
+        if handle.stayed_on_gpu:
+            stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
+            stats.stayed_on_gpu_bytes += record.nbytes
+        else:
+            stats.offloaded_storages += 1
+            stats.offloaded_bytes += record.nbytes
+        if handle.direct and not handle.stayed_on_gpu and self._bounded and handle.submitted:
+            # Without a plan: released when the host sees the copy complete, bounded.
+            stats.inflight_waits += self._inflight.add(handle, record.nbytes,
+                                                       self._off.max_inflight_bytes)
