@@ -46,7 +46,7 @@ class TrainerOffload:
         if self.activations and self.activation_offloader is None:
             self.activation_offloader = _tt.offload_activations(module=model, **self._act_kwargs)
         if self.optimizer_state:
-            done = {id(o._opt) for o in self.optimizer_offloaders}
+            done = {id(o.optimizer) for o in self.optimizer_offloaders}
             for optimizer in optimizers or ():
                 optimizer = unwrap_optimizer(optimizer)
                 if optimizer is None or id(optimizer) in done:

@@ -25,8 +25,6 @@ checkpoint NAME and version V with a random token T:
 Only builtin containers and scalars are stored besides tensors (a restricted unpickler reads the
 record back), so loading runs no code from the store.
 """
-import io
-import pickle
 import secrets
 import threading
 import time
@@ -35,31 +33,18 @@ import torch
 
 from .. import client as _client
 from .. import errors
+from ._records import (byte_view as _byte_view, check_name as _check_name,  # noqa: F401
+                       delete_quietly as _delete_quietly, dumps as _dumps, error as _error,
+                       loads as _loads, read_small as _read_small, write_small as _write_small)
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 _ALIGN = 64
 _FORMAT = 1
-_MAX_NAME = 96  # leaves room for "@V.T/n" within tierd's 127-byte names
 
 # One save at a time per (client, name): a second save of the same name waits for the first to
 # commit, so versions are committed in order and the index is written by one thread at a time.
 _saving_lock = threading.Lock()
 _saving = {}  # (id(client), name) -> SaveHandle
-
-
-def _error(cls, message):
-    return cls(cls.code, message)
-
-
-def _check_name(name):
-    if not isinstance(name, str) or not name:
-        raise _error(errors.InvalidArgument, "a checkpoint name is a non-empty str")
-    if len(name) > _MAX_NAME:
-        raise _error(errors.InvalidArgument, "checkpoint name %r is %d bytes; at most %d"
-                                     % (name, len(name), _MAX_NAME))
-    if any(not (33 <= ord(c) <= 126) or c == "@" for c in name):
-        raise _error(errors.InvalidArgument, "checkpoint name %r: printable ASCII, no spaces and no '@'"
-                                     % name)
 
 
 def _object_name(name, version, token, part):
@@ -111,80 +96,10 @@ def _unflatten(obj, tensors):
     return obj
 
 
-class _RecordUnpickler(pickle.Unpickler):
-    """What _flatten makes and nothing else: a record is data, never code. (No bytearray: its
-    opcode allocates the length it declares before reading a byte.)"""
-    _ALLOWED = {("builtins", "complex"), ("collections", "OrderedDict")}
-
-    def find_class(self, module, name):
-        if (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
-        raise _error(errors.DataLoss, "checkpoint record names %s.%s: not a tierd checkpoint record"
-                              % (module, name))
-
-
-# Bounds on what a record may describe, far above any real checkpoint: a damaged or forged record
-# is refused (DataLoss) before it can make the loader allocate, loop or recurse without end.
-_MAX_RECORD_BYTES = 256 << 20
-_MAX_NODES = 1 << 22      # containers and scalars in a record, shared ones counted each time
-_MAX_DEPTH = 64           # nesting of containers
+# Bounds on a checkpoint's records beyond the record format's own (_records.py).
 _MAX_OBJECTS = 1 << 24    # data objects of a version (tierd's most names of a uid)
 _MAX_VERSIONS = 4096
 _MAX_INT = 1 << 62
-
-
-def _dumps(obj):
-    return pickle.dumps(obj, protocol=4)
-
-
-def _check_opcodes(data):
-    """Walks the pickle's opcodes without building anything: every length it declares must lie
-    within the record (pickletools reads each argument from the bytes that are there)."""
-    import pickletools
-    for opcode, arg, _ in pickletools.genops(io.BytesIO(data)):
-        if opcode.name == "BYTEARRAY8" or opcode.name in ("NEXT_BUFFER", "READONLY_BUFFER"):
-            raise ValueError("opcode %s is not in a tierd checkpoint record" % opcode.name)
-        if opcode.name == "FRAME" and arg > len(data):
-            raise ValueError("a frame of %d bytes in a record of %d" % (arg, len(data)))
-        # The unpickler grows its memo to the index a PUT names: never past the record's size.
-        if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and int(arg) > len(data):
-            raise ValueError("memo index %s in a record of %d bytes" % (arg, len(data)))
-
-
-def _check_tree(obj):
-    """Iteratively (no recursion): at most _MAX_DEPTH deep and _MAX_NODES in all."""
-    stack = [(obj, 0)]
-    nodes = 0
-    while stack:
-        value, depth = stack.pop()
-        nodes += 1
-        if nodes > _MAX_NODES:
-            raise ValueError("more than %d values" % _MAX_NODES)
-        if depth > _MAX_DEPTH:
-            raise ValueError("nested more than %d deep" % _MAX_DEPTH)
-        if isinstance(value, dict):
-            for k, v in value.items():
-                stack.append((k, depth + 1))
-                stack.append((v, depth + 1))
-        elif isinstance(value, (list, tuple)):
-            stack.extend((v, depth + 1) for v in value)
-        elif not (value is None or isinstance(value, (bool, int, float, complex, str, bytes))):
-            raise ValueError("a %s" % type(value).__name__)
-
-
-def _loads(data, what):
-    try:
-        if len(data) > _MAX_RECORD_BYTES:
-            raise ValueError("%d bytes, at most %d" % (len(data), _MAX_RECORD_BYTES))
-        _check_opcodes(data)
-        record = _RecordUnpickler(io.BytesIO(data)).load()
-        _check_tree(record)
-        return record
-    except errors.TierError:
-        raise
-    except Exception as e:  # a damaged record (RecursionError, MemoryError too): say so
-        raise _error(errors.DataLoss, "%s is not a readable checkpoint record: %s: %s"
-                     % (what, type(e).__name__, e)) from None
 
 
 def _is_int(value, low=0, high=_MAX_INT):
@@ -300,40 +215,6 @@ def _check_meta(record, what):
         elif isinstance(value, (list, tuple)):
             stack.extend(value)
     return record
-
-
-# ---- small objects: write and read whole ------------------------------------------------------
-
-def _write_small(client, name, data):
-    buf = client.staging_acquire(max(len(data), 1))
-    try:
-        buf.view()[:len(data)] = data
-        obj, job = client.offload_persistent(name, buf, 0, len(data))
-        client.wait(job)
-        client.release_object(obj)
-    finally:
-        client.staging_release(buf)
-
-
-def _read_small(client, name):
-    obj, length = client.open_object(name)
-    try:
-        buf = client.staging_acquire(max(length, 1))
-        try:
-            client.wait(client.reload_buffer(obj, buf, 0, length))
-            return bytes(buf.view()[:length])
-        finally:
-            client.staging_release(buf)
-    finally:
-        client.release_object(obj)
-
-
-def _delete_quietly(client, name):
-    try:
-        client.delete_object(name)
-        return True
-    except errors.NotFound:
-        return False
 
 
 # ---- the index ----------------------------------------------------------------------------------
@@ -483,11 +364,6 @@ def _layout(tensors, chunk_bytes):
         refs.append((open_chunk, offset, nbytes))
         sizes[open_chunk] = offset + nbytes + (-(offset + nbytes)) % _ALIGN
     return refs, sizes, kinds
-
-
-def _byte_view(t):
-    """The bytes of a contiguous, non-empty tensor, as a 1-D uint8 tensor sharing its memory."""
-    return t.detach().reshape(-1).view(torch.uint8)
 
 
 def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES):

@@ -22,32 +22,13 @@ written after the save committed, so a step listed is whole.
 
 import os
 
-from . import _checkpoint
 from . import _dcp
+from . import _ranks
+from . import _records
 from .. import client as _client
 from .. import errors
 
 _INDEX_FORMAT = 1
-
-
-def _dist():
-    import torch.distributed as dist
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _barrier():
-    dist = _dist()
-    if dist is not None:
-        dist.barrier()
-
-
-def _is_coordinator():
-    dist = _dist()
-    return dist is None or dist.get_rank() == 0
-
-
-def _broadcast(value):
-    return _dcp._broadcast_from_coordinator(value)
 
 
 class Checkpointer:
@@ -57,7 +38,7 @@ class Checkpointer:
     ``keep``: tierd versions kept."""
 
     def __init__(self, name, dcp_dir=None, dcp_every=None, keep=2, client=None):
-        _checkpoint._check_name(name + "/s0")
+        _records.check_name(name + "/s0")
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.name = name
@@ -83,7 +64,7 @@ class Checkpointer:
     def tierd_steps(self):
         """The steps whose checkpoint this node's tierd holds whole, newest first."""
         try:
-            record = _checkpoint._loads(_checkpoint._read_small(self.client,
+            record = _records.loads(_records.read_small(self.client,
                                                                 "%s/steps" % self.name),
                                         "the step list of checkpointer %r" % self.name)
         except errors.NotFound:
@@ -95,8 +76,8 @@ class Checkpointer:
 
     def _write_steps(self, steps):
         index = "%s/steps" % self.name
-        _checkpoint._delete_quietly(self.client, index)
-        _checkpoint._write_small(self.client, index, _checkpoint._dumps(
+        _records.delete_quietly(self.client, index)
+        _records.write_small(self.client, index, _records.dumps(
             {"format": _INDEX_FORMAT, "steps": list(steps)}))
 
     def dcp_steps(self):
@@ -121,20 +102,21 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
         step = int(step)
         where = []
-        steps = self.tierd_steps() if _is_coordinator() else None
+        steps = self.tierd_steps() if _ranks.is_coordinator() else None
         dcp.save(state_dict, storage_writer=_dcp.TierWriter(self._step_name(step),
                                                             client=self.client))
         where.append("tierd")
-        if _is_coordinator():
+        if _ranks.is_coordinator():
             # Listed once every rank's data and the metadata are in: a listed step is whole.
             # (dcp.save returns on every rank after the coordinator's finish.)
             steps = [step] + [s for s in steps if s != step]
             self._write_steps(steps[:self.keep])
-        _barrier()
-        old = _broadcast(steps[self.keep:] if steps is not None else None) or []
+        _ranks.barrier()
+        old = _ranks.broadcast_from_coordinator(
+            steps[self.keep:] if steps is not None else None) or []
         for s in old:
             _dcp.delete(self._step_name(s), client=self.client,
-                        ranks=[_dist().get_rank()] if _dist() is not None else None)
+                        ranks=[_ranks.rank()] if _ranks.process_group() is not None else None)
         if self.dcp_dir is not None and (self.dcp_every is None or step % self.dcp_every == 0):
             dcp.save(state_dict, checkpoint_id=self._dcp_path(step))
             where.append("dcp")
@@ -145,9 +127,10 @@ class Checkpointer:
         its newest step is at least the DCP directory's, else from DCP (also when tierd lost
         it). Returns the step, or None when neither holds one. Collective."""
         import torch.distributed.checkpoint as dcp
-        tierd = self.tierd_steps() if _is_coordinator() else None
-        tierd = _broadcast(tierd) or []
-        disk = _broadcast(self.dcp_steps() if _is_coordinator() else None) or []
+        tierd = self.tierd_steps() if _ranks.is_coordinator() else None
+        tierd = _ranks.broadcast_from_coordinator(tierd) or []
+        disk = _ranks.broadcast_from_coordinator(
+            self.dcp_steps() if _ranks.is_coordinator() else None) or []
         if tierd and (not disk or tierd[0] >= disk[0]):
             try:
                 dcp.load(state_dict, storage_reader=_dcp.TierReader(self._step_name(tierd[0]),
@@ -166,5 +149,5 @@ class Checkpointer:
         directory)."""
         for s in self.tierd_steps():
             _dcp.delete(self._step_name(s), client=self.client)
-        _checkpoint._delete_quietly(self.client, "%s/steps" % self.name)
+        _records.delete_quietly(self.client, "%s/steps" % self.name)
 

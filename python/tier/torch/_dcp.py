@@ -38,7 +38,8 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
-from . import _checkpoint
+from . import _ranks
+from . import _records
 from .. import client as _client
 from .. import errors
 
@@ -49,12 +50,11 @@ _FORMAT = 1
 __all__ = ["TierWriter", "TierReader", "delete", "exists", "DEFAULT_CHUNK_BYTES"]
 
 
-def _error(cls, message):
-    return cls(cls.code, message)
+_error = _records.error
 
 
 def _check_name(name):
-    _checkpoint._check_name(name)  # the same rules as tier.torch.checkpoint's names
+    _records.check_name(name)  # the same rules as tier.torch.checkpoint's names
 
 
 def _data_name(name, rank, i):
@@ -63,11 +63,6 @@ def _data_name(name, rank, i):
 
 def _meta_name(name):
     return "%s/%s" % (name, _META)
-
-
-def _rank():
-    import torch.distributed as dist
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 # ---- Metadata as builtins -----------------------------------------------------------------------
@@ -167,11 +162,11 @@ class TierWriter(StorageWriter):
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
         self.is_coordinator = is_coordinator
         rank = kwargs.get("rank")
-        self.rank = int(rank) if rank is not None else _rank()
+        self.rank = int(rank) if rank is not None else _ranks.rank()
         if is_coordinator:
             # The commit record goes first: a reader never takes the old metadata with the new
             # data (or the new metadata before every rank's data landed: finish() writes it).
-            _checkpoint._delete_quietly(self.client, _meta_name(self.name))
+            _records.delete_quietly(self.client, _meta_name(self.name))
 
     def prepare_local_plan(self, plan):
         return plan
@@ -194,7 +189,7 @@ class TierWriter(StorageWriter):
         """Deletes this rank's objects of an earlier save under the same name (numbered from 0
         without gaps, so the first missing number ends them)."""
         i = 0
-        while _checkpoint._delete_quietly(self.client, _data_name(self.name, self.rank, i)):
+        while _records.delete_quietly(self.client, _data_name(self.name, self.rank, i)):
             i += 1
 
     def write_data(self, plan, planner):
@@ -258,7 +253,7 @@ class TierWriter(StorageWriter):
                 if kind[0] == "b":
                     view.copy_(torch.frombuffer(payload, dtype=torch.uint8))
                 else:
-                    view.copy_(_checkpoint._byte_view(payload))
+                    view.copy_(_records.byte_view(payload))
             for index, size in host_sizes.items():
                 jobs.append(client.offload_persistent(_data_name(self.name, self.rank, index),
                                                       staging[index], 0, max(size, 1)))
@@ -278,27 +273,17 @@ class TierWriter(StorageWriter):
             for r in rank_results:
                 storage[r.index] = r.storage_data
         metadata.storage_data = storage
-        _checkpoint._delete_quietly(self.client, _meta_name(self.name))
-        _checkpoint._write_small(self.client, _meta_name(self.name),
-                                 _checkpoint._dumps(_encode(metadata)))
+        _records.delete_quietly(self.client, _meta_name(self.name))
+        _records.write_small(self.client, _meta_name(self.name),
+                                 _records.dumps(_encode(metadata)))
 
 
 # ---- reading ------------------------------------------------------------------------------------
 
 def _read_metadata(client, name):
     what = "DCP checkpoint %r in tierd" % name
-    return _decode(_checkpoint._loads(_checkpoint._read_small(client, _meta_name(name)), what),
+    return _decode(_records.loads(_records.read_small(client, _meta_name(name)), what),
                    what)
-
-
-def _broadcast_from_coordinator(value):
-    """The coordinator's (rank 0's) value on every rank, when a process group runs."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class TierReader(StorageReader):
@@ -339,7 +324,7 @@ class TierReader(StorageReader):
             problem = None
         except errors.TierError as e:
             encoded, problem = None, "%s: %s" % (type(e).__name__, e)
-        encoded, problem = _broadcast_from_coordinator((encoded, problem))
+        encoded, problem = _ranks.broadcast_from_coordinator((encoded, problem))
         if encoded is None:
             raise _error(errors.NotFound, "DCP checkpoint %r: no committed metadata in tierd "
                          "(%s)" % (self.name, problem))
@@ -456,13 +441,13 @@ def delete(name, client=None, ranks=None):
     except (errors.NotFound, errors.DataLoss):
         pass
     gone = 0
-    if _checkpoint._delete_quietly(client, _meta_name(name)):
+    if _records.delete_quietly(client, _meta_name(name)):
         gone += 1
     if ranks is None:
         ranks = sorted({int(n[len(name) + 1:].split(".")[0]) for n in names}) or range(64)
     for rank in ranks:
         i = 0
-        while _checkpoint._delete_quietly(client, _data_name(name, rank, i)):
+        while _records.delete_quietly(client, _data_name(name, rank, i)):
             gone += 1
             i += 1
     return gone

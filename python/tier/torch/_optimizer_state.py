@@ -110,6 +110,11 @@ class OptimizerStateOffloader:
         for gi, group in enumerate(groups):
             self._offload_group(group, self._hint(gi, len(groups)))
 
+    @property
+    def optimizer(self):
+        """The optimizer whose state this keeps in Tierd."""
+        return self._opt
+
     # ---- groups ------------------------------------------------------------------------------
 
     def _params(self):
