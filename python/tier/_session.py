@@ -18,7 +18,6 @@ counts up, which is how a handle tells that its object is gone. The old C sessio
 """
 
 import collections
-import contextlib
 import ctypes
 import os
 import threading
@@ -60,6 +59,7 @@ class Session:
         self._unlocked_done = threading.Condition(self.lock)
         self._deferred = collections.deque()  # callables queued by finalizers (run under the lock)
         self._resets = []
+        self._checked = _Checked(self)
         self.jobs = JobTable(self)
         with self.checked():
             self._learn_info()
@@ -116,12 +116,9 @@ class Session:
             except errors.TierError:
                 pass
 
-    @contextlib.contextmanager
     def checked(self):
-        """The lock, taken, and check() done."""
-        with self.lock:
-            self.check()
-            yield
+        """A context: the lock, taken, and check() done (every call of the client starts so)."""
+        return self._checked
 
     def run_or_defer(self, fn):
         """For finalizers: runs fn under the lock if it is free, else queues it. Never blocks."""
@@ -278,3 +275,23 @@ class Session:
                 self._unlocked_done.notify_all()
         # The library owns the registrations (it unregisters them at close).
         return buffer_id.value, offset.value
+
+
+class _Checked:
+    """Session.checked(): a plain class, not a generator (this is on every call's path)."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session):
+        self._session = session
+
+    def __enter__(self):
+        self._session.lock.acquire()
+        try:
+            self._session.check()
+        except BaseException:
+            self._session.lock.release()
+            raise
+
+    def __exit__(self, *exc):
+        self._session.lock.release()
