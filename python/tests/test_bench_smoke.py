@@ -1,5 +1,6 @@
 """The benchmarks' CPU smoke modes (bench/frontier_bench.py --smoke, bench/hook_overhead_bench.py
---device cpu): their logic end to end against a tierd of this build (host engine), in seconds."""
+and bench/weight_offload_bench.py --device cpu): their logic end to end against a tierd of this
+build (host engine), in seconds."""
 
 import json
 import os
@@ -54,6 +55,18 @@ def test_hook_overhead_bench_cpu(tmp_path):
     assert set(rows) == {"none", "identity", "kept", "planned", "half", "offload-all"}
     assert rows["planned"]["offloaded_storages"] > 0
     assert rows["kept"]["offloaded_storages"] == 0
+
+
+def test_weight_offload_bench_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "weights.json"
+    r = _run([os.path.join(BENCH, "weight_offload_bench.py"), "--device", "cpu", "--blocks", "4",
+              "--dim", "64", "--seq", "8", "--steps", "2", "--warmup", "1", "--pool-bytes", "256M",
+              "--json", str(out)], timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    row = json.load(open(out))
+    assert row["identical"] and row["resident_ms"] > 0 and row["offload_ms"] > 0
+    assert row["stats"]["onloads"] > 0 and row["stats"]["prefetches"] > 0, row["stats"]
 
 
 class _HostEvent:
