@@ -245,6 +245,7 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
     if (result.ok() && (e.flags & ring::kFlagFreeAfterReload)) {
       table->DropAfterReload(*object);
       // A persistent object's name goes too; the job completes once that is durable.
+      if (table != session->objects()) session->Unbind(e.object_id).IgnoreError();
       later = persistent_ != nullptr && table != session->objects() &&
               persistent_->Forget(table, object->id(),
                                   [this, session, e] { Complete(*session, e, absl::OkStatus()); });
@@ -273,8 +274,11 @@ absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,
   ObjectSlot slot = session->Resolve(e.object_id);
   absl::StatusOr<Release> released = slot.table->Free(slot.id);
   if (!released.ok()) return released.status();
-  // A persistent object bound to the id is deleted: its name goes with it, and the job completes
-  // once that is durable (a crash must not bring back an object whose free the client saw).
+  // A persistent object bound to the id is deleted: its name goes with it (and the id's binding,
+  // which would otherwise count against the session's bound ids until it ended), and the job
+  // completes once that is durable (a crash must not bring back an object whose free the client
+  // saw).
+  if (slot.table != session->objects()) session->Unbind(e.object_id).IgnoreError();
   const bool later =
       persistent_ != nullptr && slot.table != session->objects() &&
       persistent_->Forget(slot.table, slot.id,

@@ -299,7 +299,8 @@ TIER_API tier_status tier_object_stat(tier_session* session, const char* name,
 /* Drops this session's id `object` of a persistent object (from tier_object_open or
  * tier_offload_persistent); the object stays. A session holds at most 4096 such ids, so a
  * long-lived session releases the ones it is done with, after the jobs using them completed (a
- * job that starts on a released id fails with TIER_NOT_FOUND). TIER_NOT_FOUND when `object` is
+ * job that starts on a released id fails with TIER_NOT_FOUND). An id whose object is deleted
+ * through it (tier_free, or a reload with TIER_RELOAD_FREE_AFTER) is released with the object. TIER_NOT_FOUND when `object` is
  * not such an id. */
 TIER_API tier_status tier_object_release(tier_session* session, tier_object_id object);
 

@@ -359,6 +359,32 @@ TEST(Persistent, ReleasedIdsFreeTheirSlotAndKeepTheObject) {
   EXPECT_TRUE(Matches(buffer.data, len, 5));
 }
 
+// Deleting an object through its id (a free, or a reload that frees after) releases the id too:
+// a session that saves and deletes again and again never reaches the bound ids' limit. (Before,
+// the 4097th save of a session that freed each one was refused RESOURCE_EXHAUSTED.)
+TEST(Persistent, IdsDeletedThroughAreReleasedWithTheirObjects) {
+  TierdProcess tierd;
+  const uint64_t len = 4096;
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(len);
+  std::memset(buffer.data, 0x5a, len);
+  for (int i = 0; i < 4200; ++i) {  // more than Session::kMaxBound
+    auto [object, job] = session.OffloadPersistent("churn", buffer.id, 0, len);
+    session.Wait(job);
+    if (i % 2 == 0) {
+      session.Wait(session.Free(object));
+    } else {
+      session.Wait(session.Reload(object, buffer.id, 0, len, /*free_after=*/true));
+    }
+    if (i == 0) {
+      // The id names nothing now: neither a job nor a release finds it.
+      EXPECT_EQ(session.TryWait(session.Reload(object, buffer.id, 0, len)), TIER_NOT_FOUND);
+      EXPECT_EQ(CodeOf([&] { session.Release(object); }), TIER_NOT_FOUND);
+    }
+  }
+  EXPECT_EQ(CodeOf([&] { session.Open("churn"); }), TIER_NOT_FOUND);
+}
+
 // Stat answers without binding: length and READY; no JOURNALED (so never DURABLE) without NVMe;
 // another uid's name and a missing name answer alike.
 TEST(Persistent, StatSaysReadyAndWhetherDurabilityWillCome) {
