@@ -368,6 +368,13 @@ void Spiller::EndFetch(const std::shared_ptr<ObjectTable>& table,
                        storage::Extent extent, absl::Status read) {
   std::vector<ObjectWaiter> waiters;
   bool spillable = false;
+  // Counted before anyone can see the object back in host memory or the reload complete.
+  if (read.ok()) {
+    counters_.fetches.fetch_add(1);
+    counters_.bytes_fetched.fetch_add(record.len);
+    counters_.fetch_bandwidth.Add(record.len, MonotonicMs());
+    if (prefetch) counters_.bytes_prefetched.fetch_add(record.len);
+  }
   // A failed pipelined read's extent stays with its lease: the copy may still read it.
   Release release =
       table->EndFetch(*object, read, prefetch, /*detach=*/feed != nullptr, &spillable, &waiters);
@@ -380,13 +387,7 @@ void Spiller::EndFetch(const std::shared_ptr<ObjectTable>& table,
     feed->End(read);
   }
   Settle(release);
-  if (read.ok()) {
-    counters_.fetches.fetch_add(1);
-    counters_.bytes_fetched.fetch_add(record.len);
-    counters_.fetch_bandwidth.Add(record.len, MonotonicMs());
-    if (prefetch) counters_.bytes_prefetched.fetch_add(record.len);
-    if (spillable) Track(table, object);
-  }
+  if (read.ok() && spillable) Track(table, object);
   // (A failed read was logged and counted by the store. A failed prefetch is not retried: a
   // reload reads again and reports its own result.)
   for (auto& waiter : waiters) waiter(read);

@@ -105,6 +105,9 @@ class Spiller {
   // Gives back what a transition released (extent to the pool, record to the store).
   void Settle(const Release& release);
 
+  // NVMe writes and reads started and not yet ended (their counters and state changes all made).
+  uint64_t io_in_flight() const { return writes_in_flight_.load() + reads_in_flight_.load(); }
+
   SpillCounters& counters() { return counters_; }
   const SpillCounters& counters() const { return counters_; }
   storage::SpillStore& store() { return store_; }
