@@ -204,6 +204,9 @@ absl::Status Daemon::Init() {
     spill.io_bytes = config_.spill_io_bytes;
     spill.queue_depth = config_.spill_queue_depth;
     spill.io_queue = config_.spill_io;
+    // A tierd restarted right after a crash finds its predecessor's spill files still locked for a
+    // moment (their io_uring goes asynchronously): wait, bounded, rather than fail the restart.
+    spill.lock_wait_ms = 30000;
     spill.registered_buffers = {storage::IoBuffer{pool_->base(), pool_->bytes()}};
     if (!config_.spill_inject_faults.rules.empty()) {
       LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults.text);

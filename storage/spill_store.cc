@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,18 +47,47 @@ absl::Status ProbeIo(int fd) {
   return status;
 }
 
-absl::StatusOr<UniqueFd> OpenLocked(const std::string& path, bool direct) {
+// Opens and locks `path`. Two daemons on one spill directory would overwrite each other's records:
+// the file is locked (flock) for the store's life. `opened` are the files this store holds already
+// (a directory named twice, through a link say, is refused at once); a lock held by another
+// process is waited for up to lock_wait_ms (see SpillStoreOptions::lock_wait_ms).
+absl::StatusOr<UniqueFd> OpenLocked(const std::string& path, bool direct, uint32_t lock_wait_ms,
+                                    const std::vector<std::pair<dev_t, ino_t>>& opened) {
   int flags = O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0);
   UniqueFd fd(::open(path.c_str(), flags, 0600));
   if (!fd.valid()) return ErrnoStatus(absl::StrCat("open ", path));
-  // Two daemons on one spill directory would overwrite each other's records.
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("spill file ", path, " is in use by another process (or listed twice)"));
-    }
-    return ErrnoStatus(absl::StrCat("flock ", path));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("fstat ", path));
+  if (std::find(opened.begin(), opened.end(), std::make_pair(st.st_dev, st.st_ino)) != opened.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spill file ", path, " is another spill directory's file (listed twice)"));
   }
+  const auto start = std::chrono::steady_clock::now();
+  auto waited_ms = [&start] {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now() - start)
+                                     .count());
+  };
+  bool logged = false;
+  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return ErrnoStatus(absl::StrCat("flock ", path));
+    const uint64_t waited = waited_ms();
+    if (waited >= lock_wait_ms) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spill file ", path, " is in use by another process",
+          lock_wait_ms > 0 ? absl::StrCat(" (waited ", waited, " ms for it)") : "",
+          ": is another tierd using this spill directory?"));
+    }
+    if (!logged) {
+      logged = true;
+      LogWarning("spill file ", path, " is held by another process: waiting for it, at most ",
+                 lock_wait_ms, " ms (a tierd killed a moment ago holds its files until the kernel "
+                 "has torn down its io_uring)");
+    }
+    // (Start-up only, and rare: a short poll, not a blocking flock that could not time out.)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (logged) LogInfo("spill file ", path, ": free after ", waited_ms(), " ms");
   return fd;
 }
 
@@ -109,13 +141,14 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
   }
 
   std::vector<std::unique_ptr<File>> files;
+  std::vector<std::pair<dev_t, ino_t>> opened;  // the files, one per directory
   for (const std::string& dir : options.directories) {
     auto file = std::make_unique<File>(file_bytes);
     file->directory = dir;
     file->path = absl::StrCat(dir, "/", options.file_name);
     file->remove = options.remove_files;
     bool direct = options.direct_io != DirectIo::kOff;
-    absl::StatusOr<UniqueFd> fd = OpenLocked(file->path, direct);
+    absl::StatusOr<UniqueFd> fd = OpenLocked(file->path, direct, options.lock_wait_ms, opened);
     if (!fd.ok() && direct && absl::IsInvalidArgument(fd.status())) {
       // EINVAL at open: O_DIRECT refused outright (tmpfs before Linux 6.6).
       if (options.direct_io == DirectIo::kRequired) {
@@ -123,7 +156,7 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
             "spill directory ", dir, " does not support O_DIRECT: ", fd.status().message()));
       }
       direct = false;
-      fd = OpenLocked(file->path, false);
+      fd = OpenLocked(file->path, false, options.lock_wait_ms, opened);
     }
     if (!fd.ok()) return fd.status();
     file->fd = std::move(*fd);
@@ -149,7 +182,8 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
         }
         direct = false;
         file->fd.reset();  // drops the lock before taking it again below
-        absl::StatusOr<UniqueFd> buffered = OpenLocked(file->path, false);
+        absl::StatusOr<UniqueFd> buffered =
+            OpenLocked(file->path, false, options.lock_wait_ms, opened);
         if (!buffered.ok()) return buffered.status();
         file->fd = std::move(*buffered);
         probe = ProbeIo(file->fd.get());
@@ -161,6 +195,8 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
                  "through the page cache");
     }
     file->direct = direct;
+    struct stat st {};
+    if (::fstat(file->fd.get(), &st) == 0) opened.emplace_back(st.st_dev, st.st_ino);
     files.push_back(std::move(file));
   }
 

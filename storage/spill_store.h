@@ -89,6 +89,10 @@ struct SpillStoreOptions {
   std::vector<IoBuffer> registered_buffers = {};
   std::string file_name = "tierd.spill";
   bool remove_files = true;  // unlink the files when the store is destroyed
+  // A spill file another process holds (flock) is waited for this long, logged, before Create
+  // fails: a tierd killed a moment ago keeps its files until the kernel has torn down its io_uring,
+  // which happens asynchronously after the process was reaped. 0: fail at once.
+  uint32_t lock_wait_ms = 0;
   // Tests: wraps the io queue the store would use (e.g. in a FaultyIoQueue).
   std::function<std::unique_ptr<IoQueue>(std::unique_ptr<IoQueue>)> wrap_io_queue = nullptr;
 };

@@ -78,7 +78,9 @@ TierdProcess::TierdProcess(std::vector<std::string> flags, TierdOptions options)
     int status;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      throw std::runtime_error("tierd exited during start-up");
+      // What it said (capture_log), so that the failure names the cause.
+      throw std::runtime_error("tierd exited during start-up" +
+                               (log_.empty() ? std::string() : ": " + Log()));
     }
     v1::GetVersionResponse version;
     if (::access(socket_.c_str(), F_OK) == 0 &&

@@ -5,10 +5,12 @@
 #include "storage/spill_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -417,6 +419,50 @@ TEST_P(SpillStoreTest, RefusesWhatItCannotDo) {
   EXPECT_TRUE(absl::IsNotFound(store->Free(*r)));  // double free
   EXPECT_TRUE(absl::IsNotFound(store->ReadAndWait(*r, buf)));
   EXPECT_EQ(store->Usage()[0].used_bytes, 0u);
+}
+
+// A spill file locked by someone else (here another open file description; in life a tierd killed
+// a moment ago whose io_uring the kernel has not torn down yet) is waited for, up to lock_wait_ms;
+// a directory named twice is refused at once, whatever the wait.
+TEST_P(SpillStoreTest, WaitsBoundedForAFileAnotherHolderLocks) {
+  const std::string path = dir_.File("tierd.spill");
+  UniqueFd holder(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  ASSERT_TRUE(holder.valid());
+  ASSERT_EQ(::flock(holder.get(), LOCK_EX | LOCK_NB), 0);
+  {
+    SpillStoreOptions o = Options(1 << 20);
+    o.lock_wait_ms = 0;
+    absl::StatusOr<std::unique_ptr<SpillStore>> refused = SpillStore::Create(std::move(o));
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+    EXPECT_NE(refused.status().message().find("in use by another process"), std::string::npos);
+    o = Options(1 << 20);
+    o.lock_wait_ms = 200;
+    auto start = std::chrono::steady_clock::now();
+    refused = SpillStore::Create(std::move(o));
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+    EXPECT_NE(refused.status().message().find("waited"), std::string::npos) << refused.status();
+  }
+  // The holder lets go while the store waits: the store gets the file.
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    holder.reset();
+  });
+  SpillStoreOptions o = Options(1 << 20);
+  o.lock_wait_ms = 20000;
+  absl::StatusOr<std::unique_ptr<SpillStore>> store = SpillStore::Create(std::move(o));
+  release.join();
+  ASSERT_TRUE(store.ok()) << store.status();
+  store->reset();
+  // The same directory twice (the second spelled differently): refused at once.
+  o = Options(1 << 20);
+  o.directories = {dir_.path(), dir_.path() + "/."};
+  o.lock_wait_ms = 20000;
+  auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<SpillStore>> twice = SpillStore::Create(std::move(o));
+  EXPECT_TRUE(absl::IsInvalidArgument(twice.status())) << twice.status();
+  EXPECT_NE(twice.status().message().find("listed twice"), std::string::npos) << twice.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST_P(SpillStoreTest, FreeDuringReadReleasesSpaceAfterTheRead) {
