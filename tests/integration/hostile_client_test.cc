@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -149,6 +150,49 @@ TEST(HostileClient, ClosingTheDoorbellEndsOnlyThatSession) {
   EXPECT_TRUE(ClosedByPeer(hostile.channel->fd(), 10000));
   RoundTrip(good, 4096, 10000, tierd);
   EXPECT_EQ(tierd.StopWithin(20000), 0);
+}
+
+// Issue 30, N7: a client that keeps its doorbell full, submitting nothing, pinned the one ring
+// poller at 100% CPU (each ring woke it, it spun poll_idle_us, slept, and was woken at once). Its
+// doorbell is now ignored for a while after a run of wake-ups that brought no entry; the other
+// sessions are served as before, and so is its own ring.
+TEST(HostileClient, ADoorbellKeptFullDoesNotPinThePoller) {
+  TierdOptions options;
+  options.capture_log = true;
+  TierdProcess tierd({"--log_level=warning"}, options);
+  Session good(OptionsFor(tierd));
+  RawSession hostile(tierd);
+  const int bell = hostile.attached.sq_doorbell.get();
+  ASSERT_EQ(::fcntl(bell, F_SETFL, 0), 0);  // blocking: the ringer waits while the bell is full
+  std::atomic<bool> stop{false};
+  std::thread ringer([&] {
+    const uint64_t one = 1;
+    while (!stop.load() && ::send(bell, &one, sizeof(one), MSG_NOSIGNAL) > 0) {
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // past the first wake-ups
+  const uint64_t cpu_before = tierd.CpuMs();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) {
+    RoundTrip(good, 64 << 10, 10000, tierd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
+  const uint64_t cpu_ms = tierd.CpuMs() - cpu_before;
+  // (A pinned poller: about wall_ms. Twenty round trips and the muted wake-ups: a few percent.)
+  EXPECT_LT(cpu_ms, static_cast<uint64_t>(wall_ms) / 5)
+      << "tierd used " << cpu_ms << " ms of CPU in " << wall_ms << " ms";
+  // The hostile session's own jobs are still served.
+  hostile.Push(ring::SubmissionEntry{.job_id = 7, .opcode = 4});
+  EXPECT_EQ(hostile.Next().job_id, 7u);
+  stop.store(true);
+  ::shutdown(bell, SHUT_WR);  // ends a send blocked on the full doorbell (and the session)
+  ringer.join();
+  EXPECT_NE(tierd.Log().find("rings its doorbell without submitting"), std::string::npos)
+      << tierd.Log();
+  RoundTrip(good, 4096, 10000, tierd);
 }
 
 // ---- Finding 2: SIGBUS from a hugetlb memfd ----------------------------------------------------
