@@ -17,22 +17,26 @@
 #include "common/status.h"
 #include "engine/copy_engine.h"
 #include "engine/memfd_mapping.h"
+#include "engine/memfd_mappings.h"
 
 namespace tier::engine {
 namespace {
 
+// One registration: the first `bytes` of a memfd's mapping, which other registrations of the same
+// memfd may share (memfd_mappings.h).
 class MappedMemfd final : public ImportedBuffer {
  public:
-  MappedMemfd(std::unique_ptr<MemfdMapping> mapping, std::atomic<uint64_t>& live)
-      : mapping_(std::move(mapping)), live_(live) {
+  MappedMemfd(std::shared_ptr<MemfdMapping> mapping, uint64_t bytes, std::atomic<uint64_t>& live)
+      : mapping_(std::move(mapping)), bytes_(bytes), live_(live) {
     live_.fetch_add(1);
   }
   ~MappedMemfd() override { live_.fetch_sub(1); }
   char* base() const override { return mapping_->base(); }
-  uint64_t bytes() const override { return mapping_->bytes(); }
+  uint64_t bytes() const override { return bytes_; }
 
  private:
-  std::unique_ptr<MemfdMapping> mapping_;
+  std::shared_ptr<MemfdMapping> mapping_;
+  const uint64_t bytes_;
   std::atomic<uint64_t>& live_;
 };
 
@@ -230,10 +234,10 @@ class HostEngine final : public CopyEngine {
       return absl::UnimplementedError(
           "the host engine copies only host memory (memfd buffers); this daemon has no GPU engine");
     }
-    absl::StatusOr<std::unique_ptr<MemfdMapping>> mapping =
-        MemfdMapping::Map(import.fd, import.bytes);
+    if (import.bytes == 0) return absl::InvalidArgumentError("host buffer of 0 bytes");
+    absl::StatusOr<std::shared_ptr<MemfdMapping>> mapping = mappings_.Get(import.fd, import.bytes);
     if (!mapping.ok()) return mapping.status();
-    return std::make_unique<MappedMemfd>(*std::move(mapping), live_buffers_);
+    return std::make_unique<MappedMemfd>(*std::move(mapping), import.bytes, live_buffers_);
   }
 
   void Submit(CopyJob job) override {
@@ -253,6 +257,7 @@ class HostEngine final : public CopyEngine {
 
  private:
   std::atomic<uint64_t> live_buffers_{0};
+  MemfdMappings mappings_;
   CopyLane to_pool_;
   CopyLane from_pool_;
 };

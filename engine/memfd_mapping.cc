@@ -16,6 +16,9 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
 #endif
@@ -23,12 +26,24 @@
 namespace tier::engine {
 
 absl::StatusOr<std::unique_ptr<MemfdMapping>> MemfdMapping::Map(const UniqueFd& fd,
-                                                               uint64_t bytes) {
+                                                               uint64_t bytes,
+                                                               bool seal_future_writes) {
   if (!fd.valid()) return absl::InvalidArgumentError("host buffer without a memfd");
   if (bytes == 0) return absl::InvalidArgumentError("host buffer of 0 bytes");
   int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return absl::InvalidArgumentError("host buffer fd must be a memfd sealed with F_SEAL_SHRINK");
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    // (Short: the session protocol carries 159 bytes of message.)
+    return absl::InvalidArgumentError(
+        "memfd sealed against writes (F_SEAL_[FUTURE_]WRITE; tierd seals what it maps, and its "
+        "registrations ended): register a new memfd");
+  }
+  if (seal_future_writes && (seals & F_SEAL_SEAL) != 0) {
+    return absl::InvalidArgumentError(
+        "memfd sealed with F_SEAL_SEAL: leave it off (tierd adds F_SEAL_FUTURE_WRITE once mapped, "
+        "so that no hole can be punched into it)");
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of host buffer");
@@ -66,6 +81,18 @@ absl::StatusOr<std::unique_ptr<MemfdMapping>> MemfdMapping::Map(const UniqueFd& 
     if (!warned.exchange(true)) {
       LogWarning("this kernel lacks MADV_POPULATE_WRITE (Linux 5.14): host buffers are not "
                  "faulted in at registration");
+    }
+  }
+  if (seal_future_writes && ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE) != 0) {
+    int error = errno;
+    if (error != EINVAL) {  // EINVAL: a kernel before 5.1
+      ::munmap(base, bytes);
+      return ErrnoStatus("sealing host buffer memfd with F_SEAL_FUTURE_WRITE", error);
+    }
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      LogWarning("this kernel lacks F_SEAL_FUTURE_WRITE (Linux 5.1): a client can punch holes "
+                 "into a registered host buffer, and tierd's copies then fault pages in");
     }
   }
   return std::unique_ptr<MemfdMapping>(new MemfdMapping(static_cast<char*>(base), bytes));

@@ -11,9 +11,17 @@
 //    its memory is charged to the client;
 //  - faulted in by the daemon at registration with MADV_POPULATE_WRITE, which fails instead of
 //    raising SIGBUS, so memory that cannot be faulted is refused here, not met in a copy.
-// What remains: a client may still punch holes after registration; the daemon's next copy into
-// one then faults a page in, charged to tierd, at most the buffer's size, which
-// max_mapped_bytes_per_session/_per_uid bound. Unmapped on destruction.
+//  - with seal_future_writes (the host engine, whose copies touch the pages with the CPU): sealed
+//    with F_SEAL_FUTURE_WRITE once mapped, so the client cannot punch holes into it afterwards
+//    (fallocate(PUNCH_HOLE) and MADV_REMOVE then fail with EPERM). A hole punched after
+//    registration was filled by the daemon's next copy into it, the page charged to tierd's
+//    memory cgroup, again and again (tierd OOM-killed after 416 MiB of reloads in a 700 MiB
+//    cgroup). The client's mappings made before the seal stay writable; write(2) and new
+//    writable mappings of the memfd are refused from then on, and for good: a memfd is mapped
+//    by tierd once (MemfdMappings shares that mapping between its registrations) and cannot be
+//    registered again once its last registration ended. (The GPU engines pin the pages with the
+//    GPU driver and never fault them from the CPU.)
+// Unmapped on destruction.
 #ifndef TIER_ENGINE_MEMFD_MAPPING_H_
 #define TIER_ENGINE_MEMFD_MAPPING_H_
 
@@ -27,7 +35,8 @@ namespace tier::engine {
 
 class MemfdMapping {
  public:
-  static absl::StatusOr<std::unique_ptr<MemfdMapping>> Map(const UniqueFd& fd, uint64_t bytes);
+  static absl::StatusOr<std::unique_ptr<MemfdMapping>> Map(const UniqueFd& fd, uint64_t bytes,
+                                                            bool seal_future_writes = false);
   ~MemfdMapping();
   MemfdMapping(const MemfdMapping&) = delete;
   MemfdMapping& operator=(const MemfdMapping&) = delete;

@@ -127,8 +127,13 @@ TIER_API tier_status tier_buffer_alloc_host(tier_session* session, uint64_t byte
 /* Registers an existing memfd (sealed against shrinking: F_SEAL_SHRINK) of at least bytes. The
  * library does not take ownership of fd. Its first bytes must be populated (written, or mapped
  * with MAP_POPULATE), so the memory is charged to the caller, not to tierd; memfds on
- * hugetlbfs (MFD_HUGETLB) are refused. TIER_INVALID_ARGUMENT otherwise; TIER_RESOURCE_EXHAUSTED
- * past the daemon's buffer limits (max_buffers_per_session, max_mapped_bytes_per_session, ...). */
+ * hugetlbfs (MFD_HUGETLB) are refused. A host-engine tierd seals the memfd with
+ * F_SEAL_FUTURE_WRITE once it mapped it, so that no hole can be punched into it: map it
+ * writable before registering (those mappings stay writable; write(2) and new writable mappings
+ * fail from then on); registering it again shares tierd's mapping, and once its last
+ * registration ended it cannot be registered again. TIER_INVALID_ARGUMENT otherwise;
+ * TIER_RESOURCE_EXHAUSTED past the daemon's buffer limits (max_buffers_per_session,
+ * max_mapped_bytes_per_session, ...). */
 TIER_API tier_status tier_buffer_register_fd(tier_session* session, int fd, uint64_t bytes,
                                              tier_buffer_id* id);
 /* Registers the GPU allocation that contains device_ptr (the whole allocation, once: later calls

@@ -166,7 +166,10 @@ class Client:
             return self._session.alloc_host_locked(nbytes)
 
     def register_fd(self, fd, nbytes):
-        """Registers a memfd sealed with F_SEAL_SHRINK (tier_buffer_register_fd); returns its id."""
+        """Registers a memfd sealed with F_SEAL_SHRINK (tier_buffer_register_fd); returns its id.
+
+        Map it (writable) before: tierd seals it against new writable mappings and writes.
+        """
         return self._session.register_fd(fd, nbytes)
 
     def register_device(self, device_ptr, nbytes=None):

@@ -268,12 +268,65 @@ TEST(HostileClient, SparseMemfdsAreRefusedPopulatedOnesAccepted) {
   // Populated all but its last page: still refused.
   testing::PopulateMemfd(fd, kBytes - 4096);
   EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_INVALID_ARGUMENT);
-  // The populated part alone is fine, and so is the whole once populated.
+  // The populated part alone is fine, and so is the whole of a memfd populated whole. (Once
+  // registered, a memfd is sealed against new writable mappings: HolesCannotBePunched... below.)
   EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes - 4096, &id), TIER_OK);
-  testing::PopulateMemfd(fd, kBytes);
-  EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_OK);
   ::close(fd);
+  int whole = PopulatedMemfd(kBytes);
+  EXPECT_EQ(tier_buffer_register_fd(session.get(), whole, kBytes, &id), TIER_OK);
+  ::close(whole);
   RoundTrip(session, 1 << 20, 10000, tierd);  // tier_buffer_alloc_host populates its memfds
+}
+
+// Issue 30, N1: a populated memfd registered, then holes punched into it: each reload into a hole
+// faulted a fresh page in, charged to tierd's memory cgroup (tierd OOM-killed after 416 MiB of
+// reloads in a 700 MiB cgroup, the legit client down for 57.8 s). tierd seals the memfd once it
+// has mapped it (F_SEAL_FUTURE_WRITE): the punch fails, so every page stays the client's. The
+// client's own mapping, made before, works on; tierd maps a memfd once, for every registration.
+TEST(HostileClient, HolesCannotBePunchedIntoARegisteredMemfd) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kBytes = 4 << 20;
+  constexpr uint64_t kMiB = 1 << 20;
+  int fd = ::memfd_create("punched", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(fd, kBytes), 0);
+  auto* mapped = static_cast<unsigned char*>(
+      ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0));
+  ASSERT_NE(mapped, MAP_FAILED);
+  std::memset(mapped, 0x11, kBytes);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  tier_buffer_id id = 0;
+  ASSERT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_OK) << tier_last_error();
+  // What the campaign did: punch the second MiB out (and the same through the mapping).
+  EXPECT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kMiB, kMiB), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::madvise(mapped + kMiB, kMiB, MADV_REMOVE), -1);
+  EXPECT_EQ(::lseek(fd, 0, SEEK_HOLE), static_cast<off_t>(kBytes)) << "a hole was punched";
+  // Reloads into it land in the client's pages, seen through the client's mapping.
+  HostBuffer source = session.AllocHost(kMiB);
+  std::memset(source.data, 0x5a, kMiB);
+  auto [object, offload] = session.Offload(source.id, 0, kMiB);
+  session.Wait(offload, 10000);
+  session.Wait(session.Reload(object, id, kMiB, kMiB), 10000);
+  EXPECT_EQ(mapped[kMiB], 0x5a);
+  EXPECT_EQ(mapped[2 * kMiB - 1], 0x5a);
+  EXPECT_EQ(mapped[0], 0x11);
+  // Registered again (by this session or another): tierd's one mapping serves both. A
+  // registration longer than that mapping cannot be had.
+  Session other(OptionsFor(tierd, "other"));
+  tier_buffer_id again = 0;
+  EXPECT_EQ(tier_buffer_register_fd(other.get(), fd, kMiB, &again), TIER_OK) << tier_last_error();
+  // Once no registration of it is left, it cannot be mapped writable any more, and says why.
+  ASSERT_EQ(tier_buffer_unregister(session.get(), id), TIER_OK);
+  ASSERT_EQ(tier_buffer_unregister(other.get(), again), TIER_OK);
+  ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.buffers() == 1; }))
+      << "only the source buffer is left mapped";
+  EXPECT_EQ(tier_buffer_register_fd(session.get(), fd, kBytes, &id), TIER_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tier_last_error()).find("register a new memfd"), std::string::npos)
+      << tier_last_error();
+  ::munmap(mapped, kBytes);
+  ::close(fd);
+  RoundTrip(session, kMiB, 10000, tierd);
 }
 
 // ---- Finding 3: limits on registrations --------------------------------------------------------
