@@ -96,6 +96,8 @@ struct Config {
   uint32_t max_buffers = 32768;               // max_buffers (all sessions; vm.max_map_count)
   uint64_t max_mapped_bytes_per_session = 64ull << 30;  // max_mapped_bytes_per_session (host)
   uint64_t max_mapped_bytes_per_uid = 256ull << 30;     // max_mapped_bytes_per_uid (host)
+  // max_mapped_bytes: all sessions (0: a quarter of MemTotal, derived at start)
+  uint64_t max_mapped_bytes = 0;
   uint32_t max_connections = 1024;            // max_connections (session socket)
   uint32_t max_connections_per_uid = 128;     // max_connections_per_uid
 

@@ -336,6 +336,10 @@ std::vector<Key> BuildKeys() {
   keys.push_back(SizeKey("max_mapped_bytes_per_uid", kLimits,
                          "most bytes of host memory the sessions of one user may have registered",
                          &Config::max_mapped_bytes_per_uid, false, 4096));
+  keys.push_back(SizeKey("max_mapped_bytes", kLimits,
+                         "most bytes of host memory registered in all (tierd's page tables grow "
+                         "by 1/512 of it); 0: a quarter of the node's memory (MemTotal)",
+                         &Config::max_mapped_bytes, /*allow_zero=*/true, 4096));
   keys.push_back(IntegerKey("max_connections", kLimits,
                             "most connections to the session socket at once",
                             &Config::max_connections, 1, 1 << 20));

@@ -32,6 +32,7 @@ struct ControlContext {
   // pool_layout, gpus).
   PoolLayout pool_layout;
   std::vector<GpuLocation> gpus;
+  uint64_t max_mapped_bytes = 0;  // the node-wide limit in force (status)
 };
 
 class ControlService final : public tier::v1::Control::Service {

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -94,6 +96,19 @@ uint32_t ConnectionsTheDescriptorsAllow(uint32_t max_connections) {
              " descriptors and ", reserve,
              " are kept for gRPC, spill files and logs; raise LimitNOFILE= to serve more");
   return static_cast<uint32_t>(allowed);
+}
+
+// max_mapped_bytes = 0: a quarter of the node's memory. Client memory mapped into tierd costs it
+// page tables (1/512 of the bytes, 4 KiB pages), and registrations of the same memory add up.
+uint64_t DefaultMaxMappedBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemTotal: %llu kB", &kib) == 1) {
+      return std::max<uint64_t>(uint64_t{kib} * 1024 / 4, uint64_t{1} << 30);
+    }
+  }
+  return uint64_t{64} << 30;
 }
 
 }  // namespace
@@ -193,6 +208,8 @@ absl::Status Daemon::Init() {
   limits.client.max_buffers = config_.max_buffers;
   limits.client.max_mapped_bytes_per_session = config_.max_mapped_bytes_per_session;
   limits.client.max_mapped_bytes_per_uid = config_.max_mapped_bytes_per_uid;
+  limits.client.max_mapped_bytes =
+      config_.max_mapped_bytes ? config_.max_mapped_bytes : DefaultMaxMappedBytes();
 
   if (config_.spill_bytes > 0) {
     for (const std::string& dir : config_.spill_dirs) {
@@ -279,6 +296,7 @@ absl::Status Daemon::Init() {
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
                          config_.attach_timeout_ms, started_ms_, "",
                          AdminTokenPath(config_.socket_path), pool_layout_, gpus_};
+  context.max_mapped_bytes = limits.client.max_mapped_bytes;
   absl::StatusOr<std::string> token = WriteAdminToken(context.admin_token_path);
   if (!token.ok()) return token.status();
   context.admin_token = *std::move(token);

@@ -63,6 +63,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   s.latency_unmeasured = m.jobs.unmeasured();
 
   s.engine_counts = sources_.engine.Counts();
+  s.client_mapped_bytes = sources_.registry.ClientTotals().mapped_bytes;
   std::vector<SessionCounts> counts;
   for (const SessionSnapshot& session : sources_.registry.Snapshots()) {
     if (!session.attached) {

@@ -273,6 +273,10 @@ void AddJobs(const MetricsSnapshot& s, Families& f) {
 void AddClients(const MetricsSnapshot& s, Families& f) {
   f.Gauge("tierd_client_buffers", "Client buffers tierd has mapped (registered, or still in use)",
           static_cast<double>(s.engine_counts.buffers));
+  f.Gauge("tierd_client_mapped_bytes",
+          "Host memory of the clients' registered buffers, counted once per registration "
+          "(max_mapped_bytes)",
+          static_cast<double>(s.client_mapped_bytes));
   f.Gauge("tierd_gpu_lanes", "GPU lanes (one stream per session, GPU and direction)",
           static_cast<double>(s.engine_counts.lanes));
   f.Gauge("tierd_pending_releases", "Client mappings and streams queued for release",

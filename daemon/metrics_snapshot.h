@@ -96,6 +96,7 @@ struct MetricsSnapshot {
   // Clients.
   engine::EngineCounts engine_counts;
   uint64_t sessions_pending = 0;  // opened, not attached (no uid yet)
+  uint64_t client_mapped_bytes = 0;  // host memory of clients' registered buffers (all of them)
   std::map<uint32_t, UserGauges> users;
   std::map<uint32_t, UserCounters> user_totals;  // monotonic (UserTotals)
   std::map<LaneKey, LaneGroup> lanes;

@@ -65,6 +65,8 @@ class SessionRegistry {
   void set_on_change(std::function<void()> on_change) { on_change_ = std::move(on_change); }
   std::vector<SessionSnapshot> Snapshots() const;
   size_t size() const;
+  // What every client holds together: attached sessions, buffers, host bytes mapped.
+  UsageLedger::Usage ClientTotals() const { return ledger_.Totals(); }
 
   // Draining, in two steps (Daemon::Drain). First no new sessions, and every attached session's
   // ring says so (ring::kDaemonDraining): its client offloads no more and keeps new data on the

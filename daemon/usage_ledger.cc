@@ -17,6 +17,7 @@ absl::Status UsageLedger::AddSession(uid_t uid) {
                      " sessions attached (max_sessions_per_uid)"));
   }
   ++usage.sessions;
+  ++sessions_;
   return absl::OkStatus();
 }
 
@@ -25,6 +26,7 @@ void UsageLedger::RemoveSession(uid_t uid) {
   auto it = by_uid_.find(uid);
   if (it == by_uid_.end() || it->second.sessions == 0) return;
   --it->second.sessions;
+  --sessions_;
   ForgetIfIdleLocked(uid);
 }
 
@@ -42,6 +44,11 @@ absl::Status UsageLedger::CheckBuffer(uid_t uid, uint64_t mapped_bytes) const {
                      " buffers registered (max_buffers_per_uid)"));
   }
   // Written so that nothing overflows: usage.mapped_bytes <= limit always holds.
+  if (mapped_bytes > limits_.max_mapped_bytes - std::min(mapped_bytes_, limits_.max_mapped_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tierd has ", mapped_bytes_, " bytes of host memory registered in all; ", mapped_bytes,
+        " more would pass ", limits_.max_mapped_bytes, " (max_mapped_bytes)"));
+  }
   if (mapped_bytes > limits_.max_mapped_bytes_per_uid - usage.mapped_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "uid ", uid, " has ", usage.mapped_bytes, " bytes of host memory registered; ",
@@ -57,6 +64,7 @@ void UsageLedger::AddBuffer(uid_t uid, uint64_t mapped_bytes) {
   ++usage.buffers;
   usage.mapped_bytes += mapped_bytes;
   ++buffers_;
+  mapped_bytes_ += mapped_bytes;
 }
 
 void UsageLedger::RemoveBuffer(uid_t uid, uint64_t mapped_bytes) {
@@ -66,6 +74,7 @@ void UsageLedger::RemoveBuffer(uid_t uid, uint64_t mapped_bytes) {
   --it->second.buffers;
   it->second.mapped_bytes -= std::min(mapped_bytes, it->second.mapped_bytes);
   --buffers_;
+  mapped_bytes_ -= std::min(mapped_bytes, mapped_bytes_);
   ForgetIfIdleLocked(uid);
 }
 
@@ -73,6 +82,11 @@ UsageLedger::Usage UsageLedger::UsageOf(uid_t uid) const {
   MutexLock lock(&mu_);
   auto it = by_uid_.find(uid);
   return it == by_uid_.end() ? Usage{} : it->second;
+}
+
+UsageLedger::Usage UsageLedger::Totals() const {
+  MutexLock lock(&mu_);
+  return Usage{sessions_, buffers_, mapped_bytes_};
 }
 
 void UsageLedger::ForgetIfIdleLocked(uid_t uid) {

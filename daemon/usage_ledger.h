@@ -26,6 +26,7 @@ struct ClientLimits {
   uint32_t max_buffers = 32768;
   uint64_t max_mapped_bytes_per_session = 64ull << 30;
   uint64_t max_mapped_bytes_per_uid = 256ull << 30;
+  uint64_t max_mapped_bytes = ~uint64_t{0};  // all uids
 };
 
 class UsageLedger {
@@ -54,6 +55,8 @@ class UsageLedger {
     uint64_t mapped_bytes = 0;
   };
   Usage UsageOf(uid_t uid) const;
+  // Every uid's together (sessions: attached ones).
+  Usage Totals() const;
 
  private:
   void ForgetIfIdleLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -62,6 +65,8 @@ class UsageLedger {
   mutable Mutex mu_;
   std::unordered_map<uid_t, Usage> by_uid_ ABSL_GUARDED_BY(mu_);
   uint64_t buffers_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
+  uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
+  uint32_t sessions_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
 };
 
 }  // namespace tier::daemon

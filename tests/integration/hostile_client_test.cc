@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -396,6 +397,40 @@ TEST(HostileClient, MappedBytesAreLimitedPerSessionAndUid) {
   EXPECT_EQ(tier_buffer_register_fd(d.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
   EXPECT_NE(std::string(tier_last_error()).find("max_mapped_bytes_per_uid"), std::string::npos)
       << tier_last_error();
+  ::close(fd);
+}
+
+// Issue 30, N2: one 16 MiB memfd registered 13,890 times, inside every per-session and per-uid
+// limit, made 446 MB of page tables in tierd (OOM-killed). max_mapped_bytes bounds what every
+// registration of every session maps together (by default a quarter of MemTotal), and status
+// counts it.
+TEST(HostileClient, MappedBytesAreCappedNodeWideAndCounted) {
+  {
+    TierdProcess tierd;
+    uint64_t mem_total = MeminfoValue("MemTotal") << 10;
+    EXPECT_EQ(tierd.Status().max_mapped_bytes(), std::max<uint64_t>(mem_total / 4, 1ull << 30));
+  }
+  TierdProcess tierd({"--max_mapped_bytes=8M", "--max_mapped_bytes_per_session=1T",
+                      "--max_mapped_bytes_per_uid=1T"});
+  constexpr uint64_t kBytes = 2 << 20;
+  int fd = PopulatedMemfd(kBytes);
+  Session a(OptionsFor(tierd, "a"));
+  Session b(OptionsFor(tierd, "b"));
+  std::vector<tier_buffer_id> ids(4);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(tier_buffer_register_fd((i < 3 ? a : b).get(), fd, kBytes, &ids[i]), TIER_OK)
+        << tier_last_error();
+  }
+  tier_buffer_id extra = 0;
+  EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, kBytes, &extra), TIER_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(tier_last_error()).find("(max_mapped_bytes)"), std::string::npos)
+      << tier_last_error();
+  v1::GetStatusResponse status = tierd.Status();
+  EXPECT_EQ(status.client_mapped_bytes(), 4 * kBytes);
+  EXPECT_EQ(status.max_mapped_bytes(), 8u << 20);
+  ASSERT_EQ(tier_buffer_unregister(a.get(), ids[0]), TIER_OK);
+  EXPECT_EQ(tierd.Status().client_mapped_bytes(), 3 * kBytes);
+  EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, kBytes, &extra), TIER_OK) << tier_last_error();
   ::close(fd);
 }
 
