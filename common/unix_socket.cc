@@ -30,10 +30,12 @@ absl::StatusOr<sockaddr_un> MakeAddress(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, int backlog) {
+namespace {
+
+absl::StatusOr<UniqueFd> Listen(const std::string& path, mode_t mode, int type, int backlog) {
   absl::StatusOr<sockaddr_un> addr = MakeAddress(path);
   if (!addr.ok()) return addr.status();
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoStatus("socket");
   ::unlink(path.c_str());
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
@@ -42,6 +44,16 @@ absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, i
   if (::chmod(path.c_str(), mode) != 0) return ErrnoStatus(absl::StrCat("chmod ", path));
   if (::listen(fd.get(), backlog) != 0) return ErrnoStatus("listen");
   return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, int backlog) {
+  return Listen(path, mode, SOCK_SEQPACKET, backlog);
+}
+
+absl::StatusOr<UniqueFd> ListenStream(const std::string& path, mode_t mode, int backlog) {
+  return Listen(path, mode, SOCK_STREAM, backlog);
 }
 
 absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path, int timeout_ms) {

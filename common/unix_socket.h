@@ -23,6 +23,8 @@ struct PeerCredentials {
 
 // Binds and listens on `path` (an existing socket file there is replaced), mode `mode`.
 absl::StatusOr<UniqueFd> ListenSeqpacket(const std::string& path, mode_t mode, int backlog = 64);
+// The same for a stream socket (the control socket's gRPC).
+absl::StatusOr<UniqueFd> ListenStream(const std::string& path, mode_t mode, int backlog = 128);
 // Connects within timeout_ms (< 0: no limit). A Unix socket whose listener does not accept
 // (a hung or overloaded daemon, a full backlog) makes a plain connect() wait for ever: the socket
 // connects non-blocking and retries until the deadline instead (DEADLINE_EXCEEDED). The returned

@@ -79,7 +79,7 @@ grpc::Status ControlService::Health(grpc::ServerContext*, const v1::HealthReques
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::OpenSession(grpc::ServerContext*,
+grpc::Status ControlService::OpenSession(grpc::ServerContext* call,
                                          const v1::OpenSessionRequest* request,
                                          v1::OpenSessionResponse* response) {
   if (request->client_api_version() != 0 && request->client_api_version() != kApiVersion) {
@@ -90,8 +90,14 @@ grpc::Status ControlService::OpenSession(grpc::ServerContext*,
                      context_.version, " speaks protocol ", kApiVersion,
                      ": use a client and a daemon of the same protocol version"));
   }
+  std::optional<uid_t> opener;
+  if (context_.peers != nullptr) {
+    if (std::optional<PeerCredentials> peer = context_.peers->PeerOf(call->peer())) {
+      opener = peer->uid;
+    }
+  }
   absl::StatusOr<OpenedSession> opened =
-      registry_.Open(request->name(), request->quota_bytes(), request->ring_entries());
+      registry_.Open(request->name(), request->quota_bytes(), request->ring_entries(), opener);
   if (!opened.ok()) return ToGrpc(opened.status());
   response->set_session_id(opened->session->id());
   response->set_attach_token(opened->token.data(), opened->token.size());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/control_acceptor.h"
 #include "daemon/health_monitor.h"
 #include "daemon/metrics.h"
 #include "daemon/numa_topology.h"
@@ -33,6 +34,8 @@ struct ControlContext {
   PoolLayout pool_layout;
   std::vector<GpuLocation> gpus;
   uint64_t max_mapped_bytes = 0;  // the node-wide limit in force (status)
+  // Who is at the other end of a call (SO_PEERCRED of its connection); null: nobody knows.
+  const ControlAcceptor* peers = nullptr;
 };
 
 class ControlService final : public tier::v1::Control::Service {

@@ -297,6 +297,8 @@ absl::Status Daemon::Init() {
                          config_.attach_timeout_ms, started_ms_, "",
                          AdminTokenPath(config_.socket_path), pool_layout_, gpus_};
   context.max_mapped_bytes = limits.client.max_mapped_bytes;
+  control_acceptor_ = std::make_unique<ControlAcceptor>(config_.max_connections_per_uid);
+  context.peers = control_acceptor_.get();
   absl::StatusOr<std::string> token = WriteAdminToken(context.admin_token_path);
   if (!token.ok()) return token.status();
   context.admin_token = *std::move(token);
@@ -307,20 +309,18 @@ absl::Status Daemon::Init() {
   service_ = std::make_unique<ControlService>(
       context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());
-  ::unlink(config_.socket_path.c_str());
+  // No listening port of gRPC's own: the acceptor takes the control socket's connections, counts
+  // them per uid and hands them over (daemon/control_acceptor.h).
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", config_.socket_path));
   }
-  if (::chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
-    return ErrnoStatus(absl::StrCat("chmod ", config_.socket_path));
-  }
-  if (*gid != static_cast<gid_t>(-1) &&
-      ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), *gid) != 0) {
-    return ErrnoStatus(absl::StrCat("chown ", config_.socket_path));
+  if (absl::Status s = control_acceptor_->Start(config_.socket_path, config_.socket_mode, *gid,
+                                                server_.get());
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
   LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
@@ -404,6 +404,7 @@ void Daemon::Shutdown() {
   // Order: stop taking work (sockets, poller), end sessions (their jobs finish), then the engine.
   // Control calls are short and jobs have drained by now; an idle client channel would otherwise
   // hold the shutdown for the whole deadline (gRPC waits for connections, not only calls).
+  if (control_acceptor_) control_acceptor_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   // Scrapes read every part below: the exporter stops first.
   metrics_exporter_.reset();

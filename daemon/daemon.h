@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/version.h"
 #include "daemon/config.h"
+#include "daemon/control_acceptor.h"
 #include "daemon/control_service.h"
 #include "daemon/health_monitor.h"
 #include "daemon/job_executor.h"
@@ -73,6 +74,7 @@ class Daemon {
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<ControlService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ControlAcceptor> control_acceptor_;  // accepts for server_, bounded per uid
   std::shared_ptr<MetricsCollector> metrics_collector_;
   std::unique_ptr<MetricsExporter> metrics_exporter_;  // null unless metrics_listen is set
   SystemdNotifier notifier_;

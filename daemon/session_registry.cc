@@ -36,7 +36,8 @@ SessionRegistry::~SessionRegistry() {
 }
 
 absl::StatusOr<OpenedSession> SessionRegistry::Open(std::string name, uint64_t quota_bytes,
-                                                    uint32_t ring_entries) {
+                                                    uint32_t ring_entries,
+                                                    std::optional<uid_t> opener) {
   if (draining()) return absl::UnavailableError("tierd is draining: no new sessions");
   if (name.size() > 64) return absl::InvalidArgumentError("session name longer than 64 bytes");
   for (char c : name) {
@@ -60,9 +61,14 @@ absl::StatusOr<OpenedSession> SessionRegistry::Open(std::string name, uint64_t q
   MutexLock lock(&mu_);
   if (sessions_.size() >= limits_.max_sessions) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("tierd serves at most ", limits_.max_sessions, " sessions"));
+        absl::StrCat("tierd serves at most ", limits_.max_sessions, " sessions (max_sessions)"));
+  }
+  // (Its uid's share first: one user's opens that never attach could otherwise hold every slot.)
+  if (opener.has_value()) {
+    if (absl::Status share = ledger_.AddPending(*opener); !share.ok()) return share;
   }
   uint64_t id = next_id_++;
+  if (opener.has_value()) pending_openers_.emplace(id, *opener);
   auto session = std::make_shared<Session>(id, std::move(name), token, quota_bytes, ring_entries);
   session->set_ledger(&ledger_);
   sessions_.emplace(id, session);
@@ -85,8 +91,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
   // (Session::Attach says so too; asked first so that the uid's slot is not counted twice.)
   if (session->attached()) return absl::AlreadyExistsError("session is already attached");
   if (session->closing()) return absl::FailedPreconditionError("session is closing");
-  // The uid is known only now (OpenSession over gRPC is anonymous): a user over its share of
-  // the session slots loses this one at once rather than holding it until the attach timeout.
+  // The pending slot becomes an attached one, now counted for the attaching process's uid (its
+  // opener's, as a rule): a user over its share loses this one at once rather than holding it
+  // until the attach timeout.
+  ReleasePending(session_id);
   if (absl::Status slot = ledger_.AddSession(peer.uid); !slot.ok()) {
     End(session, slot.message());
     return slot;
@@ -154,12 +162,25 @@ void SessionRegistry::Reap() {
     session->WaitIdle();
     executor_.ReleaseAll(*session);
     if (session->attached()) ledger_.RemoveSession(session->peer().uid);
+    ReleasePending(session->id());
     {
       MutexLock lock(&mu_);
       sessions_.erase(session->id());
     }
     reaped_cv_.SignalAll();
   }
+}
+
+void SessionRegistry::ReleasePending(uint64_t session_id) {
+  std::optional<uid_t> opener;
+  {
+    MutexLock lock(&mu_);
+    auto it = pending_openers_.find(session_id);
+    if (it == pending_openers_.end()) return;
+    opener = it->second;
+    pending_openers_.erase(it);
+  }
+  ledger_.RemovePending(*opener);
 }
 
 void SessionRegistry::ExpirePending() {

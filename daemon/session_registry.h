@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,8 +43,11 @@ class SessionRegistry {
   SessionRegistry(const SessionLimits& limits, JobExecutor& executor, engine::CopyEngine& engine);
   ~SessionRegistry();
 
+  // `opener`: the uid of the caller (SO_PEERCRED of its control connection) when known; its
+  // pending sessions count against max_sessions_per_uid until they attach or expire.
   absl::StatusOr<OpenedSession> Open(std::string name, uint64_t quota_bytes,
-                                     uint32_t ring_entries);
+                                     uint32_t ring_entries,
+                                     std::optional<uid_t> opener = std::nullopt);
   // Binds a pending session to the attaching process. A user at max_sessions_per_uid gets
   // RESOURCE_EXHAUSTED, and the pending session ends (its slot is free at once).
   absl::StatusOr<std::shared_ptr<Session>> Attach(uint64_t session_id, const AttachToken& token,
@@ -82,6 +86,8 @@ class SessionRegistry {
  private:
   void Reap();
   void Changed();
+  // The session no longer counts as its opener's pending one (attached, or ended).
+  void ReleasePending(uint64_t session_id);
 
   const SessionLimits limits_;
   UsageLedger ledger_;
@@ -97,6 +103,8 @@ class SessionRegistry {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Includes closing ones until reaped.
   std::map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Pending sessions counted against their opener's uid in ledger_: session id -> opener.
+  std::map<uint64_t, uid_t> pending_openers_ ABSL_GUARDED_BY(mu_);
 
   Mutex reap_mu_;
   CondVar reap_cv_;

@@ -10,15 +10,40 @@ namespace tier::daemon {
 absl::Status UsageLedger::AddSession(uid_t uid) {
   MutexLock lock(&mu_);
   Usage& usage = by_uid_[uid];
-  if (usage.sessions >= limits_.max_sessions_per_uid) {
+  if (usage.sessions + usage.pending >= limits_.max_sessions_per_uid) {
+    const Usage held = usage;
     ForgetIfIdleLocked(uid);
     return absl::ResourceExhaustedError(
-        absl::StrCat("uid ", uid, " already has ", limits_.max_sessions_per_uid,
-                     " sessions attached (max_sessions_per_uid)"));
+        absl::StrCat("uid ", uid, " already has ", held.sessions, " sessions attached and ",
+                     held.pending, " opened (max_sessions_per_uid ",
+                     limits_.max_sessions_per_uid, ")"));
   }
   ++usage.sessions;
   ++sessions_;
   return absl::OkStatus();
+}
+
+absl::Status UsageLedger::AddPending(uid_t uid) {
+  MutexLock lock(&mu_);
+  Usage& usage = by_uid_[uid];
+  if (usage.sessions + usage.pending >= limits_.max_sessions_per_uid) {
+    const Usage held = usage;
+    ForgetIfIdleLocked(uid);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", uid, " already has ", held.sessions, " sessions attached and ",
+                     held.pending, " opened (max_sessions_per_uid ",
+                     limits_.max_sessions_per_uid, ")"));
+  }
+  ++usage.pending;
+  return absl::OkStatus();
+}
+
+void UsageLedger::RemovePending(uid_t uid) {
+  MutexLock lock(&mu_);
+  auto it = by_uid_.find(uid);
+  if (it == by_uid_.end() || it->second.pending == 0) return;
+  --it->second.pending;
+  ForgetIfIdleLocked(uid);
 }
 
 void UsageLedger::RemoveSession(uid_t uid) {
@@ -86,12 +111,13 @@ UsageLedger::Usage UsageLedger::UsageOf(uid_t uid) const {
 
 UsageLedger::Usage UsageLedger::Totals() const {
   MutexLock lock(&mu_);
-  return Usage{sessions_, buffers_, mapped_bytes_};
+  return Usage{sessions_, buffers_, mapped_bytes_, 0};
 }
 
 void UsageLedger::ForgetIfIdleLocked(uid_t uid) {
   auto it = by_uid_.find(uid);
-  if (it != by_uid_.end() && it->second.sessions == 0 && it->second.buffers == 0) {
+  if (it != by_uid_.end() && it->second.sessions == 0 && it->second.buffers == 0 &&
+      it->second.pending == 0) {
     by_uid_.erase(it);
   }
 }

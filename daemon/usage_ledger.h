@@ -37,9 +37,15 @@ class UsageLedger {
 
   const ClientLimits& limits() const { return limits_; }
 
-  // An attached session of `uid`; RESOURCE_EXHAUSTED at max_sessions_per_uid.
+  // An attached session of `uid`; RESOURCE_EXHAUSTED at max_sessions_per_uid (its pending
+  // sessions included).
   absl::Status AddSession(uid_t uid);
   void RemoveSession(uid_t uid);
+  // A session `uid` opened and has not attached yet (OpenSession; the uid from the control
+  // connection's SO_PEERCRED): counted against max_sessions_per_uid with its attached ones, so
+  // that one user's opens that never attach cannot hold every session slot of the node.
+  absl::Status AddPending(uid_t uid);
+  void RemovePending(uid_t uid);
 
   // Whether one more buffer mapping `mapped_bytes` of host memory fits `uid`'s limits and the
   // node's; RESOURCE_EXHAUSTED naming the setting if not. The caller charges it with AddBuffer
@@ -50,9 +56,10 @@ class UsageLedger {
   void RemoveBuffer(uid_t uid, uint64_t mapped_bytes);
 
   struct Usage {
-    uint32_t sessions = 0;
+    uint32_t sessions = 0;  // attached
     uint64_t buffers = 0;
     uint64_t mapped_bytes = 0;
+    uint32_t pending = 0;  // opened, not attached
   };
   Usage UsageOf(uid_t uid) const;
   // Every uid's together (sessions: attached ones).

@@ -26,6 +26,13 @@ tier_add_test(spill_integration_test LABEL integration TIMEOUT 600
 tier_add_test(hostile_client_test LABEL integration TIMEOUT 600
   SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/hostile_client_test.cc
   LIBS tier_test_daemon tier_client_static)
+# Issue 30: a hostile client as one uid, a witness as another (as_uid.h; root only, skips
+# elsewhere). Both files are the `hostile_client` group: ctest -L hostile_client.
+tier_add_test(hostile_uid_test LABEL integration TIMEOUT 600
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/hostile_uid_test.cc
+  LIBS tier_test_daemon tier_client_static)
+set_tests_properties(hostile_client_test hostile_uid_test PROPERTIES
+  LABELS "integration;hostile_client")
 
 # Issue 17: named, persistent objects; object_peer is a client run as another uid.
 add_executable(object_peer ${CMAKE_SOURCE_DIR}/tests/integration/object_peer.c)
