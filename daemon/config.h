@@ -122,6 +122,9 @@ struct Config {
   // metrics_listen: serve Prometheus metrics (GET /metrics) on this TCP address, HOST:PORT
   // (e.g. 127.0.0.1:9477, [::1]:9477); empty: off. TCP only (see ParseMetricsListen).
   std::string metrics_listen;
+  // metrics_uid_labels: per-user series (label uid: each user's sessions, bytes, jobs, lanes). Off:
+  // every user's together, under uid="all" (the endpoint has no authentication).
+  bool metrics_uid_labels = false;
   // topology_sysfs_root: where tierd reads NUMA and PCI topology (TEST ONLY: a fake tree).
   std::string topology_sysfs_root = "/sys";
 
@@ -170,7 +173,7 @@ absl::Status Finalize(Config* config);
 
 // Checks a metrics_listen value: HOST:PORT with HOST an IPv4 address, a [bracketed] IPv6 address
 // or a host name, PORT 1..65535; "" (off) passes. A Unix socket path is refused with a message that
-// says why: the exporter's HTTP server (civetweb, under prometheus-cpp) listens on TCP only.
+// says why: the exporter (daemon/metrics_exporter.h) listens on TCP only.
 absl::Status CheckMetricsListen(std::string_view value);
 
 // MemAvailable from the text of /proc/meminfo, in bytes.

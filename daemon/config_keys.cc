@@ -401,6 +401,12 @@ std::vector<Key> BuildKeys() {
     key.print = [](const Config& config) { return config.metrics_listen; };
     keys.push_back(std::move(key));
   }
+  keys.push_back(EnumKey("metrics_uid_labels", kService,
+                         "on: the per-user metrics name each uid (anyone who can reach "
+                         "metrics_listen sees every user's activity); off: all users together "
+                         "under uid=\"all\"",
+                         &Config::metrics_uid_labels,
+                         std::vector<Choice<bool>>{{"off", false}, {"on", true}}));
   keys.push_back(PathKey("topology_sysfs_root", kService,
                          "TEST ONLY: read NUMA and PCI topology under this directory, not /sys",
                          &Config::topology_sysfs_root, /*allow_empty=*/false));

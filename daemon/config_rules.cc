@@ -37,9 +37,7 @@ absl::Status CheckMetricsListen(std::string_view value_in) {
         absl::StrCat("'", value, "': ", why, "; expected HOST:PORT, e.g. 127.0.0.1:9477"));
   };
   if (absl::StartsWith(value, "/") || absl::StartsWith(value, "unix:")) {
-    return bad(
-        "a Unix socket is not supported: the metrics exporter (prometheus-cpp's civetweb "
-        "server) listens on TCP only");
+    return bad("a Unix socket is not supported: the metrics exporter listens on TCP only");
   }
   const size_t colon = value.rfind(':');
   if (colon == absl::string_view::npos) return bad("no port");

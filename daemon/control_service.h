@@ -36,6 +36,8 @@ struct ControlContext {
   uint64_t max_mapped_bytes = 0;  // the node-wide limit in force (status)
   // Who is at the other end of a call (SO_PEERCRED of its connection); null: nobody knows.
   const ControlAcceptor* peers = nullptr;
+  // The metrics endpoint's state ("" when metrics_listen is off).
+  std::function<std::string()> metrics_state = nullptr;
 };
 
 class ControlService final : public tier::v1::Control::Service {

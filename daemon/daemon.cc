@@ -306,6 +306,11 @@ absl::Status Daemon::Init() {
       metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
       config_.health_stall_ms,
       [engine = engine_.get()] { return engine->UnticketedBehindClients(); });
+  // Before the control API serves: status reads the exporter's state.
+  if (absl::Status s = StartMetrics(); !s.ok()) return s;
+  context.metrics_state = [this] {
+    return metrics_exporter_ == nullptr ? std::string() : metrics_exporter_->state();
+  };
   service_ = std::make_unique<ControlService>(
       context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());
@@ -322,7 +327,6 @@ absl::Status Daemon::Init() {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = StartMetrics(); !s.ok()) return s;
   LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
           config_.session_socket_path, ")");
   return absl::OkStatus();
@@ -333,12 +337,13 @@ absl::Status Daemon::StartMetrics() {
   metrics_collector_ = std::make_shared<MetricsCollector>(
       MetricsSources{metrics_, *pool_, tiers_->spiller(), *registry_, *engine_, *health_,
                      persistent_.get()},
-      BuildInfo{kVersion, std::string(engine_->name()), started_unix_s_, pool_pin_seconds_});
+      BuildInfo{kVersion, std::string(engine_->name()), started_unix_s_, pool_pin_seconds_,
+                config_.metrics_uid_labels});
+  // (A port it cannot listen on now is not fatal: the exporter keeps trying and says so.)
   absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
       MetricsExporter::Start(config_.metrics_listen, metrics_collector_);
   if (!exporter.ok()) return exporter.status();
   metrics_exporter_ = *std::move(exporter);
-  LogInfo("Prometheus metrics on http://", config_.metrics_listen, "/metrics");
   return absl::OkStatus();
 }
 

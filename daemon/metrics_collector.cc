@@ -70,7 +70,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
       ++s.sessions_pending;
       continue;
     }
-    const uint32_t uid = session.peer.uid;
+    const uint32_t uid = build_.uid_labels ? session.peer.uid : kAllUids;
     UserGauges& user = s.users[uid];
     ++user.sessions;
     user.used_bytes += session.used_bytes;

@@ -38,6 +38,7 @@ struct BuildInfo {
   std::string engine;
   double start_time_seconds = 0;  // Unix time
   double pool_pin_seconds = 0;
+  bool uid_labels = false;  // metrics_uid_labels: each uid its own series; else uid="all"
 };
 
 class MetricsCollector : public prometheus::Collectable {

@@ -55,7 +55,7 @@ class Families {
   std::deque<MetricFamily> out_;
 };
 
-std::string Uid(uint32_t uid) { return absl::StrCat(uid); }
+std::string Uid(uint32_t uid) { return uid == kAllUids ? "all" : absl::StrCat(uid); }
 
 void AddBuildAndHealth(const MetricsSnapshot& s, Families& f) {
   f.Gauge("tierd_build_info", "tierd's version, copy engine and protocol versions (always 1)", 1,

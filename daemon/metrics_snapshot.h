@@ -63,6 +63,9 @@ struct LaneGroup {
   uint64_t queued = 0;
   uint64_t in_flight = 0;
 };
+// The uid of every user's series together (metrics_uid_labels off): rendered uid="all".
+inline constexpr uint32_t kAllUids = ~uint32_t{0};
+
 // (uid, gpu, "D2H" or "H2D")
 using LaneKey = std::tuple<uint32_t, int, std::string>;
 

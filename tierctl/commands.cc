@@ -312,9 +312,12 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                 {"Offloaded", FormatBytes(status.bytes_offloaded())},
                 {"Reloaded", FormatBytes(status.bytes_reloaded())},
                 {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())},
-                {"Client memory", absl::StrCat(status.buffers(), " buffers mapped, ",
-                                               status.gpu_lanes(), " GPU lanes, ",
-                                               status.pending_releases(), " releases pending")}};
+                {"Client memory", absl::StrCat(status.buffers(), " buffers mapped (",
+                                               FormatBytes(status.client_mapped_bytes()),
+                                               " of host memory), ", status.gpu_lanes(),
+                                               " GPU lanes, ", status.pending_releases(),
+                                               " releases pending")}};
+  if (!status.metrics().empty()) fields.push_back({"Metrics", status.metrics()});
   if (!status.spill_io().empty()) {  // an NVMe tier exists
     fields.push_back({"NVMe I/O", status.spill_io()});
     fields.push_back({"Spilled", absl::StrCat(FormatBytes(status.bytes_spilled()), " (now ",

@@ -2,6 +2,8 @@
 // real Prometheus (Debian's `prometheus`) scraping it on loopback; the series are asserted through
 // Prometheus' HTTP API (/api/v1/query), and `promtool check metrics` lints the exposition.
 // Skipped (with a message) only where the prometheus binary is missing; CI installs it.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -126,7 +128,7 @@ TEST(Metrics, PrometheusScrapesTierdWhileAClientRuns) {
   const int metrics_port = FreeLoopbackPort();
   ASSERT_GT(metrics_port, 0);
   TierdProcess tierd({absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port),
-                      "--spill_bytes=16M"});
+                      "--spill_bytes=16M", "--metrics_uid_labels=on"});
   const std::string version = tierd.Status().version();
 
   // A client that keeps offloading, reloading and freeing (4 KiB and 1 MiB) while Prometheus
@@ -214,20 +216,90 @@ TEST(Metrics, PrometheusScrapesTierdWhileAClientRuns) {
   EXPECT_EQ(tierd.Stop(), 0);
 }
 
-// A port already taken: tierd refuses to start and says why, rather than serving without metrics.
-TEST(Metrics, ABusyPortStopsTheStartWithAClearError) {
+// Issue 30, finding 8: a port already taken stopped tierd from starting (a fatal Init error), so
+// any local user could keep it down, past systemd's start limit, by binding the port first. tierd
+// starts and serves without metrics now, says why (log, status, tierctl status), and serves them
+// once the port is free.
+TEST(Metrics, ABusyPortDoesNotStopTheStart) {
   const int port = FreeLoopbackPort();
-  TierdProcess first({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
-  const std::string dir = first.dir();
-  auto [rc, out] = testing::RunCommand(absl::StrCat(
-      TIERD_BIN, " --socket=", dir, "/second.sock --state_dir=", dir,
-      "/second-state --pool_bytes=64M --pool_lock=off --metrics_listen=127.0.0.1:", port,
-      " 2>&1"));
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find(absl::StrCat("metrics_listen: cannot listen on 127.0.0.1:", port)),
+  ASSERT_GT(port, 0);
+  int squatter = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(squatter, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(squatter, 4), 0);
+  testing::TierdOptions options;
+  options.capture_log = true;
+  TierdProcess tierd({absl::StrCat("--metrics_listen=127.0.0.1:", port)}, options);
+  const std::string state = tierd.Status().metrics();
+  EXPECT_NE(state.find(absl::StrCat("not serving: cannot listen on 127.0.0.1:", port)),
             std::string::npos)
-      << out;
-  EXPECT_EQ(first.Stop(), 0);
+      << state;
+  EXPECT_NE(state.find("trying again"), std::string::npos) << state;
+  EXPECT_NE(tierd.Log().find("tierd serves on without metrics"), std::string::npos)
+      << tierd.Log();
+  auto [rc, out] =
+      testing::RunCommand(absl::StrCat(TIERCTL_BIN, " --socket ", tierd.socket(), " status"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("not serving"), std::string::npos) << out;
+  // The squatter goes: tierd listens within its retry interval and serves.
+  ::close(squatter);
+  EXPECT_TRUE(tierd.WaitForStatus(
+      [](const v1::GetStatusResponse& s) { return s.metrics().rfind("serving http://", 0) == 0; },
+      20000))
+      << tierd.Status().metrics();
+  EXPECT_EQ(HttpGet(port, "/metrics").status, 200);
+  EXPECT_EQ(tierd.Stop(), 0);
+}
+
+// Issue 30, finding 9: two idle TCP connections held prometheus-cpp's two exposer threads, and
+// every scrape waited 20 s and more. One thread serves every connection now, an idle one is
+// closed after request_timeout_ms (5 s), and at the limit the oldest idle one makes room.
+TEST(Metrics, IdleConnectionsDoNotBlockAScrape) {
+  const int port = FreeLoopbackPort();
+  TierdProcess tierd({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) {  // more than the 32 connections served at once
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    idle.push_back(fd);
+  }
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    testing::HttpResponse scrape = HttpGet(port, "/metrics", 3000);
+    EXPECT_EQ(scrape.status, 200) << "scrape " << i;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "scrape " << i;
+  }
+  // The idle ones are closed by tierd, at the latest after the request timeout.
+  char byte;
+  timeval timeout{10, 0};
+  ::setsockopt(idle.back(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  EXPECT_EQ(::recv(idle.back(), &byte, 1, 0), 0) << "an idle connection was kept";
+  for (int fd : idle) ::close(fd);
+}
+
+// Issue 30, finding 9: the endpoint has no authentication, and it served each user's activity by
+// uid. By default every user's series are one, uid="all"; metrics_uid_labels = on names each uid.
+TEST(Metrics, PerUserSeriesNameNoUidByDefault) {
+  const int port = FreeLoopbackPort();
+  TierdProcess tierd({absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  Session::Options options;
+  options.socket_path = tierd.socket();
+  Session session(options);
+  HostBuffer buffer = session.AllocHost(4096);
+  auto [object, job] = session.Offload(buffer.id, 0, 4096);
+  session.Wait(job);
+  testing::HttpResponse scrape = HttpGet(port, "/metrics");
+  ASSERT_EQ(scrape.status, 200);
+  EXPECT_NE(scrape.body.find("tierd_sessions{uid=\"all\"} 1"), std::string::npos) << scrape.body;
+  EXPECT_EQ(scrape.body.find(absl::StrCat("uid=\"", ::getuid(), "\"")), std::string::npos)
+      << scrape.body;
 }
 
 // A Unix socket path is refused at parse time, with the reason.

@@ -103,6 +103,9 @@ class FakeControl final : public v1::Control::Service {
       gpu->set_pool_part(i);
     }
     response->set_buffers(5);
+    response->set_client_mapped_bytes(uint64_t{3} << 20);
+    response->set_max_mapped_bytes(uint64_t{16} << 30);
+    response->set_metrics("not serving: cannot listen on 10.0.0.1:9477: Address already in use");
     response->set_gpu_lanes(2);
     response->set_spill_io("io_uring");
     response->set_bytes_spilled(3 * kGiB);
@@ -307,7 +310,9 @@ TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
             "Offloaded:         1.5 TiB\n"
             "Reloaded:          768.0 MiB\n"
             "Recent bandwidth:  23.4 GB/s\n"
-            "Client memory:     5 buffers mapped, 2 GPU lanes, 0 releases pending\n"
+            "Client memory:     5 buffers mapped (3.0 MiB of host memory), 2 GPU lanes, 0 releases "
+            "pending\n"
+            "Metrics:           not serving: cannot listen on 10.0.0.1:9477: Address already in use\n"
             "NVMe I/O:          io_uring\n"
             "Spilled:           3.0 GiB (now 2.5 GB/s)\n"
             "Fetched:           1.0 GiB (now 3.1 GB/s)\n"
@@ -523,7 +528,8 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "prefetch_misses", "spill_files", "buffers", "gpu_lanes",
                                    "pending_releases", "spills", "fetches", "job_kinds",
                                    "latency_bucket_bounds_seconds", "pool_setup",
-                                   "pool_parts", "pool_layout", "gpus", "persistent"}));
+                                   "pool_parts", "pool_layout", "gpus", "persistent",
+                                   "client_mapped_bytes", "max_mapped_bytes", "metrics"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
