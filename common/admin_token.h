@@ -2,8 +2,10 @@
 //
 // gRPC over a Unix socket does not tell the server who is calling (no SO_PEERCRED), yet some
 // calls must not be open to every user who may reach the socket: Drain stops admission for good.
-// So tierd writes a random token at start to a file beside its control socket that only its own
-// user can read (mode 0600; root reads it anyway), and such calls carry it. tierctl reads it.
+// So tierd writes a random token at start to a file that only its own user can read (mode 0600;
+// root reads it anyway): beside its control socket, or at admin_token_file when the sockets'
+// directory is shared with clients (a hostPath mounted into training pods). Such calls carry
+// it; tierctl reads it (--admin-token, $TIER_ADMIN_TOKEN, else beside the socket).
 #ifndef TIER_COMMON_ADMIN_TOKEN_H_
 #define TIER_COMMON_ADMIN_TOKEN_H_
 

@@ -53,6 +53,10 @@ struct Config {
   // socket_group: group both sockets are chown'ed to, so its members can use Tierd (with
   // socket_mode 0660). Empty: leave the daemon's own group (under the shipped unit: `tier`).
   std::string socket_group;
+  // admin_token_file: where tierd writes its admin token (mode 0600; Drain and ListObjects need
+  // it). Empty: <socket>.admin-token, beside the sockets; elsewhere when the sockets' directory is
+  // shared with clients (a hostPath mounted into training pods).
+  std::string admin_token_file;
 
   // Host pool.
   uint64_t pool_bytes = 0;          // pool_bytes  (0: pool_fraction of MemAvailable, <= pool_max_bytes)

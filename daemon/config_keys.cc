@@ -181,6 +181,10 @@ std::vector<Key> BuildKeys() {
     key.print = [](const Config& config) { return config.socket_group; };
     keys.push_back(std::move(key));
   }
+  keys.push_back(PathKey("admin_token_file", kPaths,
+                         "where the admin token goes (Drain, ListObjects); empty: "
+                         "<socket>.admin-token. Keep it out of what clients mount",
+                         &Config::admin_token_file, /*allow_empty=*/true));
 
   keys.push_back(
       SizeKey("pool_bytes", kPool,

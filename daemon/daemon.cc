@@ -294,8 +294,9 @@ absl::Status Daemon::Init() {
   }
 
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
-                         config_.attach_timeout_ms, started_ms_, "",
-                         AdminTokenPath(config_.socket_path), pool_layout_, gpus_};
+                         config_.attach_timeout_ms, started_ms_, "", AdminTokenFile(),
+                         pool_layout_, gpus_};
+  if (absl::Status s = MakeParentDir(context.admin_token_path); !s.ok()) return s;
   context.max_mapped_bytes = limits.client.max_mapped_bytes;
   control_acceptor_ = std::make_unique<ControlAcceptor>(config_.max_connections_per_uid);
   context.peers = control_acceptor_.get();
@@ -330,6 +331,11 @@ absl::Status Daemon::Init() {
   LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
           config_.session_socket_path, ")");
   return absl::OkStatus();
+}
+
+std::string Daemon::AdminTokenFile() const {
+  return config_.admin_token_file.empty() ? AdminTokenPath(config_.socket_path)
+                                          : config_.admin_token_file;
 }
 
 absl::Status Daemon::StartMetrics() {
@@ -421,7 +427,7 @@ void Daemon::Shutdown() {
   if (tiers_) tiers_->Stop();
   if (engine_) engine_->Shutdown();
   ::unlink(config_.socket_path.c_str());
-  ::unlink(AdminTokenPath(config_.socket_path).c_str());
+  ::unlink(AdminTokenFile().c_str());
 }
 
 }  // namespace tier::daemon

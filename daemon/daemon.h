@@ -49,6 +49,7 @@ class Daemon {
   absl::Status Init();
   // GET /metrics on metrics_listen, when set.
   absl::Status StartMetrics();
+  std::string AdminTokenFile() const;  // admin_token_file, or <socket>.admin-token
   // Stops admitting jobs and waits up to timeout_ms (0: unbounded) for in-flight ones.
   uint64_t Drain(uint32_t timeout_ms);
   void Shutdown();

@@ -144,6 +144,11 @@ bool Call(const CommandContext& ctx, StubMethod<Request, Response> method, const
   return status.ok();
 }
 
+// --admin-token, $TIER_ADMIN_TOKEN, or the daemon's default beside its socket.
+std::string TokenPath(const CommandContext& ctx) {
+  return ctx.admin_token_path.empty() ? AdminTokenPath(ctx.socket_path) : ctx.admin_token_path;
+}
+
 }  // namespace
 
 std::unique_ptr<v1::Control::Stub> ConnectControl(const std::string& socket_path) {
@@ -220,7 +225,7 @@ int RunCommand(std::string_view command, const CommandContext& ctx) {
     request.set_timeout_ms(ctx.drain_timeout_ms);
     // Drain is for root and tierd's own user, who can read the token tierd keeps beside its
     // socket (common/admin_token.h). Anyone else sends none and is refused by the daemon.
-    absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(ctx.socket_path));
+    absl::StatusOr<std::string> token = ReadAdminToken(TokenPath(ctx));
     if (token.ok()) request.set_admin_token(*token);
     // The daemon answers once its own drain timeout has passed, so the call gets that much more
     // than an ordinary one; with no drain timeout it may take as long as the jobs do.
@@ -241,7 +246,7 @@ int RunCommand(std::string_view command, const CommandContext& ctx) {
   if (command == "objects") {
     // Every uid's names: for root and tierd's own user (the token beside the socket).
     v1::ListObjectsRequest request;
-    absl::StatusOr<std::string> token = ReadAdminToken(AdminTokenPath(ctx.socket_path));
+    absl::StatusOr<std::string> token = ReadAdminToken(TokenPath(ctx));
     if (token.ok()) request.set_admin_token(*token);
     v1::ListObjectsResponse response;
     if (!Call(ctx, &Stub::ListObjects, request, response, exit_code)) {

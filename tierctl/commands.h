@@ -25,6 +25,8 @@ inline constexpr std::chrono::milliseconds kDefaultCallTimeout{5000};
 struct CommandContext {
   v1::Control::StubInterface* stub = nullptr;
   std::string socket_path;  // named in error messages
+  // The admin token's file (drain, objects): --admin-token, $TIER_ADMIN_TOKEN, or beside the socket.
+  std::string admin_token_path;
   bool json = false;
   std::chrono::milliseconds call_timeout = kDefaultCallTimeout;  // deadline of each call
   uint32_t drain_timeout_ms = 0;  // how long the daemon waits for jobs; 0 = as long as it takes

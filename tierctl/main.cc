@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -48,6 +49,8 @@ options:
   --once           top: print one frame (two samples an interval apart) and exit
   --interval-ms N  top: refresh interval (default 1000)
   --uid U          objects delete: the owner's uid (default: yours)
+  --admin-token PATH  drain, objects: tierd's admin token file; default $TIER_ADMIN_TOKEN,
+                   else <socket>.admin-token (tierd's admin_token_file)
 
 exit status: 0 ok, 1 error, 2 usage, 3 tierd not running
 )";
@@ -61,6 +64,7 @@ struct Args {
   uint32_t interval_ms = 1000;
   std::vector<std::string> operands;  // after the command (objects delete NAME)
   std::optional<uint32_t> uid;
+  std::string admin_token;
 };
 
 // A positive number of milliseconds, or nothing.
@@ -94,6 +98,10 @@ std::optional<std::string> ParseArgs(int argc, char** argv, Args& args) {
       auto path = take_value();
       if (!path || path->empty()) return "--socket needs a path";
       args.socket = *path;
+    } else if (arg == "--admin-token") {
+      auto path = take_value();
+      if (!path || path->empty()) return "--admin-token needs a path";
+      args.admin_token = *path;
     } else if (arg == "--once" && !value) {
       args.once = true;
     } else if (arg == "--timeout-ms") {
@@ -161,6 +169,12 @@ int Main(int argc, char** argv) {
   CommandContext ctx;
   ctx.stub = stub.get();
   ctx.socket_path = socket_path;
+  ctx.admin_token_path = args.admin_token;
+  if (ctx.admin_token_path.empty()) {
+    if (const char* env = std::getenv("TIER_ADMIN_TOKEN"); env != nullptr) {
+      ctx.admin_token_path = env;
+    }
+  }
   ctx.json = args.json;
   if (args.command == "drain") {
     ctx.drain_timeout_ms = args.timeout_ms.value_or(0);

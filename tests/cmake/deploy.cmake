@@ -24,4 +24,11 @@ else()
                    --promtool "${TIER_PROMTOOL}")
   set_tests_properties(grafana_dashboard_test PROPERTIES
     LABELS integration TIMEOUT 120 ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+  # The Kubernetes manifests: tierd accepts the ConfigMap's config, the admin token is out of
+  # what training pods mount, the example trainer runs as a non-root uid (issue 30, finding 13).
+  add_test(NAME kubernetes_manifest_test
+           COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/deploy/kubernetes_manifest_test.py
+                   --manifests ${CMAKE_SOURCE_DIR}/deploy/kubernetes --tierd $<TARGET_FILE:tierd>)
+  set_tests_properties(kubernetes_manifest_test PROPERTIES
+    LABELS "integration;hostile_client" TIMEOUT 60 ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
 endif()

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/admin_token.h"
@@ -601,6 +602,38 @@ TEST(HostileClient, DrainIsForRootAndTierdsOwnUser) {
                                          tierd.socket() + " drain --timeout-ms 5000");
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::DRAINING);
+}
+
+// Issue 30, finding 13: the admin token lay beside the sockets, so under the DaemonSet every
+// training pod that mounts the sockets' directory (as uid 0) could read it and drain the node or
+// list every user's objects. admin_token_file puts it elsewhere (the DaemonSet: a directory only
+// tierd's pod mounts); tierctl finds it with --admin-token or $TIER_ADMIN_TOKEN.
+TEST(HostileClient, TheAdminTokenCanLiveAwayFromTheSockets) {
+  char pattern[] = "/tmp/tier-admin-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string file = std::string(pattern) + "/private/admin-token";
+  {
+    TierdProcess tierd({"--admin_token_file=" + file});
+    EXPECT_NE(::access(AdminTokenPath(tierd.socket()).c_str(), F_OK), 0)
+        << "a token beside the sockets";
+    struct stat st {};
+    ASSERT_EQ(::stat(file.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    const std::string tierctl = std::string(TIERCTL_BIN) + " --socket " + tierd.socket();
+    // Whoever cannot read it is refused, root's tierctl included when it looks beside the socket.
+    EXPECT_NE(testing::RunCommand(tierctl + " drain --timeout-ms 1000 2>/dev/null").first, 0);
+    EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::SERVING);
+    auto [code, out] =
+        testing::RunCommand("TIER_ADMIN_TOKEN=" + file + " " + tierctl + " drain --timeout-ms 5000");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_EQ(tierd.Status().state(), v1::HealthResponse::DRAINING);
+    std::tie(code, out) =
+        testing::RunCommand(tierctl + " --admin-token " + file + " drain --timeout-ms 5000");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_EQ(tierd.StopWithin(20000), 0);
+  }
+  EXPECT_NE(::access(file.c_str(), F_OK), 0) << "the token outlived tierd";
+  std::filesystem::remove_all(pattern);
 }
 
 // Health said SERVING while no job moved. It fails now when jobs the daemon alone must finish
