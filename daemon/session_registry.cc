@@ -108,8 +108,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(uint64_t sessio
   // A drain that began while it attached: it learns of it too (SetDraining told the others).
   if (draining()) session->TellDraining();
   Changed();
-  LogInfo("session ", session_id, " '", session->name(), "' attached by pid ", peer.pid, " uid ",
-          peer.uid);
+  LogInfoLimited(session_log_, "session ", session_id, " '", session->name(), "' attached by pid ",
+                 peer.pid, " uid ", peer.uid);
   return session;
 }
 
@@ -133,7 +133,8 @@ void SessionRegistry::End(const std::shared_ptr<Session>& session, absl::string_
   if (session->closing()) return;
   session->MarkClosing();
   Changed();
-  LogInfo("session ", session->id(), " '", session->name(), "' ends: ", reason);
+  LogInfoLimited(session_log_, "session ", session->id(), " '", session->name(), "' ends: ",
+                 reason);
   // Release whatever waits on the client (GPU semaphores) so its jobs can finish.
   if (session->engine_session() != nullptr) engine_.AbandonSession(session->engine_session());
   {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/log_rate_limiter.h"
 #include "common/mutex.h"
 #include "daemon/job_executor.h"
 #include "daemon/session.h"
@@ -97,6 +98,8 @@ class SessionRegistry {
   std::atomic<bool> refusing_{false};
   std::atomic<uint64_t> generation_{0};
   std::function<void()> on_change_;
+  // Sessions attaching and ending: at most 50 lines per 10 s (common/log_rate_limiter.h).
+  LogRateLimiter session_log_{50, 10000};
 
   mutable Mutex mu_;
   CondVar reaped_cv_;

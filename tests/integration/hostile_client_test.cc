@@ -695,6 +695,24 @@ TEST(HostileClient, BadHandshakeWarningsAreRateLimited) {
   EXPECT_LE(lines, 40u) << "warnings are not rate-limited";
 }
 
+// Issue 30: per-session info lines were not rate-limited (88k lines in 90 s under the isolation
+// campaign): a client opening sessions in a loop wrote two lines a session.
+TEST(HostileClient, PerSessionLogLinesAreRateLimited) {
+  TierdOptions options;
+  options.capture_log = true;
+  TierdProcess tierd({"--log_level=info"}, options);
+  for (int i = 0; i < 200; ++i) Session churn(OptionsFor(tierd, "churn"));
+  Session good(OptionsFor(tierd));
+  RoundTrip(good, 4096, 10000, tierd);
+  const std::string log = tierd.Log();
+  size_t lines = 0;
+  for (const char* what : {"' attached by pid ", "' ends: "}) {
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++lines;
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 60u) << "per-session lines are not rate-limited";
+}
+
 // ---- Expandable segments (issue 13): register and extend messages --------------------------
 
 // Every field of a segment's register and extend messages is checked before tierd maps anything:
