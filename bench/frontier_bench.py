@@ -624,7 +624,9 @@ def planner_goals(results, args):
     rc = results.get("recompute") or {}
     if "step_ms" in sel and "step_ms" in none:
         ratio = sel["step_ms"] / none["step_ms"]
-        goals.append(("plan@sel-time", dict(max_overhead=max(0.0, ratio - 1.0))))
+        # (At most 10, what the planner takes: on a loaded CPU, selective's smoke step measured
+        # 13x the plain one once, and the ValueError failed the smoke test.)
+        goals.append(("plan@sel-time", dict(max_overhead=min(10.0, max(0.0, ratio - 1.0)))))
     if rc.get("act_peak_mib"):
         goals.append(("plan@rc-peak", dict(target_bytes=int(rc["act_peak_mib"] * MiB))))
     if sel.get("act_peak_mib"):
