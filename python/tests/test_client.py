@@ -232,8 +232,16 @@ def test_handles_dropped_while_in_flight(client, daemon):
         client.offload(torch.full((64, 1024), float(i)))  # dropped at once, offload in flight
     client.synchronize()
     daemon.wait_host_used(0)
-    # Staging buffers went back to the pool for reuse, not one per tensor.
-    assert client.staging_bytes <= 4 * MiB
+    # Staging buffers went back to the pool for reuse, not one per tensor (50 x 256 KiB = 12.5
+    # MiB). How many were in flight at once depends on how fast tierd took the jobs: on an idle
+    # machine 16 or fewer, under CI's load up to 20 were seen; a second round reuses them.
+    first = client.staging_bytes
+    assert first <= 8 * MiB
+    for i in range(50):
+        client.offload(torch.full((64, 1024), float(i)))
+    client.synchronize()
+    daemon.wait_host_used(0)
+    assert client.staging_bytes <= max(first, 8 * MiB)
 
 
 def test_handle_dropped_inside_the_lock_is_deferred(client, daemon):
