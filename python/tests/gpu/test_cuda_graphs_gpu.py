@@ -59,6 +59,10 @@ def test_whole_step_capture_with_activation_offload(client):
     ref_loss = model(static_x).square().mean()
     ref_loss.backward()
     ref_grads = [p.grad.clone() for p in model.parameters()]
+    # No graph of an eager step may outlive it: a live one keeps the parameters' AccumulateGrad
+    # nodes of the default stream, and the captured backward would then make the legacy stream
+    # wait on the capturing one (cudaErrorStreamCaptureImplicit), as PyTorch warns.
+    ref_loss = ref_loss.detach()
     off = tt.offload_activations(min_bytes=1 << 16, client=client)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -68,6 +72,7 @@ def test_whole_step_capture_with_activation_offload(client):
             with off:
                 loss = model(static_x).square().mean()
             loss.backward()
+    del loss
     torch.cuda.current_stream().wait_stream(side)
     offloaded_warm = off.stats.offloaded_storages
     model.zero_grad(set_to_none=True)

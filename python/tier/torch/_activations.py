@@ -279,17 +279,31 @@ class ActivationOffloader(_compile.Followed):
     def _pack(self, tensor):
         stats = self.stats
         stats.saved += 1
-        if not self._should_offload(tensor) or self._capture.keep(tensor):
-            # (_capture: inside a CUDA graph capture nothing is offloaded; tier/_cuda_graphs.py)
+        if not self._should_offload(tensor):
             stats.kept += 1
             return tensor
-        _compile.note_hooked_save()  # from a torch.compile graph Tierd did not rewrite? (once)
+        # Inside a CUDA graph capture nothing is offloaded, released or stamped
+        # (tier/_cuda_graphs.py). Asking costs CUDA calls, so only a save that would do one of
+        # those asks: a save the plan keeps as it is returns before.
         budget = self._budget
         if budget is None:
+            if self._capture.keep(tensor):
+                stats.kept += 1
+                return tensor
+            _compile.note_hooked_save()  # from a torch.compile graph Tierd did not rewrite? (once)
             return self._offload_saved(tensor, None)
-        site = self._site
-        self._site = site + 1
         plan = self._plan
+        site = self._site
+        if plan is not None and site < plan.count and plan.actions[site] == _KEEP and \
+                site not in plan.releases and site != plan.barrier and site != 0:
+            self._site = site + 1
+            stats.kept += 1
+            return tensor
+        self._site = site + 1  # (counted under a capture too: the step's sites stay aligned)
+        if self._capture.keep(tensor):
+            stats.kept += 1
+            return tensor
+        _compile.note_hooked_save()
         if plan is None:
             # Calibration: every candidate kept and stamped (production now, first use later).
             storage = untyped_storage(tensor)
