@@ -256,7 +256,7 @@ absl::Status Daemon::Init() {
       config_.persistent_max_objects_per_uid, config_.persistent_max_objects};
   if (spill_store_ != nullptr) {
     // Written through to the first spill directory, they come back after a restart
-    // (daemon/persistent_journal.h); the journal's disk is bounded apart from spill_bytes.
+    // (daemon/persistent/persistent_journal.h); the journal's disk is bounded apart from spill_bytes.
     JournalOptions journal_options;
     journal_options.max_bytes = config_.persistent_journal_max_bytes
                                     ? config_.persistent_journal_max_bytes
@@ -316,7 +316,7 @@ absl::Status Daemon::Init() {
       context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());
   // No listening port of gRPC's own: the acceptor takes the control socket's connections, counts
-  // them per uid and hands them over (daemon/control_acceptor.h).
+  // them per uid and hands them over (daemon/control/control_acceptor.h).
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/log.h"
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 #include "daemon/daemon.h"
 
 int main(int argc, char** argv) {

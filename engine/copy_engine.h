@@ -26,7 +26,7 @@
 
 namespace tier::engine {
 
-// Pages for ImportedBuffer::Extend (checked by daemon/segment_request.h; the engine checks them
+// Pages for ImportedBuffer::Extend (checked by daemon/sessions/segment_request.h; the engine checks them
 // against the buffer).
 struct BufferExtension {
   uint64_t offset = 0;      // where the first page goes: must be the buffer's bytes()

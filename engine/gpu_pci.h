@@ -1,5 +1,5 @@
 // Where the GPUs the copy engine serves sit on the PCIe bus, for the daemon's NUMA topology
-// (daemon/numa_topology.h): the daemon includes no GPU runtime header, so it asks here.
+// (daemon/tiers/numa_topology.h): the daemon includes no GPU runtime header, so it asks here.
 #ifndef TIER_ENGINE_GPU_PCI_H_
 #define TIER_ENGINE_GPU_PCI_H_
 

@@ -144,7 +144,7 @@ struct UnregisterBufferReply {
   Reply reply;
 };
 
-// Named, persistent objects (daemon/persistent_store.h). Names live in the namespace of the
+// Named, persistent objects (daemon/persistent/persistent_store.h). Names live in the namespace of the
 // caller's uid (SO_PEERCRED of this socket); another uid's names are NOT_FOUND.
 enum class ObjectOp : uint32_t {
   // Binds the session's `object_id` to a new persistent object `name`: the session's next

@@ -1,4 +1,4 @@
-# daemon/config and daemon/systemd_notifier.
+# daemon/config and daemon/control/systemd_notifier.
 tier_add_test(config_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/config_test.cc LIBS tierd_lib GTest::gmock)
 # Reads deploy/tierd.conf to check it lists every key with its default.

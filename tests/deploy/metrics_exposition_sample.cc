@@ -3,7 +3,7 @@
 // tierd shows in a live scrape (the GPU lanes).
 #include <iostream>
 
-#include "daemon/metrics_snapshot.h"
+#include "daemon/metrics/metrics_snapshot.h"
 #include "prometheus/text_serializer.h"
 #include "unit/metrics_sample.h"
 

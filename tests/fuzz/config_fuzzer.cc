@@ -1,4 +1,4 @@
-// libFuzzer target: the config parser (daemon/config.h) on arbitrary text, as an operator's typo
+// libFuzzer target: the config parser (daemon/config/config.h) on arbitrary text, as an operator's typo
 // or a broken file could be. What it accepts must describe itself as text that parses back to
 // the same settings (the round trip --print-config relies on).
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(bytes), size);

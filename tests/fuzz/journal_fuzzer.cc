@@ -1,4 +1,4 @@
-// libFuzzer target: the persistent-object journal's parsers (daemon/journal_format.h) on bytes a
+// libFuzzer target: the persistent-object journal's parsers (daemon/persistent/journal_format.h) on bytes a
 // crash, a bad disk or an edit could leave: the journal file scan and the issue-17 manifest it
 // imports. Whatever the bytes, a scan must describe only what lies within what checked out, and
 // replaying records made by the encoder must give back exactly what was encoded.
@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "daemon/journal_format.h"
+#include "daemon/persistent/journal_format.h"
 
 namespace {
 

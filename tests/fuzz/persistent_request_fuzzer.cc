@@ -14,8 +14,8 @@
 #include <memory>
 #include <optional>
 
-#include "daemon/persistent_store.h"
-#include "daemon/session_message.h"
+#include "daemon/persistent/persistent_store.h"
+#include "daemon/sessions/session_message.h"
 #include "storage/host_pool.h"
 #include "tier/session_wire.h"
 

@@ -1,5 +1,5 @@
 // libFuzzer target: the daemon's side of a job ring whose shared memory a hostile client wrote
-// (indices and entries), then each entry through the validator (daemon/entry_validator.h) and the
+// (indices and entries), then each entry through the validator (daemon/jobs/entry_validator.h) and the
 // buffer range check. The consumer must never read outside the ring or take more entries than it
 // holds, and whatever the checks pass must be a range inside the buffer.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "daemon/entry_validator.h"
+#include "daemon/jobs/entry_validator.h"
 #include "tier/ring.h"
 
 namespace {

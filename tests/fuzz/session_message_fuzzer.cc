@@ -1,12 +1,12 @@
-// libFuzzer target: the session socket's request parser (daemon/session_message.h) on arbitrary
+// libFuzzer target: the session socket's request parser (daemon/sessions/session_message.h) on arbitrary
 // bytes, as a hostile client could send them. A request that parses must be exactly what its
 // bytes say; nothing may read past the message.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-#include "daemon/segment_request.h"
-#include "daemon/session_message.h"
+#include "daemon/sessions/segment_request.h"
+#include "daemon/sessions/session_message.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The admission queue alone, served by the test thread: order within a session, fairness between
 // sessions, who gives up when no room can come, and that every wait ends exactly once (closing
 // included, even while a waiter is being tried).
-#include "daemon/admission_queue.h"
+#include "daemon/jobs/admission_queue.h"
 
 #include <algorithm>
 #include <atomic>

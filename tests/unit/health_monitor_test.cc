@@ -1,6 +1,6 @@
 // HealthMonitor: when tierd says NOT_SERVING (a liveness probe then restarts it under every
 // session), and when it must not.
-#include "daemon/health_monitor.h"
+#include "daemon/control/health_monitor.h"
 
 #include <gtest/gtest.h>
 

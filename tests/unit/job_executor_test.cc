@@ -4,7 +4,7 @@
 // client sees (one completion per job, its status) and what a GPU client's streams need (every
 // ticket it took reaches the engine, also for jobs that fail before any copy: a ticket that never
 // arrives stalls its lane, and the trainer, for good).
-#include "daemon/job_executor.h"
+#include "daemon/jobs/job_executor.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // JobGauge: the daemon's jobs in flight and the drain's wait for none. The wait must wake when
 // the last job ends (a lost wake-up would hold a drain for its whole timeout) and give up at its
 // deadline.
-#include "daemon/job_gauge.h"
+#include "daemon/jobs/job_gauge.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // JobMetrics and SubmitTimes: jobs by kind and status code, latency histograms by kind and size
 // class, and the fixed table that carries submit times without a per-job map.
-#include "daemon/job_metrics.h"
+#include "daemon/metrics/job_metrics.h"
 
 #include <chrono>
 #include <thread>

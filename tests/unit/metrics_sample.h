@@ -6,7 +6,7 @@
 #ifndef TIER_TESTS_UNIT_METRICS_SAMPLE_H_
 #define TIER_TESTS_UNIT_METRICS_SAMPLE_H_
 
-#include "daemon/metrics_snapshot.h"
+#include "daemon/metrics/metrics_snapshot.h"
 
 namespace tier::daemon {
 

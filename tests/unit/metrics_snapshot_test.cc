@@ -1,7 +1,7 @@
 // The Prometheus form of a hand-made MetricsSnapshot, through prometheus-cpp's text serializer:
 // names, labels, units and histogram buckets as a scrape sees them; and UserTotals, which keeps
 // per-user counters monotonic while sessions come and go.
-#include "daemon/metrics_snapshot.h"
+#include "daemon/metrics/metrics_snapshot.h"
 
 #include <sstream>
 #include <string>

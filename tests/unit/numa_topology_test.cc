@@ -2,7 +2,7 @@
 // of two nodes and four GPUs (two under each socket's host bridge), plus GPUs whose files are
 // missing, say -1, or hold garbage. Nothing read from sysfs may fail tierd; what cannot be read is
 // unknown, with the reason.
-#include "daemon/numa_topology.h"
+#include "daemon/tiers/numa_topology.h"
 
 #include <unistd.h>
 

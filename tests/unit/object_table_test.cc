@@ -1,7 +1,7 @@
 // The object table alone: each transition, what it gives back (extent, spill record), the quota,
 // and the transitions that do not apply in an object's state. No pool and no store: extents and
 // records are plain values here, so a leak or a double release shows as a wrong Release.
-#include "daemon/object_table.h"
+#include "daemon/tiers/object_table.h"
 
 #include <string>
 #include <vector>

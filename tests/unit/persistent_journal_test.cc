@@ -1,8 +1,8 @@
-// PersistentJournal (daemon/persistent_journal.h): persistent objects on NVMe across restarts, as
+// PersistentJournal (daemon/persistent/persistent_journal.h): persistent objects on NVMe across restarts, as
 // one append-only file compacted now and then. Written, reopened, and damaged on disk the ways a
 // crash or a bad device would: nothing damaged is ever handed out as good data, nothing deleted
 // comes back, and nothing a crash leaves behind stays.
-#include "daemon/persistent_journal.h"
+#include "daemon/persistent/persistent_journal.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,8 +1,8 @@
-// PersistentStore alone (daemon/persistent_store.h): names per uid, reservations, quotas and
+// PersistentStore alone (daemon/persistent/persistent_store.h): names per uid, reservations, quotas and
 // limits per uid and per node, the end of a session, and (with a journal) durability: objects
 // written through without being pinned meanwhile, deletes answered once durable. Objects are
 // created and filled through their table's transitions, as the job executor would.
-#include "daemon/persistent_store.h"
+#include "daemon/persistent/persistent_store.h"
 
 #include <chrono>
 #include <cstdio>

@@ -1,7 +1,7 @@
-// How the host pool is split over NUMA nodes (daemon/pool_layout.h), one rule per test, on
+// How the host pool is split over NUMA nodes (daemon/tiers/pool_layout.h), one rule per test, on
 // machines given by hand: which parts, on which nodes, with which GPUs, their shares, and what a
 // node that does not exist does.
-#include "daemon/pool_layout.h"
+#include "daemon/tiers/pool_layout.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
-// The session listener's checks of expandable-segment messages (daemon/segment_request.h): each
+// The session listener's checks of expandable-segment messages (daemon/sessions/segment_request.h): each
 // bad field is refused with INVALID_ARGUMENT saying what is wrong; good ones give the pages.
-#include "daemon/segment_request.h"
+#include "daemon/sessions/segment_request.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The placement policy alone: next-use order of victims and prefetches, and the watermarks.
-#include "daemon/spill_policy.h"
+#include "daemon/tiers/spill_policy.h"
 
 #include <vector>
 

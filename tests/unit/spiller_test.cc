@@ -3,7 +3,7 @@
 // stop point, data intact both ways, and waits for room that end (served or given up) instead of
 // hanging. Objects are made here the way the job executor makes them. (The admission queue's
 // order and fairness are tested alone: admission_queue_test.cc.)
-#include "daemon/spiller.h"
+#include "daemon/tiers/spiller.h"
 
 #include <chrono>
 #include <future>
@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/object_table.h"
-#include "daemon/tier_manager.h"
+#include "daemon/tiers/object_table.h"
+#include "daemon/tiers/tier_manager.h"
 #include "gtest/gtest.h"
 #include "spill_test_util.h"
 

@@ -1,6 +1,6 @@
 // SystemdNotifier against a real NOTIFY_SOCKET: a datagram Unix socket the test binds, standing
 // in for systemd. Every wait is a poll() on that socket or a condition variable, with a deadline.
-#include "daemon/systemd_notifier.h"
+#include "daemon/control/systemd_notifier.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -5,8 +5,8 @@
 #include <optional>
 #include <vector>
 
-#include "daemon/object_table.h"
-#include "daemon/tier_manager.h"
+#include "daemon/tiers/object_table.h"
+#include "daemon/tiers/tier_manager.h"
 #include "gtest/gtest.h"
 
 namespace tier::daemon {

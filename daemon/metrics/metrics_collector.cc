@@ -1,0 +1,99 @@
+#include "daemon/metrics/metrics_collector.h"
+
+#include <algorithm>
+
+#include "common/version.h"
+#include "tier/ring.h"
+
+namespace tier::daemon {
+
+MetricsSnapshot MetricsCollector::Snapshot() const {
+  const uint64_t now_ms = MonotonicMs();
+  MetricsSnapshot s;
+  s.version = build_.version;
+  s.engine = build_.engine;
+  s.api_version = kApiVersion;
+  s.ring_version = ring::kVersion;
+  s.start_time_seconds = build_.start_time_seconds;
+  if (sources_.registry.draining()) {
+    s.health = "draining";
+  } else {
+    s.health = sources_.health.Check(now_ms).ok() ? "serving" : "not_serving";
+  }
+
+  s.pool = sources_.pool.Usage();
+  s.pool_parts = sources_.pool.PartUsage();
+  s.pool_pinned = sources_.pool.locked() || sources_.pool.registered();
+  s.pool_pin_seconds = build_.pool_pin_seconds;
+  if (Spiller* spiller = sources_.spiller) {
+    s.has_nvme = true;
+    s.spill_files = spiller->store().Usage();
+    const SpillCounters& c = spiller->counters();
+    s.spill.bytes_spilled = c.bytes_spilled.load(std::memory_order_relaxed);
+    s.spill.bytes_fetched = c.bytes_fetched.load(std::memory_order_relaxed);
+    s.spill.bytes_prefetched = c.bytes_prefetched.load(std::memory_order_relaxed);
+    s.spill.spills = c.spills.load(std::memory_order_relaxed);
+    s.spill.fetches = c.fetches.load(std::memory_order_relaxed);
+    s.spill.prefetches = c.prefetches.load(std::memory_order_relaxed);
+    s.spill.prefetch_hits = c.prefetch_hits.load(std::memory_order_relaxed);
+    s.spill.prefetch_misses = c.prefetch_misses.load(std::memory_order_relaxed);
+  }
+
+  if (const PersistentStore* persistent = sources_.persistent) {
+    const PersistentUsage u = persistent->usage();
+    s.persistent = PersistentGauges{u.objects,           u.bytes,
+                                    u.limits.max_bytes,  u.journal.file_bytes,
+                                    u.journal.live_bytes, u.journal.max_bytes,
+                                    u.writes_queued,     u.journal.compactions,
+                                    u.journal.errors};
+  }
+
+  const DaemonMetrics& m = sources_.metrics;
+  s.jobs_in_flight = m.jobs_in_flight.value();
+  s.bytes_offloaded = m.totals.bytes_offloaded.load(std::memory_order_relaxed);
+  s.bytes_reloaded = m.totals.bytes_reloaded.load(std::memory_order_relaxed);
+  for (int k = 0; k < kJobKinds; ++k) {
+    const auto kind = static_cast<JobKind>(k);
+    s.jobs_started[k] = m.jobs.started(kind);
+    for (int code = 0; code < kStatusCodes; ++code) {
+      s.jobs_completed[k][code] = m.jobs.completed(kind, code);
+    }
+    for (int size = 0; size < kSizeClasses; ++size) s.latency[k][size] = m.jobs.latency(kind, size);
+  }
+  s.latency_unmeasured = m.jobs.unmeasured();
+
+  s.engine_counts = sources_.engine.Counts();
+  s.client_mapped_bytes = sources_.registry.ClientTotals().mapped_bytes;
+  std::vector<SessionCounts> counts;
+  for (const SessionSnapshot& session : sources_.registry.Snapshots()) {
+    if (!session.attached) {
+      ++s.sessions_pending;
+      continue;
+    }
+    const uint32_t uid = build_.uid_labels ? session.peer.uid : kAllUids;
+    UserGauges& user = s.users[uid];
+    ++user.sessions;
+    user.used_bytes += session.used_bytes;
+    user.objects += session.objects;
+    user.buffers += session.buffers;
+    user.jobs_in_flight += session.jobs_in_flight;
+    counts.push_back({session.id, uid,
+                      UserCounters{session.jobs_completed, session.jobs_failed,
+                                   session.bytes_offloaded, session.bytes_reloaded}});
+    for (const engine::LaneStatus& lane : session.lanes) {
+      LaneGroup& group = s.lanes[LaneKey{
+          uid, lane.device, lane.direction == engine::Direction::kToPool ? "D2H" : "H2D"}];
+      if (lane.waiting_ticket != 0) group.wait_ms = std::max(group.wait_ms, lane.waiting_ms);
+      group.queued += lane.queued;
+      group.in_flight += lane.in_flight;
+    }
+  }
+  s.user_totals = user_totals_.Update(counts);
+  return s;
+}
+
+std::vector<prometheus::MetricFamily> MetricsCollector::Collect() const {
+  return ToMetricFamilies(Snapshot());
+}
+
+}  // namespace tier::daemon

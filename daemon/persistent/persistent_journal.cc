@@ -1,0 +1,489 @@
+#include "daemon/persistent/persistent_journal.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "storage/crc32c.h"
+
+namespace tier::daemon {
+namespace {
+
+constexpr char kPrefix[] = "journal-";
+
+absl::Status SyncDir(const std::string& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid() || ::fsync(fd.get()) != 0) return ErrnoStatus(absl::StrCat("fsync ", dir));
+  return absl::OkStatus();
+}
+
+absl::Status PwriteAll(int fd, const char* data, uint64_t len, uint64_t offset,
+                       const std::string& what) {
+  while (len > 0) {
+    ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("write ", what));
+    if (n == 0) return absl::DataLossError(absl::StrCat("write ", what, ": no progress"));
+    data += n;
+    len -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PreadAll(int fd, char* out, uint64_t len, uint64_t offset, const std::string& what) {
+  uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, out + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("read ", what));
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat(what, ": short (", done, " of ", len, " bytes)"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+class FileSource : public journal::Source {
+ public:
+  FileSource(int fd, uint64_t size, std::string path)
+      : fd_(fd), size_(size), path_(std::move(path)) {}
+  uint64_t size() const override { return size_; }
+  absl::Status Read(uint64_t offset, uint64_t len, char* out) const override {
+    return PreadAll(fd_, out, len, offset, path_);
+  }
+
+ private:
+  int fd_;
+  uint64_t size_;
+  std::string path_;
+};
+
+// "journal-<digits>" (with `suffix`): the generation.
+std::optional<uint64_t> GenerationOf(absl::string_view file, absl::string_view suffix) {
+  if (!absl::StartsWith(file, kPrefix) || !absl::EndsWith(file, suffix)) {
+    return std::nullopt;
+  }
+  file.remove_prefix(sizeof(kPrefix) - 1);
+  file.remove_suffix(suffix.size());
+  uint64_t generation = 0;
+  if (file.empty() ||
+      !std::all_of(file.begin(), file.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(file, &generation)) {
+    return std::nullopt;
+  }
+  return generation;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* entry = ::readdir(d)) {
+    std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(std::move(name));
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+PersistentJournal::~PersistentJournal() = default;
+
+std::string PersistentJournal::PathOf(uint64_t generation) const {
+  return absl::StrCat(dir_, "/", kPrefix, generation);
+}
+
+absl::StatusOr<std::unique_ptr<PersistentJournal>> PersistentJournal::Open(
+    const std::string& dir, JournalOptions options) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(absl::StrCat("mkdir ", dir));
+  }
+  std::unique_ptr<PersistentJournal> journal(new PersistentJournal(dir, options));
+  if (absl::Status s = journal->OpenFiles(); !s.ok()) return s;
+  if (absl::Status s = journal->ImportLegacy(); !s.ok()) return s;
+  if (journal->set_aside_) {
+    // Damaged in the middle: what preceded the damage moves to a new generation now, and the
+    // damaged file is kept for a person to look at.
+    if (absl::Status s = journal->Compact(); !s.ok()) return s;
+  }
+  journal->Count();
+  return journal;
+}
+
+absl::Status PersistentJournal::OpenFiles() {
+  std::vector<uint64_t> generations;
+  for (const std::string& file : ListDir(dir_)) {
+    if (std::optional<uint64_t> g = GenerationOf(file, "")) {
+      generations.push_back(*g);
+    } else if (std::optional<uint64_t> g = GenerationOf(file, ".new")) {
+      // A compaction cut short: the generation before it is whole.
+      ::unlink(absl::StrCat(dir_, "/", file).c_str());
+      notes_.push_back(absl::StrCat("removed ", file, " (a compaction cut short)"));
+      max_generation_ = std::max(max_generation_, *g);
+    } else if (std::optional<uint64_t> g = GenerationOf(file, ".damaged")) {
+      max_generation_ = std::max(max_generation_, *g);
+    }
+  }
+  std::sort(generations.begin(), generations.end());
+  if (!generations.empty()) max_generation_ = std::max(max_generation_, generations.back());
+  // Older generations beside the newest: a compaction renamed its new file but its removal of
+  // the old one did not land. The newest holds everything.
+  for (size_t i = 0; i + 1 < generations.size(); ++i) {
+    ::unlink(PathOf(generations[i]).c_str());
+    notes_.push_back(absl::StrCat("removed ", kPrefix, generations[i], " (superseded by ",
+                                  kPrefix, generations.back(), ")"));
+  }
+  if (generations.empty()) return CreateGeneration();
+
+  generation_ = generations.back();
+  const std::string path = PathOf(generation_);
+  fd_.reset(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd_.valid()) return ErrnoStatus(absl::StrCat("open ", path));
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path));
+  FileSource source(fd_.get(), static_cast<uint64_t>(st.st_size), path);
+  absl::StatusOr<journal::Scan> scan = journal::ScanJournal(source);
+  if (!scan.ok()) {
+    // Nothing of it is trusted: kept aside, reported, and a new generation begins.
+    fd_.reset();
+    ::rename(path.c_str(), (path + ".damaged").c_str());
+    open_status_ = absl::DataLossError(absl::StrCat(
+        path, ": ", scan.status().message(), "; set aside as ", kPrefix, generation_,
+        ".damaged, none of it served"));
+    return CreateGeneration();
+  }
+  for (auto& [key, record] : scan->live) live_.emplace(key, record);
+  live_bytes_ = scan->live_bytes;
+  next_seq_ = scan->next_seq;
+  end_ = scan->end;
+  if (scan->tail == journal::Scan::Tail::kTorn) {
+    if (::ftruncate(fd_.get(), static_cast<off_t>(end_)) != 0 || ::fsync(fd_.get()) != 0) {
+      return ErrnoStatus(absl::StrCat("truncate ", path));
+    }
+    notes_.push_back(absl::StrCat(path, ": ", scan->problem, " (an append cut short)"));
+  } else if (scan->tail == journal::Scan::Tail::kDamaged) {
+    set_aside_ = true;
+    open_status_ = absl::DataLossError(absl::StrCat(
+        path, ": ", scan->problem, "; ", live_.size(),
+        " objects before it served, the file kept as ", kPrefix, generation_, ".damaged"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::CreateGeneration() {
+  generation_ = ++max_generation_;
+  const std::string path = PathOf(generation_);
+  fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd_.valid()) return ErrnoStatus(absl::StrCat("create ", path));
+  const std::string header = journal::EncodeFileHeader(generation_);
+  if (absl::Status s = PwriteAll(fd_.get(), header.data(), header.size(), 0, path); !s.ok()) {
+    return s;
+  }
+  if (::fsync(fd_.get()) != 0) return ErrnoStatus(absl::StrCat("fsync ", path));
+  end_ = header.size();
+  return SyncDir(dir_);
+}
+
+absl::Status PersistentJournal::ImportLegacy() {
+  const std::string manifest = dir_ + "/manifest";
+  ::unlink((manifest + ".new").c_str());  // a rewrite cut short: the manifest before it stands
+  std::vector<std::string> data_files;
+  for (const std::string& file : ListDir(dir_)) {
+    if (absl::StartsWith(file, "obj-")) data_files.push_back(file);
+  }
+  UniqueFd fd(::open(manifest.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    // No manifest: data files are leftovers of writes that never reached one.
+    for (const std::string& file : data_files) ::unlink(absl::StrCat(dir_, "/", file).c_str());
+    if (!data_files.empty()) {
+      notes_.push_back(absl::StrCat("removed ", data_files.size(),
+                                    " data files no manifest named (writes cut short)"));
+    }
+    return absl::OkStatus();
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (64u << 20)) break;  // no manifest of this tierd was ever this large
+  }
+  fd.reset();
+  absl::StatusOr<std::vector<journal::LegacyRecord>> records = journal::ParseLegacyManifest(text);
+  if (!records.ok()) {
+    ::rename(manifest.c_str(), (manifest + ".damaged").c_str());
+    std::string message = absl::StrCat(manifest, ": ", records.status().message(),
+                                       "; set aside as manifest.damaged (with its data files), "
+                                       "none of it served");
+    open_status_ = open_status_.ok()
+                       ? absl::DataLossError(message)
+                       : absl::DataLossError(absl::StrCat(open_status_.message(), "; ", message));
+    return absl::OkStatus();
+  }
+  size_t imported = 0;
+  std::vector<std::string> refused;
+  for (const journal::LegacyRecord& r : *records) {
+    const std::string path = absl::StrCat(dir_, "/", r.file);
+    UniqueFd data(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!data.valid() || ::fstat(data.get(), &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) < r.len || r.len == 0) {
+      refused.push_back(absl::StrCat("\"", r.name, "\" of uid ", r.uid, " (short or missing)"));
+      continue;
+    }
+    void* mapped = ::mmap(nullptr, r.len, PROT_READ, MAP_PRIVATE, data.get(), 0);
+    if (mapped == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap ", path));
+    absl::Status s;
+    if (storage::Crc32c(mapped, r.len) != r.crc) {
+      refused.push_back(absl::StrCat("\"", r.name, "\" of uid ", r.uid, " (checksum mismatch)"));
+    } else {
+      s = AppendPut(r.uid, r.name, static_cast<const char*>(mapped), r.len);
+      if (s.ok()) ++imported;
+    }
+    ::munmap(mapped, r.len);
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = Sync(); !s.ok()) return s;
+  // Imported and synced: the old layout goes (manifest first: data files without it are
+  // leftovers the next Open removes).
+  ::unlink(manifest.c_str());
+  if (absl::Status s = SyncDir(dir_); !s.ok()) return s;
+  for (const std::string& file : data_files) ::unlink(absl::StrCat(dir_, "/", file).c_str());
+  notes_.push_back(absl::StrCat("imported ", imported, " objects from the issue-17 manifest"));
+  if (!refused.empty()) {
+    std::string message =
+        absl::StrCat("not imported (DATA_LOSS): ", absl::StrJoin(refused, ", "));
+    open_status_ = open_status_.ok()
+                       ? absl::DataLossError(message)
+                       : absl::DataLossError(absl::StrCat(open_status_.message(), "; ", message));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<PersistentJournal::Record> PersistentJournal::Records() const {
+  std::vector<Record> out;
+  out.reserve(live_.size());
+  for (const auto& [key, record] : live_) out.push_back(record);
+  std::sort(out.begin(), out.end(),
+            [](const Record& a, const Record& b) { return a.offset < b.offset; });
+  return out;
+}
+
+std::optional<PersistentJournal::Record> PersistentJournal::Find(uid_t uid,
+                                                                 absl::string_view name) const {
+  auto it = live_.find(journal::Key{uid, std::string(name)});
+  if (it == live_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::Status PersistentJournal::Failed(absl::Status status) {
+  errors_.fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+
+absl::Status PersistentJournal::Append(const std::string& head, const char* data, uint64_t len) {
+  iovec parts[2] = {{const_cast<char*>(head.data()), head.size()},
+                    {const_cast<char*>(data), static_cast<size_t>(len)}};
+  uint64_t offset = end_;
+  uint64_t left = head.size() + len;
+  int first = 0;
+  while (left > 0) {
+    ssize_t n = ::pwritev(fd_.get(), parts + first, 2 - first, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status error = n < 0 ? ErrnoStatus(absl::StrCat("write ", PathOf(generation_)))
+                                 : absl::DataLossError("journal write made no progress");
+      // Nothing partial stays behind: the next record goes where this one began.
+      (void)!::ftruncate(fd_.get(), static_cast<off_t>(end_));
+      return Failed(std::move(error));
+    }
+    offset += static_cast<uint64_t>(n);
+    left -= static_cast<uint64_t>(n);
+    for (uint64_t done = static_cast<uint64_t>(n); done > 0 && first < 2;) {
+      const uint64_t take = std::min<uint64_t>(done, parts[first].iov_len);
+      parts[first].iov_base = static_cast<char*>(parts[first].iov_base) + take;
+      parts[first].iov_len -= take;
+      done -= take;
+      if (parts[first].iov_len == 0) ++first;
+    }
+  }
+  end_ = offset;
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::AppendPut(uid_t uid, absl::string_view name, const char* data,
+                                          uint64_t len) {
+  if (name.empty() || name.size() > journal::kMaxNameBytes) {
+    return absl::InvalidArgumentError("journal: bad name");
+  }
+  const uint32_t crc = storage::Crc32c(data, len);
+  std::string head = journal::EncodeRecordHead(journal::RecordType::kPut, uid, name, len, crc,
+                                               next_seq_);
+  const uint64_t bytes = head.size() + len;
+  if (options_.max_bytes != 0 && end_ + bytes > options_.max_bytes) {
+    if (end_ > journal::kFileHeaderBytes + live_bytes_) {
+      if (absl::Status s = Compact(); !s.ok()) return s;
+    }
+    if (end_ + bytes > options_.max_bytes) {
+      return Failed(absl::ResourceExhaustedError(absl::StrCat(
+          "persistent journal full: ", end_, " + ", bytes, " bytes > ", options_.max_bytes,
+          " (persistent_journal_max_bytes)")));
+    }
+  }
+  const uint64_t offset = end_;
+  if (absl::Status s = Append(head, data, len); !s.ok()) return s;
+  ++next_seq_;
+  journal::Key key{uid, std::string(name)};
+  if (auto it = live_.find(key); it != live_.end()) {
+    live_bytes_ -= it->second.record_bytes();
+    live_.erase(it);
+  }
+  Record record{uid, std::string(name), len, crc, next_seq_ - 1, offset, head.size()};
+  live_bytes_ += record.record_bytes();
+  live_.emplace(std::move(key), std::move(record));
+  Count();
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::AppendDelete(uid_t uid, absl::string_view name) {
+  auto it = live_.find(journal::Key{uid, std::string(name)});
+  if (it == live_.end()) return absl::OkStatus();
+  std::string head =
+      journal::EncodeRecordHead(journal::RecordType::kDelete, uid, name, 0, 0, next_seq_);
+  // (A delete is never refused for room: it is what makes room.)
+  if (absl::Status s = Append(head, nullptr, 0); !s.ok()) return s;
+  ++next_seq_;
+  live_bytes_ -= it->second.record_bytes();
+  live_.erase(it);
+  Count();
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::Sync() {
+  if (::fdatasync(fd_.get()) != 0) {
+    return Failed(ErrnoStatus(absl::StrCat("fdatasync ", PathOf(generation_))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::CompactIfDue(bool force) {
+  const uint64_t dead = end_ - journal::kFileHeaderBytes - live_bytes_;
+  const bool due = dead >= std::max(live_bytes_, options_.compact_min_dead_bytes);
+  if (!force && !due) return absl::OkStatus();
+  return Compact();
+}
+
+absl::Status PersistentJournal::Compact() {
+  const uint64_t generation = max_generation_ + 1;
+  const std::string path = PathOf(generation);
+  const std::string temp = path + ".new";
+  UniqueFd fd(::open(temp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Failed(ErrnoStatus(absl::StrCat("create ", temp)));
+  auto fail = [&](absl::Status status) {
+    fd.reset();
+    ::unlink(temp.c_str());
+    return Failed(std::move(status));
+  };
+  const std::string header = journal::EncodeFileHeader(generation);
+  if (absl::Status s = PwriteAll(fd.get(), header.data(), header.size(), 0, temp); !s.ok()) {
+    return fail(s);
+  }
+  // Live records in the order they were written (so that replay order stays the write order),
+  // copied as they are: their checksums travel with them.
+  std::vector<Record*> order;
+  order.reserve(live_.size());
+  for (auto& [key, record] : live_) order.push_back(&record);
+  std::sort(order.begin(), order.end(),
+            [](const Record* a, const Record* b) { return a->offset < b->offset; });
+  std::vector<uint64_t> offsets;
+  offsets.reserve(order.size());
+  std::string buffer(1 << 20, '\0');
+  uint64_t end = header.size();
+  const std::string from = PathOf(generation_);
+  for (const Record* record : order) {
+    offsets.push_back(end);
+    for (uint64_t done = 0; done < record->record_bytes();) {
+      const uint64_t n = std::min<uint64_t>(buffer.size(), record->record_bytes() - done);
+      if (absl::Status s = PreadAll(fd_.get(), buffer.data(), n, record->offset + done, from);
+          !s.ok()) {
+        return fail(s);
+      }
+      if (absl::Status s = PwriteAll(fd.get(), buffer.data(), n, end, temp); !s.ok()) {
+        return fail(s);
+      }
+      done += n;
+      end += n;
+    }
+  }
+  if (::fdatasync(fd.get()) != 0) return fail(ErrnoStatus(absl::StrCat("fdatasync ", temp)));
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    return fail(ErrnoStatus(absl::StrCat("rename to ", path)));
+  }
+  max_generation_ = generation;
+  if (absl::Status s = SyncDir(dir_); !s.ok()) return Failed(s);
+  // The new generation is whole and named: the old one goes (or is kept aside when damaged).
+  if (set_aside_) {
+    ::rename(from.c_str(), (from + ".damaged").c_str());
+    set_aside_ = false;
+  } else {
+    ::unlink(from.c_str());
+  }
+  (void)SyncDir(dir_);
+  for (size_t i = 0; i < order.size(); ++i) order[i]->offset = offsets[i];
+  fd_ = std::move(fd);
+  generation_ = generation;
+  end_ = end;
+  compactions_.fetch_add(1, std::memory_order_relaxed);
+  Count();
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::Load(const Record& record, char* out) const {
+  const std::string path = PathOf(generation_);
+  if (absl::Status s = PreadAll(fd_.get(), out, record.len, record.data_offset(), path); !s.ok()) {
+    return absl::DataLossError(s.message());
+  }
+  if (storage::Crc32c(out, record.len) != record.crc) {
+    return absl::DataLossError(absl::StrCat(path, " at offset ", record.data_offset(),
+                                            ": checksum mismatch (torn or damaged)"));
+  }
+  return absl::OkStatus();
+}
+
+void PersistentJournal::Count() {
+  file_bytes_seen_.store(end_, std::memory_order_relaxed);
+  live_bytes_seen_.store(live_bytes_, std::memory_order_relaxed);
+  live_records_seen_.store(live_.size(), std::memory_order_relaxed);
+}
+
+JournalUsage PersistentJournal::usage() const {
+  JournalUsage u;
+  u.file_bytes = file_bytes_seen_.load(std::memory_order_relaxed);
+  u.live_bytes = live_bytes_seen_.load(std::memory_order_relaxed);
+  u.live_records = live_records_seen_.load(std::memory_order_relaxed);
+  u.max_bytes = options_.max_bytes;
+  u.compactions = compactions_.load(std::memory_order_relaxed);
+  u.errors = errors_.load(std::memory_order_relaxed);
+  return u;
+}
+
+}  // namespace tier::daemon
