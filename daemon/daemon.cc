@@ -111,6 +111,96 @@ uint64_t DefaultMaxMappedBytes() {
   return uint64_t{64} << 30;
 }
 
+// What each part is built from: the typed config, translated in one place per part.
+engine::EngineOptions EngineOptionsOf(const Config& config) {
+  engine::EngineOptions options;
+  options.kind = config.engine;
+  options.host_threads = static_cast<int>(config.host_engine_threads);
+  options.copy_delay_us = config.copy_delay_us;
+  options.lane_wait_warn_ms = config.lane_wait_warn_ms;
+  options.gpu_poll_spin_us = config.gpu_poll_spin_us;
+  options.gpu_lane_window_bytes = config.gpu_lane_window_bytes;
+  return options;
+}
+
+// Quotas count a session's bytes in every tier: by default, all the daemon can hold (`capacity`).
+SessionLimits SessionLimitsOf(const Config& config, uint64_t capacity) {
+  const uint64_t quota_cap = config.max_quota_bytes ? config.max_quota_bytes : capacity;
+  SessionLimits limits;
+  limits.default_quota_bytes =
+      std::min(config.default_quota_bytes ? config.default_quota_bytes : capacity, quota_cap);
+  limits.max_quota_bytes = quota_cap;
+  limits.default_ring_entries = config.ring_entries;
+  limits.max_sessions = config.max_sessions;
+  limits.attach_timeout_ms = config.attach_timeout_ms;
+  limits.client.max_sessions_per_uid = config.max_sessions_per_uid;
+  limits.client.max_buffers_per_session = config.max_buffers_per_session;
+  limits.client.max_buffers_per_uid = config.max_buffers_per_uid;
+  limits.client.max_buffers = config.max_buffers;
+  limits.client.max_mapped_bytes_per_session = config.max_mapped_bytes_per_session;
+  limits.client.max_mapped_bytes_per_uid = config.max_mapped_bytes_per_uid;
+  limits.client.max_mapped_bytes =
+      config.max_mapped_bytes ? config.max_mapped_bytes : DefaultMaxMappedBytes();
+  return limits;
+}
+
+storage::SpillStoreOptions SpillStoreOptionsOf(const Config& config, const storage::HostPool& pool) {
+  storage::SpillStoreOptions spill;
+  spill.directories = config.spill_dirs;
+  spill.file_bytes = config.spill_bytes;
+  spill.io_bytes = config.spill_io_bytes;
+  spill.queue_depth = config.spill_queue_depth;
+  spill.io_queue = config.spill_io;
+  // A tierd restarted right after a crash finds its predecessor's spill files still locked for a
+  // moment (their io_uring goes asynchronously): wait, bounded, rather than fail the restart.
+  spill.lock_wait_ms = 30000;
+  spill.registered_buffers = {storage::IoBuffer{pool.base(), pool.bytes()}};
+  if (!config.spill_inject_faults.rules.empty()) {
+    LogWarning("TEST ONLY: spill I/O fault injection on: ", config.spill_inject_faults.text);
+    spill.wrap_io_queue = [rules = config.spill_inject_faults.rules](
+                              std::unique_ptr<storage::IoQueue> inner) {
+      auto faulty = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
+      for (const storage::FaultRule& rule : rules) faulty->AddRule(rule);
+      return std::unique_ptr<storage::IoQueue>(std::move(faulty));
+    };
+  }
+  return spill;
+}
+
+// Persistent objects: a share of what the daemon holds per uid and for all, unless set.
+PersistentLimits PersistentLimitsOf(const Config& config, uint64_t capacity) {
+  return PersistentLimits{
+      config.persistent_quota_bytes_per_uid ? config.persistent_quota_bytes_per_uid
+                                            : capacity / 16,
+      config.persistent_max_bytes ? config.persistent_max_bytes : capacity / 4,
+      config.persistent_max_objects_per_uid, config.persistent_max_objects};
+}
+
+void LogGpus(const std::vector<GpuLocation>& gpus) {
+  for (const GpuLocation& gpu : gpus) {
+    LogInfo("GPU ", gpu.device, ": PCI ", gpu.pci_bus_id.empty() ? "?" : gpu.pci_bus_id,
+            gpu.pci_root.empty() ? "" : absl::StrCat(" under ", gpu.pci_root), ", NUMA node ",
+            gpu.numa_node < 0 ? "unknown" : absl::StrCat(gpu.numa_node),
+            gpu.problem.empty() ? "" : absl::StrCat(" (", gpu.problem, ")"));
+  }
+}
+
+void LogPool(const storage::HostPool& pool, uint64_t took_ns, absl::string_view engine,
+             const PoolLayout& layout) {
+  const storage::PoolSetup& setup = pool.setup();
+  LogInfo("host pool: ", pool.bytes() >> 20, " MiB ",
+          pool.registered() ? "registered with the GPU" : (pool.locked() ? "mlocked" : "pageable"),
+          " in ", took_ns / 1000000, " ms (populated by ", setup.threads, " threads in ",
+          setup.populate_ns / 1000000, " ms, ", setup.huge_bytes >> 20,
+          " MiB in huge pages; mlock ", setup.lock_ns / 1000000, " ms); engine: ", engine);
+  for (const storage::PoolPartUsage& part : pool.PartUsage()) {
+    LogInfo("host pool part at ", part.offset >> 20, " MiB: ", part.capacity_bytes >> 20,
+            " MiB, ", part.numa_node < 0 ? "not bound" : absl::StrCat("NUMA node ", part.numa_node));
+  }
+  LogInfo("host pool layout: ", layout.summary);
+}
+
+
 }  // namespace
 
 Daemon::Daemon(const Config& config)
@@ -132,32 +222,37 @@ absl::Status Daemon::Init() {
   max_connections_ = ConnectionsTheDescriptorsAllow(config_.max_connections);
   absl::StatusOr<gid_t> gid = ResolveGroup(config_.socket_group);
   if (!gid.ok()) return gid.status();
+  // The engine first: a GPU engine must exist before the pool is registered with it, and where
+  // its GPUs are decides how the pool is split.
+  if (absl::Status s = StartEngine(); !s.ok()) return s;
+  if (absl::Status s = CreatePool(); !s.ok()) return s;
+  const uint64_t capacity = pool_->bytes() + config_.spill_bytes * config_.spill_dirs.size();
+  if (absl::Status s = StartTiers(capacity); !s.ok()) return s;
+  const SessionLimits limits = SessionLimitsOf(config_, capacity);
+  if (absl::Status s = StartSessions(limits, *gid); !s.ok()) return s;
+  if (absl::Status s = StartControl(limits, *gid); !s.ok()) return s;
+  LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
+          config_.session_socket_path, ")");
+  return absl::OkStatus();
+}
 
-  // The engine first: a GPU engine must exist before the pool is registered with it.
-  engine::EngineOptions engine_options;
-  engine_options.kind = config_.engine;
-  engine_options.host_threads = static_cast<int>(config_.host_engine_threads);
-  engine_options.copy_delay_us = config_.copy_delay_us;
-  engine_options.lane_wait_warn_ms = config_.lane_wait_warn_ms;
-  engine_options.gpu_poll_spin_us = config_.gpu_poll_spin_us;
-  engine_options.gpu_lane_window_bytes = config_.gpu_lane_window_bytes;
-  absl::StatusOr<std::unique_ptr<engine::CopyEngine>> engine = engine::MakeCopyEngine(engine_options);
+absl::Status Daemon::StartEngine() {
+  absl::StatusOr<std::unique_ptr<engine::CopyEngine>> engine =
+      engine::MakeCopyEngine(EngineOptionsOf(config_));
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
   if (config_.copy_delay_us > 0) {
     LogWarning("delay injection on: every copy waits ", config_.copy_delay_us, " us (test only)");
   }
+  return absl::OkStatus();
+}
 
-  // Where the GPUs are decides how the pool is split: one part per NUMA node with GPUs (or as
-  // pool_numa lists), each part's memory on its node, each GPU's offloads in its local part.
+// One part of the pool per NUMA node with GPUs (or as pool_numa lists), each part's memory on
+// its node, each GPU's offloads in its local part.
+absl::Status Daemon::CreatePool() {
   const NumaTopology topology =
       NumaTopology::Read(config_.topology_sysfs_root, engine::GpuPciBusIds(engine_->name()));
-  for (const GpuLocation& gpu : topology.gpus()) {
-    LogInfo("GPU ", gpu.device, ": PCI ", gpu.pci_bus_id.empty() ? "?" : gpu.pci_bus_id,
-            gpu.pci_root.empty() ? "" : absl::StrCat(" under ", gpu.pci_root), ", NUMA node ",
-            gpu.numa_node < 0 ? "unknown" : absl::StrCat(gpu.numa_node),
-            gpu.problem.empty() ? "" : absl::StrCat(" (", gpu.problem, ")"));
-  }
+  LogGpus(topology.gpus());
   absl::StatusOr<PoolLayout> layout =
       PlanPoolLayout(config_.pool_numa, config_.pool_numa_node, topology);
   if (!layout.ok()) return layout.status();
@@ -165,7 +260,7 @@ absl::Status Daemon::Init() {
   gpus_ = topology.gpus();
   for (const std::string& warning : pool_layout_.warnings) LogWarning(warning);
 
-  uint64_t start_ns = MonotonicNs();
+  const uint64_t start_ns = MonotonicNs();
   storage::HostPoolOptions pool_options;
   pool_options.bytes = config_.pool_bytes;
   pool_options.lock = config_.pool_lock;
@@ -180,62 +275,19 @@ absl::Status Daemon::Init() {
   }
   pool_->set_setup_total_ns(MonotonicNs() - start_ns);
   pool_pin_seconds_ = static_cast<double>(pool_->setup().total_ns) / 1e9;
-  const storage::PoolSetup& setup = pool_->setup();
-  LogInfo("host pool: ", pool_->bytes() >> 20, " MiB ",
-          pool_->registered() ? "registered with the GPU" : (pool_->locked() ? "mlocked" : "pageable"),
-          " in ", (MonotonicNs() - start_ns) / 1000000, " ms (populated by ", setup.threads,
-          " threads in ", setup.populate_ns / 1000000, " ms, ", setup.huge_bytes >> 20,
-          " MiB in huge pages; mlock ", setup.lock_ns / 1000000, " ms); engine: ", engine_->name());
-  for (const storage::PoolPartUsage& part : pool_->PartUsage()) {
-    LogInfo("host pool part at ", part.offset >> 20, " MiB: ", part.capacity_bytes >> 20,
-            " MiB, ", part.numa_node < 0 ? "not bound" : absl::StrCat("NUMA node ", part.numa_node));
-  }
-  LogInfo("host pool layout: ", pool_layout_.summary);
+  LogPool(*pool_, MonotonicNs() - start_ns, engine_->name(), pool_layout_);
+  return absl::OkStatus();
+}
 
-  // Quotas count a session's bytes in every tier: by default, all the daemon can hold.
-  const uint64_t capacity = pool_->bytes() + config_.spill_bytes * config_.spill_dirs.size();
-  uint64_t quota_cap = config_.max_quota_bytes ? config_.max_quota_bytes : capacity;
-  SessionLimits limits;
-  limits.default_quota_bytes =
-      std::min(config_.default_quota_bytes ? config_.default_quota_bytes : capacity, quota_cap);
-  limits.max_quota_bytes = quota_cap;
-  limits.default_ring_entries = config_.ring_entries;
-  limits.max_sessions = config_.max_sessions;
-  limits.attach_timeout_ms = config_.attach_timeout_ms;
-  limits.client.max_sessions_per_uid = config_.max_sessions_per_uid;
-  limits.client.max_buffers_per_session = config_.max_buffers_per_session;
-  limits.client.max_buffers_per_uid = config_.max_buffers_per_uid;
-  limits.client.max_buffers = config_.max_buffers;
-  limits.client.max_mapped_bytes_per_session = config_.max_mapped_bytes_per_session;
-  limits.client.max_mapped_bytes_per_uid = config_.max_mapped_bytes_per_uid;
-  limits.client.max_mapped_bytes =
-      config_.max_mapped_bytes ? config_.max_mapped_bytes : DefaultMaxMappedBytes();
-
+// The NVMe tier (when spill_bytes is set), the tiers over pool and NVMe, and the persistent
+// objects with their journal (restored here, before any session).
+absl::Status Daemon::StartTiers(uint64_t capacity) {
   if (config_.spill_bytes > 0) {
     for (const std::string& dir : config_.spill_dirs) {
       if (absl::Status s = MakeDir(dir); !s.ok()) return s;
     }
-    storage::SpillStoreOptions spill;
-    spill.directories = config_.spill_dirs;
-    spill.file_bytes = config_.spill_bytes;
-    spill.io_bytes = config_.spill_io_bytes;
-    spill.queue_depth = config_.spill_queue_depth;
-    spill.io_queue = config_.spill_io;
-    // A tierd restarted right after a crash finds its predecessor's spill files still locked for a
-    // moment (their io_uring goes asynchronously): wait, bounded, rather than fail the restart.
-    spill.lock_wait_ms = 30000;
-    spill.registered_buffers = {storage::IoBuffer{pool_->base(), pool_->bytes()}};
-    if (!config_.spill_inject_faults.rules.empty()) {
-      LogWarning("TEST ONLY: spill I/O fault injection on: ", config_.spill_inject_faults.text);
-      spill.wrap_io_queue = [rules = config_.spill_inject_faults.rules](
-                                std::unique_ptr<storage::IoQueue> inner) {
-        auto faulty = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
-        for (const storage::FaultRule& rule : rules) faulty->AddRule(rule);
-        return std::unique_ptr<storage::IoQueue>(std::move(faulty));
-      };
-    }
     absl::StatusOr<std::unique_ptr<storage::SpillStore>> store =
-        storage::SpillStore::Create(std::move(spill));
+        storage::SpillStore::Create(SpillStoreOptionsOf(config_, *pool_));
     if (!store.ok()) return store.status();
     spill_store_ = *std::move(store);
     LogInfo("NVMe tier: ", config_.spill_bytes >> 20, " MiB in ", spill_store_->file_path(0),
@@ -248,15 +300,11 @@ absl::Status Daemon::Init() {
   tiers_ = std::make_unique<TierManager>(*pool_, spill_store_.get(), spiller,
                                          pool_layout_.part_of_gpu);
   tiers_->Start();
-  // Persistent objects: a share of what the daemon holds per uid and for all, unless set.
-  const PersistentLimits persistent_limits{
-      config_.persistent_quota_bytes_per_uid ? config_.persistent_quota_bytes_per_uid
-                                             : capacity / 16,
-      config_.persistent_max_bytes ? config_.persistent_max_bytes : capacity / 4,
-      config_.persistent_max_objects_per_uid, config_.persistent_max_objects};
+  const PersistentLimits persistent_limits = PersistentLimitsOf(config_, capacity);
   if (spill_store_ != nullptr) {
     // Written through to the first spill directory, they come back after a restart
-    // (daemon/persistent/persistent_journal.h); the journal's disk is bounded apart from spill_bytes.
+    // (daemon/persistent/persistent_journal.h); the journal's disk is bounded apart from
+    // spill_bytes.
     JournalOptions journal_options;
     journal_options.max_bytes = config_.persistent_journal_max_bytes
                                     ? config_.persistent_journal_max_bytes
@@ -274,6 +322,11 @@ absl::Status Daemon::Init() {
             journal_->dir(), " (journal ", journal_->usage().file_bytes >> 20, " of at most ",
             journal_->usage().max_bytes >> 20, " MiB)");
   }
+  return absl::OkStatus();
+}
+
+// The job path (executor, ring poller) and the session machinery (registry, session socket).
+absl::Status Daemon::StartSessions(const SessionLimits& limits, gid_t gid) {
   executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_, persistent_.get());
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
   poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
@@ -288,11 +341,11 @@ absl::Status Daemon::Init() {
       ListenerLimits{max_connections_, config_.max_connections_per_uid,
                      config_.attach_timeout_ms},
       persistent_.get());
-  if (absl::Status s = listener_->Start(config_.session_socket_path, config_.socket_mode, *gid);
-      !s.ok()) {
-    return s;
-  }
+  return listener_->Start(config_.session_socket_path, config_.socket_mode, gid);
+}
 
+// Health, the metrics endpoint, and the gRPC control API behind its own acceptor.
+absl::Status Daemon::StartControl(const SessionLimits& limits, gid_t gid) {
   ControlContext context{kVersion, std::string(engine_->name()), config_.session_socket_path,
                          config_.attach_timeout_ms, started_ms_, "", AdminTokenFile(),
                          pool_layout_, gpus_};
@@ -323,14 +376,7 @@ absl::Status Daemon::Init() {
   if (server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", config_.socket_path));
   }
-  if (absl::Status s = control_acceptor_->Start(config_.socket_path, config_.socket_mode, *gid,
-                                                server_.get());
-      !s.ok()) {
-    return s;
-  }
-  LogInfo("tierd ", kVersion, " serving ", config_.socket_path, " (sessions on ",
-          config_.session_socket_path, ")");
-  return absl::OkStatus();
+  return control_acceptor_->Start(config_.socket_path, config_.socket_mode, gid, server_.get());
 }
 
 std::string Daemon::AdminTokenFile() const {

@@ -15,17 +15,17 @@
 #include "daemon/control/control_acceptor.h"
 #include "daemon/control/control_service.h"
 #include "daemon/control/health_monitor.h"
+#include "daemon/control/systemd_notifier.h"
 #include "daemon/jobs/job_executor.h"
+#include "daemon/jobs/ring_poller.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/metrics/metrics_collector.h"
 #include "daemon/metrics/metrics_exporter.h"
+#include "daemon/sessions/session_listener.h"
+#include "daemon/sessions/session_registry.h"
 #include "daemon/tiers/numa_topology.h"
 #include "daemon/tiers/pool_layout.h"
 #include "daemon/tiers/tier_manager.h"
-#include "daemon/metrics/metrics.h"
-#include "daemon/jobs/ring_poller.h"
-#include "daemon/sessions/session_listener.h"
-#include "daemon/sessions/session_registry.h"
-#include "daemon/control/systemd_notifier.h"
 #include "engine/copy_engine.h"
 #include "storage/host_pool.h"
 
@@ -46,7 +46,12 @@ class Daemon {
 
  private:
   explicit Daemon(const Config& config);
-  absl::Status Init();
+  absl::Status Init();  // the stages below, in order
+  absl::Status StartEngine();
+  absl::Status CreatePool();
+  absl::Status StartTiers(uint64_t capacity);  // capacity: the pool's bytes and the NVMe tier's
+  absl::Status StartSessions(const SessionLimits& limits, gid_t gid);
+  absl::Status StartControl(const SessionLimits& limits, gid_t gid);
   // GET /metrics on metrics_listen, when set.
   absl::Status StartMetrics();
   std::string AdminTokenFile() const;  // admin_token_file, or <socket>.admin-token

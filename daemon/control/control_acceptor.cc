@@ -12,8 +12,8 @@
 #include <charconv>
 #include <vector>
 
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/metrics/metrics.h"

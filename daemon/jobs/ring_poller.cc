@@ -1,5 +1,5 @@
-#include "daemon/jobs/ring_poller.h"
 #include "common/thread_role.h"
+#include "daemon/jobs/ring_poller.h"
 
 #include <poll.h>
 #include <sys/epoll.h>

@@ -55,8 +55,8 @@
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "daemon/persistent/journal_format.h"
-#include "daemon/tiers/object_table.h"
 #include "daemon/persistent/persistent_journal.h"
+#include "daemon/tiers/object_table.h"
 #include "daemon/tiers/tier_manager.h"
 
 namespace tier::daemon {

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "storage/faulty_io_queue.h"
 #include "gtest/gtest.h"
 #include "spill_test_util.h"
+#include "storage/faulty_io_queue.h"
 
 namespace tier::daemon {
 namespace {
