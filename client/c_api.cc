@@ -205,6 +205,16 @@ tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
 
 namespace {
 
+// The producer streams an offload's options name (none: the current stream), checked.
+tier_status ProducersOf(const tier_offload_options* options, absl::Span<void* const>* producers) {
+  if (options == nullptr || options->num_producer_streams == 0) return TIER_OK;
+  if (options->producer_streams == nullptr) {
+    return Fail(TIER_INVALID_ARGUMENT, "num_producer_streams > 0 but producer_streams is NULL");
+  }
+  *producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
+  return TIER_OK;
+}
+
 // tier_offload and tier_offload_persistent; `name`: the persistent object's, or NULL.
 tier_status Offload(tier_session* session, const char* name, tier_buffer_id buffer,
                     uint64_t offset, uint64_t len, const tier_offload_options* options,
@@ -237,14 +247,8 @@ tier_status Offload(tier_session* session, const char* name, tier_buffer_id buff
       submitted = session->impl->Submit(request);
     } else {
       // The daemon's copy waits, on the GPU, for everything queued so far on the producers.
-      if (options != nullptr && options->num_producer_streams > 0 &&
-          options->producer_streams == nullptr) {
-        return Fail(TIER_INVALID_ARGUMENT, "num_producer_streams > 0 but producer_streams is NULL");
-      }
       absl::Span<void* const> producers;
-      if (options != nullptr && options->num_producer_streams > 0) {
-        producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
-      }
+      if (tier_status s = ProducersOf(options, &producers); s != TIER_OK) return s;
       tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
       request.device = device;
       submitted = session->impl->SubmitTicketed(
@@ -442,18 +446,31 @@ void StoreBatchIds(tier_batch_job* jobs, const std::vector<tier::client::JobRequ
   }
 }
 
+extern "C++" {  // (a template, inside the C ABI's extern "C" block)
+// A batch call's first checks: its options' size, then every job (BatchRequests).
+template <typename Options>
+tier_status StartBatch(tier_session* session, tier_batch_job* jobs, size_t count,
+                       const Options* options, tier::ring::Opcode opcode,
+                       std::vector<tier::client::JobRequest>* requests, int* device) {
+  if (options != nullptr && options->struct_size < sizeof(Options)) {
+    return Fail(TIER_INVALID_ARGUMENT,
+                opcode == tier::ring::Opcode::kOffload
+                    ? "tier_offload_options.struct_size too small"
+                    : "tier_reload_options.struct_size too small");
+  }
+  return BatchRequests(session, jobs, count, opcode, requests, device);
+}
+}  // extern "C++"
+
 }  // namespace
 
 tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
                                const tier_offload_options* options) {
   return Guard([&] {
-    if (options != nullptr && options->struct_size < sizeof(tier_offload_options)) {
-      return Fail(TIER_INVALID_ARGUMENT, "tier_offload_options.struct_size too small");
-    }
     std::vector<tier::client::JobRequest> requests;
     int device = -1;
-    if (tier_status s = BatchRequests(session, jobs, count, tier::ring::Opcode::kOffload,
-                                      &requests, &device);
+    if (tier_status s = StartBatch(session, jobs, count, options, tier::ring::Opcode::kOffload,
+                                   &requests, &device);
         s != TIER_OK || count == 0) {
       return s;
     }
@@ -463,14 +480,8 @@ tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size
       submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
                                              []() -> absl::StatusOr<uint64_t> { return 0; });
     } else {
-      if (options != nullptr && options->num_producer_streams > 0 &&
-          options->producer_streams == nullptr) {
-        return Fail(TIER_INVALID_ARGUMENT, "num_producer_streams > 0 but producer_streams is NULL");
-      }
       absl::Span<void* const> producers;
-      if (options != nullptr && options->num_producer_streams > 0) {
-        producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
-      }
+      if (tier_status s = ProducersOf(options, &producers); s != TIER_OK) return s;
       tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
       submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
                                              [&] { return sync->TicketOffload(producers); });
@@ -485,13 +496,10 @@ tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size
 tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
                               const tier_reload_options* options) {
   return Guard([&] {
-    if (options != nullptr && options->struct_size < sizeof(tier_reload_options)) {
-      return Fail(TIER_INVALID_ARGUMENT, "tier_reload_options.struct_size too small");
-    }
     std::vector<tier::client::JobRequest> requests;
     int device = -1;
-    if (tier_status s = BatchRequests(session, jobs, count, tier::ring::Opcode::kReload,
-                                      &requests, &device);
+    if (tier_status s = StartBatch(session, jobs, count, options, tier::ring::Opcode::kReload,
+                                   &requests, &device);
         s != TIER_OK || count == 0) {
       return s;
     }

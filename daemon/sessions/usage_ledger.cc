@@ -7,23 +7,11 @@
 
 namespace tier::daemon {
 
-absl::Status UsageLedger::AddSession(uid_t uid) {
-  MutexLock lock(&mu_);
-  Usage& usage = by_uid_[uid];
-  if (usage.sessions + usage.pending >= limits_.max_sessions_per_uid) {
-    const Usage held = usage;
-    ForgetIfIdleLocked(uid);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("uid ", uid, " already has ", held.sessions, " sessions attached and ",
-                     held.pending, " opened (max_sessions_per_uid ",
-                     limits_.max_sessions_per_uid, ")"));
-  }
-  ++usage.sessions;
-  ++sessions_;
-  return absl::OkStatus();
-}
+absl::Status UsageLedger::AddSession(uid_t uid) { return Add(uid, /*attached=*/true); }
 
-absl::Status UsageLedger::AddPending(uid_t uid) {
+absl::Status UsageLedger::AddPending(uid_t uid) { return Add(uid, /*attached=*/false); }
+
+absl::Status UsageLedger::Add(uid_t uid, bool attached) {
   MutexLock lock(&mu_);
   Usage& usage = by_uid_[uid];
   if (usage.sessions + usage.pending >= limits_.max_sessions_per_uid) {
@@ -34,7 +22,12 @@ absl::Status UsageLedger::AddPending(uid_t uid) {
                      held.pending, " opened (max_sessions_per_uid ",
                      limits_.max_sessions_per_uid, ")"));
   }
-  ++usage.pending;
+  if (attached) {
+    ++usage.sessions;
+    ++sessions_;
+  } else {
+    ++usage.pending;
+  }
   return absl::OkStatus();
 }
 

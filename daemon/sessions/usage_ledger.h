@@ -66,6 +66,8 @@ class UsageLedger {
   Usage Totals() const;
 
  private:
+  // AddSession (attached) or AddPending: counted against max_sessions_per_uid.
+  absl::Status Add(uid_t uid, bool attached);
   void ForgetIfIdleLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClientLimits limits_;

@@ -11,7 +11,7 @@ import torch
 
 from .. import _cuda_graphs
 from .. import _dtensor
-from .. import client as _client
+from ._default_client import DefaultClient
 from . import _compile
 from . import _offload_planner as _planner
 from ._counters import Counters
@@ -138,11 +138,7 @@ class ActivationOffloader(_compile.Followed):
     BATCH_TENSORS = 16
     BATCH_BYTES = 32 << 20
 
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = _client.default_client()
-        return self._client
+    client = DefaultClient()
 
     def __enter__(self):
         if self._hooks is not None:

@@ -25,7 +25,7 @@ import os
 from . import _dcp
 from . import _ranks
 from . import _records
-from .. import client as _client
+from ._default_client import DefaultClient
 from .. import errors
 
 _INDEX_FORMAT = 1
@@ -47,11 +47,7 @@ class Checkpointer:
         self.keep = int(keep)
         self._client = client
 
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = _client.default_client()
-        return self._client
+    client = DefaultClient()
 
     def _step_name(self, step):
         return "%s/s%d" % (self.name, step)

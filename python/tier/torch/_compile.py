@@ -52,7 +52,7 @@ import weakref
 import torch
 
 from .. import _cuda_graphs
-from .. import client as _client
+from ._default_client import DefaultClient
 from ._counters import Counters
 from ._inflight import InflightBound
 
@@ -92,11 +92,7 @@ class _Policy:
         self.max_inflight_bytes = int(max_inflight_bytes)
         self._client = client
 
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = _client.default_client()
-        return self._client
+    client = DefaultClient()
 
 
 class _Entry:

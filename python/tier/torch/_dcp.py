@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from . import _ranks
 from . import _records
 from .. import client as _client
+from ._default_client import DefaultClient
 from .. import errors
 
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -125,30 +126,16 @@ def _decode(record, what):
                     storage_data=storage, storage_meta=StorageMeta(), version=record["version"])
 
 
-# ---- writing ------------------------------------------------------------------------------------
+class _NamedCheckpoint:
+    """What TierWriter and TierReader share: the checkpoint's name (its DCP checkpoint_id) and
+    the client, taken when first needed."""
 
-class TierWriter(StorageWriter):
-    """A DCP StorageWriter into tierd: ``dcp.save(state, storage_writer=TierWriter(name))``.
-
-    ``name``: the checkpoint's name (as tier.torch.checkpoint's: printable ASCII, no '@'); a
-    save under a name that exists replaces it (each rank first deletes its own objects of it).
-    ``client``: a tier.Client (default: tier.default_client()). ``chunk_bytes``: CPU tensors
-    and byte items are packed into objects of about this size."""
-
-    def __init__(self, name, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES):
-        super().__init__()
+    def _name_it(self, name, client):
         _check_name(name)
         self.name = name
         self._client = client
-        self.chunk_bytes = int(chunk_bytes)
-        self.rank = 0
-        self.is_coordinator = True
 
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = _client.default_client()
-        return self._client
+    client = DefaultClient()
 
     @property
     def checkpoint_id(self):
@@ -158,6 +145,24 @@ class TierWriter(StorageWriter):
         if checkpoint_id:
             _check_name(str(checkpoint_id))
             self.name = str(checkpoint_id)
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+class TierWriter(_NamedCheckpoint, StorageWriter):
+    """A DCP StorageWriter into tierd: ``dcp.save(state, storage_writer=TierWriter(name))``.
+
+    ``name``: the checkpoint's name (as tier.torch.checkpoint's: printable ASCII, no '@'); a
+    save under a name that exists replaces it (each rank first deletes its own objects of it).
+    ``client``: a tier.Client (default: tier.default_client()). ``chunk_bytes``: CPU tensors
+    and byte items are packed into objects of about this size."""
+
+    def __init__(self, name, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES):
+        super().__init__()
+        self._name_it(name, client)
+        self.chunk_bytes = int(chunk_bytes)
+        self.rank = 0
+        self.is_coordinator = True
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
         self.is_coordinator = is_coordinator
@@ -286,31 +291,17 @@ def _read_metadata(client, name):
                    what)
 
 
-class TierReader(StorageReader):
+class TierReader(_NamedCheckpoint, StorageReader):
     """A DCP StorageReader from tierd: ``dcp.load(state, storage_reader=TierReader(name))``."""
 
     def __init__(self, name, client=None):
         super().__init__()
-        _check_name(name)
-        self.name = name
-        self._client = client
+        self._name_it(name, client)
         self.storage_data = None
-
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = _client.default_client()
-        return self._client
-
-    @property
-    def checkpoint_id(self):
-        return self.name
 
     def reset(self, checkpoint_id=None):
         self.storage_data = None
-        if checkpoint_id:
-            _check_name(str(checkpoint_id))
-            self.name = str(checkpoint_id)
+        super().reset(checkpoint_id)
 
     def read_metadata(self, *args, **kwargs):
         if kwargs.get("rank") is not None:

@@ -327,6 +327,19 @@ class _JointPolicy:
         return self._p.stats
 
 
+def _goal(target_bytes, max_overhead):
+    """The planner's goal, checked: (target_bytes, max_overhead); neither given: 5% of the
+    step."""
+    if target_bytes is None and max_overhead is None:
+        max_overhead = 0.05
+    if max_overhead is not None and not 0 <= max_overhead <= 10:
+        raise ValueError("max_overhead is a fraction of the step (0.05 = 5%%), got %r"
+                         % (max_overhead,))
+    if target_bytes is not None and target_bytes < 0:
+        raise ValueError("target_bytes must be >= 0")
+    return target_bytes, max_overhead
+
+
 class ActivationPlanner:
     """See the module docstring; made by :func:`tier.torch.plan_activations`."""
 
@@ -334,13 +347,7 @@ class ActivationPlanner:
                  recompute=("light", "selective", "full"), offload=True, blocks=None,
                  selective_policy=None, min_bytes=1 << 20, client=None, link=None,
                  verbose=True, prefetch=2, warmup_steps=1):
-        if target_bytes is None and max_overhead is None:
-            max_overhead = 0.05
-        if max_overhead is not None and not 0 <= max_overhead <= 10:
-            raise ValueError("max_overhead is a fraction of the step (0.05 = 5%%), got %r"
-                             % (max_overhead,))
-        if target_bytes is not None and target_bytes < 0:
-            raise ValueError("target_bytes must be >= 0")
+        target_bytes, max_overhead = _goal(target_bytes, max_overhead)
         recompute = tuple(recompute or ())
         unknown = set(recompute) - {"light", "selective", "full"}
         if unknown:
@@ -422,13 +429,7 @@ class ActivationPlanner:
         """Plans again from the same calibration for another goal (no new calibration step;
         where the planner has not calibrated yet, the goal is taken for when it has). Returns
         the new :class:`~tier.torch._activation_planner.JointPlan` (or None)."""
-        if target_bytes is None and max_overhead is None:
-            max_overhead = 0.05
-        if max_overhead is not None and not 0 <= max_overhead <= 10:
-            raise ValueError("max_overhead is a fraction of the step (0.05 = 5%%), got %r"
-                             % (max_overhead,))
-        if target_bytes is not None and target_bytes < 0:
-            raise ValueError("target_bytes must be >= 0")
+        target_bytes, max_overhead = _goal(target_bytes, max_overhead)
         self.target_bytes, self.max_overhead = target_bytes, max_overhead
         if self._profile is None:
             return None
