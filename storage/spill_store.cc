@@ -132,6 +132,69 @@ struct SpillStore::Op {
   std::list<std::unique_ptr<Op>>::iterator where;
 };
 
+// The spill file in `dir`: created or reused, locked (waiting up to lock_wait_ms for a killed
+// tierd's lock), preallocated to file_bytes, O_DIRECT where the filesystem takes it (and the
+// options allow); `opened` (the files opened so far) tells a directory named twice apart.
+absl::StatusOr<std::unique_ptr<SpillStore::File>> SpillStore::OpenFile(
+    const SpillStoreOptions& options, const std::string& dir, uint64_t file_bytes,
+    std::vector<std::pair<dev_t, ino_t>>& opened) {
+  auto file = std::make_unique<File>(file_bytes);
+  file->directory = dir;
+  file->path = absl::StrCat(dir, "/", options.file_name);
+  file->remove = options.remove_files;
+  bool direct = options.direct_io != DirectIo::kOff;
+  absl::StatusOr<UniqueFd> fd = OpenLocked(file->path, direct, options.lock_wait_ms, opened);
+  if (!fd.ok() && direct && absl::IsInvalidArgument(fd.status())) {
+    // EINVAL at open: O_DIRECT refused outright (tmpfs before Linux 6.6).
+    if (options.direct_io == DirectIo::kRequired) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spill directory ", dir, " does not support O_DIRECT: ", fd.status().message()));
+    }
+    direct = false;
+    fd = OpenLocked(file->path, false, options.lock_wait_ms, opened);
+  }
+  if (!fd.ok()) return fd.status();
+  file->fd = std::move(*fd);
+
+  if (::fallocate(file->fd.get(), 0, 0, static_cast<off_t>(file_bytes)) != 0) {
+    int err = errno;
+    if (err != EOPNOTSUPP) {
+      ::unlink(file->path.c_str());
+      return ErrnoStatus(absl::StrCat("preallocate ", file_bytes, " bytes for ", file->path), err);
+    }
+    LogWarning("spill: ", dir, " cannot preallocate (fallocate unsupported); the file is sparse ",
+               "and a full disk shows up as write errors");
+  }
+  if (::ftruncate(file->fd.get(), static_cast<off_t>(file_bytes)) != 0) {  // shrink a larger leftover
+    return ErrnoStatus(absl::StrCat("ftruncate ", file->path));
+  }
+  if (direct) {
+    absl::Status probe = ProbeIo(file->fd.get());
+    if (absl::IsInvalidArgument(probe)) {
+      if (options.direct_io == DirectIo::kRequired) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "spill directory ", dir, " does not support O_DIRECT: ", probe.message()));
+      }
+      direct = false;
+      file->fd.reset();  // drops the lock before taking it again below
+      absl::StatusOr<UniqueFd> buffered =
+          OpenLocked(file->path, false, options.lock_wait_ms, opened);
+      if (!buffered.ok()) return buffered.status();
+      file->fd = std::move(*buffered);
+      probe = ProbeIo(file->fd.get());
+    }
+    if (!probe.ok()) return probe;
+  }
+  if (!direct && options.direct_io != DirectIo::kOff) {
+    LogWarning("spill: ", dir, " refuses O_DIRECT (tmpfs?): using buffered I/O, which goes ",
+               "through the page cache");
+  }
+  file->direct = direct;
+  struct stat st {};
+  if (::fstat(file->fd.get(), &st) == 0) opened.emplace_back(st.st_dev, st.st_ino);
+  return file;
+}
+
 absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions options) {
   if (options.directories.empty()) return absl::InvalidArgumentError("no spill directory");
   uint64_t file_bytes = options.file_bytes & ~(kBlock - 1);
@@ -143,61 +206,9 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
   std::vector<std::unique_ptr<File>> files;
   std::vector<std::pair<dev_t, ino_t>> opened;  // the files, one per directory
   for (const std::string& dir : options.directories) {
-    auto file = std::make_unique<File>(file_bytes);
-    file->directory = dir;
-    file->path = absl::StrCat(dir, "/", options.file_name);
-    file->remove = options.remove_files;
-    bool direct = options.direct_io != DirectIo::kOff;
-    absl::StatusOr<UniqueFd> fd = OpenLocked(file->path, direct, options.lock_wait_ms, opened);
-    if (!fd.ok() && direct && absl::IsInvalidArgument(fd.status())) {
-      // EINVAL at open: O_DIRECT refused outright (tmpfs before Linux 6.6).
-      if (options.direct_io == DirectIo::kRequired) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "spill directory ", dir, " does not support O_DIRECT: ", fd.status().message()));
-      }
-      direct = false;
-      fd = OpenLocked(file->path, false, options.lock_wait_ms, opened);
-    }
-    if (!fd.ok()) return fd.status();
-    file->fd = std::move(*fd);
-
-    if (::fallocate(file->fd.get(), 0, 0, static_cast<off_t>(file_bytes)) != 0) {
-      int err = errno;
-      if (err != EOPNOTSUPP) {
-        ::unlink(file->path.c_str());
-        return ErrnoStatus(absl::StrCat("preallocate ", file_bytes, " bytes for ", file->path), err);
-      }
-      LogWarning("spill: ", dir, " cannot preallocate (fallocate unsupported); the file is sparse ",
-                 "and a full disk shows up as write errors");
-    }
-    if (::ftruncate(file->fd.get(), static_cast<off_t>(file_bytes)) != 0) {  // shrink a larger leftover
-      return ErrnoStatus(absl::StrCat("ftruncate ", file->path));
-    }
-    if (direct) {
-      absl::Status probe = ProbeIo(file->fd.get());
-      if (absl::IsInvalidArgument(probe)) {
-        if (options.direct_io == DirectIo::kRequired) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "spill directory ", dir, " does not support O_DIRECT: ", probe.message()));
-        }
-        direct = false;
-        file->fd.reset();  // drops the lock before taking it again below
-        absl::StatusOr<UniqueFd> buffered =
-            OpenLocked(file->path, false, options.lock_wait_ms, opened);
-        if (!buffered.ok()) return buffered.status();
-        file->fd = std::move(*buffered);
-        probe = ProbeIo(file->fd.get());
-      }
-      if (!probe.ok()) return probe;
-    }
-    if (!direct && options.direct_io != DirectIo::kOff) {
-      LogWarning("spill: ", dir, " refuses O_DIRECT (tmpfs?): using buffered I/O, which goes ",
-                 "through the page cache");
-    }
-    file->direct = direct;
-    struct stat st {};
-    if (::fstat(file->fd.get(), &st) == 0) opened.emplace_back(st.st_dev, st.st_ino);
-    files.push_back(std::move(file));
+    absl::StatusOr<std::unique_ptr<File>> file = OpenFile(options, dir, file_bytes, opened);
+    if (!file.ok()) return file.status();
+    files.push_back(*std::move(file));
   }
 
   // queue_depth per file: each device gets its own depth (one depth shared by all would drive N

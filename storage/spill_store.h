@@ -42,6 +42,8 @@
 #ifndef TIER_STORAGE_SPILL_STORE_H_
 #define TIER_STORAGE_SPILL_STORE_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -49,6 +51,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -153,6 +156,9 @@ class SpillStore {
 
  private:
   struct File;
+  static absl::StatusOr<std::unique_ptr<File>> OpenFile(
+      const SpillStoreOptions& options, const std::string& dir, uint64_t file_bytes,
+      std::vector<std::pair<dev_t, ino_t>>& opened);
   struct Op;
   struct Live {
     SpillRecord record;

@@ -164,6 +164,79 @@ bool IsCommand(std::string_view command) {
   return false;
 }
 
+namespace {
+
+// `tierctl top`: status and sessions sampled every interval.
+int RunTopCommand(const CommandContext& ctx) {
+  using Stub = v1::Control::StubInterface;
+  TopOptions options;
+  options.once = ctx.once;
+  options.json = ctx.json;
+  options.terminal = ctx.terminal;
+  options.interval = ctx.interval;
+  auto sample = [&ctx](TopSample& sample, int& exit_code) {
+    if (!Call(ctx, &Stub::GetStatus, v1::GetStatusRequest(), sample.status, exit_code) ||
+        !Call(ctx, &Stub::ListSessions, v1::ListSessionsRequest(), sample.sessions,
+              exit_code)) {
+      return false;
+    }
+    sample.time_s = std::chrono::duration<double>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count();
+    return true;
+  };
+  return RunTop(sample, options, *ctx.out);
+}
+
+// `tierctl drain`: needs the admin token (root and tierd's own user).
+int RunDrain(const CommandContext& ctx) {
+  using Stub = v1::Control::StubInterface;
+  int exit_code = kExitOk;
+  v1::DrainRequest request;
+  request.set_timeout_ms(ctx.drain_timeout_ms);
+  // Drain is for root and tierd's own user, who can read the token tierd keeps beside its
+  // socket (common/admin_token.h). Anyone else sends none and is refused by the daemon.
+  absl::StatusOr<std::string> token = ReadAdminToken(TokenPath(ctx));
+  if (token.ok()) request.set_admin_token(*token);
+  // The daemon answers once its own drain timeout has passed, so the call gets that much more
+  // than an ordinary one; with no drain timeout it may take as long as the jobs do.
+  const auto deadline = ctx.drain_timeout_ms == 0
+                            ? std::chrono::milliseconds(0)
+                            : ctx.call_timeout + std::chrono::milliseconds(ctx.drain_timeout_ms);
+  v1::DrainResponse response;
+  if (!Call(ctx, &Stub::Drain, request, response, exit_code, deadline)) {
+    if (!token.ok()) {
+      *ctx.err << "tierctl: drain is for root and tierd's own user ("
+               << token.status().message() << ")\n";
+    }
+    return exit_code;
+  }
+  RenderDrain(response, ctx.drain_timeout_ms, ctx.json, *ctx.out);
+  return response.jobs_in_flight() == 0 ? kExitOk : kExitFailure;
+}
+
+// `tierctl objects`: every uid's persistent objects; needs the admin token.
+int RunObjects(const CommandContext& ctx) {
+  using Stub = v1::Control::StubInterface;
+  int exit_code = kExitOk;
+  // Every uid's names: for root and tierd's own user (the token beside the socket).
+  v1::ListObjectsRequest request;
+  absl::StatusOr<std::string> token = ReadAdminToken(TokenPath(ctx));
+  if (token.ok()) request.set_admin_token(*token);
+  v1::ListObjectsResponse response;
+  if (!Call(ctx, &Stub::ListObjects, request, response, exit_code)) {
+    if (!token.ok()) {
+      *ctx.err << "tierctl: listing persistent objects is for root and tierd's own user ("
+               << token.status().message() << ")\n";
+    }
+    return exit_code;
+  }
+  RenderObjects(response, ctx.json, *ctx.out);
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunCommand(std::string_view command, const CommandContext& ctx) {
   using Stub = v1::Control::StubInterface;
   int exit_code = kExitOk;
@@ -201,64 +274,9 @@ int RunCommand(std::string_view command, const CommandContext& ctx) {
     RenderVersion(response, ctx.json, *ctx.out);
     return kExitOk;
   }
-  if (command == "top") {
-    TopOptions options;
-    options.once = ctx.once;
-    options.json = ctx.json;
-    options.terminal = ctx.terminal;
-    options.interval = ctx.interval;
-    auto sample = [&ctx](TopSample& sample, int& exit_code) {
-      if (!Call(ctx, &Stub::GetStatus, v1::GetStatusRequest(), sample.status, exit_code) ||
-          !Call(ctx, &Stub::ListSessions, v1::ListSessionsRequest(), sample.sessions,
-                exit_code)) {
-        return false;
-      }
-      sample.time_s = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-      return true;
-    };
-    return RunTop(sample, options, *ctx.out);
-  }
-  if (command == "drain") {
-    v1::DrainRequest request;
-    request.set_timeout_ms(ctx.drain_timeout_ms);
-    // Drain is for root and tierd's own user, who can read the token tierd keeps beside its
-    // socket (common/admin_token.h). Anyone else sends none and is refused by the daemon.
-    absl::StatusOr<std::string> token = ReadAdminToken(TokenPath(ctx));
-    if (token.ok()) request.set_admin_token(*token);
-    // The daemon answers once its own drain timeout has passed, so the call gets that much more
-    // than an ordinary one; with no drain timeout it may take as long as the jobs do.
-    const auto deadline = ctx.drain_timeout_ms == 0
-                              ? std::chrono::milliseconds(0)
-                              : ctx.call_timeout + std::chrono::milliseconds(ctx.drain_timeout_ms);
-    v1::DrainResponse response;
-    if (!Call(ctx, &Stub::Drain, request, response, exit_code, deadline)) {
-      if (!token.ok()) {
-        *ctx.err << "tierctl: drain is for root and tierd's own user ("
-                 << token.status().message() << ")\n";
-      }
-      return exit_code;
-    }
-    RenderDrain(response, ctx.drain_timeout_ms, ctx.json, *ctx.out);
-    return response.jobs_in_flight() == 0 ? kExitOk : kExitFailure;
-  }
-  if (command == "objects") {
-    // Every uid's names: for root and tierd's own user (the token beside the socket).
-    v1::ListObjectsRequest request;
-    absl::StatusOr<std::string> token = ReadAdminToken(TokenPath(ctx));
-    if (token.ok()) request.set_admin_token(*token);
-    v1::ListObjectsResponse response;
-    if (!Call(ctx, &Stub::ListObjects, request, response, exit_code)) {
-      if (!token.ok()) {
-        *ctx.err << "tierctl: listing persistent objects is for root and tierd's own user ("
-                 << token.status().message() << ")\n";
-      }
-      return exit_code;
-    }
-    RenderObjects(response, ctx.json, *ctx.out);
-    return kExitOk;
-  }
+  if (command == "top") return RunTopCommand(ctx);
+  if (command == "drain") return RunDrain(ctx);
+  if (command == "objects") return RunObjects(ctx);
   *ctx.err << "tierctl: unknown command '" << command << "'\n";
   return kExitUsage;
 }

@@ -63,6 +63,13 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   s.latency_unmeasured = m.jobs.unmeasured();
 
   s.engine_counts = sources_.engine.Counts();
+  AddSessions(s);
+  return s;
+}
+
+// Per user (or all users together, without uid labels): sessions, what they hold, their lanes,
+// and the counters that never go down.
+void MetricsCollector::AddSessions(MetricsSnapshot& s) const {
   s.client_mapped_bytes = sources_.registry.ClientTotals().mapped_bytes;
   std::vector<SessionCounts> counts;
   for (const SessionSnapshot& session : sources_.registry.Snapshots()) {
@@ -89,7 +96,6 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
     }
   }
   s.user_totals = user_totals_.Update(counts);
-  return s;
 }
 
 std::vector<prometheus::MetricFamily> MetricsCollector::Collect() const {

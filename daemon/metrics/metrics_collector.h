@@ -51,6 +51,7 @@ class MetricsCollector : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
+  void AddSessions(MetricsSnapshot& s) const;  // part of Snapshot
   const MetricsSources sources_;
   const BuildInfo build_;
   mutable UserTotals user_totals_;  // remembers ended sessions' counts between scrapes

@@ -170,37 +170,7 @@ void MetricsExporter::Run() {
     for (size_t i = first_connection; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Connection& c = *polled[i - first_connection];
-      bool done = false;
-      if (c.answer.empty()) {
-        char buffer[4096];
-        ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-          done = true;
-        } else if (n > 0) {
-          c.request.append(buffer, static_cast<size_t>(n));
-          if (c.request.find("\r\n\r\n") != std::string::npos ||
-              c.request.find("\n\n") != std::string::npos) {
-            if (absl::StartsWith(c.request, "GET /metrics ") ||
-                absl::StartsWith(c.request, "GET /metrics?")) {
-              c.answer = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", Render());
-            } else if (absl::StartsWith(c.request, "GET ")) {
-              c.answer = Answer("404 Not Found", "text/plain", "only /metrics is served here\n");
-            } else {
-              c.answer = Answer("405 Method Not Allowed", "text/plain", "GET /metrics only\n");
-            }
-            c.deadline_ms = now + options_.write_timeout_ms;
-          } else if (c.request.size() > kMaxRequestBytes) {
-            c.answer = Answer("431 Request Header Fields Too Large", "text/plain", "");
-            c.deadline_ms = now + options_.write_timeout_ms;
-          }
-        }
-      }
-      if (!done && !c.answer.empty()) {
-        ssize_t n = ::send(c.fd.get(), c.answer.data() + c.sent, c.answer.size() - c.sent,
-                           MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) c.sent += static_cast<size_t>(n);
-        if ((n < 0 && errno != EAGAIN && errno != EINTR) || c.sent == c.answer.size()) done = true;
-      }
+      const bool done = Serve(c, now);
       if (done) c.deadline_ms = 0;  // closed below
     }
     for (auto it = connections.begin(); it != connections.end();) {
@@ -208,30 +178,73 @@ void MetricsExporter::Run() {
     }
     // New connections; at the limit the oldest one still owing its request makes room.
     if (listen_fd_.valid() && (fds[1].revents & POLLIN) != 0) {
-      for (int i = 0; i < kAcceptBurst; ++i) {
-        int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        if (connections.size() >= options_.max_connections) {
-          auto oldest = connections.end();
-          for (auto it = connections.begin(); it != connections.end(); ++it) {
-            if (it->answer.empty() && (oldest == connections.end() ||
-                                       it->accepted_ms < oldest->accepted_ms)) {
-              oldest = it;
-            }
-          }
-          if (oldest == connections.end()) {
-            ::close(fd);  // every slot is taking an answer: this one waits for the next scrape
-            continue;
-          }
-          connections.erase(oldest);
+      Accept(connections, now);
+    }
+  }
+}
+
+// One step of a connection polled ready: read its request (and make its answer once the request
+// is whole), or send what is left of the answer. True: it is done (answered, closed or broken).
+bool MetricsExporter::Serve(Connection& c, uint64_t now) {
+  bool done = false;
+  if (c.answer.empty()) {
+    char buffer[4096];
+    ssize_t n = ::recv(c.fd.get(), buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      done = true;
+    } else if (n > 0) {
+      c.request.append(buffer, static_cast<size_t>(n));
+      if (c.request.find("\r\n\r\n") != std::string::npos ||
+          c.request.find("\n\n") != std::string::npos) {
+        if (absl::StartsWith(c.request, "GET /metrics ") ||
+            absl::StartsWith(c.request, "GET /metrics?")) {
+          c.answer = Answer("200 OK", "text/plain; version=0.0.4; charset=utf-8", Render());
+        } else if (absl::StartsWith(c.request, "GET ")) {
+          c.answer = Answer("404 Not Found", "text/plain", "only /metrics is served here\n");
+        } else {
+          c.answer = Answer("405 Method Not Allowed", "text/plain", "GET /metrics only\n");
         }
-        Connection c;
-        c.fd.reset(fd);
-        c.accepted_ms = now;
-        c.deadline_ms = now + options_.request_timeout_ms;
-        connections.push_back(std::move(c));
+        c.deadline_ms = now + options_.write_timeout_ms;
+      } else if (c.request.size() > kMaxRequestBytes) {
+        c.answer = Answer("431 Request Header Fields Too Large", "text/plain", "");
+        c.deadline_ms = now + options_.write_timeout_ms;
       }
     }
+  }
+  if (!done && !c.answer.empty()) {
+    ssize_t n = ::send(c.fd.get(), c.answer.data() + c.sent, c.answer.size() - c.sent,
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) c.sent += static_cast<size_t>(n);
+    if ((n < 0 && errno != EAGAIN && errno != EINTR) || c.sent == c.answer.size()) done = true;
+  }
+  return done;
+}
+
+// New connections, a burst at most; at the limit the oldest one still owing its request makes
+// room.
+void MetricsExporter::Accept(std::list<Connection>& connections, uint64_t now) {
+  for (int i = 0; i < kAcceptBurst; ++i) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) break;
+    if (connections.size() >= options_.max_connections) {
+      auto oldest = connections.end();
+      for (auto it = connections.begin(); it != connections.end(); ++it) {
+        if (it->answer.empty() && (oldest == connections.end() ||
+                                   it->accepted_ms < oldest->accepted_ms)) {
+          oldest = it;
+        }
+      }
+      if (oldest == connections.end()) {
+        ::close(fd);  // every slot is taking an answer: this one waits for the next scrape
+        continue;
+      }
+      connections.erase(oldest);
+    }
+    Connection c;
+    c.fd.reset(fd);
+    c.accepted_ms = now;
+    c.deadline_ms = now + options_.request_timeout_ms;
+    connections.push_back(std::move(c));
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +57,8 @@ class MetricsExporter {
   MetricsExporter(std::string address, std::shared_ptr<prometheus::Collectable> collectable,
                   MetricsExporterOptions options);
   void Run();
+  bool Serve(Connection& c, uint64_t now);
+  void Accept(std::list<Connection>& connections, uint64_t now);
   // Binds and listens; records why not.
   bool TryListen();
   std::string Render() const;

@@ -291,6 +291,34 @@ void SessionListener::HandleAttach(Connection& c, const std::vector<char>& data)
   c.session = std::move(session);
 }
 
+namespace {
+
+// The page sizes of a kCudaVmmPages registration, from its handle bytes: exactly one descriptor
+// per non-zero size, the sizes summing to `bytes` (checked without overflow).
+absl::Status VmmPageSizes(const wire::RegisterBuffer& request, size_t descriptors,
+                          std::vector<uint64_t>* pages) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < wire::kMaxVmmPages; ++i) {
+    uint64_t page;
+    std::memcpy(&page, request.handle + 8 * i, sizeof(page));
+    if (page == 0) break;
+    if (page > request.bytes - sum) {
+      return absl::InvalidArgumentError("VMM page sizes exceed the registered size");
+    }
+    sum += page;
+    pages->push_back(page);
+  }
+  if (sum != request.bytes || pages->size() != descriptors || descriptors == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("VMM pages: ", pages->size(),
+                                                   " sizes summing to ", sum, " for ",
+                                                   descriptors, " descriptors and ",
+                                                   request.bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void SessionListener::HandleRegister(Connection& c, const std::vector<char>& data,
                                      std::vector<UniqueFd> fds) {
   wire::RegisterBuffer request{};
@@ -326,26 +354,7 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     std::memcpy(import.ipc_handle.data(), request.handle, import.ipc_handle.size());
     std::memcpy(import.device_uuid.data(), request.device_uuid, import.device_uuid.size());
     if (import.kind == wire::BufferKind::kCudaVmmPages) {
-      // Page sizes from the handle bytes; exactly one fd per non-zero size, sizes summing to
-      // `bytes` (checked without overflow).
-      uint64_t sum = 0;
-      for (size_t i = 0; i < wire::kMaxVmmPages; ++i) {
-        uint64_t page;
-        std::memcpy(&page, request.handle + 8 * i, sizeof(page));
-        if (page == 0) break;
-        if (page > request.bytes - sum) {
-          status = absl::InvalidArgumentError("VMM page sizes exceed the registered size");
-          break;
-        }
-        sum += page;
-        import.page_bytes.push_back(page);
-      }
-      if (status.ok() && (sum != request.bytes || import.page_bytes.size() != fds.size() ||
-                          fds.empty())) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            "VMM pages: ", import.page_bytes.size(), " sizes summing to ", sum, " for ",
-            fds.size(), " descriptors and ", request.bytes, " bytes"));
-      }
+      status = VmmPageSizes(request, fds.size(), &import.page_bytes);
       import.page_fds = std::move(fds);
     } else if (import.kind == wire::BufferKind::kCudaVmmSegment) {
       absl::StatusOr<SegmentPages> pages = CheckSegmentRegister(request, fds.size());
@@ -479,31 +488,9 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
         break;
       }
       case wire::ObjectOp::kDelete: {
-        uid_t owner = request.uid == wire::kCallerUid ? caller : request.uid;
-        if (owner != caller && caller != 0) {
-          // Not "permission denied": that would tell another user the name exists.
-          status = PersistentStore::CheckName(name);
-          if (status.ok()) {
-            status = absl::NotFoundError(absl::StrCat("no persistent object named \"", name, "\""));
-          }
-        } else {
-          // Answered at once, or (when a record of it may be in the journal) once its deletion
-          // is durable: no journal I/O on this thread, which serves every session.
-          std::optional<absl::Status> now = persistent_->Delete(
-              owner, name, [this, fd = c.fd.get(), serial = c.serial,
-                            request_id = request.header.request_id](absl::Status done) {
-                DeferredReply deferred{fd, serial, {}};
-                FillReply(&deferred.reply.reply, wire::MessageType::kObjectReply, request_id,
-                          done);
-                PostReply(std::move(deferred));
-              });
-          if (!now.has_value()) {
-            c.awaiting_reply = true;
-            SetReading(c, false);
-            return;
-          }
-          status = *now;
-        }
+        std::optional<absl::Status> now = DeleteObject(c, request, name, caller);
+        if (!now.has_value()) return;  // answered once the deletion is durable
+        status = *now;
         break;
       }
       default:
@@ -513,6 +500,33 @@ void SessionListener::HandleObject(Connection& c, const std::vector<char>& data)
   FillReply(&reply.reply, wire::MessageType::kObjectReply, parsed ? request.header.request_id : 0,
             status);
   (void)SendMessage(c.fd.get(), &reply, sizeof(reply));
+}
+
+// A delete by name: answered at once (the status), or, when a record of the object may be in the
+// journal, once its deletion is durable (nullopt: the reply is posted then, and `c` is not read
+// meanwhile). No journal I/O on this thread, which serves every session.
+std::optional<absl::Status> SessionListener::DeleteObject(Connection& c,
+                                                          const wire::ObjectRequest& request,
+                                                          absl::string_view name, uid_t caller) {
+  const uid_t owner = request.uid == wire::kCallerUid ? caller : request.uid;
+  if (owner != caller && caller != 0) {
+    // Not "permission denied": that would tell another user the name exists.
+    absl::Status status = PersistentStore::CheckName(name);
+    if (!status.ok()) return status;
+    return absl::NotFoundError(absl::StrCat("no persistent object named \"", name, "\""));
+  }
+  std::optional<absl::Status> now = persistent_->Delete(
+      owner, name, [this, fd = c.fd.get(), serial = c.serial,
+                    request_id = request.header.request_id](absl::Status done) {
+        DeferredReply deferred{fd, serial, {}};
+        FillReply(&deferred.reply.reply, wire::MessageType::kObjectReply, request_id, done);
+        PostReply(std::move(deferred));
+      });
+  if (!now.has_value()) {
+    c.awaiting_reply = true;
+    SetReading(c, false);
+  }
+  return now;
 }
 
 void SessionListener::PostReply(DeferredReply reply) {

@@ -9,10 +9,12 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/log_rate_limiter.h"
 #include "common/mutex.h"
 #include "common/unique_fd.h"
@@ -75,6 +77,8 @@ class SessionListener {
   void HandleExtend(Connection& c, const std::vector<char>& data, std::vector<UniqueFd> fds);
   void HandleUnregister(Connection& c, const std::vector<char>& data);
   void HandleObject(Connection& c, const std::vector<char>& data);
+  std::optional<absl::Status> DeleteObject(Connection& c, const wire::ObjectRequest& request,
+                                           absl::string_view name, uid_t caller);
   // Deferred answers: queued from any thread (waking this one), sent from this thread.
   void PostReply(DeferredReply reply);
   void SendDeferredReplies();

@@ -152,7 +152,10 @@ def test_recompute_alone_is_bit_identical_to_no_recompute(client):
 def test_offload_only_when_recompute_is_not_allowed(client):
     torch.manual_seed(0)
     net = Net()
-    plan = tt.plan_activations(net, max_overhead=0.5, recompute=(), client=client,
+    # The largest overhead budget: the host time the calibration measures for each offload
+    # grows with the machine's load, and this test is about which modes may be chosen, not how
+    # many offloads a budget buys (a budget of 0.5 bought none once, on 2 cores under heavy load).
+    plan = tt.plan_activations(net, max_overhead=10, recompute=(), client=client,
                                min_bytes=0, link=(1e15, 1e15), verbose=False)
     assert plan.allowed == ("keep",)
     for x in _batches(5):
