@@ -11,10 +11,8 @@ socket is known, `tierctl clients` (what tierd's lanes wait for), then the ranks
 machine without a GPU.
 """
 
-import contextlib
 import faulthandler
 import json
-import math
 import os
 import shutil
 import signal
@@ -36,7 +34,6 @@ for _key, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICA
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 
@@ -126,55 +123,10 @@ class Tierd:
 
 # ---- the model ----------------------------------------------------------------------------------
 
-class Block(nn.Module):
-    """A pre-norm GPT block with attention written out (deterministic; its large saved tensors
-    are what activation offload is for)."""
-
-    def __init__(self, d_model, heads, dropout=0.1):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.fc1 = nn.Linear(d_model, 4 * d_model)
-        self.fc2 = nn.Linear(4 * d_model, d_model)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x, mask):
-        b, s, d = x.shape
-        h = self.heads
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.view(b, s, h, d // h).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))
-        att = self.drop(att.masked_fill(mask[:s, :s], float("-inf")).softmax(-1))
-        y = (att @ v).transpose(1, 2).reshape(b, s, d)
-        x = x + self.drop(self.proj(y))
-        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab, d_model, heads, layers, seq, **_):
-        super().__init__()
-        self.vocab = vocab
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(seq, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1),
-                             persistent=False)
-        self.head_region = contextlib.nullcontext  # tier.torch.no_offload under activation offload
-
-    def forward(self, idx):
-        s = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(s, device=idx.device))
-        for block in self.blocks:
-            x = block(x, self.mask)
-        # The head's activations are the first backward needs: left on the GPU (identity hooks,
-        # the same computation whether an offloader is active or not).
-        with self.head_region():
-            return self.head(self.ln_f(x))
+# The stress test's GPT (tests/stress/trainer.py), with its head_region: each rank sets it to
+# tier.torch.no_offload (or the in-process offloader's keep) under activation offload.
+sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "stress"))
+from trainer import GPT  # noqa: E402,F401  (ddp_tierd and rank_overhead use rl.GPT)
 
 
 def batches(cfg, steps, seed, device):

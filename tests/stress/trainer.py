@@ -22,6 +22,7 @@ under offload_activations(min_bytes=64 KiB) with the default prefetch, --steps t
 """
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import math
@@ -80,13 +81,17 @@ class GPT(nn.Module):
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1),
                              persistent=False)
+        # Where the head runs: tier.torch.no_offload keeps its activations (the first backward
+        # needs) on the GPU under activation offload (tests/multigpu); nothing by default.
+        self.head_region = contextlib.nullcontext
 
     def forward(self, idx):
         s = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(s, device=idx.device))
         for block in self.blocks:
             x = block(x, self.mask)
-        return self.head(self.ln_f(x))
+        with self.head_region():
+            return self.head(self.ln_f(x))
 
 
 class SleepyScale(torch.autograd.Function):
