@@ -234,8 +234,13 @@ def main():
     daemons = []
     if args.socket is None:
         pool = int(nbytes * 1.25) + (256 << 20)
+        # The whole state is one uid's persistent objects: the node's default quotas (1/16 and
+        # 1/4 of what tierd holds) are lifted to the pool, as an operator keeping checkpoints
+        # in tierd would set them.
+        quota = ("--persistent_quota_bytes_per_uid=%d" % pool,
+                 "--persistent_max_bytes=%d" % pool)
         # Host memory only (no journal), then a second tierd with the NVMe tier.
-        daemons.append(TierdProcess(args.build_dir, pool, ("--pool_lock=best-effort",)))
+        daemons.append(TierdProcess(args.build_dir, pool, ("--pool_lock=best-effort",) + quota))
         client = daemons[0].connect("checkpoint_bench")
     else:
         import tier
@@ -247,7 +252,7 @@ def main():
             daemons[0].stop()
             daemons.pop()
             extra = ("--pool_lock=best-effort", "--spill_dir=" + spill_dir,
-                     "--spill_bytes=%d" % (int(nbytes * 1.5) + (256 << 20)))
+                     "--spill_bytes=%d" % (int(nbytes * 1.5) + (256 << 20))) + quota
             daemons.append(TierdProcess(args.build_dir, pool, extra))
             client = daemons[0].connect("checkpoint_bench")
             rows.update(tierd_rows(client, state, "bench/nvme", True, args.device,
