@@ -1,5 +1,6 @@
 // The C ABI (tier.h) over ClientSession. Nothing C++ crosses it: statuses become tier_status plus a
 // thread-local message, exceptions never escape.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -76,7 +77,9 @@ tier_status tier_session_open(const tier_session_options* options, tier_session*
     *out = nullptr;
     tier::client::SessionOptions opts;
     if (options != nullptr) {
-      if (options->struct_size < sizeof(tier_session_options)) {
+      static_assert(offsetof(tier_session_options, daemon_wait_ms) ==
+                    TIER_SESSION_OPTIONS_V1_SIZE);
+      if (options->struct_size < TIER_SESSION_OPTIONS_V1_SIZE) {
         return Fail(TIER_INVALID_ARGUMENT, "tier_session_options.struct_size too small");
       }
       if (options->socket_path != nullptr) opts.socket_path = options->socket_path;
@@ -84,6 +87,9 @@ tier_status tier_session_open(const tier_session_options* options, tier_session*
       opts.quota_bytes = options->quota_bytes;
       opts.ring_entries = options->ring_entries;
       if (options->connect_timeout_ms > 0) opts.connect_timeout_ms = options->connect_timeout_ms;
+      if (options->struct_size >= sizeof(tier_session_options) && options->daemon_wait_ms != 0) {
+        opts.daemon_wait_ms = std::max(options->daemon_wait_ms, 0);
+      }
     }
     if (opts.name.empty()) opts.name = program_invocation_short_name;
     absl::StatusOr<std::unique_ptr<tier::client::ClientSession>> session =

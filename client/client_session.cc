@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const Session
   request.set_ring_entries(options.ring_entries);
   request.set_client_api_version(kApiVersion);
   request.set_client_version(absl::StrCat("libtierclient ", kTierVersion));
-  absl::StatusOr<v1::OpenSessionResponse> opened = control->OpenSession(request);
+  absl::StatusOr<v1::OpenSessionResponse> opened = control->OpenSession(request, options.daemon_wait_ms);
   if (!opened.ok()) return opened.status();
   // A daemon of another protocol would misread what follows: give up, naming both sides (the
   // pending session it opened expires on its own).

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -38,6 +40,29 @@ ControlClient::ControlClient(const std::string& socket_path, int timeout_ms)
           grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()))) {}
 
 absl::StatusOr<v1::OpenSessionResponse> ControlClient::OpenSession(
+    const v1::OpenSessionRequest& request, int daemon_wait_ms) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::milliseconds(std::max(daemon_wait_ms, 0));
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<v1::OpenSessionResponse> opened = OpenSessionOnce(request);
+    if (opened.ok() || !absl::IsUnavailable(opened.status())) return opened;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (attempt == 0) return opened;
+      return absl::UnavailableError(absl::StrCat(
+          opened.status().message(), "; tried ", attempt + 1, " times in ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::steady_clock::now() - start).count(),
+          " ms"));
+    }
+    // Not listening yet, or turning sessions away (starting, draining): ask again on a new
+    // channel (a channel whose connect failed waits out a back-off of a second or more).
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    stub_ = v1::Control::NewStub(
+        grpc::CreateChannel("unix:" + socket_path_, grpc::InsecureChannelCredentials()));
+  }
+}
+
+absl::StatusOr<v1::OpenSessionResponse> ControlClient::OpenSessionOnce(
     const v1::OpenSessionRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));

@@ -72,7 +72,14 @@ typedef struct tier_session_options {
   uint64_t quota_bytes;    /* 0: the daemon's default */
   uint32_t ring_entries;   /* 0: the daemon's default */
   int32_t connect_timeout_ms; /* <= 0: 5000 */
+  /* Since 0.2 (structs that end before it are accepted, with the default): how long the open
+   * waits for a tierd that is not listening yet or turns sessions away for a moment (one that is
+   * starting, restarting or draining before its successor starts). It tries again every few
+   * milliseconds until then, and fails with TIER_UNAVAILABLE after. 0: 5000; < 0: no wait (one
+   * attempt, as a reconnect from a running trainer wants). */
+  int32_t daemon_wait_ms;
 } tier_session_options;
+#define TIER_SESSION_OPTIONS_V1_SIZE 40u /* up to connect_timeout_ms, padded */
 
 TIER_API void tier_session_options_init(tier_session_options* options);
 /* Connects to tierd, opens a session and attaches to it. options may be NULL. */

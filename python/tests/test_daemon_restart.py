@@ -82,6 +82,35 @@ def _train(steps, client=None, on_step=None):
     return losses, [p.detach().clone() for p in net.parameters()]
 
 
+def test_a_client_started_while_tierd_restarts_waits_for_it():
+    """A trainer started (or restarted by its launcher) while tierd is down for a restart opens
+    its session once the new tierd serves, instead of failing at start-up; with no wait it fails
+    at once with a clear error."""
+    d = Daemon()
+    try:
+        d.proc.kill()
+        d.proc.wait()
+        t0 = time.monotonic()
+        with pytest.raises(tier.Unavailable, match="not reachable"):
+            tier.Client(socket=d.socket, daemon_wait_ms=-1)
+        assert time.monotonic() - t0 < 2.0
+        starter = threading.Timer(0.8, d.start_again)
+        starter.start()
+        try:
+            t0 = time.monotonic()
+            with tier.Client(socket=d.socket, name="late", daemon_wait_ms=60000) as c:
+                waited = time.monotonic() - t0
+                x = torch.arange(1 << 12, dtype=torch.float32)
+                h = c.offload(x)
+                h.wait()
+                assert torch.equal(h.reload(), x)
+            assert waited >= 0.7, waited
+        finally:
+            starter.join()
+    finally:
+        d.kill()
+
+
 def test_training_goes_on_across_a_drain_and_restart():
     """SIGTERM in the middle of a step's forward, after activations were offloaded: the draining
     tierd lets the step's backward take them back, exits once they are, and the next tierd takes

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -102,6 +103,15 @@ def test_explicit_library_path_wins(monkeypatch):
 
 
 def test_no_daemon_is_unavailable(tmp_path):
+    t0 = time.monotonic()
     with pytest.raises(tier.Unavailable) as info:
-        tier.Client(socket=str(tmp_path / "none.sock"), connect_timeout_ms=200)
+        tier.Client(socket=str(tmp_path / "none.sock"), connect_timeout_ms=200, daemon_wait_ms=-1)
     assert info.value.code == tier.UNAVAILABLE
+    assert time.monotonic() - t0 < 2.0  # one attempt: no waiting for a tierd
+
+
+def test_no_daemon_is_unavailable_after_the_wait(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(tier.Unavailable, match="tried [0-9]+ times in"):
+        tier.Client(socket=str(tmp_path / "none.sock"), daemon_wait_ms=600)
+    assert 0.55 <= time.monotonic() - t0 < 5.0

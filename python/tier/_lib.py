@@ -48,6 +48,7 @@ class SessionOptions(ctypes.Structure):
         ("quota_bytes", ctypes.c_uint64),
         ("ring_entries", ctypes.c_uint32),
         ("connect_timeout_ms", ctypes.c_int32),
+        ("daemon_wait_ms", ctypes.c_int32),
     ]
 
 

@@ -37,7 +37,8 @@ class Session:
     RECONNECT_TIMEOUT_MS = 500  # one attempt's connect limit, so a call is never held long
 
     def __init__(self, socket=None, name=None, quota_bytes=0, ring_entries=0,
-                 connect_timeout_ms=0, reconnect=True, reconnect_interval_s=1.0):
+                 connect_timeout_ms=0, reconnect=True, reconnect_interval_s=1.0,
+                 daemon_wait_ms=0):
         self.lib = _lib.load()
         self.c_session = None  # the C session (tier_session_t*) of the current tierd
         self.closed = True
@@ -52,7 +53,7 @@ class Session:
         self._next_reconnect = 0.0
         self._dead_sessions = []  # sessions of tierds that went away: closed with the client
         self.generation = 0
-        self.c_session = self._open(int(connect_timeout_ms))
+        self.c_session = self._open(int(connect_timeout_ms), int(daemon_wait_ms))
         self.closed = False
         self.lock = threading.Lock()
         self._unlocked_calls = 0  # library calls made without the lock (register_device)
@@ -64,13 +65,16 @@ class Session:
         with self.checked():
             self._learn_info()
 
-    def _open(self, connect_timeout_ms):
+    def _open(self, connect_timeout_ms, daemon_wait_ms):
+        """A session with tierd. daemon_wait_ms: how long to wait for a tierd that is starting
+        (0: the library's 5 s; < 0: one attempt, what a reconnect from a running trainer wants)."""
         options = _lib.new_struct(_lib.SessionOptions)
         options.socket_path = self._socket_bytes
         options.name = self._name_bytes
         options.quota_bytes = self._quota_bytes
         options.ring_entries = self._ring_entries
         options.connect_timeout_ms = int(connect_timeout_ms)
+        options.daemon_wait_ms = int(daemon_wait_ms)
         session = ctypes.c_void_p()
         _lib.check(self.lib.tier_session_open(ctypes.byref(options), ctypes.byref(session)),
                    "opening a session with tierd")
@@ -152,7 +156,7 @@ class Session:
             return False
         self._next_reconnect = now + self.reconnect_interval_s
         try:
-            session = self._open(self.RECONNECT_TIMEOUT_MS)
+            session = self._open(self.RECONNECT_TIMEOUT_MS, -1)
         except errors.TierError:
             return False  # not up yet: calls go on failing with UNAVAILABLE
         self.jobs.reap()  # the old session's results (its jobs all ended)

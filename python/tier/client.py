@@ -60,6 +60,9 @@ class Client:
     ``$XDG_RUNTIME_DIR/tierd/tierd.sock`` when it exists, else ``/run/tierd/tierd.sock``).
     ``name``: shown by ``tierctl clients``. ``quota_bytes``: 0 takes the daemon's default.
     ``staging_cache_bytes``: idle staging memory kept for reuse (CPU tensors).
+    ``daemon_wait_ms``: how long the constructor waits for a tierd that is not serving yet
+    (starting, restarting, draining before its successor starts; 0: 5000, < 0: no wait), so a
+    trainer started during ``systemctl restart tierd`` opens its session instead of failing.
 
     Thread-safe. Use as a context manager or call :meth:`close`.
 
@@ -76,9 +79,9 @@ class Client:
 
     def __init__(self, socket=None, name=None, quota_bytes=0, ring_entries=0,
                  connect_timeout_ms=0, staging_cache_bytes=DEFAULT_STAGING_CACHE_BYTES,
-                 reconnect=True, reconnect_interval_s=1.0):
+                 reconnect=True, reconnect_interval_s=1.0, daemon_wait_ms=0):
         self._session = Session(socket, name, quota_bytes, ring_entries, connect_timeout_ms,
-                                reconnect, reconnect_interval_s)
+                                reconnect, reconnect_interval_s, daemon_wait_ms)
         self._staging = StagingPool(self._session, staging_cache_bytes)
         self._staged = StagedOffloads(self._session, self._staging, self._new_handle)
         self._offloads = Offloads(self._session, self._staged, self._new_handle)

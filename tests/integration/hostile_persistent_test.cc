@@ -154,7 +154,7 @@ struct RawObjects {
     client::ControlClient control(socket, 5000);
     v1::OpenSessionRequest request;
     request.set_name("raw-objects");
-    absl::StatusOr<v1::OpenSessionResponse> opened = control.OpenSession(request);
+    absl::StatusOr<v1::OpenSessionResponse> opened = control.OpenSession(request, /*daemon_wait_ms=*/0);
     if (!opened.ok()) throw std::runtime_error(opened.status().ToString());
     absl::StatusOr<client::SessionChannel> connected =
         client::SessionChannel::Connect(opened->session_socket());

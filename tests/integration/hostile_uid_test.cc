@@ -81,7 +81,7 @@ TEST(HostileUid, OpensThatNeverAttachDoNotStarveAnotherUser) {
     for (int i = 0; i < 16; ++i) {
       v1::OpenSessionRequest request;
       request.set_name("hoard");
-      absl::StatusOr<v1::OpenSessionResponse> response = control.OpenSession(request);
+      absl::StatusOr<v1::OpenSessionResponse> response = control.OpenSession(request, /*daemon_wait_ms=*/0);
       if (!response.ok()) {
         refusal = std::string(response.status().message());
         break;

@@ -23,7 +23,7 @@ inline v1::OpenSessionResponse OpenRaw(const TierdProcess& tierd,
   client::ControlClient control(tierd.socket(), 5000);
   v1::OpenSessionRequest request;
   request.set_name(name);
-  absl::StatusOr<v1::OpenSessionResponse> opened = control.OpenSession(request);
+  absl::StatusOr<v1::OpenSessionResponse> opened = control.OpenSession(request, /*daemon_wait_ms=*/0);
   EXPECT_TRUE(opened.ok()) << opened.status();
   return *opened;
 }
