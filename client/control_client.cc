@@ -10,6 +10,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace tier::client {
 namespace {
@@ -56,6 +57,11 @@ absl::StatusOr<v1::OpenSessionResponse> ControlClient::OpenSession(
     }
     // Not listening yet, or turning sessions away (starting, draining): ask again on a new
     // channel (a channel whose connect failed waits out a back-off of a second or more).
+    if (attempt == 0) {
+      LogWarning("libtierclient: tierd at ", socket_path_, " does not serve yet (",
+                 opened.status().message(), "): waiting up to ", daemon_wait_ms,
+                 " ms for it to start");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     stub_ = v1::Control::NewStub(
         grpc::CreateChannel("unix:" + socket_path_, grpc::InsecureChannelCredentials()));
