@@ -153,7 +153,7 @@ void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::Su
 
 void JobExecutor::EndFill(ObjectTable& table, Object& object, const absl::Status& status) {
   std::vector<ObjectWaiter> waiters;
-  tiers_.Settle(table.EndFill(object, status, &waiters));
+  table.EndFill(object, status, &waiters);  // (memory it releases goes back at once)
   for (ObjectWaiter& start : waiters) start(status);
 }
 
@@ -224,9 +224,9 @@ void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::S
   storage::Extent extent = from.feed != nullptr ? from.extent : table->extent(*object);
   engine::CopyJob job = MakeCopyJob(engine::Direction::kFromPool, *session, e, extent, range);
   job.feed = std::move(from.feed);
-  // (`lease` keeps a pipelined read's extent until this copy is done, whatever the read's end.)
+  // (`keep` holds a pipelined read's extent until this copy is done, whatever the read's end.)
   job.done = [this, session, e, table, object, buffer = std::move(range.buffer),
-              lease = std::move(from.lease)](absl::Status status) {
+              keep = std::move(from.keep)](absl::Status status) {
     FinishReload(session, e, table, object, std::move(status));
   };
   tiers_.CopyStarted();
@@ -250,7 +250,7 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
               persistent_->Forget(table, object->id(),
                                   [this, session, e] { Complete(*session, e, absl::OkStatus()); });
     }
-    tiers_.Settle(table->Unpin(*object));
+    table->Unpin(*object);
     tiers_.CopyEnded();
     if (!later) Complete(*session, e, result);
   };
@@ -262,7 +262,7 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
 void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
                                 const ring::SubmissionEntry& e, ObjectTable& table,
                                 Object& object, absl::Status status) {
-  tiers_.Settle(table.Unpin(object));
+  table.Unpin(object);
   // Fail, not Complete: the reload's ticket never reached the engine, and the client's streams
   // (and every later job of its lane) wait for it.
   Fail(session, e, std::move(status));
@@ -272,8 +272,8 @@ absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,
                                const ring::SubmissionEntry& e) {
   // Jobs already accepted keep their pins; the memory returns when the last one ends.
   ObjectSlot slot = session->Resolve(e.object_id);
-  absl::StatusOr<Release> released = slot.table->Free(slot.id);
-  if (!released.ok()) return released.status();
+  // (What the free releases goes back at once.)
+  if (absl::Status freed = slot.table->Free(slot.id).status(); !freed.ok()) return freed;
   // A persistent object bound to the id is deleted: its name goes with it (and the id's binding,
   // which would otherwise count against the session's bound ids until it ended), and the job
   // completes once that is durable (a crash must not bring back an object whose free the client
@@ -283,7 +283,6 @@ absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,
       persistent_ != nullptr && slot.table != session->objects() &&
       persistent_->Forget(slot.table, slot.id,
                           [this, session, e] { Complete(*session, e, absl::OkStatus()); });
-  tiers_.Settle(*released);
   if (!later) Complete(*session, e, absl::OkStatus());
   return absl::OkStatus();
 }
@@ -303,7 +302,7 @@ engine::CopyJob JobExecutor::MakeCopyJob(engine::Direction direction, Session& s
 }
 
 void JobExecutor::ReleaseAll(Session& session) {
-  for (const Release& release : session.objects()->DropAll()) tiers_.Settle(release);
+  session.objects()->DropAll();  // what no job uses goes back now
   // Persistent objects stay; names the session reserved and never filled go.
   if (persistent_ != nullptr) persistent_->SessionEnded(session.id());
   // Dropped outside any lock: closing client memory is the engine's slow path.

@@ -58,7 +58,7 @@ class SpillerTest : public ::testing::Test {
     }
     tiers_->Start();
   }
-  Spiller& spiller() { return *tiers_->spiller(); }
+  NvmeTransfers& nvme() { return *tiers_->nvme(); }
 
   void TearDown() override {
     if (tiers_) tiers_->Stop();
@@ -76,7 +76,7 @@ class SpillerTest : public ::testing::Test {
       ADD_FAILURE() << "pool full at seq " << seq;
       return *object;
     }
-    EXPECT_TRUE(table_->Admit(**object, *extent).ok());
+    EXPECT_TRUE(table_->Admit(**object, *extent, home_).ok());
     FillPattern(pool_->At(*extent), kObject, seq);
     std::vector<ObjectWaiter> waiters;
     EXPECT_TRUE(table_->EndFill(**object, absl::OkStatus(), &waiters).empty());
@@ -87,8 +87,7 @@ class SpillerTest : public ::testing::Test {
   // What a free does: the client drops it; memory returns at the last unpin.
   void Free(const std::shared_ptr<Object>& object) {
     absl::StatusOr<Release> released = table_->Free(object->id());
-    ASSERT_TRUE(released.ok()) << released.status();
-    tiers_->Settle(*released);
+    ASSERT_TRUE(released.ok()) << released.status();  // (its memory goes back here)
   }
 
   Object::Where WhereIs(const Object& object) { return table_->Look(object).where; }
@@ -97,7 +96,7 @@ class SpillerTest : public ::testing::Test {
   // what it moved (its I/O ends after the object's state changed: a test that saw the state and
   // read a counter at once raced with it under load).
   bool Settled() {
-    if (tiers_ != nullptr && spiller().io_in_flight() != 0) return false;
+    if (tiers_ != nullptr && nvme().in_flight() != 0) return false;
     for (auto& object : objects_) {
       ObjectTable::View view = table_->Look(*object);
       if (view.dropped) continue;
@@ -124,12 +123,31 @@ class SpillerTest : public ::testing::Test {
     return usage.used_bytes * 100 / usage.capacity_bytes;
   }
 
+  // Objects are admitted before the tiers exist (StartSpiller): their memory goes back to the
+  // tiers once there are any, else straight to the pool.
+  class LateHome : public MemoryHome {
+   public:
+    explicit LateHome(SpillerTest& test) : test_(test) {}
+    void Return(std::optional<storage::Extent> extent,
+                std::optional<storage::SpillRecord> record) override {
+      if (test_.tiers_ != nullptr) {
+        test_.tiers_->home().Return(extent, record);
+      } else if (extent) {
+        test_.pool_->Free(*extent);
+      }
+    }
+
+   private:
+    SpillerTest& test_;
+  };
+
   TempDir dir_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> store_;
   std::shared_ptr<ObjectTable> table_ = std::make_shared<ObjectTable>(~uint64_t{0});
   std::unique_ptr<TierManager> tiers_;
   std::vector<std::shared_ptr<Object>> objects_;
+  LateHome home_{*this};
 };
 
 TEST_F(SpillerTest, SpillsTheOldestDownToTheLowWatermark) {
@@ -147,15 +165,15 @@ TEST_F(SpillerTest, SpillsTheOldestDownToTheLowWatermark) {
   }
   EXPECT_LT(newest_spilled, oldest_in_memory);
   EXPECT_EQ(newest_spilled, 24u);  // 40 objects, 16 stay (25% of 64 slots): no overshoot
-  EXPECT_EQ(spiller().counters().spills.load(), newest_spilled);
-  EXPECT_EQ(spiller().counters().bytes_spilled.load(), newest_spilled * kObject);
+  EXPECT_EQ(nvme().counters().spills.load(), newest_spilled);
+  EXPECT_EQ(nvme().counters().bytes_spilled.load(), newest_spilled * kObject);
 }
 
 TEST_F(SpillerTest, NothingSpillsBetweenTheWatermarks) {
   for (uint64_t seq = 1; seq <= 30; ++seq) Offload(seq);  // 47%: under the high mark
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(spiller().counters().spills.load(), 0u);
+  EXPECT_EQ(nvme().counters().spills.load(), 0u);
   for (auto& object : objects_) EXPECT_EQ(WhereIs(*object), Object::Where::kHost);
 }
 
@@ -192,8 +210,8 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
     if (WhereIs(*object) == Object::Where::kHost) in_memory.push_back(object);
   }
   for (auto& object : in_memory) Free(object);
-  ASSERT_TRUE(WaitFor([&] { return spiller().counters().prefetches.load() >= 16; }))
-      << spiller().counters().prefetches.load() << " prefetches";
+  ASSERT_TRUE(WaitFor([&] { return nvme().counters().prefetches.load() >= 16; }))
+      << nvme().counters().prefetches.load() << " prefetches";
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_TRUE(WaitFor([] { return true; }));
   EXPECT_LE(UsedPct(), 25u);  // prefetching stops at the low watermark
@@ -210,17 +228,17 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
     }
   }
   EXPECT_GT(oldest_back, newest_still_out);
-  EXPECT_EQ(spiller().counters().bytes_prefetched.load(),
-            spiller().counters().prefetches.load() * kObject);
+  EXPECT_EQ(nvme().counters().bytes_prefetched.load(),
+            nvme().counters().prefetches.load() * kObject);
   // Reloading a prefetched object counts a hit; a spilled one a miss.
   for (auto& object : spilled) {
     absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(object->id(), kObject);
     ASSERT_TRUE(pinned.ok()) << pinned.status();
     tiers_->NoteReload(pinned->prefetch);
-    tiers_->Settle(table_->Unpin(*object));
+    table_->Unpin(*object);
   }
-  EXPECT_EQ(spiller().counters().prefetch_hits.load(), spiller().counters().prefetches.load());
-  EXPECT_EQ(spiller().counters().prefetch_hits.load() + spiller().counters().prefetch_misses.load(),
+  EXPECT_EQ(nvme().counters().prefetch_hits.load(), nvme().counters().prefetches.load());
+  EXPECT_EQ(nvme().counters().prefetch_hits.load() + nvme().counters().prefetch_misses.load(),
             spilled.size());
 }
 
@@ -251,8 +269,8 @@ TEST_F(SpillerTest, FetchReturnsTheSpilledBytes) {
   EXPECT_EQ(table_->extent(*first), from->extent);
   from->feed->Unsubscribe();
   from = absl::UnknownError("dropped");  // the copy is done: its lease goes
-  tiers_->Settle(table_->Unpin(*first));
-  EXPECT_EQ(spiller().counters().fetches.load(), 1u);
+  table_->Unpin(*first);
+  EXPECT_EQ(nvme().counters().fetches.load(), 1u);
 }
 
 // A job that finds the pool full waits in the admission queue and gets its room once the spiller
@@ -272,7 +290,7 @@ TEST_F(SpillerTest, AnAdmissionWaitsForASpillThenGetsItsRoom) {
   EXPECT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }))
       << "the oldest was not spilled";
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
+  table_->EndFill(*late, absl::OkStatus(), &waiters);
 }
 
 // A reload of a spilled object with the pool full waits for room like an offload, then reads.
@@ -284,7 +302,7 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) { admitted.set_value(s); });
   ASSERT_TRUE(admitted.get_future().get().ok());  // one object went to NVMe for it
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
+  table_->EndFill(*late, absl::OkStatus(), &waiters);
   objects_.push_back(late);
   ASSERT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }));
   absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(objects_[0]->id(), kObject);
@@ -303,10 +321,10 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   });
   ASSERT_TRUE(ended.get_future().get().ok());
   EXPECT_TRUE(MatchesPattern(pool_->At(from->extent), kObject, 1));
-  EXPECT_GE(spiller().counters().spills.load(), 2u) << "a second spill made room for the read";
+  EXPECT_GE(nvme().counters().spills.load(), 2u) << "a second spill made room for the read";
   from->feed->Unsubscribe();
   from = absl::UnknownError("dropped");
-  tiers_->Settle(table_->Unpin(*objects_[0]));
+  table_->Unpin(*objects_[0]);
 }
 
 TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
@@ -319,9 +337,9 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   auto future = answer.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(future.get().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(spiller().counters().spills.load(), 0u);
+  EXPECT_EQ(nvme().counters().spills.load(), 0u);
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters));
+  table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters);
   EXPECT_EQ(table_->size(), kSlots);
 }
 
@@ -351,7 +369,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
       << "gave up although a copy was in flight";
   tiers_->CopyEnded();
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters));
+  table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters);
 }
 
 // Stopping ends every wait (a job waiting for room fails instead of holding its session open).
@@ -375,7 +393,7 @@ TEST_F(SpillerTest, StopEndsEveryWait) {
   tiers_->CopyEnded();
   std::vector<ObjectWaiter> waiters;
   for (auto& object : late) {
-    tiers_->Settle(table_->EndFill(*object, absl::ResourceExhaustedError("stopped"), &waiters));
+    table_->EndFill(*object, absl::ResourceExhaustedError("stopped"), &waiters);
   }
 }
 
