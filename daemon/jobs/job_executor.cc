@@ -135,19 +135,16 @@ void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::Su
       MakeCopyJob(engine::Direction::kToPool, *session, e, table->extent(*object), range);
   job.done = [this, session, e, table, object,
               buffer = std::move(range.buffer)](absl::Status status) {
-    EndFill(*table, *object, status);
-    if (status.ok()) {
-      // A persistent object is written through to NVMe (when there is a journal) before the
-      // spiller may take it.
-      if (persistent_ != nullptr && table != session->objects()) {
-        persistent_->Filled(table, object);
-      }
-      tiers_.Filled(table, object);
+    std::vector<ObjectWaiter> waiters;
+    tiers_.FillEnded(table, object, status, &waiters);
+    for (ObjectWaiter& start : waiters) start(status);
+    // A persistent object is queued for the journal (when there is one), not pinned: the
+    // journal's writer reads it back from NVMe if the spiller took it first.
+    if (status.ok() && persistent_ != nullptr && table != session->objects()) {
+      persistent_->Filled(table, object);
     }
-    tiers_.CopyEnded();
     Complete(*session, e, status);
   };
-  tiers_.CopyStarted();
   engine_.Submit(std::move(job));
 }
 
@@ -175,7 +172,6 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
   ObjectTable& table = *slot.table;
   absl::StatusOr<ObjectTable::Pinned> pinned = table.PinForReload(slot.id, e.len);
   if (!pinned.ok()) return pinned.status();
-  tiers_.NoteReload(pinned->prefetch);
   // A reload of an object still filling is started by the fill's end, in the order the reloads
   // arrived; except on GPU engines, which order the copies on the GPU: there the reload is
   // submitted at once, so that a ticketed job is never held on the host behind another job's
@@ -229,7 +225,6 @@ void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::S
               keep = std::move(from.keep)](absl::Status status) {
     FinishReload(session, e, table, object, std::move(status));
   };
-  tiers_.CopyStarted();
   engine_.Submit(std::move(job));
 }
 
@@ -250,8 +245,7 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
               persistent_->Forget(table, object->id(),
                                   [this, session, e] { Complete(*session, e, absl::OkStatus()); });
     }
-    table->Unpin(*object);
-    tiers_.CopyEnded();
+    tiers_.ReloadEnded(*table, *object);
     if (!later) Complete(*session, e, result);
   };
   if (table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;

@@ -662,12 +662,13 @@ bool PersistentStore::RestoreOne(const PersistentJournal::Record& record) {
   if (loaded.ok()) loaded = journal_->Load(record, tiers_.pool().At(table->extent(*object)));
   if (object != nullptr) {
     std::vector<ObjectWaiter> none;  // (no job can wait on it yet)
-    table->EndFill(*object, loaded, &none);
+    if (admitted.ok()) {
+      tiers_.FillEnded(table, object, loaded, &none);  // filled: a spill candidate like any other
+    } else {
+      table->EndFill(*object, loaded, &none);  // never admitted: no copy ran
+    }
   }
-  if (loaded.ok()) {
-    tiers_.Filled(table, object);  // a spill candidate like any other
-    return true;
-  }
+  if (loaded.ok()) return true;
   if (object != nullptr && absl::IsResourceExhausted(admitted)) {
     // No tier has room: it stays on NVMe in the journal, listed, charged and deletable.
     MutexLock lock(&mu_);

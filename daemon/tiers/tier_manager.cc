@@ -82,22 +82,25 @@ absl::Status TierManager::AdmitWith(ObjectTable& table, Object& object, storage:
   absl::Status admitted = table.Admit(object, extent, home_);
   if (!admitted.ok()) {
     Release refused(&home_, extent);  // not waiting for one: back at once
+    return admitted;
   }
+  CopyStarted();  // the fill's
   return admitted;
-}
-
-void TierManager::NoteReload(ObjectTable::Prefetch prefetch) {
-  if (spiller_ == nullptr) return;
-  if (prefetch == ObjectTable::Prefetch::kHit) {
-    transfers_->counters().prefetch_hits.fetch_add(1, std::memory_order_relaxed);
-  } else if (prefetch == ObjectTable::Prefetch::kMiss) {
-    transfers_->counters().prefetch_misses.fetch_add(1, std::memory_order_relaxed);
-  }
 }
 
 void TierManager::MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
                                const ObjectTable::Pinned& pinned,
-                               std::function<void(absl::StatusOr<Readable>)> then) {
+                               std::function<void(absl::StatusOr<Readable>)> answer) {
+  if (transfers_ != nullptr && pinned.prefetch == ObjectTable::Prefetch::kHit) {
+    transfers_->counters().prefetch_hits.fetch_add(1, std::memory_order_relaxed);
+  } else if (transfers_ != nullptr && pinned.prefetch == ObjectTable::Prefetch::kMiss) {
+    transfers_->counters().prefetch_misses.fetch_add(1, std::memory_order_relaxed);
+  }
+  // An OK answer starts the reload's copy.
+  SpillRead::Then then = [this, answer = std::move(answer)](absl::StatusOr<Readable> readable) {
+    if (readable.ok()) CopyStarted();
+    answer(std::move(readable));
+  };
   if (!pinned.on_nvme || transfers_ == nullptr) {
     then(Readable{});
     return;
@@ -124,9 +127,17 @@ void TierManager::MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64
       });
 }
 
-void TierManager::Filled(const std::shared_ptr<ObjectTable>& table,
-                         const std::shared_ptr<Object>& object) {
-  if (spiller_ != nullptr) spiller_->Track(table, object);
+void TierManager::FillEnded(const std::shared_ptr<ObjectTable>& table,
+                            const std::shared_ptr<Object>& object, const absl::Status& status,
+                            std::vector<ObjectWaiter>* waiters) {
+  table->EndFill(*object, status, waiters);  // (memory it releases goes back at once)
+  if (status.ok() && spiller_ != nullptr) spiller_->Track(table, object);
+  CopyEnded();
+}
+
+void TierManager::ReloadEnded(ObjectTable& table, Object& object) {
+  table.Unpin(object);  // (memory it releases goes back at once)
+  CopyEnded();
 }
 
 void TierManager::CopyStarted() {

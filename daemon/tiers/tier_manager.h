@@ -44,6 +44,8 @@ class TierManager {
   storage::HostPool& pool() { return pool_; }
   // The NVMe tier's transfers (the store, counters, what is in flight), or null.
   NvmeTransfers* nvme() { return transfers_.get(); }
+  // The NVMe tier's policy, or null (its own tests drive it).
+  Spiller* spiller() { return spiller_.get(); }
   // Where admitted objects' memory goes back (tests that admit by hand).
   MemoryHome& home() { return home_; }
 
@@ -63,23 +65,27 @@ class TierManager {
   // no room can come. `device`: the GPU its bytes come from (-1: host memory); the extent comes
   // from that GPU's pool part when it has room, else from another part (counted as remote)
   // before the object waits for the spiller. A fetch back from NVMe prefers the same part.
+  // `then(OK)` lets the fill's copy into the extent start: it counts as a copy on pool memory
+  // until FillEnded.
   void Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
              const std::shared_ptr<Object>& object, int device,
              std::function<void(absl::Status)> then);
-  // A reload found its object so (a prefetch hit or miss: counters).
-  void NoteReload(ObjectTable::Prefetch prefetch);
-  // A reload pinned `pinned`: `then` gets what to copy from (see Readable and SpillRead::Start);
-  // at once when the object's bytes are in host memory. When the pool has no room to read a
-  // spilled object back into, it waits in the admission queue (`queue`: the session), and fails
-  // RESOURCE_EXHAUSTED only when no room can come.
+  // The fill of an admitted object ended (its copy ran, or failed): the table's transition (the
+  // jobs that waited for the fill go to *waiters, for the caller to start), and a filled object
+  // becomes a spill candidate. Its copy on pool memory is over.
+  void FillEnded(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
+                 const absl::Status& status, std::vector<ObjectWaiter>* waiters);
+  // A reload pinned `pinned` (`prefetch`: how it found the object, counted): `then` gets what to
+  // copy from (see Readable and SpillRead::Start), at once when the object's bytes are in host
+  // memory. When the pool has no room to read a spilled object back into, it waits in the
+  // admission queue (`queue`: the session), and fails RESOURCE_EXHAUSTED only when no room can
+  // come. An OK answer lets the reload's copy start: a copy on pool memory until ReloadEnded.
   void MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
                     const ObjectTable::Pinned& pinned,
                     std::function<void(absl::StatusOr<Readable>)> then);
-  // A fill completed: the object may be spilled from now on.
-  void Filled(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object);
-  // Copies on pool memory (fills, reloads) started and ended: see Spiller::CopyStarted.
-  void CopyStarted();
-  void CopyEnded();
+  // The copy of a reload that MakeReadable answered OK ended: its pin goes (and the memory of a
+  // freed object with it), and its copy on pool memory is over.
+  void ReloadEnded(ObjectTable& table, Object& object);
 
  private:
   // Memory an object of these tiers released: extents to the pool, records to the spill store;
@@ -94,8 +100,13 @@ class TierManager {
     TierManager& tiers_;
   };
 
-  // Gives `object` the new `extent`; an extent the table refuses goes back to the pool.
+  // Gives `object` the new `extent`; an extent the table refuses goes back to the pool. OK: the
+  // fill's copy is counted as started.
   absl::Status AdmitWith(ObjectTable& table, Object& object, storage::Extent extent);
+  // A copy on pool memory started or ended: while any runs, jobs waiting for room are not failed
+  // as stuck (Spiller::CopyStarted).
+  void CopyStarted();
+  void CopyEnded();
 
   storage::HostPool& pool_;
   const std::vector<int> part_of_device_;

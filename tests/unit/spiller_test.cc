@@ -54,7 +54,7 @@ class SpillerTest : public ::testing::Test {
     tiers_ = std::make_unique<TierManager>(*pool_, store_.get(),
                                            SpillerOptions{marks, prefetches, stall_ms});
     if (track) {
-      for (auto& object : objects_) tiers_->Filled(table_, object);
+      for (auto& object : objects_) tiers_->spiller()->Track(table_, object);
     }
     tiers_->Start();
   }
@@ -234,8 +234,25 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
   for (auto& object : spilled) {
     absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(object->id(), kObject);
     ASSERT_TRUE(pinned.ok()) << pinned.status();
-    tiers_->NoteReload(pinned->prefetch);
-    table_->Unpin(*object);
+    std::promise<absl::StatusOr<Readable>> readable;
+    tiers_->MakeReadable(table_, 1, *pinned,
+                         [&](absl::StatusOr<Readable> r) { readable.set_value(std::move(r)); });
+    absl::StatusOr<Readable> from = readable.get_future().get();
+    ASSERT_TRUE(from.ok()) << from.status();
+    if (from->feed != nullptr) {  // a miss: the copy would wait for the read to end
+      std::promise<void> ended;
+      bool once = false;
+      from->feed->Subscribe([&](uint64_t, bool end, const absl::Status&) {
+        if (end && !once) {
+          once = true;
+          ended.set_value();
+        }
+      });
+      ended.get_future().get();
+      from->feed->Unsubscribe();
+    }
+    from = absl::UnknownError("copied");
+    tiers_->ReloadEnded(*table_, *object);
   }
   EXPECT_EQ(nvme().counters().prefetch_hits.load(), nvme().counters().prefetches.load());
   EXPECT_EQ(nvme().counters().prefetch_hits.load() + nvme().counters().prefetch_misses.load(),
@@ -268,8 +285,8 @@ TEST_F(SpillerTest, FetchReturnsTheSpilledBytes) {
   ASSERT_TRUE(WaitFor([&] { return WhereIs(*first) == Object::Where::kHost; }));
   EXPECT_EQ(table_->extent(*first), from->extent);
   from->feed->Unsubscribe();
-  from = absl::UnknownError("dropped");  // the copy is done: its lease goes
-  table_->Unpin(*first);
+  from = absl::UnknownError("dropped");  // the copy is done: what it kept goes
+  tiers_->ReloadEnded(*table_, *first);
   EXPECT_EQ(nvme().counters().fetches.load(), 1u);
 }
 
@@ -290,7 +307,7 @@ TEST_F(SpillerTest, AnAdmissionWaitsForASpillThenGetsItsRoom) {
   EXPECT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }))
       << "the oldest was not spilled";
   std::vector<ObjectWaiter> waiters;
-  table_->EndFill(*late, absl::OkStatus(), &waiters);
+  tiers_->FillEnded(table_, late, absl::OkStatus(), &waiters);
 }
 
 // A reload of a spilled object with the pool full waits for room like an offload, then reads.
@@ -302,7 +319,7 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) { admitted.set_value(s); });
   ASSERT_TRUE(admitted.get_future().get().ok());  // one object went to NVMe for it
   std::vector<ObjectWaiter> waiters;
-  table_->EndFill(*late, absl::OkStatus(), &waiters);
+  tiers_->FillEnded(table_, late, absl::OkStatus(), &waiters);
   objects_.push_back(late);
   ASSERT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }));
   absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(objects_[0]->id(), kObject);
@@ -324,7 +341,7 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   EXPECT_GE(nvme().counters().spills.load(), 2u) << "a second spill made room for the read";
   from->feed->Unsubscribe();
   from = absl::UnknownError("dropped");
-  table_->Unpin(*objects_[0]);
+  tiers_->ReloadEnded(*table_, *objects_[0]);
 }
 
 TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
@@ -352,7 +369,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/300);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // idle past stall_ms
-  tiers_->CopyStarted();
+  tiers_->spiller()->CopyStarted();
   std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<std::chrono::steady_clock::time_point> gave_up;
   auto start = std::chrono::steady_clock::now();
@@ -367,7 +384,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   // up, so a slow test thread cannot fail it.)
   EXPECT_GE(future.get() - start, std::chrono::milliseconds(295))
       << "gave up although a copy was in flight";
-  tiers_->CopyEnded();
+  tiers_->spiller()->CopyEnded();
   std::vector<ObjectWaiter> waiters;
   table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters);
 }
@@ -376,7 +393,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
 TEST_F(SpillerTest, StopEndsEveryWait) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/60000);
-  tiers_->CopyStarted();  // room may still come: nobody gives up by itself
+  tiers_->spiller()->CopyStarted();  // room may still come: nobody gives up by itself
   std::vector<std::shared_ptr<Object>> late;
   std::atomic<int> ended{0};
   for (uint64_t i = 0; i < 3; ++i) {
@@ -390,7 +407,7 @@ TEST_F(SpillerTest, StopEndsEveryWait) {
   EXPECT_EQ(ended.load(), 0);
   tiers_->Stop();
   EXPECT_EQ(ended.load(), 3);
-  tiers_->CopyEnded();
+  tiers_->spiller()->CopyEnded();
   std::vector<ObjectWaiter> waiters;
   for (auto& object : late) {
     table_->EndFill(*object, absl::ResourceExhaustedError("stopped"), &waiters);
