@@ -178,7 +178,7 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
   // completion (client/gpu/client_gpu.h). An offload still waiting for host room has nothing to order
   // the copy after yet, so its reloads wait on the host on every engine.
   if (pinned->filling && (!engine_.orders_pool_reads() || !pinned->admitted)) {
-    bool waits = table.AwaitFill(
+    ObjectTable::Fill fill = table.AwaitFill(
         *pinned->object, [this, session, e, table = slot.table, pinned = *pinned,
                           range = *range](absl::Status fill) {
           if (fill.ok()) {
@@ -187,8 +187,8 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
             AbandonReload(session, e, *table, *pinned.object, FillFailedError(e.object_id, fill));
           }
         });
-    if (waits) return absl::OkStatus();
-    if (table.FillFailed(*pinned->object)) {  // the fill ended meanwhile, and failed
+    if (fill == ObjectTable::Fill::kRunning) return absl::OkStatus();
+    if (fill == ObjectTable::Fill::kFailed) {  // the fill ended meanwhile, and failed
       AbandonReload(session, e, table, *pinned->object,
                     FillFailedError(e.object_id, absl::InternalError("the fill failed")));
       return absl::OkStatus();
@@ -248,9 +248,12 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
     tiers_.ReloadEnded(*table, *object);
     if (!later) Complete(*session, e, result);
   };
-  if (table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;
-  finish(std::move(copy),
-         table->FillFailed(*object) ? absl::InternalError("the fill failed") : absl::OkStatus());
+  ObjectTable::Fill fill =
+      table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); });
+  if (fill == ObjectTable::Fill::kRunning) return;
+  finish(std::move(copy), fill == ObjectTable::Fill::kFailed
+                              ? absl::InternalError("the fill failed")
+                              : absl::OkStatus());
 }
 
 void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,

@@ -189,16 +189,18 @@ absl::StatusOr<ObjectTable::CopySource> ObjectTable::PinForCopy(Object& object) 
   return source;
 }
 
-bool ObjectTable::AwaitFill(Object& object, ObjectWaiter waiter) {
+ObjectTable::Fill ObjectTable::AwaitFill(Object& object, ObjectWaiter waiter) {
   MutexLock lock(&mu_);
-  if (object.state_ != Object::State::kFilling) return false;
-  object.on_filled_.push_back(std::move(waiter));
-  return true;
-}
-
-bool ObjectTable::FillFailed(const Object& object) const {
-  MutexLock lock(&mu_);
-  return object.state_ == Object::State::kFailed;
+  switch (object.state_) {
+    case Object::State::kFilling:
+      object.on_filled_.push_back(std::move(waiter));
+      return Fill::kRunning;
+    case Object::State::kReady:
+      return Fill::kSucceeded;
+    case Object::State::kFailed:
+      break;
+  }
+  return Fill::kFailed;
 }
 
 Release ObjectTable::Unpin(Object& object) {
@@ -258,18 +260,22 @@ ObjectTable::FetchBegun ObjectTable::BeginFetch(
     std::shared_ptr<SpillRead> read) {
   MutexLock lock(&mu_);
   FetchBegun begun;
-  if (reader == Reader::kPrefetch && object.dropped_) {
+  const bool prefetch = reader == Reader::kPrefetch;
+  if (prefetch && object.dropped_) {
     begun.fetch = Fetch::kGone;
+    begun.released = UnpinLocked(object);
     return begun;
   }
   switch (object.where_) {
     case Object::Where::kHost:
     case Object::Where::kSpilling:  // the host copy is intact until the write lands
       begun.fetch = Fetch::kInHost;
+      if (prefetch) begun.released = UnpinLocked(object);
       return begun;
     case Object::Where::kFetching:
       begun.fetch = Fetch::kJoined;
       begun.running = object.reading_;
+      if (prefetch) begun.released = UnpinLocked(object);  // someone else's read brings it back
       return begun;
     case Object::Where::kNvme: {
       if (!allocate) return begun;  // kNoRoom

@@ -177,10 +177,10 @@ class ObjectTable {
     storage::SpillRecord record;
   };
   absl::StatusOr<CopySource> PinForCopy(Object& object);
-  // If the fill still runs, `waiter` starts when it ends (true); else false (nothing kept).
-  bool AwaitFill(Object& object, ObjectWaiter waiter);
-  // Whether the fill failed (a reload submitted while it ran reports the fill's failure).
-  bool FillFailed(const Object& object) const;
+  // Where the fill is: still running (then `waiter` starts when it ends), or ended (nothing kept;
+  // a reload submitted while it ran reports a failed fill's failure).
+  enum class Fill { kRunning, kSucceeded, kFailed };
+  Fill AwaitFill(Object& object, ObjectWaiter waiter);
   // Drops one pin; the memory of a dropped object goes with the last.
   Release Unpin(Object& object);
   // The object's host bytes (while pinned and in host memory, or once its read began).
@@ -222,13 +222,14 @@ class ObjectTable {
   enum class Reader { kPipelined, kPrefetch };
   struct FetchBegun {
     Fetch fetch = Fetch::kNoRoom;
+    Release released;                   // a prefetch with nothing to read: its pin's end
     storage::Extent extent;             // kStarted
     storage::SpillRecord record;        // kStarted
     std::shared_ptr<SpillRead> running;  // kJoined
   };
   // `allocate` gives the new extent; it runs under the table's lock (the pool's own lock comes
   // after this one). Null: do not start a read that needs one. `read` becomes the object's read
-  // if one starts (until EndFetch).
+  // if one starts (until EndFetch). A prefetch that starts no read drops its pin here.
   FetchBegun BeginFetch(Object& object, Reader reader,
                         const std::function<std::optional<storage::Extent>()>& allocate,
                         std::shared_ptr<SpillRead> read);

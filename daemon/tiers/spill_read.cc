@@ -36,9 +36,7 @@ bool SpillRead::Start(NvmeTransfers& io, const std::shared_ptr<ObjectTable>& tab
       [[fallthrough]];  // someone else's read brings it back: nothing to do
     case ObjectTable::Fetch::kInHost:
     case ObjectTable::Fetch::kGone:
-      if (prefetch) {
-        Release unpinned = table->Unpin(*object);
-      }
+      begun.released.GiveBack();  // (a prefetch's pin: before it is reported done)
       then(Readable{});
       return true;
     case ObjectTable::Fetch::kStarted:

@@ -92,15 +92,16 @@ TEST_F(ObjectTableTest, AFailedFillLeavesNoObjectAndGivesEverythingBack) {
   EXPECT_TRUE(reload->filling);
   EXPECT_TRUE(reload->admitted);
   std::vector<std::string> heard;
-  EXPECT_TRUE(table_.AwaitFill(*object, [&](absl::Status s) { heard.push_back(s.ToString()); }));
+  EXPECT_EQ(table_.AwaitFill(*object, [&](absl::Status s) { heard.push_back(s.ToString()); }),
+            ObjectTable::Fill::kRunning);
   std::vector<ObjectWaiter> waiters;
   Release fill = table_.EndFill(*object, absl::DataLossError("copy failed"), &waiters);
   EXPECT_TRUE(fill.empty()) << "the reload still pins it";
   ASSERT_EQ(waiters.size(), 1u);
   waiters[0](absl::DataLossError("copy failed"));
   EXPECT_EQ(heard.size(), 1u);
-  EXPECT_TRUE(table_.FillFailed(*object));
-  EXPECT_FALSE(table_.AwaitFill(*object, [](absl::Status) { ADD_FAILURE(); }));
+  EXPECT_EQ(table_.AwaitFill(*object, [](absl::Status) { ADD_FAILURE(); }),
+            ObjectTable::Fill::kFailed);
   EXPECT_EQ(table_.PinForReload(1, kLen).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table_.Free(1).status().code(), absl::StatusCode::kNotFound);
   Release last = table_.Unpin(*object);
@@ -331,17 +332,33 @@ TEST_F(ObjectTableTest, APrefetchOfAFreedObjectDoesNothing) {
   Spill(*object);
   ASSERT_TRUE(table_.PinIfOnNvme(*object));
   ASSERT_TRUE(table_.Free(1).ok());
-  EXPECT_EQ(table_
-                .BeginFetch(*object, ObjectTable::Reader::kPrefetch,
-                            [&]() -> std::optional<storage::Extent> {
-                              ADD_FAILURE() << "allocated for a freed object";
-                              return std::nullopt;
-                            },
-                            ReadMarker())
-                .fetch,
-            ObjectTable::Fetch::kGone);
-  EXPECT_EQ(table_.Unpin(*object).record(), kRecord);
+  ObjectTable::FetchBegun begun =
+      table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch,
+                        [&]() -> std::optional<storage::Extent> {
+                          ADD_FAILURE() << "allocated for a freed object";
+                          return std::nullopt;
+                        },
+                        ReadMarker());
+  EXPECT_EQ(begun.fetch, ObjectTable::Fetch::kGone);
+  // The prefetch's pin was the last: the record goes back with it.
+  EXPECT_EQ(begun.released.record(), kRecord);
+  EXPECT_EQ(table_.Look(*object).pins, 0u);
   EXPECT_FALSE(table_.PinIfOnNvme(*object));
+}
+
+TEST_F(ObjectTableTest, APrefetchWithNothingToReadDropsItsPin) {
+  std::shared_ptr<Object> object = Ready(1);
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());  // (the pin a prefetch would hold)
+  ObjectTable::FetchBegun begun =
+      table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch, nullptr, ReadMarker());
+  EXPECT_EQ(begun.fetch, ObjectTable::Fetch::kInHost);
+  EXPECT_TRUE(begun.released.empty()) << "still in the table: its memory stays";
+  EXPECT_EQ(table_.Look(*object).pins, 0u);
+  // A reload in the same case keeps its pin: its copy reads the extent.
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, nullptr).fetch,
+            ObjectTable::Fetch::kInHost);
+  EXPECT_EQ(table_.Look(*object).pins, 1u);
 }
 
 TEST_F(ObjectTableTest, AReleaseGoesBackOnceWhenItGoesOutOfScope) {
