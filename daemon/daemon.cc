@@ -366,7 +366,7 @@ absl::Status Daemon::StartControl(const SessionLimits& limits, gid_t gid) {
     return metrics_exporter_ == nullptr ? std::string() : metrics_exporter_->state();
   };
   service_ = std::make_unique<ControlService>(
-      context, *registry_, *pool_, tiers_->spiller(), *engine_, metrics_, *health_,
+      context, *registry_, *pool_, tiers_->nvme(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());
   // No listening port of gRPC's own: the acceptor takes the control socket's connections, counts
   // them per uid and hands them over (daemon/control/control_acceptor.h).
@@ -387,7 +387,7 @@ std::string Daemon::AdminTokenFile() const {
 absl::Status Daemon::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   metrics_collector_ = std::make_shared<MetricsCollector>(
-      MetricsSources{metrics_, *pool_, tiers_->spiller(), *registry_, *engine_, *health_,
+      MetricsSources{metrics_, *pool_, tiers_->nvme(), *registry_, *engine_, *health_,
                      persistent_.get()},
       BuildInfo{kVersion, std::string(engine_->name()), started_unix_s_, pool_pin_seconds_,
                 config_.metrics_uid_labels});

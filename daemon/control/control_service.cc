@@ -41,12 +41,12 @@ void AddJobKinds(const JobMetrics& jobs, v1::GetStatusResponse* response) {
 }
 
 ControlService::ControlService(ControlContext context, SessionRegistry& registry,
-                               storage::HostPool& pool, Spiller* spiller,
+                               storage::HostPool& pool, NvmeTransfers* nvme,
                                engine::CopyEngine& engine, DaemonMetrics& metrics,
                                const HealthMonitor& health,
                                std::function<uint64_t(uint32_t)> drain,
                                const PersistentStore* persistent)
-    : context_(std::move(context)), registry_(registry), pool_(pool), spiller_(spiller),
+    : context_(std::move(context)), registry_(registry), pool_(pool), nvme_(nvme),
       engine_(engine), metrics_(metrics), health_(health), drain_(std::move(drain)),
       persistent_(persistent) {}
 
@@ -135,10 +135,10 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   host->set_used_bytes(usage.used_bytes);
   host->set_free_bytes(usage.free_bytes);
   host->set_objects(usage.allocations);
-  if (spiller_ != nullptr) {
+  if (nvme_ != nullptr) {
     v1::TierStatus* nvme = response->add_tiers();
     nvme->set_name("nvme");
-    for (const storage::SpillFileUsage& file : spiller_->store().Usage()) {
+    for (const storage::SpillFileUsage& file : nvme_->store().Usage()) {
       nvme->set_capacity_bytes(nvme->capacity_bytes() + file.capacity_bytes);
       nvme->set_used_bytes(nvme->used_bytes() + file.used_bytes);
       nvme->set_objects(nvme->objects() + file.records);
@@ -159,8 +159,8 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
       out->set_checksum_failures(file.checksum_failures);
     }
     nvme->set_free_bytes(nvme->capacity_bytes() - nvme->used_bytes());
-    const SpillCounters& c = spiller_->counters();
-    response->set_spill_io(std::string(spiller_->store().io_queue_name()));
+    const SpillCounters& c = nvme_->counters();
+    response->set_spill_io(std::string(nvme_->store().io_queue_name()));
     response->set_bytes_spilled(c.bytes_spilled.load(std::memory_order_relaxed));
     response->set_bytes_fetched(c.bytes_fetched.load(std::memory_order_relaxed));
     response->set_spill_bandwidth_bytes_per_s(c.spill_bandwidth.BytesPerSecond(now));

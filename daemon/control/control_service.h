@@ -14,7 +14,7 @@
 #include "daemon/sessions/session_registry.h"
 #include "daemon/tiers/numa_topology.h"
 #include "daemon/tiers/pool_layout.h"
-#include "daemon/tiers/spiller.h"
+#include "daemon/tiers/nvme_transfers.h"
 #include "storage/host_pool.h"
 #include "tier.grpc.pb.h"
 
@@ -43,9 +43,9 @@ struct ControlContext {
 class ControlService final : public tier::v1::Control::Service {
  public:
   // `drain(timeout_ms)` stops admission and waits for in-flight jobs; returns jobs left.
-  // `spiller`: the NVMe tier, or null.
+  // `nvme`: the NVMe tier's transfers (its store and counters), or null.
   ControlService(ControlContext context, SessionRegistry& registry, storage::HostPool& pool,
-                 Spiller* spiller, engine::CopyEngine& engine, DaemonMetrics& metrics,
+                 NvmeTransfers* nvme, engine::CopyEngine& engine, DaemonMetrics& metrics,
                  const HealthMonitor& health,
                  std::function<uint64_t(uint32_t)> drain,
                  const PersistentStore* persistent = nullptr);
@@ -76,7 +76,7 @@ class ControlService final : public tier::v1::Control::Service {
   const ControlContext context_;
   SessionRegistry& registry_;
   storage::HostPool& pool_;
-  Spiller* spiller_;
+  NvmeTransfers* nvme_;
   engine::CopyEngine& engine_;
   DaemonMetrics& metrics_;
   const HealthMonitor& health_;

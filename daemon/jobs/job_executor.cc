@@ -135,25 +135,22 @@ void JobExecutor::CopyIn(const std::shared_ptr<Session>& session, const ring::Su
       MakeCopyJob(engine::Direction::kToPool, *session, e, table->extent(*object), range);
   job.done = [this, session, e, table, object,
               buffer = std::move(range.buffer)](absl::Status status) {
-    EndFill(*table, *object, status);
-    if (status.ok()) {
-      // A persistent object is written through to NVMe (when there is a journal) before the
-      // spiller may take it.
-      if (persistent_ != nullptr && table != session->objects()) {
-        persistent_->Filled(table, object);
-      }
-      tiers_.Filled(table, object);
+    std::vector<ObjectWaiter> waiters;
+    tiers_.FillEnded(table, object, status, &waiters);
+    for (ObjectWaiter& start : waiters) start(status);
+    // A persistent object is queued for the journal (when there is one), not pinned: the
+    // journal's writer reads it back from NVMe if the spiller took it first.
+    if (status.ok() && persistent_ != nullptr && table != session->objects()) {
+      persistent_->Filled(table, object);
     }
-    tiers_.CopyEnded();
     Complete(*session, e, status);
   };
-  tiers_.CopyStarted();
   engine_.Submit(std::move(job));
 }
 
 void JobExecutor::EndFill(ObjectTable& table, Object& object, const absl::Status& status) {
   std::vector<ObjectWaiter> waiters;
-  tiers_.Settle(table.EndFill(object, status, &waiters));
+  table.EndFill(object, status, &waiters);  // (memory it releases goes back at once)
   for (ObjectWaiter& start : waiters) start(status);
 }
 
@@ -175,14 +172,13 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
   ObjectTable& table = *slot.table;
   absl::StatusOr<ObjectTable::Pinned> pinned = table.PinForReload(slot.id, e.len);
   if (!pinned.ok()) return pinned.status();
-  tiers_.NoteReload(pinned->prefetch);
   // A reload of an object still filling is started by the fill's end, in the order the reloads
   // arrived; except on GPU engines, which order the copies on the GPU: there the reload is
   // submitted at once, so that a ticketed job is never held on the host behind another job's
   // completion (client/gpu/client_gpu.h). An offload still waiting for host room has nothing to order
   // the copy after yet, so its reloads wait on the host on every engine.
   if (pinned->filling && (!engine_.orders_pool_reads() || !pinned->admitted)) {
-    bool waits = table.AwaitFill(
+    ObjectTable::Fill fill = table.AwaitFill(
         *pinned->object, [this, session, e, table = slot.table, pinned = *pinned,
                           range = *range](absl::Status fill) {
           if (fill.ok()) {
@@ -191,8 +187,8 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
             AbandonReload(session, e, *table, *pinned.object, FillFailedError(e.object_id, fill));
           }
         });
-    if (waits) return absl::OkStatus();
-    if (table.FillFailed(*pinned->object)) {  // the fill ended meanwhile, and failed
+    if (fill == ObjectTable::Fill::kRunning) return absl::OkStatus();
+    if (fill == ObjectTable::Fill::kFailed) {  // the fill ended meanwhile, and failed
       AbandonReload(session, e, table, *pinned->object,
                     FillFailedError(e.object_id, absl::InternalError("the fill failed")));
       return absl::OkStatus();
@@ -224,12 +220,11 @@ void JobExecutor::CopyOut(const std::shared_ptr<Session>& session, const ring::S
   storage::Extent extent = from.feed != nullptr ? from.extent : table->extent(*object);
   engine::CopyJob job = MakeCopyJob(engine::Direction::kFromPool, *session, e, extent, range);
   job.feed = std::move(from.feed);
-  // (`lease` keeps a pipelined read's extent until this copy is done, whatever the read's end.)
+  // (`keep` holds a pipelined read's extent until this copy is done, whatever the read's end.)
   job.done = [this, session, e, table, object, buffer = std::move(range.buffer),
-              lease = std::move(from.lease)](absl::Status status) {
+              keep = std::move(from.keep)](absl::Status status) {
     FinishReload(session, e, table, object, std::move(status));
   };
-  tiers_.CopyStarted();
   engine_.Submit(std::move(job));
 }
 
@@ -250,19 +245,21 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
               persistent_->Forget(table, object->id(),
                                   [this, session, e] { Complete(*session, e, absl::OkStatus()); });
     }
-    tiers_.Settle(table->Unpin(*object));
-    tiers_.CopyEnded();
+    tiers_.ReloadEnded(*table, *object);
     if (!later) Complete(*session, e, result);
   };
-  if (table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); })) return;
-  finish(std::move(copy),
-         table->FillFailed(*object) ? absl::InternalError("the fill failed") : absl::OkStatus());
+  ObjectTable::Fill fill =
+      table->AwaitFill(*object, [finish, copy](absl::Status fill) { finish(copy, fill); });
+  if (fill == ObjectTable::Fill::kRunning) return;
+  finish(std::move(copy), fill == ObjectTable::Fill::kFailed
+                              ? absl::InternalError("the fill failed")
+                              : absl::OkStatus());
 }
 
 void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
                                 const ring::SubmissionEntry& e, ObjectTable& table,
                                 Object& object, absl::Status status) {
-  tiers_.Settle(table.Unpin(object));
+  table.Unpin(object);
   // Fail, not Complete: the reload's ticket never reached the engine, and the client's streams
   // (and every later job of its lane) wait for it.
   Fail(session, e, std::move(status));
@@ -272,8 +269,8 @@ absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,
                                const ring::SubmissionEntry& e) {
   // Jobs already accepted keep their pins; the memory returns when the last one ends.
   ObjectSlot slot = session->Resolve(e.object_id);
-  absl::StatusOr<Release> released = slot.table->Free(slot.id);
-  if (!released.ok()) return released.status();
+  // (What the free releases goes back at once.)
+  if (absl::Status freed = slot.table->Free(slot.id).status(); !freed.ok()) return freed;
   // A persistent object bound to the id is deleted: its name goes with it (and the id's binding,
   // which would otherwise count against the session's bound ids until it ended), and the job
   // completes once that is durable (a crash must not bring back an object whose free the client
@@ -283,7 +280,6 @@ absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,
       persistent_ != nullptr && slot.table != session->objects() &&
       persistent_->Forget(slot.table, slot.id,
                           [this, session, e] { Complete(*session, e, absl::OkStatus()); });
-  tiers_.Settle(*released);
   if (!later) Complete(*session, e, absl::OkStatus());
   return absl::OkStatus();
 }
@@ -303,7 +299,7 @@ engine::CopyJob JobExecutor::MakeCopyJob(engine::Direction direction, Session& s
 }
 
 void JobExecutor::ReleaseAll(Session& session) {
-  for (const Release& release : session.objects()->DropAll()) tiers_.Settle(release);
+  session.objects()->DropAll();  // what no job uses goes back now
   // Persistent objects stay; names the session reserved and never filled go.
   if (persistent_ != nullptr) persistent_->SessionEnded(session.id());
   // Dropped outside any lock: closing client memory is the engine's slow path.

@@ -66,8 +66,8 @@ class JobExecutor {
   void CopyIn(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
               const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
               Range range);
-  // The fill ended (copied, or failed before or during the copy): the table's transition, the
-  // memory it gave back, then the reloads that waited for it.
+  // The fill ended before any copy (no host room): the table's transition, then the reloads that
+  // waited for it. (A fill whose copy ran ends through TierManager::FillEnded.)
   void EndFill(ObjectTable& table, Object& object, const absl::Status& status);
 
   // Reload, once the fill it must follow (if any) is known to have succeeded.

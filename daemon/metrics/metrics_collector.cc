@@ -25,10 +25,10 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   s.pool_parts = sources_.pool.PartUsage();
   s.pool_pinned = sources_.pool.locked() || sources_.pool.registered();
   s.pool_pin_seconds = build_.pool_pin_seconds;
-  if (Spiller* spiller = sources_.spiller) {
+  if (NvmeTransfers* nvme = sources_.nvme) {
     s.has_nvme = true;
-    s.spill_files = spiller->store().Usage();
-    const SpillCounters& c = spiller->counters();
+    s.spill_files = nvme->store().Usage();
+    const SpillCounters& c = nvme->counters();
     s.spill.bytes_spilled = c.bytes_spilled.load(std::memory_order_relaxed);
     s.spill.bytes_fetched = c.bytes_fetched.load(std::memory_order_relaxed);
     s.spill.bytes_prefetched = c.bytes_prefetched.load(std::memory_order_relaxed);

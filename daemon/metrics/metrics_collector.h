@@ -14,7 +14,7 @@
 #include "daemon/metrics/user_totals.h"
 #include "daemon/persistent/persistent_store.h"
 #include "daemon/sessions/session_registry.h"
-#include "daemon/tiers/spiller.h"
+#include "daemon/tiers/nvme_transfers.h"
 #include "engine/copy_engine.h"
 #include "prometheus/collectable.h"
 #include "storage/host_pool.h"
@@ -25,7 +25,7 @@ namespace tier::daemon {
 struct MetricsSources {
   const DaemonMetrics& metrics;
   const storage::HostPool& pool;
-  Spiller* spiller;  // the NVMe tier; null without one
+  NvmeTransfers* nvme;  // the NVMe tier's transfers; null without one
   const SessionRegistry& registry;
   const engine::CopyEngine& engine;
   const HealthMonitor& health;

@@ -115,7 +115,7 @@ void PersistentStore::DropReservationLocked(uint64_t session, uint64_t id,
   std::shared_ptr<ObjectTable> table = spaces_[it->second.uid].table;
   ids_.erase(it);
   absl::StatusOr<Release> freed = table->Free(id);
-  if (freed.ok() && !freed->empty()) released->push_back(*freed);
+  if (freed.ok() && !freed->empty()) released->push_back(*std::move(freed));
 }
 
 absl::StatusOr<ObjectSlot> PersistentStore::Create(uid_t uid, absl::string_view name,
@@ -228,7 +228,7 @@ absl::StatusOr<PersistentObjectState> PersistentStore::Stat(uid_t uid,
 
 std::optional<absl::Status> PersistentStore::Delete(uid_t uid, absl::string_view name, Done done) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
-  Release released;
+  Release released;  // goes back when this returns, after the store's lock (declared later)
   bool deferred = false;
   {
     MutexLock lock(&mu_);
@@ -241,14 +241,13 @@ std::optional<absl::Status> PersistentStore::Delete(uid_t uid, absl::string_view
       absl::StatusOr<Release> freed = table->Free(it->second.id);
       // (A job's free got there first: it forgets the name.)
       if (!freed.ok()) return NoSuchName(name);
-      released = *freed;
+      released = *std::move(freed);
     }
     if (EraseLocked(it)) {
       Enqueue(JournalOp{std::move(key), 0, nullptr, nullptr, std::move(done)});
       deferred = true;
     }
   }
-  tiers_.Settle(released);  // outside the store's lock: the pool and the spill store
   if (deferred) return std::nullopt;
   return absl::OkStatus();
 }
@@ -277,7 +276,7 @@ bool PersistentStore::Forget(const std::shared_ptr<ObjectTable>& table, uint64_t
 }
 
 void PersistentStore::Released(uint64_t session, const ObjectSlot& slot) {
-  std::vector<Release> released;
+  std::vector<Release> released;  // goes back after the store's lock
   {
     MutexLock lock(&mu_);
     auto name = ids_.find(slot.id);
@@ -295,7 +294,6 @@ void PersistentStore::Released(uint64_t session, const ObjectSlot& slot) {
     }
     DropReservationLocked(session, slot.id, &released);  // an orphan id of this session
   }
-  for (const Release& r : released) tiers_.Settle(r);
 }
 
 void PersistentStore::SessionEnded(uint64_t session) {
@@ -322,15 +320,14 @@ void PersistentStore::SessionEnded(uint64_t session) {
       std::shared_ptr<ObjectTable> table = spaces_[name->second.uid].table;
       ids_.erase(name);
       absl::StatusOr<Release> freed = table->Free(id);
-      if (freed.ok() && !freed->empty()) released.push_back(*freed);
+      if (freed.ok() && !freed->empty()) released.push_back(*std::move(freed));
     }
   }
-  for (const Release& r : released) tiers_.Settle(r);
 }
 
 void PersistentStore::Filled(const std::shared_ptr<ObjectTable>& table,
                              const std::shared_ptr<Object>& object) {
-  Release orphan;
+  Release orphan;  // goes back after the store's lock
   {
     MutexLock lock(&mu_);
     auto name = ids_.find(object->id());
@@ -355,9 +352,8 @@ void PersistentStore::Filled(const std::shared_ptr<ObjectTable>& table,
     // No name reaches it (deleted while it filled, or a reservation replaced): it goes.
     if (name != ids_.end()) ids_.erase(name);
     absl::StatusOr<Release> freed = table->Free(object->id());
-    if (freed.ok()) orphan = *freed;
+    if (freed.ok()) orphan = *std::move(freed);
   }
-  tiers_.Settle(orphan);
 }
 
 std::vector<PersistentObjectInfo> PersistentStore::List() const {
@@ -430,13 +426,12 @@ void PersistentStore::DropAll() {
   {
     MutexLock lock(&mu_);
     for (auto& [uid, space] : spaces_) {
-      for (const Release& r : space.table->DropAll()) released.push_back(r);
+      for (Release& r : space.table->DropAll()) released.push_back(std::move(r));
     }
     for (auto it = entries_.begin(); it != entries_.end();) EraseLocked(it++);
     ids_.clear();
     reservations_.clear();
   }
-  for (const Release& r : released) tiers_.Settle(r);
 }
 
 // ---- the journal's writer -----------------------------------------------------------------
@@ -587,10 +582,10 @@ absl::Status PersistentStore::AppendObject(const JournalOp& op) {
       if (buffer == MAP_FAILED) {
         status = absl::ResourceExhaustedError("no memory to read a spilled object back");
       } else {
-        Spiller* spiller = tiers_.spiller();
-        status = spiller == nullptr
+        NvmeTransfers* nvme = tiers_.nvme();
+        status = nvme == nullptr
                      ? absl::InternalError("object on NVMe without an NVMe tier")
-                     : spiller->store().ReadAndWait(source->record, static_cast<char*>(buffer));
+                     : nvme->store().ReadAndWait(source->record, static_cast<char*>(buffer));
         // NOT_FOUND: fetched back meanwhile (its record went); it is in host memory now.
         again = absl::IsNotFound(status);
         if (status.ok()) {
@@ -599,7 +594,7 @@ absl::Status PersistentStore::AppendObject(const JournalOp& op) {
         ::munmap(buffer, bytes);
       }
     }
-    tiers_.Settle(op.table->Unpin(*op.object));
+    op.table->Unpin(*op.object);  // (what it releases goes back at once)
     if (!again) return status;
   }
   return absl::UnavailableError("the object kept moving between tiers");
@@ -667,12 +662,13 @@ bool PersistentStore::RestoreOne(const PersistentJournal::Record& record) {
   if (loaded.ok()) loaded = journal_->Load(record, tiers_.pool().At(table->extent(*object)));
   if (object != nullptr) {
     std::vector<ObjectWaiter> none;  // (no job can wait on it yet)
-    tiers_.Settle(table->EndFill(*object, loaded, &none));
+    if (admitted.ok()) {
+      tiers_.FillEnded(table, object, loaded, &none);  // filled: a spill candidate like any other
+    } else {
+      table->EndFill(*object, loaded, &none);  // never admitted: no copy ran
+    }
   }
-  if (loaded.ok()) {
-    tiers_.Filled(table, object);  // a spill candidate like any other
-    return true;
-  }
+  if (loaded.ok()) return true;
   if (object != nullptr && absl::IsResourceExhausted(admitted)) {
     // No tier has room: it stays on NVMe in the journal, listed, charged and deletable.
     MutexLock lock(&mu_);

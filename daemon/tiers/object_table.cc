@@ -84,13 +84,14 @@ absl::StatusOr<std::shared_ptr<Object>> ObjectTable::Create(uint64_t id, uint64_
   return object;
 }
 
-absl::Status ObjectTable::Admit(Object& object, storage::Extent extent) {
+absl::Status ObjectTable::Admit(Object& object, storage::Extent extent, MemoryHome& home) {
   MutexLock lock(&mu_);
   if (object.extent_.bytes != 0 || object.state_ != Object::State::kFilling) {
     return absl::FailedPreconditionError(
         absl::StrCat("object ", object.id(), " was admitted already or is not filling"));
   }
   object.extent_ = extent;
+  object.home_ = &home;
   (void)ChargeLocked(extent.bytes, Charge::kForce);  // (the extent exists: it counts)
   RefundLocked(object.charged_);
   object.charged_ = extent.bytes;
@@ -138,7 +139,7 @@ std::vector<Release> ObjectTable::DropAll() {
     DropLocked(*object);
     ++object->pins_;
     Release r = UnpinLocked(*object);
-    if (!r.empty()) released.push_back(r);
+    if (!r.empty()) released.push_back(std::move(r));
   }
   return released;
 }
@@ -188,16 +189,18 @@ absl::StatusOr<ObjectTable::CopySource> ObjectTable::PinForCopy(Object& object) 
   return source;
 }
 
-bool ObjectTable::AwaitFill(Object& object, ObjectWaiter waiter) {
+ObjectTable::Fill ObjectTable::AwaitFill(Object& object, ObjectWaiter waiter) {
   MutexLock lock(&mu_);
-  if (object.state_ != Object::State::kFilling) return false;
-  object.on_filled_.push_back(std::move(waiter));
-  return true;
-}
-
-bool ObjectTable::FillFailed(const Object& object) const {
-  MutexLock lock(&mu_);
-  return object.state_ == Object::State::kFailed;
+  switch (object.state_) {
+    case Object::State::kFilling:
+      object.on_filled_.push_back(std::move(waiter));
+      return Fill::kRunning;
+    case Object::State::kReady:
+      return Fill::kSucceeded;
+    case Object::State::kFailed:
+      break;
+  }
+  return Fill::kFailed;
 }
 
 Release ObjectTable::Unpin(Object& object) {
@@ -233,11 +236,11 @@ ObjectTable::SpillStart ObjectTable::BeginSpill(Object& object, storage::Extent*
 Release ObjectTable::EndSpill(Object& object, const absl::StatusOr<storage::SpillRecord>& record,
                               bool* spilled) {
   MutexLock lock(&mu_);
-  Release release;
+  Release release(object.home_);
   *spilled = false;
   if (object.where_ != Object::Where::kSpilling) return release;  // no spill began
   if (record.ok() && object.pins_ == 1 && !object.dropped_) {
-    release.extent = object.extent_;
+    release.set_extent(object.extent_);
     object.extent_ = {};
     object.record_ = *record;
     object.where_ = Object::Where::kNvme;
@@ -246,60 +249,66 @@ Release ObjectTable::EndSpill(Object& object, const absl::StatusOr<storage::Spil
     // Failed, or used or freed during the write: the host copy stays (or goes with the last
     // unpin); the record is not needed.
     object.where_ = Object::Where::kHost;
-    if (record.ok()) release.record = *record;
+    if (record.ok()) release.set_record(*record);
   }
-  Release unpinned = UnpinLocked(object);
-  if (unpinned.extent) release.extent = unpinned.extent;  // (not both: see UnpinLocked)
-  if (unpinned.record) release.record = unpinned.record;
+  release.Absorb(UnpinLocked(object));  // (not both an extent: see UnpinLocked)
   return release;
 }
 
-ObjectTable::Fetch ObjectTable::BeginFetch(
+ObjectTable::FetchBegun ObjectTable::BeginFetch(
     Object& object, Reader reader, const std::function<std::optional<storage::Extent>()>& allocate,
-    ObjectWaiter waiter, storage::Extent* extent, storage::SpillRecord* record) {
+    std::shared_ptr<SpillRead> read) {
   MutexLock lock(&mu_);
-  if (reader == Reader::kPrefetch && object.dropped_) return Fetch::kGone;
+  FetchBegun begun;
+  const bool prefetch = reader == Reader::kPrefetch;
+  if (prefetch && object.dropped_) {
+    begun.fetch = Fetch::kGone;
+    begun.released = UnpinLocked(object);
+    return begun;
+  }
   switch (object.where_) {
     case Object::Where::kHost:
     case Object::Where::kSpilling:  // the host copy is intact until the write lands
-      return Fetch::kInHost;
+      begun.fetch = Fetch::kInHost;
+      if (prefetch) begun.released = UnpinLocked(object);
+      return begun;
     case Object::Where::kFetching:
-      if (reader != Reader::kPrefetch) object.on_host_.push_back(std::move(waiter));
-      return Fetch::kJoined;
+      begun.fetch = Fetch::kJoined;
+      begun.running = object.reading_;
+      if (prefetch) begun.released = UnpinLocked(object);  // someone else's read brings it back
+      return begun;
     case Object::Where::kNvme: {
-      if (!allocate) return Fetch::kNoRoom;
+      if (!allocate) return begun;  // kNoRoom
       std::optional<storage::Extent> got = allocate();
-      if (!got) return Fetch::kNoRoom;
+      if (!got) return begun;
       object.extent_ = *got;
       object.where_ = Object::Where::kFetching;
-      *extent = *got;
-      *record = object.record_;
-      return Fetch::kStarted;
+      object.reading_ = std::move(read);
+      begun.fetch = Fetch::kStarted;
+      begun.extent = *got;
+      begun.record = object.record_;
+      return begun;
     }
   }
-  return Fetch::kNoRoom;
+  return begun;
 }
 
-Release ObjectTable::EndFetch(Object& object, const absl::Status& read, bool prefetch, bool detach,
-                              bool* spillable, std::vector<ObjectWaiter>* waiters) {
+Release ObjectTable::EndFetch(Object& object, const absl::Status& read, bool prefetch,
+                              bool* spillable) {
   MutexLock lock(&mu_);
-  Release release;
-  waiters->swap(object.on_host_);
+  Release release(object.home_);
+  object.reading_.reset();
   if (read.ok()) {
     object.where_ = Object::Where::kHost;
-    release.record = object.record_;
+    release.set_record(object.record_);
     object.record_ = {};
     object.prefetched_ = prefetch;
-  } else {  // the bytes stay on NVMe; the host extent goes back (or to the detaching caller)
-    if (!detach) release.extent = object.extent_;
+  } else {  // the bytes stay on NVMe; the host extent goes back (after the reader's copy)
+    release.set_extent(object.extent_);
     object.extent_ = {};
     object.where_ = Object::Where::kNvme;
   }
-  if (prefetch) {
-    Release unpinned = UnpinLocked(object);
-    if (unpinned.extent) release.extent = unpinned.extent;
-    if (unpinned.record) release.record = unpinned.record;
-  }
+  if (prefetch) release.Absorb(UnpinLocked(object));
   *spillable = read.ok() && !object.dropped_;
   return release;
 }
@@ -312,14 +321,14 @@ bool ObjectTable::PinIfOnNvme(Object& object) {
 }
 
 Release ObjectTable::UnpinLocked(Object& object) {
-  Release release;
+  Release release(object.home_);
   if (object.pins_ > 0) --object.pins_;
   if (object.pins_ > 0 || !object.dropped_) return release;
   if (object.where_ == Object::Where::kNvme) {
-    release.record = object.record_;
+    release.set_record(object.record_);
     object.record_ = {};
   } else if (object.extent_.bytes != 0) {
-    release.extent = object.extent_;
+    release.set_extent(object.extent_);
     object.extent_ = {};
   }
   RefundLocked(object.charged_);

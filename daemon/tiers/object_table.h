@@ -8,10 +8,10 @@
 // goes, both here.
 //
 // Every transition is a method that takes the table's lock for its duration and returns what the
-// caller must do outside it: memory to give back (a host extent, a spill record: see Release)
-// and jobs to start (waiters). Callers hold no lock of their own when they call in, except the
-// host pool's allocation, which runs under the table's lock (BeginFetch: lock order table, then
-// pool). A transition that does not apply in the object's state (landing a spill that never
+// caller must do outside it: memory to give back (a host extent, a spill record: a Release, which
+// goes back to the object's MemoryHome by itself when the caller's scope ends) and jobs to start
+// (waiters). Callers hold no lock of their own when they call in, except the host pool's
+// allocation, which runs under the table's lock (BeginFetch: lock order table, then pool). A transition that does not apply in the object's state (landing a spill that never
 // began, admitting an object twice) changes nothing and says so.
 //
 // Objects are shared (jobs in flight and the spill candidate lists hold them), but their state is
@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
+#include "daemon/tiers/release.h"
 #include "storage/extent_allocator.h"
 #include "storage/spill_store.h"
 
@@ -40,6 +41,8 @@ namespace tier::daemon {
 // A job to start once something happened to an object (its fill ended, its bytes are back in
 // host memory), with the outcome.
 using ObjectWaiter = std::function<void(absl::Status)>;
+
+class SpillRead;  // daemon/tiers/spill_read.h: the read that brings a spilled object back
 
 class Object {
  public:
@@ -73,19 +76,13 @@ class Object {
   Where where_ = Where::kHost;
   storage::Extent extent_;       // host bytes (kHost, kSpilling, kFetching); none before admission
   storage::SpillRecord record_;  // kNvme, kFetching
+  MemoryHome* home_ = nullptr;   // where its memory goes back (set at admission)
   uint64_t charged_ = 0;         // quota bytes charged (refunded when the memory goes)
   uint32_t pins_ = 0;            // jobs and I/O using the memory (the fill counts as one)
   bool dropped_ = false;         // freed by the client, or its fill failed: gone from the table
   bool prefetched_ = false;      // brought back by a prefetch and not reloaded since
   std::vector<ObjectWaiter> on_filled_;  // jobs waiting for the fill to end
-  std::vector<ObjectWaiter> on_host_;    // jobs waiting for a fetch to end
-};
-
-// Memory a transition gave back, for the caller to return to the tiers outside the lock.
-struct Release {
-  std::optional<storage::Extent> extent;       // to the host pool
-  std::optional<storage::SpillRecord> record;  // to the spill store
-  bool empty() const { return !extent && !record; }
+  std::shared_ptr<SpillRead> reading_;   // kFetching: the read (reloads join it)
 };
 
 // A byte limit several tables charge together besides their own quota (the persistent objects
@@ -143,8 +140,9 @@ class ObjectTable {
   void ChargeOutside(uint64_t bytes);
   void RefundOutside(uint64_t bytes);
   // The object's host extent, given by the tiers when it was admitted: the charge becomes the
-  // extent's size. Once, before the fill's copy. FAILED_PRECONDITION otherwise.
-  absl::Status Admit(Object& object, storage::Extent extent);
+  // extent's size, and `home` is where the object's memory goes back (every Release of it). Once,
+  // before the fill's copy. FAILED_PRECONDITION otherwise (the extent is not taken).
+  absl::Status Admit(Object& object, storage::Extent extent, MemoryHome& home);
   // The fill ended: ready, or failed (a failed fill leaves no object behind). Drops the fill's
   // pin. The jobs that waited for the fill go to *waiters (start them with `status`).
   Release EndFill(Object& object, const absl::Status& status, std::vector<ObjectWaiter>* waiters);
@@ -153,7 +151,8 @@ class ObjectTable {
   // A reload that succeeded with TIER_RELOAD_FREE_AFTER: the object leaves the table (its memory
   // goes with the reload's unpin).
   void DropAfterReload(Object& object);
-  // The session ended: every object leaves the table; returns the memory of those no job uses.
+  // The session ended: every object leaves the table; returns the memory of those no job uses
+  // (dropped at once, it goes back at once).
   std::vector<Release> DropAll();
 
   // ---- jobs ----
@@ -178,10 +177,10 @@ class ObjectTable {
     storage::SpillRecord record;
   };
   absl::StatusOr<CopySource> PinForCopy(Object& object);
-  // If the fill still runs, `waiter` starts when it ends (true); else false (nothing kept).
-  bool AwaitFill(Object& object, ObjectWaiter waiter);
-  // Whether the fill failed (a reload submitted while it ran reports the fill's failure).
-  bool FillFailed(const Object& object) const;
+  // Where the fill is: still running (then `waiter` starts when it ends), or ended (nothing kept;
+  // a reload submitted while it ran reports a failed fill's failure).
+  enum class Fill { kRunning, kSucceeded, kFailed };
+  Fill AwaitFill(Object& object, ObjectWaiter waiter);
   // Drops one pin; the memory of a dropped object goes with the last.
   Release Unpin(Object& object);
   // The object's host bytes (while pinned and in host memory, or once its read began).
@@ -214,28 +213,31 @@ class ObjectTable {
   // Making the bytes readable in host memory.
   enum class Fetch {
     kInHost,   // readable now (host, or spilling: the host copy is whole)
-    kJoined,   // a read runs: `waiter` (if any) starts when it ends
-    kStarted,  // was on NVMe: a read into *extent begins, *record is what to read; `waiter` (if
-               // any) starts when it ends
+    kJoined,   // a read runs: `running` (a reload joins it)
+    kStarted,  // was on NVMe: `read` is its read now, into `extent`, of `record`
     kNoRoom,   // on NVMe, and no host room (`allocate` null, or it found none)
     kGone,     // dropped (a prefetch of an object freed meanwhile)
   };
-  // Who begins a read: a reload (`waiter` joins a read that runs; a read it starts feeds its copy
-  // chunk by chunk and carries its own result, so `waiter` is not kept then), or a prefetch (no
-  // waiter; a dropped object is kGone).
+  // Who begins a read: a reload, or a prefetch (a dropped object is kGone for it).
   enum class Reader { kPipelined, kPrefetch };
+  struct FetchBegun {
+    Fetch fetch = Fetch::kNoRoom;
+    Release released;                   // a prefetch with nothing to read: its pin's end
+    storage::Extent extent;             // kStarted
+    storage::SpillRecord record;        // kStarted
+    std::shared_ptr<SpillRead> running;  // kJoined
+  };
   // `allocate` gives the new extent; it runs under the table's lock (the pool's own lock comes
-  // after this one). Null: do not start a read that needs one.
-  Fetch BeginFetch(Object& object, Reader reader,
-                   const std::function<std::optional<storage::Extent>()>& allocate,
-                   ObjectWaiter waiter, storage::Extent* extent, storage::SpillRecord* record);
+  // after this one). Null: do not start a read that needs one. `read` becomes the object's read
+  // if one starts (until EndFetch). A prefetch that starts no read drops its pin here.
+  FetchBegun BeginFetch(Object& object, Reader reader,
+                        const std::function<std::optional<storage::Extent>()>& allocate,
+                        std::shared_ptr<SpillRead> read);
   // The read ended. OK: the object is in host memory again (the record goes back; `prefetch`
   // marks it prefetched; *spillable: it is a spill candidate again). Failed: it stays on NVMe and
-  // the extent goes back, unless `detach`: then the caller keeps the extent (a pipelined copy may
-  // still read it) and the Release does not hold it. A prefetch's read drops its pin. The jobs
-  // that waited for the read go to *waiters.
-  Release EndFetch(Object& object, const absl::Status& read, bool prefetch, bool detach,
-                   bool* spillable, std::vector<ObjectWaiter>* waiters);
+  // the extent is in the Release (a pipelined reader keeps it while its copy may still read it).
+  // A prefetch's read drops its pin.
+  Release EndFetch(Object& object, const absl::Status& read, bool prefetch, bool* spillable);
   // A prefetch pins an object on NVMe (false: not on NVMe any more, or dropped).
   bool PinIfOnNvme(Object& object);
 

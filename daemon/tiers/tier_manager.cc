@@ -1,8 +1,10 @@
 #include "daemon/tiers/tier_manager.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace tier::daemon {
 
@@ -12,7 +14,8 @@ TierManager::TierManager(storage::HostPool& pool, storage::SpillStore* store,
         if (spiller_ != nullptr) spiller_->WaitBegan(first);
       }) {
   if (store != nullptr) {
-    spiller_ = std::make_unique<Spiller>(pool_, *store, admission_, options);
+    transfers_ = std::make_unique<NvmeTransfers>(pool_, *store);
+    spiller_ = std::make_unique<Spiller>(*transfers_, admission_, options);
   }
 }
 
@@ -24,7 +27,13 @@ void TierManager::Start() {
 
 void TierManager::Stop() {
   admission_.Close();
-  if (spiller_ != nullptr) spiller_->Stop();
+  if (spiller_ == nullptr) return;
+  spiller_->Stop();
+  // Writes and reads call back into the spiller when they land: wait for them while the store
+  // still runs (it goes after the tiers). Bounded: a device that never answers is logged.
+  if (!transfers_->AwaitIdle(std::chrono::steady_clock::now() + std::chrono::seconds(30))) {
+    LogError("tiers stopping with NVMe I/O still in flight after 30 s");
+  }
 }
 
 int TierManager::PartOf(int device) const {
@@ -70,35 +79,65 @@ void TierManager::Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queu
 }
 
 absl::Status TierManager::AdmitWith(ObjectTable& table, Object& object, storage::Extent extent) {
-  absl::Status admitted = table.Admit(object, extent);
-  if (!admitted.ok()) Settle(Release{extent, std::nullopt});  // not waiting for one
-  return admitted;
-}
-
-void TierManager::NoteReload(ObjectTable::Prefetch prefetch) {
-  if (spiller_ == nullptr) return;
-  if (prefetch == ObjectTable::Prefetch::kHit) {
-    spiller_->counters().prefetch_hits.fetch_add(1, std::memory_order_relaxed);
-  } else if (prefetch == ObjectTable::Prefetch::kMiss) {
-    spiller_->counters().prefetch_misses.fetch_add(1, std::memory_order_relaxed);
+  absl::Status admitted = table.Admit(object, extent, home_);
+  if (!admitted.ok()) {
+    Release refused(&home_, extent);  // not waiting for one: back at once
+    return admitted;
   }
+  CopyStarted();  // the fill's
+  return admitted;
 }
 
 void TierManager::MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
                                const ObjectTable::Pinned& pinned,
-                               std::function<void(absl::StatusOr<Readable>)> then) {
-  if (!pinned.on_nvme || spiller_ == nullptr) {
+                               std::function<void(absl::StatusOr<Readable>)> answer) {
+  if (transfers_ != nullptr && pinned.prefetch == ObjectTable::Prefetch::kHit) {
+    transfers_->counters().prefetch_hits.fetch_add(1, std::memory_order_relaxed);
+  } else if (transfers_ != nullptr && pinned.prefetch == ObjectTable::Prefetch::kMiss) {
+    transfers_->counters().prefetch_misses.fetch_add(1, std::memory_order_relaxed);
+  }
+  // An OK answer starts the reload's copy.
+  SpillRead::Then then = [this, answer = std::move(answer)](absl::StatusOr<Readable> readable) {
+    if (readable.ok()) CopyStarted();
+    answer(std::move(readable));
+  };
+  if (!pinned.on_nvme || transfers_ == nullptr) {
     then(Readable{});
     return;
   }
   // NVMe -> host -> destination: the reload that starts the read copies each chunk onward as the
   // read verifies it; a reload that finds a read already running waits for it, then copies.
-  spiller_->Fetch(table, queue, pinned.object, std::move(then));
+  // Behind jobs already waiting for room, unless no room is needed (a read already runs).
+  constexpr ObjectTable::Reader kReader = ObjectTable::Reader::kPipelined;
+  const std::shared_ptr<Object>& object = pinned.object;
+  if (SpillRead::Start(*transfers_, table, object, kReader, !admission_.HasWaiters(), then)) {
+    return;
+  }
+  // Like an offload: wait for room, fail only when none can come.
+  const uint64_t len = object->len();
+  admission_.Wait(
+      queue,
+      [this, table, object, then]() {
+        return SpillRead::Start(*transfers_, table, object, kReader, /*may_allocate=*/true, then);
+      },
+      [then, len]() {
+        then(absl::ResourceExhaustedError(absl::StrCat(
+            "host pool full and nothing can be spilled: no room to bring back ", len,
+            " spilled bytes")));
+      });
 }
 
-void TierManager::Filled(const std::shared_ptr<ObjectTable>& table,
-                         const std::shared_ptr<Object>& object) {
-  if (spiller_ != nullptr) spiller_->Track(table, object);
+void TierManager::FillEnded(const std::shared_ptr<ObjectTable>& table,
+                            const std::shared_ptr<Object>& object, const absl::Status& status,
+                            std::vector<ObjectWaiter>* waiters) {
+  table->EndFill(*object, status, waiters);  // (memory it releases goes back at once)
+  if (status.ok() && spiller_ != nullptr) spiller_->Track(table, object);
+  CopyEnded();
+}
+
+void TierManager::ReloadEnded(ObjectTable& table, Object& object) {
+  table.Unpin(object);  // (memory it releases goes back at once)
+  CopyEnded();
 }
 
 void TierManager::CopyStarted() {
@@ -109,11 +148,12 @@ void TierManager::CopyEnded() {
   if (spiller_ != nullptr) spiller_->CopyEnded();
 }
 
-void TierManager::Settle(const Release& release) {
-  if (spiller_ != nullptr) {
-    spiller_->Settle(release);
-  } else if (release.extent) {
-    pool_.Free(*release.extent);
+void TierManager::Home::Return(std::optional<storage::Extent> extent,
+                               std::optional<storage::SpillRecord> record) {
+  if (record && tiers_.transfers_ != nullptr) (void)tiers_.transfers_->store().Free(*record);
+  if (extent) {
+    tiers_.pool_.Free(*extent);
+    if (tiers_.spiller_ != nullptr) tiers_.spiller_->NotifyFreed();  // waiters may fit now
   }
 }
 

@@ -1,9 +1,11 @@
-// The memory tiers behind the job executor: the host pool and, when configured, the NVMe tier (the
-// spill store and the spiller that moves objects between the two). The executor sees two calls per
-// job: admission of a new object into host memory (now, or in order once room comes) and making
-// an object readable (its extent as it is, or a feed still filling from NVMe); everything about
-// spilling stays behind this class. With no NVMe tier, admission fails at once when the pool is
-// full and every object is readable as it is.
+// The memory tiers behind the job executor: the host pool and, when configured, the NVMe tier (its
+// transfers, daemon/tiers/nvme_transfers.h, and the spiller's policy). The executor sees two calls
+// per job: admission of a new object into host memory (now, or in order once room comes) and
+// making an object readable (its extent as it is, or a feed still filling from NVMe); both wait
+// in the admission queue for room the spiller makes. Everything about spilling stays behind this
+// class. It is also the MemoryHome of every object it admits: memory an ObjectTable transition
+// releases comes back here by itself (daemon/tiers/release.h). With no NVMe tier, admission fails
+// at once when the pool is full and every object is readable as it is.
 #ifndef TIER_DAEMON_TIERS_TIER_MANAGER_H_
 #define TIER_DAEMON_TIERS_TIER_MANAGER_H_
 
@@ -15,7 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/jobs/admission_queue.h"
+#include "daemon/tiers/nvme_transfers.h"
 #include "daemon/tiers/object_table.h"
+#include "daemon/tiers/release.h"
+#include "daemon/tiers/spill_read.h"
 #include "daemon/tiers/spiller.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
@@ -33,12 +38,16 @@ class TierManager {
   TierManager& operator=(const TierManager&) = delete;
 
   void Start();
-  // Jobs still waiting for room give up; the spiller stops after its I/O landed.
+  // Jobs still waiting for room give up; the spiller stops, then the NVMe transfers in flight end.
   void Stop();
 
   storage::HostPool& pool() { return pool_; }
-  // The NVMe tier's mover (status and counters), or null.
+  // The NVMe tier's transfers (the store, counters, what is in flight), or null.
+  NvmeTransfers* nvme() { return transfers_.get(); }
+  // The NVMe tier's policy, or null (its own tests drive it).
   Spiller* spiller() { return spiller_.get(); }
+  // Where admitted objects' memory goes back (tests that admit by hand).
+  MemoryHome& home() { return home_; }
 
   // Whether an object of `len` bytes could ever be in host memory (it must be, to be filled): an
   // extent lies within one part of the pool.
@@ -56,32 +65,55 @@ class TierManager {
   // no room can come. `device`: the GPU its bytes come from (-1: host memory); the extent comes
   // from that GPU's pool part when it has room, else from another part (counted as remote)
   // before the object waits for the spiller. A fetch back from NVMe prefers the same part.
+  // `then(OK)` lets the fill's copy into the extent start: it counts as a copy on pool memory
+  // until FillEnded.
   void Admit(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
              const std::shared_ptr<Object>& object, int device,
              std::function<void(absl::Status)> then);
-  // A reload found its object so (a prefetch hit or miss: counters).
-  void NoteReload(ObjectTable::Prefetch prefetch);
-  // A reload pinned `pinned`: `then` gets what to copy from (see Readable and Spiller::Fetch);
-  // at once when the object's bytes are in host memory.
+  // The fill of an admitted object ended (its copy ran, or failed): the table's transition (the
+  // jobs that waited for the fill go to *waiters, for the caller to start), and a filled object
+  // becomes a spill candidate. Its copy on pool memory is over.
+  void FillEnded(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
+                 const absl::Status& status, std::vector<ObjectWaiter>* waiters);
+  // A reload pinned `pinned` (`prefetch`: how it found the object, counted): `then` gets what to
+  // copy from (see Readable and SpillRead::Start), at once when the object's bytes are in host
+  // memory. When the pool has no room to read a spilled object back into, it waits in the
+  // admission queue (`queue`: the session), and fails RESOURCE_EXHAUSTED only when no room can
+  // come. An OK answer lets the reload's copy start: a copy on pool memory until ReloadEnded.
   void MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64_t queue,
                     const ObjectTable::Pinned& pinned,
                     std::function<void(absl::StatusOr<Readable>)> then);
-  // A fill completed: the object may be spilled from now on.
-  void Filled(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object);
-  // Copies on pool memory (fills, reloads) started and ended: see Spiller::CopyStarted.
-  void CopyStarted();
-  void CopyEnded();
-  // Gives back what an ObjectTable transition released.
-  void Settle(const Release& release);
+  // The copy of a reload that MakeReadable answered OK ended: its pin goes (and the memory of a
+  // freed object with it), and its copy on pool memory is over.
+  void ReloadEnded(ObjectTable& table, Object& object);
 
  private:
-  // Gives `object` the new `extent`; an extent the table refuses goes back to the pool.
+  // Memory an object of these tiers released: extents to the pool, records to the spill store;
+  // the spiller hears that memory came free.
+  class Home : public MemoryHome {
+   public:
+    explicit Home(TierManager& tiers) : tiers_(tiers) {}
+    void Return(std::optional<storage::Extent> extent,
+                std::optional<storage::SpillRecord> record) override;
+
+   private:
+    TierManager& tiers_;
+  };
+
+  // Gives `object` the new `extent`; an extent the table refuses goes back to the pool. OK: the
+  // fill's copy is counted as started.
   absl::Status AdmitWith(ObjectTable& table, Object& object, storage::Extent extent);
+  // A copy on pool memory started or ended: while any runs, jobs waiting for room are not failed
+  // as stuck (Spiller::CopyStarted).
+  void CopyStarted();
+  void CopyEnded();
 
   storage::HostPool& pool_;
   const std::vector<int> part_of_device_;
+  Home home_{*this};
   AdmissionQueue admission_;
-  std::unique_ptr<Spiller> spiller_;
+  std::unique_ptr<NvmeTransfers> transfers_;  // null: no NVMe tier
+  std::unique_ptr<Spiller> spiller_;          // with transfers_
 };
 
 }  // namespace tier::daemon

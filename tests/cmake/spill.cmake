@@ -10,11 +10,13 @@ endforeach()
 # The NVMe tier's policy alone, and the spiller over a real pool and store.
 tier_add_test(spill_policy_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/spill_policy_test.cc LIBS tierd_lib)
-# The tiers behind the job executor: the object table, the admission queue, the spiller.
+# The tiers behind the job executor: the object table, the admission queue, the spiller, the
+# NVMe transfers (SpillRead, SpillWrite).
 tier_add_test(tiers_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/object_table_test.cc
           ${CMAKE_SOURCE_DIR}/tests/unit/admission_queue_test.cc
           ${CMAKE_SOURCE_DIR}/tests/unit/spiller_test.cc
+          ${CMAKE_SOURCE_DIR}/tests/unit/spill_read_test.cc
   LIBS tierd_lib)
 target_compile_definitions(tiers_test PRIVATE TIER_SPILL_TEST_DIR="${CMAKE_BINARY_DIR}")
 # The job executor over a real session ring, pool and tiers, with a scripted copy engine.

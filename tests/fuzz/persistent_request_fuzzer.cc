@@ -111,11 +111,11 @@ class Harness {
         b->slot.table->Create(b->slot.id, len, 0, 0, world_.tiers->Charge(len));
     if (!object.ok()) return;
     std::optional<storage::Extent> extent = world_.pool->Allocate(world_.tiers->Charge(len));
-    absl::Status filled = extent ? b->slot.table->Admit(**object, *extent)
+    absl::Status filled = extent ? b->slot.table->Admit(**object, *extent, world_.tiers->home())
                                  : absl::ResourceExhaustedError("pool");
     if (!filled.ok() && extent) world_.pool->Free(*extent);
     std::vector<ObjectWaiter> waiters;
-    world_.tiers->Settle(b->slot.table->EndFill(**object, filled, &waiters));
+    b->slot.table->EndFill(**object, filled, &waiters);
     if (filled.ok()) store_.Filled(b->slot.table, *object);
   }
 
@@ -126,7 +126,7 @@ class Harness {
     absl::StatusOr<Release> released = b->slot.table->Free(b->slot.id);
     if (!released.ok()) return;
     if (store_.Forget(b->slot.table, b->slot.id, [] { std::abort(); })) std::abort();
-    world_.tiers->Settle(*released);
+    // (`released` goes back when it goes out of scope, as in the executor.)
   }
 
   void End(uint64_t session) {

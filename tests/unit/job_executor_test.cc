@@ -435,11 +435,11 @@ TEST_F(JobExecutorTest, ASpilledReloadThatGetsNoRoomPassesItsTicket) {
   }
   // At 100% (over 75%) the pool goes down to 25%: three objects on NVMe, object 4 in memory.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (tiers_->spiller()->counters().spills.load() < 3 &&
+  while (tiers_->nvme()->counters().spills.load() < 3 &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_EQ(tiers_->spiller()->counters().spills.load(), 3u);
+  ASSERT_EQ(tiers_->nvme()->counters().spills.load(), 3u);
   // Fill the pool with what cannot be spilled: object 4 pinned by a reload held in the engine,
   // and three fills held there too.
   Submit(Entry(ring::Opcode::kReload, 4, 5 * kObject, 1));
@@ -466,11 +466,11 @@ TEST_F(JobExecutorTest, SpilledObjectsComeBackOrReportTheirReadError) {
     ASSERT_EQ(Await(id), absl::StatusCode::kOk);
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (tiers_->spiller()->counters().spills.load() < 3 &&
+  while (tiers_->nvme()->counters().spills.load() < 3 &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_EQ(tiers_->spiller()->counters().spills.load(), 3u);
+  ASSERT_EQ(tiers_->nvme()->counters().spills.load(), 3u);
   uint64_t first = Submit(Entry(ring::Opcode::kReload, 1, 4 * kObject, 1));
   engine_->Step();
   EXPECT_EQ(Await(first), absl::StatusCode::kDataLoss);

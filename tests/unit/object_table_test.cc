@@ -1,6 +1,7 @@
 // The object table alone: each transition, what it gives back (extent, spill record), the quota,
 // and the transitions that do not apply in an object's state. No pool and no store: extents and
-// records are plain values here, so a leak or a double release shows as a wrong Release.
+// records are plain values here, so a leak or a double release shows as a wrong Release; the
+// home they go back to counts what came back.
 #include "daemon/tiers/object_table.h"
 
 #include <string>
@@ -16,13 +17,32 @@ constexpr uint64_t kCharge = 4096;  // what the pool would hand out for kLen
 const storage::Extent kExtent{8192, 4096};
 const storage::SpillRecord kRecord{42, 0, storage::Extent{0, 4096}, kLen};
 
+// Where the objects' memory goes back: counted.
+class CountingHome : public MemoryHome {
+ public:
+  void Return(std::optional<storage::Extent> extent,
+              std::optional<storage::SpillRecord> record) override {
+    if (extent) extents.push_back(*extent);
+    if (record) records.push_back(*record);
+  }
+  std::vector<storage::Extent> extents;
+  std::vector<storage::SpillRecord> records;
+};
+
+// The read a fetch registers, as the table sees it: a pointer it keeps and hands to joiners,
+// never called (SpillRead itself is tested in spill_read_test.cc).
+std::shared_ptr<SpillRead> ReadMarker() {
+  auto owner = std::make_shared<int>(0);
+  return std::shared_ptr<SpillRead>(owner, reinterpret_cast<SpillRead*>(owner.get()));
+}
+
 class ObjectTableTest : public ::testing::Test {
  protected:
   // A filled object `id`, in host memory at kExtent, nothing using it.
   std::shared_ptr<Object> Ready(uint64_t id) {
     absl::StatusOr<std::shared_ptr<Object>> object = table_.Create(id, kLen, 0, id, kCharge);
     EXPECT_TRUE(object.ok()) << object.status();
-    EXPECT_TRUE(table_.Admit(**object, kExtent).ok());
+    EXPECT_TRUE(table_.Admit(**object, kExtent, home_).ok());
     std::vector<ObjectWaiter> waiters;
     EXPECT_TRUE(table_.EndFill(**object, absl::OkStatus(), &waiters).empty());
     return *object;
@@ -34,10 +54,11 @@ class ObjectTableTest : public ::testing::Test {
     bool spilled = false;
     Release release = table_.EndSpill(object, kRecord, &spilled);
     ASSERT_TRUE(spilled);
-    ASSERT_EQ(release.extent, kExtent);
-    ASSERT_FALSE(release.record);
+    ASSERT_EQ(release.extent(), kExtent);
+    ASSERT_FALSE(release.record());
   }
 
+  CountingHome home_;  // (declared first: it outlives every Release of the test)
   ObjectTable table_{3 * kCharge};
 };
 
@@ -56,34 +77,35 @@ TEST_F(ObjectTableTest, CreateChargesTheQuotaAndRefusesDuplicatesAndOverruns) {
 
 TEST_F(ObjectTableTest, AdmissionChargesTheExtentAndHappensOnce) {
   std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
-  ASSERT_TRUE(table_.Admit(*object, storage::Extent{0, 2 * kCharge}).ok());
+  ASSERT_TRUE(table_.Admit(*object, storage::Extent{0, 2 * kCharge}, home_).ok());
   EXPECT_EQ(table_.used_bytes(), 2 * kCharge);  // the extent as handed out
-  EXPECT_EQ(table_.Admit(*object, kExtent).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table_.Admit(*object, kExtent, home_).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(table_.Look(*object).extent, (storage::Extent{0, 2 * kCharge}));
 }
 
 TEST_F(ObjectTableTest, AFailedFillLeavesNoObjectAndGivesEverythingBack) {
   std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
-  ASSERT_TRUE(table_.Admit(*object, kExtent).ok());
+  ASSERT_TRUE(table_.Admit(*object, kExtent, home_).ok());
   // A reload accepted during the fill waits for it.
   absl::StatusOr<ObjectTable::Pinned> reload = table_.PinForReload(1, kLen);
   ASSERT_TRUE(reload.ok());
   EXPECT_TRUE(reload->filling);
   EXPECT_TRUE(reload->admitted);
   std::vector<std::string> heard;
-  EXPECT_TRUE(table_.AwaitFill(*object, [&](absl::Status s) { heard.push_back(s.ToString()); }));
+  EXPECT_EQ(table_.AwaitFill(*object, [&](absl::Status s) { heard.push_back(s.ToString()); }),
+            ObjectTable::Fill::kRunning);
   std::vector<ObjectWaiter> waiters;
   Release fill = table_.EndFill(*object, absl::DataLossError("copy failed"), &waiters);
   EXPECT_TRUE(fill.empty()) << "the reload still pins it";
   ASSERT_EQ(waiters.size(), 1u);
   waiters[0](absl::DataLossError("copy failed"));
   EXPECT_EQ(heard.size(), 1u);
-  EXPECT_TRUE(table_.FillFailed(*object));
-  EXPECT_FALSE(table_.AwaitFill(*object, [](absl::Status) { ADD_FAILURE(); }));
+  EXPECT_EQ(table_.AwaitFill(*object, [](absl::Status) { ADD_FAILURE(); }),
+            ObjectTable::Fill::kFailed);
   EXPECT_EQ(table_.PinForReload(1, kLen).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table_.Free(1).status().code(), absl::StatusCode::kNotFound);
   Release last = table_.Unpin(*object);
-  EXPECT_EQ(last.extent, kExtent);
+  EXPECT_EQ(last.extent(), kExtent);
   EXPECT_EQ(table_.used_bytes(), 0u);
   EXPECT_EQ(table_.size(), 0u);
 }
@@ -123,7 +145,7 @@ TEST_F(ObjectTableTest, AFreedObjectsMemoryGoesWithTheLastPin) {
   EXPECT_EQ(table_.used_bytes(), kCharge) << "charged until the memory goes";
   EXPECT_TRUE(table_.Unpin(*object).empty());
   Release last = table_.Unpin(*object);
-  EXPECT_EQ(last.extent, kExtent);
+  EXPECT_EQ(last.extent(), kExtent);
   EXPECT_EQ(table_.used_bytes(), 0u);
   EXPECT_TRUE(table_.Unpin(*object).empty()) << "an extra unpin must not give it back twice";
 }
@@ -135,7 +157,7 @@ TEST_F(ObjectTableTest, DropAfterReloadRemovesOnlyThatObject) {
   std::shared_ptr<Object> reused = Ready(1);  // the client reused the id meanwhile
   table_.DropAfterReload(*old);
   EXPECT_EQ(table_.size(), 1u) << "the new object of the same id must stay";
-  EXPECT_EQ(table_.Unpin(*old).extent, kExtent);
+  EXPECT_EQ(table_.Unpin(*old).extent(), kExtent);
   EXPECT_TRUE(table_.PinForReload(1, kLen).ok());
 }
 
@@ -149,19 +171,19 @@ TEST_F(ObjectTableTest, DropAllGivesBackWhatNoJobUses) {
   ASSERT_EQ(released.size(), 2u);
   int extents = 0, records = 0;
   for (const Release& r : released) {
-    extents += r.extent.has_value();
-    records += r.record.has_value();
+    extents += r.extent().has_value();
+    records += r.record().has_value();
   }
   EXPECT_EQ(extents, 1);
   EXPECT_EQ(records, 1);
   EXPECT_EQ(table_.size(), 0u);
-  EXPECT_EQ(table_.Unpin(*busy).extent, kExtent);
+  EXPECT_EQ(table_.Unpin(*busy).extent(), kExtent);
   EXPECT_EQ(table_.used_bytes(), 0u);
 }
 
 TEST_F(ObjectTableTest, OnlyAReadyUnusedHostObjectIsSpilled) {
   std::shared_ptr<Object> filling = *table_.Create(1, kLen, 0, 1, kCharge);
-  ASSERT_TRUE(table_.Admit(*filling, kExtent).ok());
+  ASSERT_TRUE(table_.Admit(*filling, kExtent, home_).ok());
   storage::Extent extent;
   EXPECT_EQ(table_.BeginSpill(*filling, &extent), ObjectTable::SpillStart::kNot);
   std::shared_ptr<Object> used = Ready(2);
@@ -186,8 +208,8 @@ TEST_F(ObjectTableTest, AWriteThatLandsWhileAReloadReadsKeepsTheHostCopy) {
   bool spilled = true;
   Release release = table_.EndSpill(*object, kRecord, &spilled);
   EXPECT_FALSE(spilled);
-  EXPECT_EQ(release.record, kRecord) << "the record is not needed";
-  EXPECT_FALSE(release.extent);
+  EXPECT_EQ(release.record(), kRecord) << "the record is not needed";
+  EXPECT_FALSE(release.extent());
   EXPECT_EQ(table_.Look(*object).where, Object::Where::kHost);
   EXPECT_TRUE(table_.Unpin(*object).empty());
 }
@@ -214,8 +236,8 @@ TEST_F(ObjectTableTest, AnObjectFreedDuringItsWriteGivesBackBoth) {
   bool spilled = true;
   Release release = table_.EndSpill(*object, kRecord, &spilled);
   EXPECT_FALSE(spilled);
-  EXPECT_EQ(release.extent, kExtent);
-  EXPECT_EQ(release.record, kRecord);
+  EXPECT_EQ(release.extent(), kExtent);
+  EXPECT_EQ(release.record(), kRecord);
   EXPECT_EQ(table_.used_bytes(), 0u);
 }
 
@@ -226,37 +248,35 @@ TEST_F(ObjectTableTest, AReadBringsTheBytesBackAndLaterReadersJoinIt) {
   ASSERT_TRUE(first.ok());
   EXPECT_TRUE(first->on_nvme);
   EXPECT_EQ(first->prefetch, ObjectTable::Prefetch::kMiss);
-  storage::Extent extent;
-  storage::SpillRecord record;
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, nullptr, &extent,
-                              &record),
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, ReadMarker())
+                .fetch,
             ObjectTable::Fetch::kNoRoom);
+  EXPECT_EQ(table_.Look(*object).where, Object::Where::kNvme);
   const storage::Extent fresh{65536, 4096};
   auto allocate = [&]() -> std::optional<storage::Extent> { return fresh; };
-  ASSERT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, nullptr,
-                              &extent, &record),
-            ObjectTable::Fetch::kStarted);
-  EXPECT_EQ(extent, fresh);
-  EXPECT_EQ(record, kRecord);
+  std::shared_ptr<SpillRead> read = ReadMarker();
+  ObjectTable::FetchBegun begun =
+      table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, read);
+  ASSERT_EQ(begun.fetch, ObjectTable::Fetch::kStarted);
+  EXPECT_EQ(begun.extent, fresh);
+  EXPECT_EQ(begun.record, kRecord);
   ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
-  int joined = 0;
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate,
-                              [&](absl::Status s) { joined += s.ok(); }, &extent, &record),
-            ObjectTable::Fetch::kJoined);
+  // A second reload finds the running read: it joins that one, and no second read starts.
+  ObjectTable::FetchBegun joined =
+      table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, ReadMarker());
+  EXPECT_EQ(joined.fetch, ObjectTable::Fetch::kJoined);
+  EXPECT_EQ(joined.running, read);
   bool spillable = false;
-  std::vector<ObjectWaiter> waiters;
-  Release release = table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/false,
-                                    /*detach=*/true, &spillable, &waiters);
-  EXPECT_EQ(release.record, kRecord);
-  EXPECT_FALSE(release.extent);
+  {
+    Release release = table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/false, &spillable);
+    EXPECT_EQ(release.record(), kRecord);
+    EXPECT_FALSE(release.extent());
+  }
+  EXPECT_EQ(home_.records.size(), 1u) << "the record went back once, when the Release went";
   EXPECT_TRUE(spillable);
-  ASSERT_EQ(waiters.size(), 1u);
-  waiters[0](absl::OkStatus());
-  EXPECT_EQ(joined, 1);
   EXPECT_EQ(table_.Look(*object).where, Object::Where::kHost);
   EXPECT_EQ(table_.extent(*object), fresh);
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, nullptr,
-                              &extent, &record),
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, nullptr).fetch,
             ObjectTable::Fetch::kInHost);
 }
 
@@ -265,24 +285,22 @@ TEST_F(ObjectTableTest, AFailedReadLeavesTheObjectOnNvme) {
   Spill(*object);
   ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
   const storage::Extent fresh{65536, 4096};
-  storage::Extent extent;
-  storage::SpillRecord record;
-  ASSERT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined,
-                              [&]() -> std::optional<storage::Extent> { return fresh; }, nullptr,
-                              &extent, &record),
+  ASSERT_EQ(table_
+                .BeginFetch(*object, ObjectTable::Reader::kPipelined,
+                            [&]() -> std::optional<storage::Extent> { return fresh; },
+                            ReadMarker())
+                .fetch,
             ObjectTable::Fetch::kStarted);
   bool spillable = true;
-  std::vector<ObjectWaiter> waiters;
-  // Not detached (a read that fed no copy): the new extent goes back.
-  Release release = table_.EndFetch(*object, absl::DataLossError("checksum"), false, false,
-                                    &spillable, &waiters);
-  EXPECT_EQ(release.extent, fresh);
-  EXPECT_FALSE(release.record);
+  // The new extent is in the Release (a reader whose copy may still read it keeps it).
+  Release release = table_.EndFetch(*object, absl::DataLossError("checksum"), false, &spillable);
+  EXPECT_EQ(release.extent(), fresh);
+  EXPECT_FALSE(release.record());
   EXPECT_FALSE(spillable);
   EXPECT_EQ(table_.Look(*object).where, Object::Where::kNvme);
   // The client frees it: its record goes back.
   ASSERT_TRUE(table_.Free(1).ok());
-  EXPECT_EQ(table_.Unpin(*object).record, kRecord);
+  EXPECT_EQ(table_.Unpin(*object).record(), kRecord);
   EXPECT_EQ(table_.used_bytes(), 0u);
 }
 
@@ -291,18 +309,16 @@ TEST_F(ObjectTableTest, APrefetchMarksTheObjectAndAReloadCountsTheHit) {
   Spill(*object);
   ASSERT_TRUE(table_.PinIfOnNvme(*object));
   const storage::Extent fresh{65536, 4096};
-  storage::Extent extent;
-  storage::SpillRecord record;
-  ASSERT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch,
-                              [&]() -> std::optional<storage::Extent> { return fresh; }, nullptr,
-                              &extent, &record),
+  ASSERT_EQ(table_
+                .BeginFetch(*object, ObjectTable::Reader::kPrefetch,
+                            [&]() -> std::optional<storage::Extent> { return fresh; },
+                            ReadMarker())
+                .fetch,
             ObjectTable::Fetch::kStarted);
   EXPECT_FALSE(table_.PinIfOnNvme(*object)) << "being read: not on NVMe any more";
   bool spillable = false;
-  std::vector<ObjectWaiter> waiters;
-  Release release =
-      table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/true, false, &spillable, &waiters);
-  EXPECT_EQ(release.record, kRecord);
+  Release release = table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/true, &spillable);
+  EXPECT_EQ(release.record(), kRecord);
   EXPECT_EQ(table_.Look(*object).pins, 0u) << "the prefetch's pin goes with its read";
   EXPECT_TRUE(table_.Look(*object).prefetched);
   absl::StatusOr<ObjectTable::Pinned> hit = table_.PinForReload(1, kLen);
@@ -316,17 +332,51 @@ TEST_F(ObjectTableTest, APrefetchOfAFreedObjectDoesNothing) {
   Spill(*object);
   ASSERT_TRUE(table_.PinIfOnNvme(*object));
   ASSERT_TRUE(table_.Free(1).ok());
-  storage::Extent extent;
-  storage::SpillRecord record;
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch,
-                              [&]() -> std::optional<storage::Extent> {
-                                ADD_FAILURE() << "allocated for a freed object";
-                                return std::nullopt;
-                              },
-                              nullptr, &extent, &record),
-            ObjectTable::Fetch::kGone);
-  EXPECT_EQ(table_.Unpin(*object).record, kRecord);
+  ObjectTable::FetchBegun begun =
+      table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch,
+                        [&]() -> std::optional<storage::Extent> {
+                          ADD_FAILURE() << "allocated for a freed object";
+                          return std::nullopt;
+                        },
+                        ReadMarker());
+  EXPECT_EQ(begun.fetch, ObjectTable::Fetch::kGone);
+  // The prefetch's pin was the last: the record goes back with it.
+  EXPECT_EQ(begun.released.record(), kRecord);
+  EXPECT_EQ(table_.Look(*object).pins, 0u);
   EXPECT_FALSE(table_.PinIfOnNvme(*object));
+}
+
+TEST_F(ObjectTableTest, APrefetchWithNothingToReadDropsItsPin) {
+  std::shared_ptr<Object> object = Ready(1);
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());  // (the pin a prefetch would hold)
+  ObjectTable::FetchBegun begun =
+      table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch, nullptr, ReadMarker());
+  EXPECT_EQ(begun.fetch, ObjectTable::Fetch::kInHost);
+  EXPECT_TRUE(begun.released.empty()) << "still in the table: its memory stays";
+  EXPECT_EQ(table_.Look(*object).pins, 0u);
+  // A reload in the same case keeps its pin: its copy reads the extent.
+  ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, nullptr).fetch,
+            ObjectTable::Fetch::kInHost);
+  EXPECT_EQ(table_.Look(*object).pins, 1u);
+}
+
+TEST_F(ObjectTableTest, AReleaseGoesBackOnceWhenItGoesOutOfScope) {
+  std::shared_ptr<Object> object = Ready(1);
+  ASSERT_TRUE(table_.Free(1).ok());  // the extent went back with the free's Release
+  ASSERT_EQ(home_.extents.size(), 1u);
+  EXPECT_EQ(home_.extents[0], kExtent);
+  EXPECT_TRUE(table_.Unpin(*object).empty()) << "nothing more to give back";
+  Release moved;
+  {
+    std::shared_ptr<Object> other = Ready(2);
+    Release held = *table_.Free(2);
+    EXPECT_EQ(home_.extents.size(), 1u) << "held: not back yet";
+    moved = std::move(held);
+  }
+  EXPECT_EQ(home_.extents.size(), 1u) << "a moved-from Release gives nothing back";
+  moved = Release();
+  EXPECT_EQ(home_.extents.size(), 2u) << "replaced: the old memory went back, once";
 }
 
 }  // namespace

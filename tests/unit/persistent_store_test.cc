@@ -62,10 +62,10 @@ class PersistentStoreTest : public ::testing::Test {
     if (!object.ok()) return nullptr;
     std::optional<storage::Extent> extent = pool_->Allocate(tiers_->Charge(len));
     EXPECT_TRUE(extent.has_value());
-    EXPECT_TRUE(slot.table->Admit(**object, *extent).ok());
+    EXPECT_TRUE(slot.table->Admit(**object, *extent, tiers_->home()).ok());
     std::memset(pool_->At(*extent), byte, len);
     std::vector<ObjectWaiter> waiters;
-    tiers_->Settle(slot.table->EndFill(**object, absl::OkStatus(), &waiters));
+    slot.table->EndFill(**object, absl::OkStatus(), &waiters);
     store_->Filled(slot.table, *object);
     return *object;
   }

@@ -54,11 +54,11 @@ class SpillerTest : public ::testing::Test {
     tiers_ = std::make_unique<TierManager>(*pool_, store_.get(),
                                            SpillerOptions{marks, prefetches, stall_ms});
     if (track) {
-      for (auto& object : objects_) tiers_->Filled(table_, object);
+      for (auto& object : objects_) tiers_->spiller()->Track(table_, object);
     }
     tiers_->Start();
   }
-  Spiller& spiller() { return *tiers_->spiller(); }
+  NvmeTransfers& nvme() { return *tiers_->nvme(); }
 
   void TearDown() override {
     if (tiers_) tiers_->Stop();
@@ -76,7 +76,7 @@ class SpillerTest : public ::testing::Test {
       ADD_FAILURE() << "pool full at seq " << seq;
       return *object;
     }
-    EXPECT_TRUE(table_->Admit(**object, *extent).ok());
+    EXPECT_TRUE(table_->Admit(**object, *extent, home_).ok());
     FillPattern(pool_->At(*extent), kObject, seq);
     std::vector<ObjectWaiter> waiters;
     EXPECT_TRUE(table_->EndFill(**object, absl::OkStatus(), &waiters).empty());
@@ -87,8 +87,7 @@ class SpillerTest : public ::testing::Test {
   // What a free does: the client drops it; memory returns at the last unpin.
   void Free(const std::shared_ptr<Object>& object) {
     absl::StatusOr<Release> released = table_->Free(object->id());
-    ASSERT_TRUE(released.ok()) << released.status();
-    tiers_->Settle(*released);
+    ASSERT_TRUE(released.ok()) << released.status();  // (its memory goes back here)
   }
 
   Object::Where WhereIs(const Object& object) { return table_->Look(object).where; }
@@ -97,7 +96,7 @@ class SpillerTest : public ::testing::Test {
   // what it moved (its I/O ends after the object's state changed: a test that saw the state and
   // read a counter at once raced with it under load).
   bool Settled() {
-    if (tiers_ != nullptr && spiller().io_in_flight() != 0) return false;
+    if (tiers_ != nullptr && nvme().in_flight() != 0) return false;
     for (auto& object : objects_) {
       ObjectTable::View view = table_->Look(*object);
       if (view.dropped) continue;
@@ -124,12 +123,31 @@ class SpillerTest : public ::testing::Test {
     return usage.used_bytes * 100 / usage.capacity_bytes;
   }
 
+  // Objects are admitted before the tiers exist (StartSpiller): their memory goes back to the
+  // tiers once there are any, else straight to the pool.
+  class LateHome : public MemoryHome {
+   public:
+    explicit LateHome(SpillerTest& test) : test_(test) {}
+    void Return(std::optional<storage::Extent> extent,
+                std::optional<storage::SpillRecord> record) override {
+      if (test_.tiers_ != nullptr) {
+        test_.tiers_->home().Return(extent, record);
+      } else if (extent) {
+        test_.pool_->Free(*extent);
+      }
+    }
+
+   private:
+    SpillerTest& test_;
+  };
+
   TempDir dir_;
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<storage::SpillStore> store_;
   std::shared_ptr<ObjectTable> table_ = std::make_shared<ObjectTable>(~uint64_t{0});
   std::unique_ptr<TierManager> tiers_;
   std::vector<std::shared_ptr<Object>> objects_;
+  LateHome home_{*this};
 };
 
 TEST_F(SpillerTest, SpillsTheOldestDownToTheLowWatermark) {
@@ -147,15 +165,15 @@ TEST_F(SpillerTest, SpillsTheOldestDownToTheLowWatermark) {
   }
   EXPECT_LT(newest_spilled, oldest_in_memory);
   EXPECT_EQ(newest_spilled, 24u);  // 40 objects, 16 stay (25% of 64 slots): no overshoot
-  EXPECT_EQ(spiller().counters().spills.load(), newest_spilled);
-  EXPECT_EQ(spiller().counters().bytes_spilled.load(), newest_spilled * kObject);
+  EXPECT_EQ(nvme().counters().spills.load(), newest_spilled);
+  EXPECT_EQ(nvme().counters().bytes_spilled.load(), newest_spilled * kObject);
 }
 
 TEST_F(SpillerTest, NothingSpillsBetweenTheWatermarks) {
   for (uint64_t seq = 1; seq <= 30; ++seq) Offload(seq);  // 47%: under the high mark
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(spiller().counters().spills.load(), 0u);
+  EXPECT_EQ(nvme().counters().spills.load(), 0u);
   for (auto& object : objects_) EXPECT_EQ(WhereIs(*object), Object::Where::kHost);
 }
 
@@ -192,8 +210,8 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
     if (WhereIs(*object) == Object::Where::kHost) in_memory.push_back(object);
   }
   for (auto& object : in_memory) Free(object);
-  ASSERT_TRUE(WaitFor([&] { return spiller().counters().prefetches.load() >= 16; }))
-      << spiller().counters().prefetches.load() << " prefetches";
+  ASSERT_TRUE(WaitFor([&] { return nvme().counters().prefetches.load() >= 16; }))
+      << nvme().counters().prefetches.load() << " prefetches";
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_TRUE(WaitFor([] { return true; }));
   EXPECT_LE(UsedPct(), 25u);  // prefetching stops at the low watermark
@@ -210,17 +228,34 @@ TEST_F(SpillerTest, PrefetchBringsBackTheNextReloadsUpToTheLowWatermark) {
     }
   }
   EXPECT_GT(oldest_back, newest_still_out);
-  EXPECT_EQ(spiller().counters().bytes_prefetched.load(),
-            spiller().counters().prefetches.load() * kObject);
+  EXPECT_EQ(nvme().counters().bytes_prefetched.load(),
+            nvme().counters().prefetches.load() * kObject);
   // Reloading a prefetched object counts a hit; a spilled one a miss.
   for (auto& object : spilled) {
     absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(object->id(), kObject);
     ASSERT_TRUE(pinned.ok()) << pinned.status();
-    tiers_->NoteReload(pinned->prefetch);
-    tiers_->Settle(table_->Unpin(*object));
+    std::promise<absl::StatusOr<Readable>> readable;
+    tiers_->MakeReadable(table_, 1, *pinned,
+                         [&](absl::StatusOr<Readable> r) { readable.set_value(std::move(r)); });
+    absl::StatusOr<Readable> from = readable.get_future().get();
+    ASSERT_TRUE(from.ok()) << from.status();
+    if (from->feed != nullptr) {  // a miss: the copy would wait for the read to end
+      std::promise<void> ended;
+      bool once = false;
+      from->feed->Subscribe([&](uint64_t, bool end, const absl::Status&) {
+        if (end && !once) {
+          once = true;
+          ended.set_value();
+        }
+      });
+      ended.get_future().get();
+      from->feed->Unsubscribe();
+    }
+    from = absl::UnknownError("copied");
+    tiers_->ReloadEnded(*table_, *object);
   }
-  EXPECT_EQ(spiller().counters().prefetch_hits.load(), spiller().counters().prefetches.load());
-  EXPECT_EQ(spiller().counters().prefetch_hits.load() + spiller().counters().prefetch_misses.load(),
+  EXPECT_EQ(nvme().counters().prefetch_hits.load(), nvme().counters().prefetches.load());
+  EXPECT_EQ(nvme().counters().prefetch_hits.load() + nvme().counters().prefetch_misses.load(),
             spilled.size());
 }
 
@@ -250,9 +285,9 @@ TEST_F(SpillerTest, FetchReturnsTheSpilledBytes) {
   ASSERT_TRUE(WaitFor([&] { return WhereIs(*first) == Object::Where::kHost; }));
   EXPECT_EQ(table_->extent(*first), from->extent);
   from->feed->Unsubscribe();
-  from = absl::UnknownError("dropped");  // the copy is done: its lease goes
-  tiers_->Settle(table_->Unpin(*first));
-  EXPECT_EQ(spiller().counters().fetches.load(), 1u);
+  from = absl::UnknownError("dropped");  // the copy is done: what it kept goes
+  tiers_->ReloadEnded(*table_, *first);
+  EXPECT_EQ(nvme().counters().fetches.load(), 1u);
 }
 
 // A job that finds the pool full waits in the admission queue and gets its room once the spiller
@@ -272,7 +307,7 @@ TEST_F(SpillerTest, AnAdmissionWaitsForASpillThenGetsItsRoom) {
   EXPECT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }))
       << "the oldest was not spilled";
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
+  tiers_->FillEnded(table_, late, absl::OkStatus(), &waiters);
 }
 
 // A reload of a spilled object with the pool full waits for room like an offload, then reads.
@@ -284,7 +319,7 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   tiers_->Admit(table_, 1, late, /*device=*/-1, [&](absl::Status s) { admitted.set_value(s); });
   ASSERT_TRUE(admitted.get_future().get().ok());  // one object went to NVMe for it
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::OkStatus(), &waiters));
+  tiers_->FillEnded(table_, late, absl::OkStatus(), &waiters);
   objects_.push_back(late);
   ASSERT_TRUE(WaitFor([&] { return WhereIs(*objects_[0]) == Object::Where::kNvme; }));
   absl::StatusOr<ObjectTable::Pinned> pinned = table_->PinForReload(objects_[0]->id(), kObject);
@@ -303,10 +338,10 @@ TEST_F(SpillerTest, AFetchIntoAFullPoolWaitsForRoom) {
   });
   ASSERT_TRUE(ended.get_future().get().ok());
   EXPECT_TRUE(MatchesPattern(pool_->At(from->extent), kObject, 1));
-  EXPECT_GE(spiller().counters().spills.load(), 2u) << "a second spill made room for the read";
+  EXPECT_GE(nvme().counters().spills.load(), 2u) << "a second spill made room for the read";
   from->feed->Unsubscribe();
   from = absl::UnknownError("dropped");
-  tiers_->Settle(table_->Unpin(*objects_[0]));
+  tiers_->ReloadEnded(*table_, *objects_[0]);
 }
 
 TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
@@ -319,9 +354,9 @@ TEST_F(SpillerTest, AWaiterFailsWhenNothingCanBeSpilled) {
   auto future = answer.get_future();
   ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(future.get().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(spiller().counters().spills.load(), 0u);
+  EXPECT_EQ(nvme().counters().spills.load(), 0u);
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters));
+  table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters);
   EXPECT_EQ(table_->size(), kSlots);
 }
 
@@ -334,7 +369,7 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);  // full, nothing spillable
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/300);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // idle past stall_ms
-  tiers_->CopyStarted();
+  tiers_->spiller()->CopyStarted();
   std::shared_ptr<Object> late = *table_->Create(1000, kObject, 0, 1000, kObject);
   std::promise<std::chrono::steady_clock::time_point> gave_up;
   auto start = std::chrono::steady_clock::now();
@@ -349,16 +384,16 @@ TEST_F(SpillerTest, WaitersGiveUpWhenCopiesInFlightMakeNoProgress) {
   // up, so a slow test thread cannot fail it.)
   EXPECT_GE(future.get() - start, std::chrono::milliseconds(295))
       << "gave up although a copy was in flight";
-  tiers_->CopyEnded();
+  tiers_->spiller()->CopyEnded();
   std::vector<ObjectWaiter> waiters;
-  tiers_->Settle(table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters));
+  table_->EndFill(*late, absl::ResourceExhaustedError("no room"), &waiters);
 }
 
 // Stopping ends every wait (a job waiting for room fails instead of holding its session open).
 TEST_F(SpillerTest, StopEndsEveryWait) {
   for (uint64_t seq = 1; seq <= kSlots; ++seq) Offload(seq);
   StartSpiller(Watermarks{50, 25}, /*prefetches=*/0, /*track=*/false, /*stall_ms=*/60000);
-  tiers_->CopyStarted();  // room may still come: nobody gives up by itself
+  tiers_->spiller()->CopyStarted();  // room may still come: nobody gives up by itself
   std::vector<std::shared_ptr<Object>> late;
   std::atomic<int> ended{0};
   for (uint64_t i = 0; i < 3; ++i) {
@@ -372,10 +407,10 @@ TEST_F(SpillerTest, StopEndsEveryWait) {
   EXPECT_EQ(ended.load(), 0);
   tiers_->Stop();
   EXPECT_EQ(ended.load(), 3);
-  tiers_->CopyEnded();
+  tiers_->spiller()->CopyEnded();
   std::vector<ObjectWaiter> waiters;
   for (auto& object : late) {
-    tiers_->Settle(table_->EndFill(*object, absl::ResourceExhaustedError("stopped"), &waiters));
+    table_->EndFill(*object, absl::ResourceExhaustedError("stopped"), &waiters);
   }
 }
 

@@ -1,0 +1,105 @@
+// The NVMe tier's mechanism: every transfer between the host pool and the spill store is one
+// object that owns it from start to end (daemon/tiers/spill_write.h, daemon/tiers/spill_read.h);
+// this class is what they share: the pool, the store, the counters, and the count of transfers in
+// flight, so that the policy (daemon/tiers/spiller.h) can see what is under way and Stop can wait
+// until every transfer has ended. It decides nothing.
+//
+// Locks: mu_ guards nothing but the in-flight counts' changes and their condition variable; it is
+// a leaf (no other lock is taken under it).
+#ifndef TIER_DAEMON_TIERS_NVME_TRANSFERS_H_
+#define TIER_DAEMON_TIERS_NVME_TRANSFERS_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "common/mutex.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/tiers/object_table.h"
+#include "storage/host_pool.h"
+#include "storage/spill_store.h"
+
+namespace tier::daemon {
+
+struct SpillCounters {
+  std::atomic<uint64_t> bytes_spilled{0};
+  std::atomic<uint64_t> bytes_fetched{0};  // NVMe -> host, prefetches included
+  std::atomic<uint64_t> spills{0};
+  std::atomic<uint64_t> fetches{0};
+  std::atomic<uint64_t> prefetches{0};        // fetches started by the policy, not by a reload
+  std::atomic<uint64_t> bytes_prefetched{0};
+  std::atomic<uint64_t> prefetch_hits{0};     // reloads that found a prefetched object in memory
+  std::atomic<uint64_t> prefetch_misses{0};   // reloads that had to wait for NVMe
+  // I/O errors and checksum failures are counted by the store (SpillFileUsage), which tells them
+  // apart (both reach the client as DATA_LOSS).
+  BandwidthMeter spill_bandwidth;
+  BandwidthMeter fetch_bandwidth;
+};
+
+// What the policy hears of transfers that ended (called on the store's I/O thread, or on the
+// caller's when a transfer could not start; no lock of the tiers held).
+class NvmeEvents {
+ public:
+  virtual ~NvmeEvents() = default;
+  // The object's bytes are on NVMe now (its host extent went back): a prefetch candidate.
+  virtual void Spilled(const std::shared_ptr<ObjectTable>& table,
+                       const std::shared_ptr<Object>& object) = 0;
+  // The object's bytes are in host memory again and it may be spilled.
+  virtual void Fetched(const std::shared_ptr<ObjectTable>& table,
+                       const std::shared_ptr<Object>& object) = 0;
+};
+
+class NvmeTransfers {
+ public:
+  enum class Kind { kWrite, kRead };
+
+  NvmeTransfers(storage::HostPool& pool, storage::SpillStore& store)
+      : pool_(pool), store_(store) {}
+  NvmeTransfers(const NvmeTransfers&) = delete;
+  NvmeTransfers& operator=(const NvmeTransfers&) = delete;
+
+  // Who hears of ended transfers (set once, before the first).
+  void Listen(NvmeEvents* events) { events_ = events; }
+  NvmeEvents* events() const { return events_; }
+
+  storage::HostPool& pool() { return pool_; }
+  storage::SpillStore& store() { return store_; }
+  SpillCounters& counters() { return counters_; }
+  const SpillCounters& counters() const { return counters_; }
+
+  // A transfer began (`bytes`: a write's host extent, counted until it ended).
+  void Began(Kind kind, uint64_t bytes = 0);
+  // A transfer ended: the last thing it does (once the count it is in reaches zero, Stop may
+  // return and the tiers go).
+  void Ended(Kind kind, uint64_t bytes = 0);
+
+  uint64_t writes_in_flight() const { return writes_.load(); }
+  uint64_t reads_in_flight() const { return reads_.load(); }
+  uint64_t in_flight() const { return writes_.load() + reads_.load(); }
+  uint64_t writing_bytes() const { return writing_bytes_.load(); }
+
+  // Until fewer than `max` writes are in flight; false once Close() was called.
+  bool AwaitWriteSlot(uint64_t max);
+  // Wakes and ends every AwaitWriteSlot (shutdown).
+  void Close();
+  // Until no transfer is in flight; false at `deadline`.
+  bool AwaitIdle(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  storage::HostPool& pool_;
+  storage::SpillStore& store_;
+  NvmeEvents* events_ = nullptr;
+  SpillCounters counters_;
+  Mutex mu_;
+  CondVar cv_;  // with mu_: a transfer ended, or Close
+  // Atomics (read without the lock by the policy), changed under mu_ so a waiter misses nothing.
+  std::atomic<uint64_t> writes_{0};
+  std::atomic<uint64_t> reads_{0};
+  std::atomic<uint64_t> writing_bytes_{0};
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tier::daemon
+
+#endif  // TIER_DAEMON_TIERS_NVME_TRANSFERS_H_
