@@ -112,13 +112,17 @@ class Offloads:
     def _register(self, src, nbytes):
         """(buffer id, offset) of src's memory; None when the library has no GPU support (from
         now on CUDA tensors are staged); False when it cannot be one range."""
-        try:
-            ids = self._session.register_device(src.data_ptr(), nbytes)
-        except errors.Unimplemented:
+        return self._registered(self._session.register_devices([(src.data_ptr(), nbytes)])[0])
+
+    def _registered(self, ids):
+        """_register's answer for one result of Session.register_devices."""
+        if isinstance(ids, errors.Unimplemented):
             self._no_device_direct("libtierclient has no GPU support")
             return None
-        except errors.OutOfRange:
+        if isinstance(ids, errors.OutOfRange):
             return False
+        if isinstance(ids, errors.TierError):
+            raise ids
         self.device_direct = True
         return ids
 
@@ -212,8 +216,11 @@ class Offloads:
         else:
             items = [(h, t, t, hint) for h, t, hint in items]
         rows, batch, fallback = [], [], []
-        for i, (handle, t, src, hint) in enumerate(items):
-            ids = self._register(src, handle.nbytes)
+        # Every range registered in one call of the session (one lock round trip for the batch).
+        registered = self._session.register_devices([(src.data_ptr(), handle.nbytes)
+                                                     for handle, _, src, _ in items])
+        for i, ((handle, t, src, hint), ids) in enumerate(zip(items, registered)):
+            ids = self._registered(ids)
             if ids is None:
                 fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
                 break

@@ -30,7 +30,8 @@ import collections
 from . import errors
 from ._handle import Handle
 from ._host_buffer import HostBuffer, staging_view
-from ._streams import consumer_stream, refuse_in_capture, stream_ptr, torch_module, wait_stream
+from ._streams import (consumer_stream, current_stream_ptr, refuse_in_capture, stream_ptr,
+                       torch_module, wait_stream)
 
 
 class Ready:
@@ -50,16 +51,20 @@ class DeferredBatch:
     made to wait for them. One ticket per chunk of the batch, so waiting on each chunk's last job
     waits for all of its copies."""
 
-    __slots__ = ("_session", "_jobs", "allocating", "_waited", "__weakref__")
+    __slots__ = ("_session", "_jobs", "allocating", "allocating_ptr", "_waited", "__weakref__")
 
     def __init__(self, session, jobs, allocating_stream):
         self._session = session
         self._jobs = jobs
         self.allocating = allocating_stream
+        self.allocating_ptr = stream_ptr(allocating_stream)
         self._waited = set()  # stream pointers
 
     def wait_on(self, stream):
-        ptr = stream_ptr(stream)
+        self.wait_on_ptr(stream_ptr(stream))
+
+    def wait_on_ptr(self, ptr):
+        """wait_on for the stream whose cudaStream_t is `ptr`."""
         if ptr in self._waited:
             return
         session = self._session
@@ -85,11 +90,12 @@ class DeferredReload:
         self._tensor = tensor
 
     def result(self):
-        torch = torch_module()
-        stream = torch.cuda.current_stream(self._tensor.device)
-        self._batch.wait_on(stream)
-        if stream_ptr(stream) != stream_ptr(self._batch.allocating):
-            self._tensor.record_stream(stream)  # allocator lifetime only: the wait orders
+        device = self._tensor.device
+        ptr = current_stream_ptr(device)  # (a raw pointer: no stream object per tensor)
+        self._batch.wait_on_ptr(ptr)
+        if ptr != self._batch.allocating_ptr:
+            # allocator lifetime only: the wait orders
+            self._tensor.record_stream(torch_module().cuda.current_stream(device))
         return self._tensor
 
     def __del__(self):
@@ -198,7 +204,7 @@ class Reloads:
             if h.lost():
                 h.raise_lost()
             seen.add(id(h))
-            if h.device.type == "cuda":
+            if stream is not None and h.device.type == "cuda":
                 consumer_stream(stream, h.device)  # refuses a stream of another device
         for h in handles:
             if h.kept is not None or h.object_id is None:
@@ -256,7 +262,11 @@ class Reloads:
         # reused only by work ordered after them.
         with torch.cuda.device(device), torch.cuda.stream(stream):
             dsts = [torch.empty(h.shape, dtype=h.dtype, device=h.device) for h in handles]
-        ids = [session.register_device(dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
+        ids = session.register_devices([(dst.data_ptr(), h.nbytes)
+                                        for h, dst in zip(handles, dsts)])
+        for i in ids:
+            if isinstance(i, errors.TierError):
+                raise i
         rows = [(h.object_id, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
         ptr = stream_ptr(stream)
         submitted = []

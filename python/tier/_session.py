@@ -255,8 +255,18 @@ class Session:
     def register_device(self, device_ptr, nbytes=None):
         """tier_buffer_register_device(_range): (buffer id, offset). Takes the lock itself (see
         Client.register_device)."""
+        out = self.register_devices([(device_ptr, nbytes)])[0]
+        if isinstance(out, errors.TierError):
+            raise out
+        return out
+
+    def register_devices(self, ranges):
+        """register_device for each (device_ptr, nbytes or None) of `ranges`, with one lock
+        round trip for all (a batch of offloads or reloads registers every tensor of it).
+        Returns per range (buffer id, offset), or the TierError its registration raised."""
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
+        out = []
         with self.checked():
             session = self.c_session
             self._unlocked_calls += 1
@@ -264,21 +274,24 @@ class Session:
         # to tierd (export, IPC open there) that other threads of this client need not wait for.
         # close() waits for calls like this one before it closes the session.
         try:
-            if nbytes is None:
-                status = self.lib.tier_buffer_register_device(
-                    session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
-                    ctypes.byref(offset))
-            else:
-                status = self.lib.tier_buffer_register_device_range(
-                    session, ctypes.c_void_p(int(device_ptr)), ctypes.c_uint64(int(nbytes)),
-                    ctypes.byref(buffer_id), ctypes.byref(offset))
-            _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+            register = self.lib.tier_buffer_register_device_range
+            for device_ptr, nbytes in ranges:
+                status = register(session, ctypes.c_void_p(int(device_ptr)),
+                                  ctypes.c_uint64(0 if nbytes is None else int(nbytes)),
+                                  ctypes.byref(buffer_id), ctypes.byref(offset))
+                if status == errors.OK:
+                    out.append((buffer_id.value, offset.value))
+                    continue
+                try:
+                    _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+                except errors.TierError as e:
+                    out.append(e)
         finally:
             with self.lock:
                 self._unlocked_calls -= 1
                 self._unlocked_done.notify_all()
         # The library owns the registrations (it unregisters them at close).
-        return buffer_id.value, offset.value
+        return out
 
 
 class _Checked:

@@ -36,31 +36,45 @@ class StagingPool:
         self._session = session
         self.cache_bytes = cache_bytes
         self._idle = collections.OrderedDict()  # buffer id -> HostBuffer, least recently used first
+        self._by_size = {}  # size class -> [HostBuffer] idle, most recently released last
         self._idle_bytes = 0
         self._all = {}
         session.on_reset(self.invalidate_all)  # the buffers were the old session's
 
+    def _pop_idle(self, size):
+        """An idle buffer of size class `size` (the most recently released), or None."""
+        bufs = self._by_size.get(size)
+        if not bufs:
+            return None
+        buf = bufs.pop()
+        del self._idle[buf.id]
+        self._idle_bytes -= size
+        return buf
+
     def acquire(self, nbytes):
         size = staging_class(nbytes)
-        for buffer_id, buf in self._idle.items():
-            if buf.nbytes == size:
-                del self._idle[buffer_id]
-                self._idle_bytes -= size
-                return buf
+        buf = self._pop_idle(size)
+        if buf is not None:
+            return buf
         self._trim(self.cache_bytes - size)
         buf = self._session.alloc_host_locked(size)
         self._all[buf.id] = buf
         return buf
 
     def release(self, buf):
-        if buf.id not in self._all or not buf.valid:
+        if buf.id not in self._all or not buf.valid or buf.id in self._idle:
             return
         self._idle[buf.id] = buf
+        self._by_size.setdefault(buf.nbytes, []).append(buf)
         self._idle_bytes += buf.nbytes
 
     def take(self, nbytes):
-        """acquire, under the lock, after reaping (completed jobs give their buffers back)."""
+        """acquire, under the lock; reaps first (completed jobs give their buffers back) when no
+        idle buffer of the size class is at hand."""
         with self._session.checked():
+            buf = self._pop_idle(staging_class(nbytes))
+            if buf is not None:
+                return buf
             self._session.jobs.reap()
             return self.acquire(nbytes)
 
@@ -74,6 +88,7 @@ class StagingPool:
         # exceeds its budget, and never from a completion callback.
         while self._idle and self._idle_bytes > max(keep_bytes, 0):
             buffer_id, buf = self._idle.popitem(last=False)
+            self._by_size[buf.nbytes].remove(buf)
             self._idle_bytes -= buf.nbytes
             del self._all[buffer_id]
             try:
@@ -94,6 +109,7 @@ class StagingPool:
             buf.invalidate()
         self._all.clear()
         self._idle.clear()
+        self._by_size.clear()
         self._idle_bytes = 0
 
     def chunks(self, items, nbytes_of):

@@ -18,9 +18,8 @@ import collections
 import warnings
 import weakref
 
-import torch
-
 from .. import errors as _errors
+from .._streams import current_stream_ptr
 from ._inflight import InflightBound
 
 
@@ -64,8 +63,8 @@ class SaveBatches:
             self._deferred.append((weakref.ref(record), None, None, staged))
         else:
             # The producer is the current stream now (it may be another by the time of the
-            # batch).
-            stream = torch.cuda.current_stream(t.device) if t.is_cuda else None
+            # batch), as its cudaStream_t (an int: no stream object per saved tensor).
+            stream = current_stream_ptr(t.device) if t.is_cuda else None
             self._deferred.append((weakref.ref(record), flat, stream, None))
         self._deferred_bytes += record.nbytes
         if (len(self._deferred) >= self._off.BATCH_TENSORS
