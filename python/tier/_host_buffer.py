@@ -75,8 +75,10 @@ class HostBuffer:
 
 def staging_view(buf, dtype, shape, nbytes):
     """The first `nbytes` of host buffer `buf` as a tensor of `dtype` and `shape`."""
-    torch = torch_module()
-    v = buf.tensor()[:nbytes]
-    if dtype != torch.uint8:
+    u8 = buf._u8 if buf._valid and buf._u8 is not None else buf.tensor()  # (hot: no call)
+    v = u8[:nbytes]
+    if dtype is not v.dtype:
         v = v.view(dtype)
+    if len(shape) == 1 and v.shape[0] == shape[0]:
+        return v  # (the 1-D flat bytes of a saved storage: already this shape)
     return v.view(shape)

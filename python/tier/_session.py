@@ -30,6 +30,9 @@ from ._host_buffer import HostBuffer
 from ._info import SessionInfo
 from ._jobs import JobTable
 
+_getpid = os.getpid
+_monotonic = time.monotonic
+
 
 class Session:
     """See the module docstring."""
@@ -110,8 +113,12 @@ class Session:
     def check(self):
         """What every call does first, under the lock: check_open, a reconnect when due, and
         the work finalizers queued."""
-        self.check_open()
-        if self.reconnect_enabled and time.monotonic() >= self._next_reconnect:
+        # (On every call's path: the common case costs no method call here.)
+        if self.closed or _getpid() != self.pid:
+            self.check_open()
+        if (self.reconnect_enabled and self.c_session is not None
+                and _monotonic() >= self._next_reconnect
+                and self.lib.tier_session_flags(self.c_session) & _lib.TIER_SESSION_DAEMON_GONE):
             self.maybe_reconnect()
         while self._deferred:
             fn = self._deferred.popleft()

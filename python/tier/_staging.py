@@ -150,12 +150,12 @@ class StagedOffloads:
                 wait_stream(cur, s)
         staging = self._pool.take(nbytes)
         try:
-            with torch.no_grad():
-                if t.device.type == "cuda":
-                    with torch.cuda.device(t.device):
-                        staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
-                else:
-                    staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
+            # (t is detached: the copy records nothing for autograd, no_grad or not.)
+            if t.device.type == "cuda":
+                with torch.cuda.device(t.device):
+                    staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
+            else:
+                staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
         except BaseException:
             self._pool.give_back(staging)
             raise
