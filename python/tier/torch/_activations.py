@@ -387,11 +387,17 @@ class ActivationOffloader(_compile.Followed):
         """Planned offloads' sources back to the allocator in stream order: the current stream
         of `device` waits (GPU) for their copies, then their jobs drop the sources. CPU sources
         were staged when saved: nothing is held. Called with self._lock held."""
-        if any(r.handle is None for r in records):
-            self._batches.flush()  # still deferred: submitted first, so there is a copy to wait for
+        for r in records:  # (a loop, not any(): this runs at most saves of a plan)
+            if r.handle is None:
+                self._batches.flush()  # still deferred: submitted first, so there is a copy to
+                break                  # wait for
+        if device.type != "cuda":
+            for r in records:
+                r.released = True
+            return
         handles = [r.handle for r in records if r.handle is not None and r.device == device]
         released = 0
-        if handles and device.type == "cuda":
+        if handles:
             released = self.client.release_sources(handles, torch.cuda.current_stream(device))
         for r in records:
             r.released = True
@@ -421,7 +427,8 @@ class ActivationOffloader(_compile.Followed):
             # at this point of backward (just early enough: _on_use), or else the next
             # `prefetch` in reverse order of offload (the order backward needs them); then we
             # take this one.
-            self._reloads.start([record], prefetch=False)
+            if record.tensor is None and record.pending is None:
+                self._reloads.start([record], prefetch=False)
             if not planned:
                 self._reloads.prefetch_before(record, self.prefetch)
             flat = self._reloads.take(record)

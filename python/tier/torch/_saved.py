@@ -5,12 +5,13 @@ view over the storage's bytes (torch 1.13 .. 2.x)."""
 import torch
 
 
-def untyped_storage(t):
-    f = getattr(t, "untyped_storage", None)  # torch >= 2.0
-    if f is not None:
-        return f()
+def _untyped_storage_113(t):
     s = t.storage()  # torch 1.13: a TypedStorage over an UntypedStorage
     return s.untyped() if hasattr(s, "untyped") else s._storage
+
+
+# torch >= 2.0: the method itself (called for every saved tensor: no wrapper).
+untyped_storage = getattr(torch.Tensor, "untyped_storage", None) or _untyped_storage_113
 
 
 def storage_bytes(t):
