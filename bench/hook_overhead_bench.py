@@ -31,7 +31,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
+
+# --tier-python DIR: import tier from DIR instead of this checkout's python/ (before/after runs of
+# the hook path in one call: DIR holds another revision's python/ tree). Read before tier loads.
+_TIER_PYTHON = os.path.join(REPO_ROOT, "python")
+for _i, _arg in enumerate(sys.argv):
+    if _arg == "--tier-python" and _i + 1 < len(sys.argv):
+        _TIER_PYTHON = os.path.abspath(sys.argv[_i + 1])
+    elif _arg.startswith("--tier-python="):
+        _TIER_PYTHON = os.path.abspath(_arg.split("=", 1)[1])
+sys.path.insert(0, _TIER_PYTHON)
 
 import torch  # noqa: E402
 
@@ -155,7 +164,9 @@ def run(args):
         if "us_per_offloaded_storage" in r:
             extra = "  (%.1f us more per offloaded storage than kept)" % r["us_per_offloaded_storage"]
         print("  %-12s %7.2f us%s%s" % (r["mode"], r["us_per_saved_tensor"], mark, extra))
+    print("  (tier from %s)" % _TIER_PYTHON)
     out = {"benchmark": "hook_overhead_bench", "device": args.device,
+           "tier_python": _TIER_PYTHON,
            "device_name": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "ops": args.ops, "bytes": args.bytes, "rows": rows,
            "checks": checks}
@@ -179,6 +190,8 @@ def main(argv=None):
                                                          os.path.join(REPO_ROOT, "build")))
     p.add_argument("--pool-bytes", default="2G")
     p.add_argument("--json")
+    p.add_argument("--tier-python", help="import tier from this python/ tree (default: the "
+                   "checkout's)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
     if args.bytes is None:

@@ -83,6 +83,11 @@ class StagingPool:
         with self._session.lock:
             self.release(buf)
 
+    def trim(self):
+        """Idle buffers beyond the cache's budget are unregistered (under the lock; waits for
+        the session's jobs if any is in flight: call it where none is)."""
+        self._trim(self.cache_bytes)
+
     def _trim(self, keep_bytes):
         # tier_buffer_unregister waits for every job of the session; it only runs when the cache
         # exceeds its budget, and never from a completion callback.

@@ -331,6 +331,10 @@ class Client:
             self._session.jobs.wait_all()
             self._session.check()  # run what the callbacks queued (frees of dropped handles)
             self._session.jobs.wait_all()
+            # Staging buffers that jobs held past the cache's budget (the daemon was slower than
+            # the batches: each took new ones) are idle now; with no job left, trimming them
+            # waits for nothing.
+            self._staging.trim()
 
     @property
     def jobs_in_flight(self):
