@@ -31,13 +31,21 @@ def _capturing(device):
     import torch
     if device is None:
         return False
-    device = torch.device(device)
+    if type(device) is not torch.device:
+        device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_initialized():
         return False  # nothing can be capturing on a context that does not exist yet
     if device.index is None or device.index == torch.cuda.current_device():
-        return bool(torch.cuda.is_current_stream_capturing())
+        return bool(_stream_capturing())
     with torch.cuda.device(device):
         return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _stream_capturing():
+    import torch
+    # The C call torch.cuda.is_current_stream_capturing makes (asked for every saved tensor).
+    query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    return query() if query is not None else torch.cuda.is_current_stream_capturing()
 
 
 def capturing(device):

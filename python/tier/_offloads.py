@@ -166,19 +166,24 @@ class Offloads:
         handles = []
         staged = []                           # (handle, tensor, hint, producer streams)
         direct = collections.OrderedDict()    # device -> [(handle, tensor, hint)]
+        torch = torch_module()
+        plain, strided = torch.Tensor, torch.strided
         for tensor, hint in zip(tensors, hints):
-            # Every tensor is checked before anything is submitted.
-            self._check_tensor(tensor, "offload_batch()")
-            if tensor.device.type not in ("cpu", "cuda"):
+            # Every tensor is checked before anything is submitted. (A plain strided tensor
+            # passes without a call: this loop runs for every saved activation.)
+            if type(tensor) is not plain or tensor.layout is not strided:
+                self._check_tensor(tensor, "offload_batch()")
+                refuse_dtensor(tensor, "offload_batch()")
+            device_type = tensor.device.type
+            if device_type != "cpu" and device_type != "cuda":
                 raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
-                                tensor.device.type)
-            refuse_dtensor(tensor, "offload_batch()")
-            t = tensor.detach()
+                                device_type)
+            t = tensor.detach() if tensor.requires_grad else tensor  # (the same bytes)
             handle = self._new_handle(t)
             handles.append(handle)
             if handle.nbytes == 0:
                 continue
-            if t.device.type == "cpu":
+            if device_type == "cpu":
                 staged.append((handle, t, hint, None))
                 continue
             if self._direct_possible():
@@ -201,9 +206,14 @@ class Offloads:
         one wait for the producer streams for all of them. Returns the items to stage instead
         (the library has no GPU support)."""
         torch = torch_module()
-        cur = torch.cuda.current_stream(device)
-        producers = list(streams) if streams else [cur]
-        if any(not t.is_contiguous() for _, t, _ in items):
+        producers = list(streams) if streams else [torch.cuda.current_stream(device)]
+        contiguous = True
+        for _, t, _ in items:
+            if not t.is_contiguous():
+                contiguous = False
+                break
+        if not contiguous:
+            cur = torch.cuda.current_stream(device)
             # Gather on the current stream, after every producer stream. The current stream then
             # follows every producer of the batch, so it alone is the producer of all its bytes:
             # the gathered ones and the others alike (one wait for the whole batch).

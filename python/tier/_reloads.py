@@ -200,15 +200,18 @@ class Reloads:
     def _check(self, handles, stream, free):
         """What start() refuses, checked for every handle before any is started."""
         seen = set()
+        generation = self._session.generation
         for h in handles:
-            if not isinstance(h, Handle) or h.client is not self._client:
+            # (Attributes read directly: this runs for every reloaded activation.)
+            if type(h) is not Handle and not isinstance(h, Handle) or \
+                    h._client is not self._client:
                 raise ValueError("reload_batch() takes handles of this client, got %r" % (h,))
             if h.freed:
                 raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
                                                 "reload of a freed handle")
             if free and id(h) in seen:
                 raise ValueError("reload_batch(free=True): a handle appears twice")
-            if h.lost():
+            if h.generation != generation and h.lost():
                 h.raise_lost()
             seen.add(id(h))
             if stream is not None and h.device.type == "cuda":
@@ -218,8 +221,10 @@ class Reloads:
                 continue
             if not h.direct:
                 h.wait_offload()  # staged: the offload's own result comes first
-            if h.failed and h.fallback is None:
-                raise h.job.error()
+            job = h.job
+            if job is not None and job.status is not None and job.status != errors.OK and \
+                    h.fallback is None:
+                raise job.error()
 
     def start(self, handles, stream=None, free=False, prefetch=False):
         """A started reload per handle (its result() is the tensor). The reloads of one GPU's
@@ -237,7 +242,8 @@ class Reloads:
                 started[i] = Ready(_from_kept(h, stream, free))
             elif h.object_id is None:
                 started[i] = Ready(_empty(h, stream))
-            elif h.failed:
+            elif h.job is not None and h.job.status is not None and h.job.status != errors.OK:
+                # (h.failed, read directly)
                 if h.fallback is None:
                     raise h.job.error()
                 started[i] = Ready(_from_fallback(h, stream))
@@ -284,7 +290,8 @@ class Reloads:
                 batch = jobs.reload_batch(rows[lo:hi], ptr, defer=defer)
                 submitted.extend(batch)
                 for h, job in zip(handles[lo:hi], batch):
-                    h.reloads = [j for j in h.reloads if j.status is None]
+                    if h.reloads:
+                        h.reloads = [j for j in h.reloads if j.status is None]
                     h.reloads.append(job)
                     if free:
                         h.freed = True

@@ -115,7 +115,11 @@ class ActivationOffloader(_compile.Followed):
         self._skip = frozenset()
         self._skip_params = None
         self._lock = threading.RLock()
-        self._by_storage = weakref.WeakValueDictionary()  # (device, data_ptr) -> StorageRecord
+        # (device, data_ptr) -> weakref to its StorageRecord: a WeakValueDictionary's work,
+        # without its Python-level calls on every saved tensor; dead entries are dropped as the
+        # dict grows (_remember).
+        self._by_storage = {}
+        self._by_storage_compact_at = 1024
         self._next_index = 0
         self._hooks = None
         # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
@@ -333,12 +337,13 @@ class ActivationOffloader(_compile.Followed):
         nbytes = storage.nbytes()
         key = (tensor.device, storage.data_ptr())
         with self._lock:
-            record = self._by_storage.get(key)
+            ref = self._by_storage.get(key)
+            record = ref() if ref is not None else None
             if record is not None and not record.same_storage(nbytes, tensor._version):
                 record = None
             if record is None:
                 record = self._offload_storage(tensor, storage, nbytes)
-                self._by_storage[key] = record
+                self._remember(key, record)
                 if site is not None:
                     self._held.append(weakref.ref(record))
             else:
@@ -347,6 +352,14 @@ class ActivationOffloader(_compile.Followed):
             if site is not None:
                 self._site_records[site] = weakref.ref(record)
         return Saved(record, tensor, site)
+
+    def _remember(self, key, record):
+        by_storage = self._by_storage
+        by_storage[key] = weakref.ref(record)
+        if len(by_storage) >= self._by_storage_compact_at:
+            self._by_storage = by_storage = {k: r for k, r in by_storage.items()
+                                             if r() is not None}
+            self._by_storage_compact_at = max(1024, 2 * len(by_storage))
 
     def _offload_storage(self, t, storage, nbytes):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
