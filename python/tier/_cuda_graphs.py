@@ -70,7 +70,7 @@ class CaptureGuard:
         self.kept = 0
 
     def keep(self, tensor):
-        if not capturing(tensor.device):
+        if not _capturing(tensor.device):
             return False
         self.kept += 1
         self.warn_once(stacklevel=4)

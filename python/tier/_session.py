@@ -310,11 +310,18 @@ class _Checked:
         self._session = session
 
     def __enter__(self):
-        self._session.lock.acquire()
+        session = self._session
+        session.lock.acquire()
         try:
-            self._session.check()
+            # check()'s common case inline (one Python call less on every call of the client).
+            if (session.closed or _getpid() != session.pid or session._deferred or
+                    (session.reconnect_enabled and session.c_session is not None
+                     and _monotonic() >= session._next_reconnect
+                     and session.lib.tier_session_flags(session.c_session)
+                     & _lib.TIER_SESSION_DAEMON_GONE)):
+                session.check()
         except BaseException:
-            self._session.lock.release()
+            session.lock.release()
             raise
 
     def __exit__(self, *exc):

@@ -62,7 +62,7 @@ class StagingPool:
         return buf
 
     def release(self, buf):
-        if buf.id not in self._all or not buf.valid or buf.id in self._idle:
+        if buf.id not in self._all or not buf._valid or buf.id in self._idle:
             return
         self._idle[buf.id] = buf
         self._by_size.setdefault(buf.nbytes, []).append(buf)
@@ -71,9 +71,13 @@ class StagingPool:
     def take(self, nbytes):
         """acquire, under the lock; reaps first (completed jobs give their buffers back) when no
         idle buffer of the size class is at hand."""
+        size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
         with self._session.checked():
-            buf = self._pop_idle(staging_class(nbytes))
-            if buf is not None:
+            bufs = self._by_size.get(size)
+            if bufs:  # (_pop_idle inline: this runs for every staged tensor)
+                buf = bufs.pop()
+                del self._idle[buf.id]
+                self._idle_bytes -= size
                 return buf
             self._session.jobs.reap()
             return self.acquire(nbytes)

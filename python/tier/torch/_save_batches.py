@@ -119,7 +119,7 @@ class SaveBatches:
         except _errors.TierError as e:
             self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
         for record, (handle, staging) in staged:
-            if not handle.submitted and staging is not None:
+            if handle.job is None and staging is not None:  # (not handle.submitted)
                 # Not submitted (refused): the bytes come back out of the staging buffer.
                 record.tensor = staging.tensor()[:handle.nbytes].clone()
                 client.staging_release(staging)
@@ -130,13 +130,13 @@ class SaveBatches:
     def _submitted(self, record, handle):
         stats = self._off.stats
         record.handle = handle
-        if handle.stayed_on_gpu:
+        if handle.kept is not None:  # (handle.stayed_on_gpu)
             stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
             stats.stayed_on_gpu_bytes += record.nbytes
         else:
             stats.offloaded_storages += 1
             stats.offloaded_bytes += record.nbytes
-        if handle.direct and not handle.stayed_on_gpu and self._bounded and handle.submitted:
+        if handle.direct and handle.kept is None and self._bounded and handle.job is not None:
             # Without a plan: released when the host sees the copy complete, bounded.
             stats.inflight_waits += self._inflight.add(handle, record.nbytes,
                                                        self._off.max_inflight_bytes)
