@@ -258,15 +258,17 @@ class Offloads:
                     handle.direct = True
         return fallback
 
-    def stream_wait_offload(self, job_id, stream=None):
-        """See Client.stream_wait_offload."""
+    def stream_wait_offload(self, job_id, stream=None, device=None):
+        """See Client.stream_wait_offload. device: the GPU of a raw stream pointer (None: the
+        current device)."""
         if stream is None:
             stream = torch_module().cuda.current_stream()
-        refuse_in_capture(getattr(stream, "device", None), "stream_wait_offload()")
+        refuse_in_capture(device if device is not None else getattr(stream, "device", None),
+                          "stream_wait_offload()")
         with self._session.checked():
             self._session.jobs.stream_wait_offload(job_id, stream_ptr(stream))
 
-    def release_sources(self, handles, stream):
+    def release_sources(self, handles, stream, device=None):
         """See Client.release_sources."""
         newest = None
         todo = []
@@ -280,7 +282,7 @@ class Offloads:
             return 0
         # GPU-side wait (no host round trip); from here on the stream is ordered after every
         # copy of `todo`.
-        self.stream_wait_offload(newest.job.id, stream)
+        self.stream_wait_offload(newest.job.id, stream, device)
         with self._session.lock:
             for h in todo:
                 job = h.job

@@ -10,6 +10,7 @@ import weakref
 import torch
 
 from .. import _cuda_graphs
+from .._streams import current_stream_ptr
 from .. import _dtensor
 from ._default_client import DefaultClient
 from . import _compile
@@ -411,7 +412,8 @@ class ActivationOffloader(_compile.Followed):
         handles = [r.handle for r in records if r.handle is not None and r.device == device]
         released = 0
         if handles:
-            released = self.client.release_sources(handles, torch.cuda.current_stream(device))
+            # (The current stream as a raw pointer: no stream object at every release point.)
+            released = self.client.release_sources(handles, current_stream_ptr(device), device)
         for r in records:
             r.released = True
         if released:
