@@ -126,7 +126,12 @@ class StagedReload:
             return self._tensor
         h = self._handle
         with self._session.checked():
-            self._session.jobs.wait(self._job, -1)
+            jobs = self._session.jobs
+            if self._job.status is None:
+                # One poll takes the results of every job done by now (a batch's reloads complete
+                # together): the rest of the batch then waits for nothing.
+                jobs.reap()
+                jobs.wait(self._job, -1)
             if self._job.status == errors.OK and h.device.type == "cpu":
                 # The common case in one lock hold: copied out, the buffer given back.
                 staging, self._staging = self._staging, None
