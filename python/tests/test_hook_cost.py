@@ -7,6 +7,7 @@ as sys.setprofile sees them) a step makes per offloaded storage beyond a step wh
 everything. A loose bound on time, as a ratio to the same step without hooks measured in the same
 test (median of several steps), catches a path gone badly slow."""
 
+import gc
 import statistics
 import sys
 import time
@@ -46,19 +47,26 @@ def _contexts(client):
     return kept, planned
 
 
-def _calls(chain, ctx, steps=3):
+def _calls(chain, ctx):
+    """Python calls one step makes, and the storages it offloaded."""
     count = [0]
 
     def profile(frame, event, arg):
         if event == "call" or event == "c_call":
             count[0] += 1
+    stats = ctx.stats
+    before = stats.offloaded_storages
+    # A garbage collection inside the step would count the finalizers of whatever earlier tests
+    # left behind (torch.compile leaves plenty): collected before, none during.
+    gc.collect()
+    gc.disable()
     sys.setprofile(profile)
     try:
-        for _ in range(steps):
-            chain.step(ctx)
+        chain.step(ctx)
     finally:
         sys.setprofile(None)
-    return count[0] / steps
+        gc.enable()
+    return count[0], stats.offloaded_storages - before
 
 
 def _host_s(chain, ctx, steps=9):
@@ -77,13 +85,18 @@ def test_calls_and_time_per_offloaded_storage(client):
     for _ in range(4):  # calibration, then planned steps
         chain.step(kept)
         chain.step(planned)
-    before = planned.stats.offloaded_storages
-    planned_calls = _calls(chain, planned)
-    offloaded = (planned.stats.offloaded_storages - before) / 3
-    assert offloaded >= OPS - 2, planned.stats  # the plan offloads (nearly) every saved tensor
+    kept_calls = min(_calls(chain, kept)[0] for _ in range(3))
     assert kept.budget is not None and kept.stats.offloaded_storages == 0
-    kept_calls = _calls(chain, kept)
-    per_storage = (planned_calls - kept_calls) / offloaded
+    # Per step, the least: a step the budget calibrates again (it may, on a loaded machine)
+    # offloads nothing and does other work, so only steps whose plan offloaded every saved
+    # tensor count.
+    per_storage = []
+    for _ in range(6):
+        calls, offloaded = _calls(chain, planned)
+        if offloaded >= OPS - 2:
+            per_storage.append((calls - kept_calls) / offloaded)
+    assert per_storage, planned.stats  # the plan offloads (nearly) every saved tensor
+    per_storage = min(per_storage)
     assert per_storage <= MAX_CALLS_PER_OFFLOADED_STORAGE, (
         "%.0f Python calls per offloaded storage (at most %d)" % (
             per_storage, MAX_CALLS_PER_OFFLOADED_STORAGE))
@@ -94,7 +107,7 @@ def test_calls_and_time_per_offloaded_storage(client):
     t_kept = _host_s(chain, kept)
     t_planned = _host_s(chain, planned)
     per_op = t_none / OPS
-    extra = (t_planned - t_kept) / offloaded / per_op
+    extra = (t_planned - t_kept) / (OPS - 1) / per_op
     assert extra <= MAX_TIME_PER_OFFLOADED_STORAGE, (
         "an offloaded storage costs %.1f ops' time (%.1f us; at most %.0f ops)" % (
             extra, extra * per_op * 1e6, MAX_TIME_PER_OFFLOADED_STORAGE))
