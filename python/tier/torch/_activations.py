@@ -20,12 +20,7 @@ from ._module_selection import ModuleSelection
 from ._backward_reloads import BackwardReloads
 from ._offload_budget import OffloadBudget
 from ._save_batches import SaveBatches
-from ._saved import KeptSite, Saved, StorageRecord, storage_bytes, untyped_storage, view_of
-
-try:
-    from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
-except ImportError:  # pragma: no cover - present in every torch this supports
-    _StorageWeakRef = None
+from ._saved import KeptSite, Saved, StorageRecord, untyped_storage, view_of
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
@@ -69,6 +64,8 @@ class ActivationStats(Counters):
 
 
 _Tensor = torch.Tensor
+_empty = torch.empty
+_uint8 = torch.uint8
 _Parameter = torch.nn.Parameter
 _strided = torch.strided
 _KEEP, _STAMP, _OFFLOAD = _planner.KEEP, _planner.STAMP, _planner.OFFLOAD
@@ -366,9 +363,8 @@ class ActivationOffloader(_compile.Followed):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
         # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
         # alive until the copy completed, or until a plan's release point hands it back.
-        flat = storage_bytes(t)
-        weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
-        record = StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
+        flat = _empty(0, dtype=_uint8, device=t.device).set_(storage)  # (storage_bytes(t))
+        record = StorageRecord(None, self._next_index, t.device, nbytes, storage, t._version)
         self._next_index += 1
         if self._budget is None:  # the order count-based prefetch walks (a plan has triggers)
             self._reloads.note(record)
