@@ -310,8 +310,7 @@ class Reloads:
         out = []
         jobs = self._session.jobs
         try:
-            for h in handles:
-                stagings.append(self._pool.take(h.nbytes))
+            self._pool.take_many([h.nbytes for h in handles], stagings)
             with self._session.checked():
                 for lo, hi in jobs.chunks(len(handles)):
                     rows = [(h.object_id, staging.id, 0, h.nbytes, free)

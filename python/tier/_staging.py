@@ -82,6 +82,21 @@ class StagingPool:
             self._session.jobs.reap()
             return self.acquire(nbytes)
 
+    def take_many(self, sizes, out):
+        """take for each of `sizes` (bytes), under one hold of the lock, appended to `out` as
+        they are taken (on an error, the caller gives back those there)."""
+        with self._session.checked():
+            reaped = False
+            for nbytes in sizes:
+                size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
+                buf = self._pop_idle(size)
+                if buf is None:
+                    if not reaped:
+                        self._session.jobs.reap()
+                        reaped = True
+                    buf = self.acquire(nbytes)
+                out.append(buf)
+
     def give_back(self, buf):
         """release, under the lock."""
         with self._session.lock:
