@@ -112,6 +112,10 @@ SECTIONS = (
     ("    Client.start_reloads", "tier.client", "Client", "start_reloads"),
     ("  reload taken", "tier.torch._backward_reloads", "BackwardReloads", "take"),
     ("  release_sources", "tier.client", "Client", "release_sources"),
+    ("  capture checks", "tier._cuda_graphs", "CaptureGuard", "keep"),
+    ("  GPU offload batches", "tier._offloads", "Offloads", "_offload_batch_cuda"),
+    ("  GPU reload batches", "tier._reloads", "Reloads", "_start_cuda"),
+    ("  GPU reload results", "tier._reloads", "DeferredReload", "result"),
     ("  register_devices", "tier._session", "Session", "register_devices"),
     ("  reap", "tier._jobs", "JobTable", "reap"),
 )

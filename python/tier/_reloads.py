@@ -224,7 +224,7 @@ class Reloads:
         for h in handles:
             if h.kept is not None or h.object_id is None:
                 continue
-            if not h.direct:
+            if not h.direct and h.job is not None and h.job.status is None:
                 h.wait_offload()  # staged: the offload's own result comes first
             job = h.job
             if job is not None and job.status is not None and job.status != errors.OK and \

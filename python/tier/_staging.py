@@ -166,16 +166,17 @@ class StagedOffloads:
 
     def stage(self, handle, t, streams):
         """A staging buffer holding t's bytes."""
-        torch = torch_module()
         nbytes = handle.nbytes
-        if t.device.type == "cuda":
+        cuda = t.device.type == "cuda"
+        if cuda:
+            torch = torch_module()
             cur = torch.cuda.current_stream(t.device)
             for s in streams or ():
                 wait_stream(cur, s)
         staging = self._pool.take(nbytes)
         try:
             # (t is detached: the copy records nothing for autograd, no_grad or not.)
-            if t.device.type == "cuda":
+            if cuda:
                 with torch.cuda.device(t.device):
                     staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
             else:
