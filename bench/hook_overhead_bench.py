@@ -130,12 +130,14 @@ class Sections:
         self.calls = {}
         self._orig = []
         for name, module, cls, attr in SECTIONS:
-            owner = getattr(importlib.import_module(module), cls)
-            self._orig.append((owner, attr, owner.__dict__[attr]))
+            owner = getattr(importlib.import_module(module), cls, None)
+            fn = owner.__dict__.get(attr) if owner is not None else None
+            if fn is not None:  # (another revision may lack one)
+                self._orig.append((name, owner, attr, fn))
 
     def __enter__(self):
         ns, calls = self.ns, self.calls
-        for (name, _, _, _), (owner, attr, fn) in zip(SECTIONS, self._orig):
+        for name, owner, attr, fn in self._orig:
             def timed(*a, _fn=fn, _name=name, **k):
                 t0 = time.perf_counter_ns()
                 try:
@@ -147,7 +149,7 @@ class Sections:
         return self
 
     def __exit__(self, *exc):
-        for owner, attr, fn in self._orig:
+        for _, owner, attr, fn in self._orig:
             setattr(owner, attr, fn)
         return False
 
