@@ -34,6 +34,10 @@ class HostBuffer:
     def valid(self):
         return self._valid
 
+    def check_valid(self):
+        """Raises FailedPrecondition once the buffer was unregistered (its memory unmapped)."""
+        self._check()
+
     def _check(self):
         if not self._valid:
             raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,

@@ -9,6 +9,7 @@ as the only copy instead. The staged reload is :class:`tier._reloads.StagedReloa
 """
 
 import collections
+import ctypes
 import weakref
 
 from . import errors
@@ -179,6 +180,11 @@ class StagedOffloads:
             if cuda:
                 with torch.cuda.device(t.device):
                     staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
+            elif t.is_contiguous() and not t.is_conj() and not t.is_neg():
+                # Host memory to host memory, the bytes as they are (no tensor op: this runs
+                # for every staged activation).
+                staging.check_valid()
+                ctypes.memmove(staging.address, t.data_ptr(), nbytes)
             else:
                 staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
         except BaseException:
