@@ -19,7 +19,7 @@ import tier.torch as tt
 OPS = 64
 NBYTES = 4096
 # Calls per offloaded storage (pack, batch, stage, reload, unpack): 201 before issue 24's
-# trimming, 133 after (torch 2.13, CPU, tierd's host engine).
+# trimming, 125 after (torch 2.13, CPU, tierd's host engine).
 MAX_CALLS_PER_OFFLOADED_STORAGE = 160
 # Extra host time per offloaded storage, in units of one op of the step without hooks (sin
 # forward and backward, about 6 us here): about 4.5 now, 6.5 before. Loose: a loaded machine.
