@@ -31,7 +31,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
+
+# --tier-python DIR: import tier from DIR instead of this checkout's python/ (before/after runs of
+# the hook path in one call: DIR holds another revision's python/ tree). Read before tier loads.
+_TIER_PYTHON = os.path.join(REPO_ROOT, "python")
+for _i, _arg in enumerate(sys.argv):
+    if _arg == "--tier-python" and _i + 1 < len(sys.argv):
+        _TIER_PYTHON = os.path.abspath(sys.argv[_i + 1])
+    elif _arg.startswith("--tier-python="):
+        _TIER_PYTHON = os.path.abspath(_arg.split("=", 1)[1])
+sys.path.insert(0, _TIER_PYTHON)
 
 import torch  # noqa: E402
 
@@ -90,6 +99,78 @@ def make_context(mode, client, total_bytes):
     raise ValueError(mode)
 
 
+# --sections: host time inside these functions (inclusive: a section contains the ones it calls),
+# per offloaded storage, from a separate pass after the timed steps (the wrappers cost time).
+SECTIONS = (
+    ("pack", "tier.torch._activations", "ActivationOffloader", "_pack"),
+    ("unpack", "tier.torch._activations", "ActivationOffloader", "_unpack"),
+    ("  release points", "tier.torch._activations", "ActivationOffloader", "_release"),
+    ("  batch flush", "tier.torch._save_batches", "SaveBatches", "flush"),
+    ("    Client.offload_batch", "tier.client", "Client", "offload_batch"),
+    ("    Client.stage_offload", "tier.client", "Client", "stage_offload"),
+    ("  reloads started", "tier.torch._backward_reloads", "BackwardReloads", "start"),
+    ("    Client.start_reloads", "tier.client", "Client", "start_reloads"),
+    ("  reload taken", "tier.torch._backward_reloads", "BackwardReloads", "take"),
+    ("  release_sources", "tier.client", "Client", "release_sources"),
+    ("  capture checks", "tier._cuda_graphs", "CaptureGuard", "keep"),
+    ("  GPU offload batches", "tier._offloads", "Offloads", "_offload_batch_cuda"),
+    ("  GPU reload batches", "tier._reloads", "Reloads", "_start_cuda"),
+    ("  GPU reload results", "tier._reloads", "DeferredReload", "result"),
+    ("  register_devices", "tier._session", "Session", "register_devices"),
+    ("  reap", "tier._jobs", "JobTable", "reap"),
+)
+
+
+class Sections:
+    """Wraps the SECTIONS functions with perf_counter_ns accumulators while active."""
+
+    def __init__(self):
+        import importlib
+        self.ns = {}
+        self.calls = {}
+        self._orig = []
+        for name, module, cls, attr in SECTIONS:
+            owner = getattr(importlib.import_module(module), cls, None)
+            fn = owner.__dict__.get(attr) if owner is not None else None
+            if fn is not None:  # (another revision may lack one)
+                self._orig.append((name, owner, attr, fn))
+
+    def __enter__(self):
+        ns, calls = self.ns, self.calls
+        for name, owner, attr, fn in self._orig:
+            def timed(*a, _fn=fn, _name=name, **k):
+                t0 = time.perf_counter_ns()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    ns[_name] = ns.get(_name, 0) + time.perf_counter_ns() - t0
+                    calls[_name] = calls.get(_name, 0) + 1
+            setattr(owner, attr, timed)
+        return self
+
+    def __exit__(self, *exc):
+        for _, owner, attr, fn in self._orig:
+            setattr(owner, attr, fn)
+        return False
+
+
+def measure_sections(chain, ctx, cuda, steps):
+    """us per offloaded storage in each section, over `steps` steps (None without offloads)."""
+    stats = getattr(ctx, "stats", None)
+    if stats is None:
+        return None
+    before = stats.offloaded_storages
+    with Sections() as sec:
+        for _ in range(steps):
+            chain.step(ctx, cuda)
+    offloaded = stats.offloaded_storages - before
+    if offloaded == 0:
+        return None
+    return {name: {"us_per_offloaded_storage": sec.ns.get(name, 0) / 1e3 / offloaded,
+                   "calls_per_offloaded_storage": sec.calls.get(name, 0) / offloaded}
+            for name, _, _, _ in SECTIONS}
+
+
 def run(args):
     cuda = args.device == "cuda"
     import tier
@@ -119,6 +200,9 @@ def run(args):
             row = {"mode": mode,
                    "host_ms": statistics.median(s[0] for s in samples) * 1e3,
                    "wall_ms": statistics.median(s[1] for s in samples) * 1e3}
+            if args.sections:
+                row["sections"] = measure_sections(chain, ctx, cuda, args.steps)
+                client.synchronize()
             if stats is not None:
                 row["offloaded_storages"] = stats.offloaded_storages
                 row["offloaded_per_step"] = (stats.offloaded_storages -
@@ -155,7 +239,16 @@ def run(args):
         if "us_per_offloaded_storage" in r:
             extra = "  (%.1f us more per offloaded storage than kept)" % r["us_per_offloaded_storage"]
         print("  %-12s %7.2f us%s%s" % (r["mode"], r["us_per_saved_tensor"], mark, extra))
+    print("  (tier from %s)" % _TIER_PYTHON)
+    for r in rows:
+        if r.get("sections"):
+            print("\nsections of %s (inclusive), per offloaded storage, a separate pass with "
+                  "timers:" % r["mode"])
+            for name, v in r["sections"].items():
+                print("  %-28s %7.2f us  %5.2f calls" % (name, v["us_per_offloaded_storage"],
+                                                         v["calls_per_offloaded_storage"]))
     out = {"benchmark": "hook_overhead_bench", "device": args.device,
+           "tier_python": _TIER_PYTHON,
            "device_name": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "ops": args.ops, "bytes": args.bytes, "rows": rows,
            "checks": checks}
@@ -179,6 +272,10 @@ def main(argv=None):
                                                          os.path.join(REPO_ROOT, "build")))
     p.add_argument("--pool-bytes", default="2G")
     p.add_argument("--json")
+    p.add_argument("--sections", action="store_true",
+                   help="also time sections of the hook path (a separate pass per mode)")
+    p.add_argument("--tier-python", help="import tier from this python/ tree (default: the "
+                   "checkout's)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
     if args.bytes is None:

@@ -26,18 +26,36 @@ UNSUPPORTED = ("inside a CUDA graph capture (torch.cuda.graph / CUDAGraph.captur
                "supported: run offload and reload outside the captured region")
 
 
+_cuda_seen = False  # torch.cuda was seen initialized (a CUDA context exists)
+
+
 def _capturing(device):
     """Whether the current stream of `device` (a CUDA device) is capturing a CUDA graph."""
     import torch
     if device is None:
         return False
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_initialized():
-        return False  # nothing can be capturing on a context that does not exist yet
-    if device.index is None or device.index == torch.cuda.current_device():
-        return bool(torch.cuda.is_current_stream_capturing())
+    if type(device) is not torch.device:
+        device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    global _cuda_seen
+    if not _cuda_seen:
+        if not torch.cuda.is_initialized():
+            return False  # nothing can be capturing on a context that does not exist yet
+        _cuda_seen = True  # (initialized stays so: not asked again for every saved tensor)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)  # what current_device() asks
+    if device.index is None or device.index == (get_device() if get_device is not None else
+                                                torch.cuda.current_device()):
+        return bool(_stream_capturing())
     with torch.cuda.device(device):
         return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _stream_capturing():
+    import torch
+    # The C call torch.cuda.is_current_stream_capturing makes (asked for every saved tensor).
+    query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    return query() if query is not None else torch.cuda.is_current_stream_capturing()
 
 
 def capturing(device):
@@ -62,7 +80,7 @@ class CaptureGuard:
         self.kept = 0
 
     def keep(self, tensor):
-        if not capturing(tensor.device):
+        if not _capturing(tensor.device):
             return False
         self.kept += 1
         self.warn_once(stacklevel=4)

@@ -135,7 +135,8 @@ class Handle:
             return None
         if self.job.status is not None:
             return self.fallback
-        with self._session.checked():
+        # (reap=False reads the records only: the lock, without a call's checks.)
+        with self._session.checked() if reap else self._session.lock:
             if reap:
                 self._session.jobs.reap()
             keep = self.job.keep

@@ -34,6 +34,10 @@ class HostBuffer:
     def valid(self):
         return self._valid
 
+    def check_valid(self):
+        """Raises FailedPrecondition once the buffer was unregistered (its memory unmapped)."""
+        self._check()
+
     def _check(self):
         if not self._valid:
             raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
@@ -75,8 +79,10 @@ class HostBuffer:
 
 def staging_view(buf, dtype, shape, nbytes):
     """The first `nbytes` of host buffer `buf` as a tensor of `dtype` and `shape`."""
-    torch = torch_module()
-    v = buf.tensor()[:nbytes]
-    if dtype != torch.uint8:
+    u8 = buf._u8 if buf._valid and buf._u8 is not None else buf.tensor()  # (hot: no call)
+    v = u8[:nbytes]
+    if dtype is not v.dtype:
         v = v.view(dtype)
+    if len(shape) == 1 and v.shape[0] == shape[0]:
+        return v  # (the 1-D flat bytes of a saved storage: already this shape)
     return v.view(shape)

@@ -21,18 +21,28 @@ POLL_BATCH = 64
 class Job:
     """A submitted job, from submission until its result is known (and, for user jobs, taken)."""
 
-    __slots__ = ("id", "what", "status", "message", "keep", "on_done", "user", "object", "length")
+    __slots__ = ("id", "_what", "status", "message", "keep", "on_done", "user", "object",
+                 "length")
 
     def __init__(self, job_id, what, keep=None, on_done=None, user=False, object_id=0, length=0):
         self.id = job_id
         self.object = object_id
         self.length = length
-        self.what = what          # for messages: "offload of 4096 bytes (object 7)"
+        # For messages: "offload of 4096 bytes (object 7)". A str, or (format, args) formatted
+        # when first read: the batch paths make a Job per saved tensor, most never named.
+        self._what = what
         self.status = None        # None while in flight
         self.message = ""
         self.keep = keep          # what must outlive the job (source tensor, staging buffer)
         self.on_done = on_done    # called once, under the client's lock, with this job
         self.user = user          # submitted through the low-level API: result kept for wait()
+
+    @property
+    def what(self):
+        what = self._what
+        if type(what) is tuple:
+            what = self._what = what[0] % what[1]
+        return what
 
     def error(self):
         if self.status is None or self.status == errors.OK:
@@ -87,8 +97,8 @@ class JobTable:
                                       ctypes.byref(options), ctypes.byref(obj),
                                       ctypes.byref(job)),
                    "offload of %d bytes from buffer %d" % (length, buffer_id))
-        return obj.value, self._track(Job(job.value, "offload of %d bytes (object %d, job %d)" % (
-            length, obj.value, job.value), keep, on_done, user, obj.value, length))
+        return obj.value, self._track(Job(job.value, ("offload of %d bytes (object %d, job %d)", (
+            length, obj.value, job.value)), keep, on_done, user, obj.value, length))
 
     def offload_persistent(self, name, buffer_id, offset, length, stream_ptrs, keep):
         """tier_offload_persistent (a user job); returns (object id, Job)."""
@@ -116,8 +126,8 @@ class JobTable:
         _lib.check(s.lib.tier_reload(s.c_session, int(object_id), int(buffer_id), int(offset),
                                      int(length), ctypes.byref(options), ctypes.byref(job)),
                    "reload of object %d" % object_id)
-        return self._track(Job(job.value, "reload of object %d (%d bytes, job %d)" % (
-            object_id, length, job.value), keep, on_done, user, object_id, length))
+        return self._track(Job(job.value, ("reload of object %d (%d bytes, job %d)", (
+            object_id, length, job.value)), keep, on_done, user, object_id, length))
 
     def free(self, object_id, on_done=None, user=False):
         """tier_free; returns the Job."""
@@ -149,10 +159,16 @@ class JobTable:
             job.next_use_hint = int(hint)
         _lib.check(s.lib.tier_offload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d offloads" % n)
-        return [(job.object, self._track(Job(
-            job.job, "offload of %d bytes (object %d, job %d, in a batch of %d)" % (
-                job.len, job.object, job.job, n), keeps[i], on_dones[i], user, job.object,
-            job.len))) for i, job in enumerate(jobs)]
+        out = []
+        inflight = self._inflight
+        for i, job in enumerate(jobs):
+            job_id, obj, length = job.job, job.object, job.len
+            record = Job(job_id, ("offload of %d bytes (object %d, job %d, in a batch of %d)",
+                                  (length, obj, job_id, n)), keeps[i], on_dones[i], user, obj,
+                         length)
+            inflight[job_id] = record
+            out.append((obj, record))
+        return out
 
     def reload_batch(self, rows, stream_ptr, keeps=None, on_dones=None, user=False, defer=False):
         """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
@@ -179,10 +195,16 @@ class JobTable:
             job.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
         _lib.check(s.lib.tier_reload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d reloads" % n)
-        return [self._track(Job(
-            job.job, "reload of object %d (%d bytes, job %d, in a batch of %d)" % (
-                job.object, job.len, job.job, n), keeps[i], on_dones[i], user, job.object,
-            job.len)) for i, job in enumerate(jobs)]
+        out = []
+        inflight = self._inflight
+        for i, job in enumerate(jobs):
+            job_id, obj, length = job.job, job.object, job.len
+            record = Job(job_id, ("reload of object %d (%d bytes, job %d, in a batch of %d)",
+                                  (obj, length, job_id, n)), keeps[i], on_dones[i], user, obj,
+                         length)
+            inflight[job_id] = record
+            out.append(record)
+        return out
 
     # ---- GPU-side waits (no host round trip) ----------------------------------------------
 
@@ -225,8 +247,9 @@ class JobTable:
                 c = batch[i]
                 job = self._inflight.pop(c.job, None)
                 if job is not None:
-                    self._finish(job, c.status, "%s from tierd for job %d" % (
-                        errors.code_name(c.status), c.job))
+                    status = c.status
+                    self._finish(job, status, "" if status == errors.OK else
+                                 "%s from tierd for job %d" % (errors.code_name(status), c.job))
             if count.value < POLL_BATCH:
                 return
 

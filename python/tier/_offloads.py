@@ -112,13 +112,17 @@ class Offloads:
     def _register(self, src, nbytes):
         """(buffer id, offset) of src's memory; None when the library has no GPU support (from
         now on CUDA tensors are staged); False when it cannot be one range."""
-        try:
-            ids = self._session.register_device(src.data_ptr(), nbytes)
-        except errors.Unimplemented:
+        return self._registered(self._session.register_devices([(src.data_ptr(), nbytes)])[0])
+
+    def _registered(self, ids):
+        """_register's answer for one result of Session.register_devices."""
+        if isinstance(ids, errors.Unimplemented):
             self._no_device_direct("libtierclient has no GPU support")
             return None
-        except errors.OutOfRange:
+        if isinstance(ids, errors.OutOfRange):
             return False
+        if isinstance(ids, errors.TierError):
+            raise ids
         self.device_direct = True
         return ids
 
@@ -162,19 +166,24 @@ class Offloads:
         handles = []
         staged = []                           # (handle, tensor, hint, producer streams)
         direct = collections.OrderedDict()    # device -> [(handle, tensor, hint)]
+        torch = torch_module()
+        plain, strided = torch.Tensor, torch.strided
         for tensor, hint in zip(tensors, hints):
-            # Every tensor is checked before anything is submitted.
-            self._check_tensor(tensor, "offload_batch()")
-            if tensor.device.type not in ("cpu", "cuda"):
+            # Every tensor is checked before anything is submitted. (A plain strided tensor
+            # passes without a call: this loop runs for every saved activation.)
+            if type(tensor) is not plain or tensor.layout is not strided:
+                self._check_tensor(tensor, "offload_batch()")
+                refuse_dtensor(tensor, "offload_batch()")
+            device_type = tensor.device.type
+            if device_type != "cpu" and device_type != "cuda":
                 raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
-                                tensor.device.type)
-            refuse_dtensor(tensor, "offload_batch()")
-            t = tensor.detach()
+                                device_type)
+            t = tensor.detach() if tensor.requires_grad else tensor  # (the same bytes)
             handle = self._new_handle(t)
             handles.append(handle)
             if handle.nbytes == 0:
                 continue
-            if t.device.type == "cpu":
+            if device_type == "cpu":
                 staged.append((handle, t, hint, None))
                 continue
             if self._direct_possible():
@@ -197,9 +206,14 @@ class Offloads:
         one wait for the producer streams for all of them. Returns the items to stage instead
         (the library has no GPU support)."""
         torch = torch_module()
-        cur = torch.cuda.current_stream(device)
-        producers = list(streams) if streams else [cur]
-        if any(not t.is_contiguous() for _, t, _ in items):
+        producers = list(streams) if streams else [torch.cuda.current_stream(device)]
+        contiguous = True
+        for _, t, _ in items:
+            if not t.is_contiguous():
+                contiguous = False
+                break
+        if not contiguous:
+            cur = torch.cuda.current_stream(device)
             # Gather on the current stream, after every producer stream. The current stream then
             # follows every producer of the batch, so it alone is the producer of all its bytes:
             # the gathered ones and the others alike (one wait for the whole batch).
@@ -212,8 +226,11 @@ class Offloads:
         else:
             items = [(h, t, t, hint) for h, t, hint in items]
         rows, batch, fallback = [], [], []
-        for i, (handle, t, src, hint) in enumerate(items):
-            ids = self._register(src, handle.nbytes)
+        # Every range registered in one call of the session (one lock round trip for the batch).
+        registered = self._session.register_devices([(src.data_ptr(), handle.nbytes)
+                                                     for handle, _, src, _ in items])
+        for i, ((handle, t, src, hint), ids) in enumerate(zip(items, registered)):
+            ids = self._registered(ids)
             if ids is None:
                 fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
                 break
@@ -241,15 +258,17 @@ class Offloads:
                     handle.direct = True
         return fallback
 
-    def stream_wait_offload(self, job_id, stream=None):
-        """See Client.stream_wait_offload."""
+    def stream_wait_offload(self, job_id, stream=None, device=None):
+        """See Client.stream_wait_offload. device: the GPU of a raw stream pointer (None: the
+        current device)."""
         if stream is None:
             stream = torch_module().cuda.current_stream()
-        refuse_in_capture(getattr(stream, "device", None), "stream_wait_offload()")
+        refuse_in_capture(device if device is not None else getattr(stream, "device", None),
+                          "stream_wait_offload()")
         with self._session.checked():
             self._session.jobs.stream_wait_offload(job_id, stream_ptr(stream))
 
-    def release_sources(self, handles, stream):
+    def release_sources(self, handles, stream, device=None):
         """See Client.release_sources."""
         newest = None
         todo = []
@@ -263,7 +282,7 @@ class Offloads:
             return 0
         # GPU-side wait (no host round trip); from here on the stream is ordered after every
         # copy of `todo`.
-        self.stream_wait_offload(newest.job.id, stream)
+        self.stream_wait_offload(newest.job.id, stream, device)
         with self._session.lock:
             for h in todo:
                 job = h.job

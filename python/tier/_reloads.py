@@ -26,11 +26,13 @@ their job completed (:class:`StagedReload`).
 """
 
 import collections
+import ctypes
 
 from . import errors
 from ._handle import Handle
 from ._host_buffer import HostBuffer, staging_view
-from ._streams import consumer_stream, refuse_in_capture, stream_ptr, torch_module, wait_stream
+from ._streams import (consumer_stream, current_stream_ptr, refuse_in_capture, stream_ptr,
+                       torch_module, wait_stream)
 
 
 class Ready:
@@ -50,16 +52,20 @@ class DeferredBatch:
     made to wait for them. One ticket per chunk of the batch, so waiting on each chunk's last job
     waits for all of its copies."""
 
-    __slots__ = ("_session", "_jobs", "allocating", "_waited", "__weakref__")
+    __slots__ = ("_session", "_jobs", "allocating", "allocating_ptr", "_waited", "__weakref__")
 
     def __init__(self, session, jobs, allocating_stream):
         self._session = session
         self._jobs = jobs
         self.allocating = allocating_stream
+        self.allocating_ptr = stream_ptr(allocating_stream)
         self._waited = set()  # stream pointers
 
     def wait_on(self, stream):
-        ptr = stream_ptr(stream)
+        self.wait_on_ptr(stream_ptr(stream))
+
+    def wait_on_ptr(self, ptr):
+        """wait_on for the stream whose cudaStream_t is `ptr`."""
         if ptr in self._waited:
             return
         session = self._session
@@ -85,11 +91,12 @@ class DeferredReload:
         self._tensor = tensor
 
     def result(self):
-        torch = torch_module()
-        stream = torch.cuda.current_stream(self._tensor.device)
-        self._batch.wait_on(stream)
-        if stream_ptr(stream) != stream_ptr(self._batch.allocating):
-            self._tensor.record_stream(stream)  # allocator lifetime only: the wait orders
+        device = self._tensor.device
+        ptr = current_stream_ptr(device)  # (a raw pointer: no stream object per tensor)
+        self._batch.wait_on_ptr(ptr)
+        if ptr != self._batch.allocating_ptr:
+            # allocator lifetime only: the wait orders
+            self._tensor.record_stream(torch_module().cuda.current_stream(device))
         return self._tensor
 
     def __del__(self):
@@ -119,9 +126,23 @@ class StagedReload:
         if self._tensor is not None:
             return self._tensor
         h = self._handle
-        torch = torch_module()
         with self._session.checked():
-            self._session.jobs.wait(self._job, -1)
+            jobs = self._session.jobs
+            if self._job.status is None:
+                # One poll takes the results of every job done by now (a batch's reloads complete
+                # together): the rest of the batch then waits for nothing.
+                jobs.reap()
+                jobs.wait(self._job, -1)
+            if self._job.status == errors.OK and h.device.type == "cpu":
+                # The common case in one lock hold: copied out, the buffer given back.
+                staging, self._staging = self._staging, None
+                out = torch_module().empty(h.shape, dtype=h.dtype)
+                staging.check_valid()
+                ctypes.memmove(out.data_ptr(), staging.address, h.nbytes)  # (no tensor op)
+                self._pool.release(staging)
+                self._tensor = out
+                return out
+        torch = torch_module()
         staging, self._staging = self._staging, None
         try:
             err = self._job.error()
@@ -187,26 +208,31 @@ class Reloads:
     def _check(self, handles, stream, free):
         """What start() refuses, checked for every handle before any is started."""
         seen = set()
+        generation = self._session.generation
         for h in handles:
-            if not isinstance(h, Handle) or h.client is not self._client:
+            # (Attributes read directly: this runs for every reloaded activation.)
+            if type(h) is not Handle and not isinstance(h, Handle) or \
+                    h._client is not self._client:
                 raise ValueError("reload_batch() takes handles of this client, got %r" % (h,))
             if h.freed:
                 raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
                                                 "reload of a freed handle")
             if free and id(h) in seen:
                 raise ValueError("reload_batch(free=True): a handle appears twice")
-            if h.lost():
+            if h.generation != generation and h.lost():
                 h.raise_lost()
             seen.add(id(h))
-            if h.device.type == "cuda":
+            if stream is not None and h.device.type == "cuda":
                 consumer_stream(stream, h.device)  # refuses a stream of another device
         for h in handles:
             if h.kept is not None or h.object_id is None:
                 continue
-            if not h.direct:
+            if not h.direct and h.job is not None and h.job.status is None:
                 h.wait_offload()  # staged: the offload's own result comes first
-            if h.failed and h.fallback is None:
-                raise h.job.error()
+            job = h.job
+            if job is not None and job.status is not None and job.status != errors.OK and \
+                    h.fallback is None:
+                raise job.error()
 
     def start(self, handles, stream=None, free=False, prefetch=False):
         """A started reload per handle (its result() is the tensor). The reloads of one GPU's
@@ -224,7 +250,8 @@ class Reloads:
                 started[i] = Ready(_from_kept(h, stream, free))
             elif h.object_id is None:
                 started[i] = Ready(_empty(h, stream))
-            elif h.failed:
+            elif h.job is not None and h.job.status is not None and h.job.status != errors.OK:
+                # (h.failed, read directly)
                 if h.fallback is None:
                     raise h.job.error()
                 started[i] = Ready(_from_fallback(h, stream))
@@ -256,7 +283,11 @@ class Reloads:
         # reused only by work ordered after them.
         with torch.cuda.device(device), torch.cuda.stream(stream):
             dsts = [torch.empty(h.shape, dtype=h.dtype, device=h.device) for h in handles]
-        ids = [session.register_device(dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
+        ids = session.register_devices([(dst.data_ptr(), h.nbytes)
+                                        for h, dst in zip(handles, dsts)])
+        for i in ids:
+            if isinstance(i, errors.TierError):
+                raise i
         rows = [(h.object_id, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
         ptr = stream_ptr(stream)
         submitted = []
@@ -267,7 +298,8 @@ class Reloads:
                 batch = jobs.reload_batch(rows[lo:hi], ptr, defer=defer)
                 submitted.extend(batch)
                 for h, job in zip(handles[lo:hi], batch):
-                    h.reloads = [j for j in h.reloads if j.status is None]
+                    if h.reloads:
+                        h.reloads = [j for j in h.reloads if j.status is None]
                     h.reloads.append(job)
                     if free:
                         h.freed = True
@@ -281,8 +313,7 @@ class Reloads:
         out = []
         jobs = self._session.jobs
         try:
-            for h in handles:
-                stagings.append(self._pool.take(h.nbytes))
+            self._pool.take_many([h.nbytes for h in handles], stagings)
             with self._session.checked():
                 for lo, hi in jobs.chunks(len(handles)):
                     rows = [(h.object_id, staging.id, 0, h.nbytes, free)

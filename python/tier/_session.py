@@ -30,6 +30,9 @@ from ._host_buffer import HostBuffer
 from ._info import SessionInfo
 from ._jobs import JobTable
 
+_getpid = os.getpid
+_monotonic = time.monotonic
+
 
 class Session:
     """See the module docstring."""
@@ -110,8 +113,12 @@ class Session:
     def check(self):
         """What every call does first, under the lock: check_open, a reconnect when due, and
         the work finalizers queued."""
-        self.check_open()
-        if self.reconnect_enabled and time.monotonic() >= self._next_reconnect:
+        # (On every call's path: the common case costs no method call here.)
+        if self.closed or _getpid() != self.pid:
+            self.check_open()
+        if (self.reconnect_enabled and self.c_session is not None
+                and _monotonic() >= self._next_reconnect
+                and self.lib.tier_session_flags(self.c_session) & _lib.TIER_SESSION_DAEMON_GONE):
             self.maybe_reconnect()
         while self._deferred:
             fn = self._deferred.popleft()
@@ -255,8 +262,18 @@ class Session:
     def register_device(self, device_ptr, nbytes=None):
         """tier_buffer_register_device(_range): (buffer id, offset). Takes the lock itself (see
         Client.register_device)."""
+        out = self.register_devices([(device_ptr, nbytes)])[0]
+        if isinstance(out, errors.TierError):
+            raise out
+        return out
+
+    def register_devices(self, ranges):
+        """register_device for each (device_ptr, nbytes or None) of `ranges`, with one lock
+        round trip for all (a batch of offloads or reloads registers every tensor of it).
+        Returns per range (buffer id, offset), or the TierError its registration raised."""
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
+        out = []
         with self.checked():
             session = self.c_session
             self._unlocked_calls += 1
@@ -264,21 +281,24 @@ class Session:
         # to tierd (export, IPC open there) that other threads of this client need not wait for.
         # close() waits for calls like this one before it closes the session.
         try:
-            if nbytes is None:
-                status = self.lib.tier_buffer_register_device(
-                    session, ctypes.c_void_p(int(device_ptr)), ctypes.byref(buffer_id),
-                    ctypes.byref(offset))
-            else:
-                status = self.lib.tier_buffer_register_device_range(
-                    session, ctypes.c_void_p(int(device_ptr)), ctypes.c_uint64(int(nbytes)),
-                    ctypes.byref(buffer_id), ctypes.byref(offset))
-            _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+            register = self.lib.tier_buffer_register_device_range
+            for device_ptr, nbytes in ranges:
+                status = register(session, ctypes.c_void_p(int(device_ptr)),
+                                  ctypes.c_uint64(0 if nbytes is None else int(nbytes)),
+                                  ctypes.byref(buffer_id), ctypes.byref(offset))
+                if status == errors.OK:
+                    out.append((buffer_id.value, offset.value))
+                    continue
+                try:
+                    _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+                except errors.TierError as e:
+                    out.append(e)
         finally:
             with self.lock:
                 self._unlocked_calls -= 1
                 self._unlocked_done.notify_all()
         # The library owns the registrations (it unregisters them at close).
-        return buffer_id.value, offset.value
+        return out
 
 
 class _Checked:
@@ -290,11 +310,18 @@ class _Checked:
         self._session = session
 
     def __enter__(self):
-        self._session.lock.acquire()
+        session = self._session
+        session.lock.acquire()
         try:
-            self._session.check()
+            # check()'s common case inline (one Python call less on every call of the client).
+            if (session.closed or _getpid() != session.pid or session._deferred or
+                    (session.reconnect_enabled and session.c_session is not None
+                     and _monotonic() >= session._next_reconnect
+                     and session.lib.tier_session_flags(session.c_session)
+                     & _lib.TIER_SESSION_DAEMON_GONE)):
+                session.check()
         except BaseException:
-            self._session.lock.release()
+            session.lock.release()
             raise
 
     def __exit__(self, *exc):

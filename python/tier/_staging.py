@@ -9,6 +9,7 @@ as the only copy instead. The staged reload is :class:`tier._reloads.StagedReloa
 """
 
 import collections
+import ctypes
 import weakref
 
 from . import errors
@@ -36,44 +37,83 @@ class StagingPool:
         self._session = session
         self.cache_bytes = cache_bytes
         self._idle = collections.OrderedDict()  # buffer id -> HostBuffer, least recently used first
+        self._by_size = {}  # size class -> [HostBuffer] idle, most recently released last
         self._idle_bytes = 0
         self._all = {}
         session.on_reset(self.invalidate_all)  # the buffers were the old session's
 
+    def _pop_idle(self, size):
+        """An idle buffer of size class `size` (the most recently released), or None."""
+        bufs = self._by_size.get(size)
+        if not bufs:
+            return None
+        buf = bufs.pop()
+        del self._idle[buf.id]
+        self._idle_bytes -= size
+        return buf
+
     def acquire(self, nbytes):
         size = staging_class(nbytes)
-        for buffer_id, buf in self._idle.items():
-            if buf.nbytes == size:
-                del self._idle[buffer_id]
-                self._idle_bytes -= size
-                return buf
+        buf = self._pop_idle(size)
+        if buf is not None:
+            return buf
         self._trim(self.cache_bytes - size)
         buf = self._session.alloc_host_locked(size)
         self._all[buf.id] = buf
         return buf
 
     def release(self, buf):
-        if buf.id not in self._all or not buf.valid:
+        if buf.id not in self._all or not buf._valid or buf.id in self._idle:
             return
         self._idle[buf.id] = buf
+        self._by_size.setdefault(buf.nbytes, []).append(buf)
         self._idle_bytes += buf.nbytes
 
     def take(self, nbytes):
-        """acquire, under the lock, after reaping (completed jobs give their buffers back)."""
+        """acquire, under the lock; reaps first (completed jobs give their buffers back) when no
+        idle buffer of the size class is at hand."""
+        size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
         with self._session.checked():
+            bufs = self._by_size.get(size)
+            if bufs:  # (_pop_idle inline: this runs for every staged tensor)
+                buf = bufs.pop()
+                del self._idle[buf.id]
+                self._idle_bytes -= size
+                return buf
             self._session.jobs.reap()
             return self.acquire(nbytes)
+
+    def take_many(self, sizes, out):
+        """take for each of `sizes` (bytes), under one hold of the lock, appended to `out` as
+        they are taken (on an error, the caller gives back those there)."""
+        with self._session.checked():
+            reaped = False
+            for nbytes in sizes:
+                size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
+                buf = self._pop_idle(size)
+                if buf is None:
+                    if not reaped:
+                        self._session.jobs.reap()
+                        reaped = True
+                    buf = self.acquire(nbytes)
+                out.append(buf)
 
     def give_back(self, buf):
         """release, under the lock."""
         with self._session.lock:
             self.release(buf)
 
+    def trim(self):
+        """Idle buffers beyond the cache's budget are unregistered (under the lock; waits for
+        the session's jobs if any is in flight: call it where none is)."""
+        self._trim(self.cache_bytes)
+
     def _trim(self, keep_bytes):
         # tier_buffer_unregister waits for every job of the session; it only runs when the cache
         # exceeds its budget, and never from a completion callback.
         while self._idle and self._idle_bytes > max(keep_bytes, 0):
             buffer_id, buf = self._idle.popitem(last=False)
+            self._by_size[buf.nbytes].remove(buf)
             self._idle_bytes -= buf.nbytes
             del self._all[buffer_id]
             try:
@@ -94,6 +134,7 @@ class StagingPool:
             buf.invalidate()
         self._all.clear()
         self._idle.clear()
+        self._by_size.clear()
         self._idle_bytes = 0
 
     def chunks(self, items, nbytes_of):
@@ -126,20 +167,26 @@ class StagedOffloads:
 
     def stage(self, handle, t, streams):
         """A staging buffer holding t's bytes."""
-        torch = torch_module()
         nbytes = handle.nbytes
-        if t.device.type == "cuda":
+        cuda = t.device.type == "cuda"
+        if cuda:
+            torch = torch_module()
             cur = torch.cuda.current_stream(t.device)
             for s in streams or ():
                 wait_stream(cur, s)
         staging = self._pool.take(nbytes)
         try:
-            with torch.no_grad():
-                if t.device.type == "cuda":
-                    with torch.cuda.device(t.device):
-                        staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
-                else:
-                    staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
+            # (t is detached: the copy records nothing for autograd, no_grad or not.)
+            if cuda:
+                with torch.cuda.device(t.device):
+                    staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)
+            elif t.is_contiguous() and not t.is_conj() and not t.is_neg():
+                # Host memory to host memory, the bytes as they are (no tensor op: this runs
+                # for every staged activation).
+                staging.check_valid()
+                ctypes.memmove(staging.address, t.data_ptr(), nbytes)
+            else:
+                staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
         except BaseException:
             self._pool.give_back(staging)
             raise

@@ -26,6 +26,17 @@ def stream_ptr(stream):
     return int(ptr)
 
 
+def current_stream_ptr(device):
+    """The cudaStream_t (an int) of CUDA `device`'s current stream, without making a
+    torch.cuda.Stream object (the hooks ask it for every saved tensor)."""
+    torch = torch_module()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = device.index
+    if raw is not None and index is not None:
+        return raw(index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def wait_stream(cur, stream):
     """Makes torch stream `cur` wait (on the GPU) for everything enqueued on `stream` so far."""
     torch = torch_module()
@@ -34,7 +45,7 @@ def wait_stream(cur, stream):
     if isinstance(stream, int):
         if stream == cur.cuda_stream:
             return
-        stream = torch.cuda.ExternalStream(stream)
+        stream = torch.cuda.ExternalStream(stream, device=cur.device)  # a producer of cur's GPU
     if stream.cuda_stream != cur.cuda_stream:
         cur.wait_stream(stream)
 

@@ -331,6 +331,10 @@ class Client:
             self._session.jobs.wait_all()
             self._session.check()  # run what the callbacks queued (frees of dropped handles)
             self._session.jobs.wait_all()
+            # Staging buffers that jobs held past the cache's budget (the daemon was slower than
+            # the batches: each took new ones) are idle now; with no job left, trimming them
+            # waits for nothing.
+            self._staging.trim()
 
     @property
     def jobs_in_flight(self):
@@ -408,7 +412,7 @@ class Client:
         support: staged through host memory), None until the first CUDA tensor."""
         return self._offloads.device_direct
 
-    def release_sources(self, handles, stream):
+    def release_sources(self, handles, stream, device=None):
         """GPU-engine offloads still in flight: hands their sources back in stream order instead
         of when the host sees the copies complete. `stream` (the one the sources were allocated
         and produced on) waits on the GPU until the newest of these offloads has read its
@@ -417,8 +421,9 @@ class Client:
         sources: the caching allocator may hand the memory to work queued on `stream` from now
         on, which runs after the copies, while the host never waits. The price: such an offload
         can no longer fall back to its source if it fails (pool or quota full); its reload then
-        raises. Returns how many sources were released."""
-        return self._offloads.release_sources(handles, stream)
+        raises. Returns how many sources were released. ``device``: the GPU of `stream` when it
+        is a raw pointer (default: the current device)."""
+        return self._offloads.release_sources(handles, stream, device)
 
     def reload_batch(self, handles, stream=None, free=False):
         """Handle.reload() for many handles at once: a tensor per handle, in order.

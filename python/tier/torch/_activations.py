@@ -10,6 +10,7 @@ import weakref
 import torch
 
 from .. import _cuda_graphs
+from .._streams import current_stream_ptr
 from .. import _dtensor
 from ._default_client import DefaultClient
 from . import _compile
@@ -19,12 +20,7 @@ from ._module_selection import ModuleSelection
 from ._backward_reloads import BackwardReloads
 from ._offload_budget import OffloadBudget
 from ._save_batches import SaveBatches
-from ._saved import KeptSite, Saved, StorageRecord, storage_bytes, untyped_storage, view_of
-
-try:
-    from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
-except ImportError:  # pragma: no cover - present in every torch this supports
-    _StorageWeakRef = None
+from ._saved import KeptSite, Saved, StorageRecord, untyped_storage, view_of
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
@@ -68,6 +64,8 @@ class ActivationStats(Counters):
 
 
 _Tensor = torch.Tensor
+_empty = torch.empty
+_uint8 = torch.uint8
 _Parameter = torch.nn.Parameter
 _strided = torch.strided
 _KEEP, _STAMP, _OFFLOAD = _planner.KEEP, _planner.STAMP, _planner.OFFLOAD
@@ -115,7 +113,11 @@ class ActivationOffloader(_compile.Followed):
         self._skip = frozenset()
         self._skip_params = None
         self._lock = threading.RLock()
-        self._by_storage = weakref.WeakValueDictionary()  # (device, data_ptr) -> StorageRecord
+        # (device, data_ptr) -> weakref to its StorageRecord: a WeakValueDictionary's work,
+        # without its Python-level calls on every saved tensor; dead entries are dropped as the
+        # dict grows (_remember).
+        self._by_storage = {}
+        self._by_storage_compact_at = 1024
         self._next_index = 0
         self._hooks = None
         # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
@@ -333,12 +335,13 @@ class ActivationOffloader(_compile.Followed):
         nbytes = storage.nbytes()
         key = (tensor.device, storage.data_ptr())
         with self._lock:
-            record = self._by_storage.get(key)
+            ref = self._by_storage.get(key)
+            record = ref() if ref is not None else None
             if record is not None and not record.same_storage(nbytes, tensor._version):
                 record = None
             if record is None:
                 record = self._offload_storage(tensor, storage, nbytes)
-                self._by_storage[key] = record
+                self._remember(key, record)
                 if site is not None:
                     self._held.append(weakref.ref(record))
             else:
@@ -348,13 +351,20 @@ class ActivationOffloader(_compile.Followed):
                 self._site_records[site] = weakref.ref(record)
         return Saved(record, tensor, site)
 
+    def _remember(self, key, record):
+        by_storage = self._by_storage
+        by_storage[key] = weakref.ref(record)
+        if len(by_storage) >= self._by_storage_compact_at:
+            self._by_storage = by_storage = {k: r for k, r in by_storage.items()
+                                             if r() is not None}
+            self._by_storage_compact_at = max(1024, 2 * len(by_storage))
+
     def _offload_storage(self, t, storage, nbytes):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
         # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
         # alive until the copy completed, or until a plan's release point hands it back.
-        flat = storage_bytes(t)
-        weak = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
-        record = StorageRecord(None, self._next_index, t.device, nbytes, weak, t._version)
+        flat = _empty(0, dtype=_uint8, device=t.device).set_(storage)  # (storage_bytes(t))
+        record = StorageRecord(None, self._next_index, t.device, nbytes, storage, t._version)
         self._next_index += 1
         if self._budget is None:  # the order count-based prefetch walks (a plan has triggers)
             self._reloads.note(record)
@@ -387,12 +397,19 @@ class ActivationOffloader(_compile.Followed):
         """Planned offloads' sources back to the allocator in stream order: the current stream
         of `device` waits (GPU) for their copies, then their jobs drop the sources. CPU sources
         were staged when saved: nothing is held. Called with self._lock held."""
-        if any(r.handle is None for r in records):
-            self._batches.flush()  # still deferred: submitted first, so there is a copy to wait for
+        for r in records:  # (a loop, not any(): this runs at most saves of a plan)
+            if r.handle is None:
+                self._batches.flush()  # still deferred: submitted first, so there is a copy to
+                break                  # wait for
+        if device.type != "cuda":
+            for r in records:
+                r.released = True
+            return
         handles = [r.handle for r in records if r.handle is not None and r.device == device]
         released = 0
-        if handles and device.type == "cuda":
-            released = self.client.release_sources(handles, torch.cuda.current_stream(device))
+        if handles:
+            # (The current stream as a raw pointer: no stream object at every release point.)
+            released = self.client.release_sources(handles, current_stream_ptr(device), device)
         for r in records:
             r.released = True
         if released:
@@ -421,7 +438,8 @@ class ActivationOffloader(_compile.Followed):
             # at this point of backward (just early enough: _on_use), or else the next
             # `prefetch` in reverse order of offload (the order backward needs them); then we
             # take this one.
-            self._reloads.start([record], prefetch=False)
+            if record.tensor is None and record.pending is None:
+                self._reloads.start([record], prefetch=False)
             if not planned:
                 self._reloads.prefetch_before(record, self.prefetch)
             flat = self._reloads.take(record)

@@ -60,8 +60,9 @@ class BackwardReloads:
             if not reaped:
                 client.collect()  # once for the batch: which offloads are done
                 reaped = True
-            if record.handle.failed:
-                stats.fallbacks += 1  # the offload failed: the handle kept the data
+            job = record.handle.job
+            if job is not None and job.status is not None and job.status != _errors.OK:
+                stats.fallbacks += 1  # the offload failed (handle.failed): it kept the data
             if record.device.type == "cuda":
                 source = record.handle.pending_source(reap=False)
                 if source is not None:

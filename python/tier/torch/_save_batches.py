@@ -18,9 +18,8 @@ import collections
 import warnings
 import weakref
 
-import torch
-
 from .. import errors as _errors
+from .._streams import current_stream_ptr
 from ._inflight import InflightBound
 
 
@@ -64,8 +63,8 @@ class SaveBatches:
             self._deferred.append((weakref.ref(record), None, None, staged))
         else:
             # The producer is the current stream now (it may be another by the time of the
-            # batch).
-            stream = torch.cuda.current_stream(t.device) if t.is_cuda else None
+            # batch), as its cudaStream_t (an int: no stream object per saved tensor).
+            stream = current_stream_ptr(t.device) if t.is_cuda else None
             self._deferred.append((weakref.ref(record), flat, stream, None))
         self._deferred_bytes += record.nbytes
         if (len(self._deferred) >= self._off.BATCH_TENSORS
@@ -120,7 +119,7 @@ class SaveBatches:
         except _errors.TierError as e:
             self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
         for record, (handle, staging) in staged:
-            if not handle.submitted and staging is not None:
+            if handle.job is None and staging is not None:  # (not handle.submitted)
                 # Not submitted (refused): the bytes come back out of the staging buffer.
                 record.tensor = staging.tensor()[:handle.nbytes].clone()
                 client.staging_release(staging)
@@ -131,13 +130,13 @@ class SaveBatches:
     def _submitted(self, record, handle):
         stats = self._off.stats
         record.handle = handle
-        if handle.stayed_on_gpu:
+        if handle.kept is not None:  # (handle.stayed_on_gpu)
             stats.stayed_on_gpu_storages += 1  # not offloadable: nothing went to Tierd
             stats.stayed_on_gpu_bytes += record.nbytes
         else:
             stats.offloaded_storages += 1
             stats.offloaded_bytes += record.nbytes
-        if handle.direct and not handle.stayed_on_gpu and self._bounded and handle.submitted:
+        if handle.direct and handle.kept is None and self._bounded and handle.job is not None:
             # Without a plan: released when the host sees the copy complete, bounded.
             stats.inflight_waits += self._inflight.add(handle, record.nbytes,
                                                        self._off.max_inflight_bytes)

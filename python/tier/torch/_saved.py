@@ -5,12 +5,13 @@ view over the storage's bytes (torch 1.13 .. 2.x)."""
 import torch
 
 
-def untyped_storage(t):
-    f = getattr(t, "untyped_storage", None)  # torch >= 2.0
-    if f is not None:
-        return f()
+def _untyped_storage_113(t):
     s = t.storage()  # torch 1.13: a TypedStorage over an UntypedStorage
     return s.untyped() if hasattr(s, "untyped") else s._storage
+
+
+# torch >= 2.0: the method itself (called for every saved tensor: no wrapper).
+untyped_storage = getattr(torch.Tensor, "untyped_storage", None) or _untyped_storage_113
 
 
 def storage_bytes(t):
@@ -24,6 +25,17 @@ def view_of(flat, dtype, size, stride, offset):
         untyped_storage(flat), offset, size, stride)
 
 
+try:
+    from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
+except ImportError:  # pragma: no cover - present in every torch this supports
+    _StorageWeakRef = None
+
+_expired = getattr(getattr(torch, "UntypedStorage", None), "_expired", None)
+_free_weak_ref = getattr(getattr(torch, "UntypedStorage", None), "_free_weak_ref", None)
+_RAW_WEAK = (_expired is not None and _free_weak_ref is not None
+             and hasattr(torch.Tensor, "untyped_storage"))  # torch >= 2.0
+
+
 class StorageRecord:
     """One offloaded storage. Lives while any saved view of it does (the graph holds Saved
     objects); when the last goes, the handle goes and its Tierd object is freed (or was already,
@@ -32,12 +44,18 @@ class StorageRecord:
     __slots__ = ("handle", "index", "device", "nbytes", "weak_storage", "version", "tensor",
                  "pending", "released", "__weakref__")
 
-    def __init__(self, handle, index, device, nbytes, weak_storage, version):
+    def __init__(self, handle, index, device, nbytes, storage, version):
         self.handle = handle
         self.index = index
         self.device = device
         self.nbytes = nbytes
-        self.weak_storage = weak_storage  # tells a live storage from a new one at the same address
+        # A weak reference to `storage`: tells a live storage from a new one at the same address.
+        # torch >= 2: torch's own (an int, freed in __del__), without StorageWeakRef's Python
+        # calls on every save and every lookup.
+        if _RAW_WEAK:
+            self.weak_storage = storage._weak_ref()
+        else:
+            self.weak_storage = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
         self.version = version
         self.tensor = None   # the bytes, back (or never gone), as a flat uint8 tensor
         self.pending = None  # a reload started but not yet taken
@@ -46,7 +64,19 @@ class StorageRecord:
     def same_storage(self, nbytes, version):
         if self.nbytes != nbytes or self.version != version:
             return False  # other data, or the same data changed in place since it was offloaded
-        return self.weak_storage is not None and not self.weak_storage.expired()
+        weak = self.weak_storage
+        if type(weak) is int:
+            return not _expired(weak)
+        return weak is not None and not weak.expired()
+
+    def __del__(self):
+        weak = self.weak_storage
+        if type(weak) is int:
+            self.weak_storage = None
+            try:
+                _free_weak_ref(weak)
+            except Exception:  # noqa: BLE001  (interpreter shutdown)
+                pass
 
 
 class Saved:
