@@ -190,10 +190,15 @@ def test_planner_meets_its_target_on_the_gpu(gpu_client):
 
 @needs_cuda
 def test_hook_host_time_per_kept_saved_tensor(tmp_path):
-    import hook_overhead_bench as hb
+    # The bench in a process of its own, as bench/hook_overhead_bench.py runs: inside pytest's
+    # process (its plugins, assertion rewriting, every test module loaded) the same hooks
+    # measured 6.0-6.6 us on the H100 where the bench alone measured 3.2-4.0 us.
+    import subprocess
     out = str(tmp_path / "hooks.json")
-    hb.main(["--device", "cuda", "--ops", "512", "--steps", "20", "--modes",
-             "identity,kept,planned,half", "--build-dir", BUILD_DIR, "--json", out])
+    bench = os.path.join(HERE, "..", "..", "..", "bench", "hook_overhead_bench.py")
+    subprocess.run([sys.executable, bench, "--device", "cuda", "--ops", "512", "--steps", "20",
+                    "--modes", "identity,kept,planned,half", "--build-dir", BUILD_DIR,
+                    "--json", out], check=True, timeout=300)
     with open(out) as f:
         rows = {r["mode"]: r for r in json.load(f)["rows"]}
     assert rows["kept"]["us_per_saved_tensor"] <= 5.0, rows["kept"]
