@@ -139,8 +139,8 @@ int main(int argc, char** argv) {
   auto offload_then_free = [&](uint64_t len) {
     tier::client::JobRequest request;
     request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kOffload);
-    request.object = (*session)->NewObjectId();
-    request.buffer = *buffer;
+    request.object_id = (*session)->NewObjectId();
+    request.buffer_id = *buffer;
     request.len = len;
     return request;
   };
@@ -155,12 +155,12 @@ int main(int argc, char** argv) {
     results.push_back(Measure("ring: offload " + std::to_string(len / 1024) + " KiB", iterations, [&] {
       tier::client::JobRequest request = offload_then_free(len);
       run_job(request);
-      objects.push_back(request.object);
+      objects.push_back(request.object_id);
       if (objects.size() == 512) {
         for (uint64_t object : objects) {
           tier::client::JobRequest free_request;
           free_request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kFree);
-          free_request.object = object;
+          free_request.object_id = object;
           run_job(free_request);
         }
         objects.clear();
@@ -172,8 +172,8 @@ int main(int argc, char** argv) {
     run_job(keep);
     tier::client::JobRequest reload;
     reload.opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
-    reload.object = keep.object;
-    reload.buffer = *buffer;
+    reload.object_id = keep.object_id;
+    reload.buffer_id = *buffer;
     reload.offset = 1 << 19;
     reload.len = 4096;
     results.push_back(Measure("ring: reload 4 KiB", iterations, [&] { run_job(reload); }));
@@ -186,8 +186,8 @@ int main(int argc, char** argv) {
       std::vector<tier::client::JobRequest> requests(batch);
       for (size_t k = 0; k < batch; ++k) {
         requests[k].opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
-        requests[k].object = keep.object;
-        requests[k].buffer = *buffer;
+        requests[k].object_id = keep.object_id;
+        requests[k].buffer_id = *buffer;
         requests[k].offset = (1 << 19) + 4096 * k;
         requests[k].len = 4096;
       }

@@ -278,8 +278,8 @@ bool RunTierd(const Flags& f, Result* result) {
       } else {
         request.flags = tier::ring::kFlagFreeAfterReload;
       }
-      request.object = objects[i];
-      request.buffer = *buffer;
+      request.object_id = objects[i];
+      request.buffer_id = *buffer;
       request.offset = i * f.record;
       request.len = f.record;
       auto job = (*session)->Submit(request);

@@ -234,16 +234,16 @@ tier_status Offload(tier_session* session, const char* name, tier_buffer_id buff
     }
     tier::client::JobRequest request;
     request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kOffload);
-    request.object = session->impl->NewObjectId();
+    request.object_id = session->impl->NewObjectId();
     if (name != nullptr) {
       // One round trip on the session socket binds the id to the name; the offload itself is an
       // ordinary ring job.
-      if (absl::Status bound = session->impl->CreatePersistent(name, request.object, len);
+      if (absl::Status bound = session->impl->CreatePersistent(name, request.object_id, len);
           !bound.ok()) {
         return Fail(bound);
       }
     }
-    request.buffer = buffer;
+    request.buffer_id = buffer;
     request.offset = offset;
     request.len = len;
     request.hint = options != nullptr ? options->next_use_hint : 0;
@@ -263,7 +263,7 @@ tier_status Offload(tier_session* session, const char* name, tier_buffer_id buff
           buffer, submitted.ok() ? *submitted : session->impl->LastJobPushed());
     }
     if (!submitted.ok()) return Fail(submitted.status());
-    *object = request.object;
+    *object = request.object_id;
     *job = *submitted;
     return TIER_OK;
   });
@@ -342,8 +342,8 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
     }
     tier::client::JobRequest request;
     request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
-    request.object = object;
-    request.buffer = buffer;
+    request.object_id = object;
+    request.buffer_id = buffer;
     request.offset = offset;
     request.len = len;
     if (options != nullptr && (options->flags & TIER_RELOAD_FREE_AFTER)) {
@@ -418,14 +418,14 @@ tier_status BatchRequests(tier_session* session, tier_batch_job* jobs, size_t co
     }
     tier::client::JobRequest& r = (*requests)[i];
     r.opcode = static_cast<uint32_t>(opcode);
-    r.buffer = job.buffer;
+    r.buffer_id = job.buffer;
     r.offset = job.offset;
     r.len = job.len;
     r.device = on;
     if (opcode == tier::ring::Opcode::kOffload) {
       r.hint = job.next_use_hint;
     } else {
-      r.object = job.object;
+      r.object_id = job.object;
       if (job.flags & TIER_RELOAD_FREE_AFTER) r.flags |= tier::ring::kFlagFreeAfterReload;
     }
   }
@@ -438,7 +438,7 @@ void PayBatch(tier_session* session, const std::vector<tier::client::JobRequest>
               const absl::StatusOr<std::vector<uint64_t>>& submitted) {
   const uint64_t last = submitted.ok() && !submitted->empty() ? submitted->back()
                                                               : session->impl->LastJobPushed();
-  for (const auto& r : requests) session->impl->devices().Paid(r.buffer, last);
+  for (const auto& r : requests) session->impl->devices().Paid(r.buffer_id, last);
 }
 
 // Writes the submitted ids back into the caller's array.
@@ -447,7 +447,7 @@ void StoreBatchIds(tier_batch_job* jobs, const std::vector<tier::client::JobRequ
   const uint32_t stride = jobs[0].struct_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto& job = *reinterpret_cast<tier_batch_job*>(reinterpret_cast<char*>(jobs) + i * stride);
-    job.object = requests[i].object;
+    job.object = requests[i].object_id;
     job.job = ids[i];
   }
 }
@@ -480,7 +480,7 @@ tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size
         s != TIER_OK || count == 0) {
       return s;
     }
-    for (auto& r : requests) r.object = session->impl->NewObjectId();
+    for (auto& r : requests) r.object_id = session->impl->NewObjectId();
     absl::StatusOr<std::vector<uint64_t>> submitted;
     if (device < 0) {
       submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
@@ -541,7 +541,7 @@ tier_status tier_free(tier_session* session, tier_object_id object, tier_job_id*
     if (session == nullptr || job == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
     tier::client::JobRequest request;
     request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kFree);
-    request.object = object;
+    request.object_id = object;
     absl::StatusOr<uint64_t> submitted = session->impl->Submit(request);
     if (!submitted.ok()) return Fail(submitted.status());
     *job = *submitted;

@@ -467,15 +467,9 @@ absl::Status ClientSession::PushBatch(absl::Span<JobRequest> requests,
     JobRequest& request = requests[i];
     request.sync = *ticket;
     ring::SubmissionEntry& entry = entries[i];
+    entry = static_cast<const ring::SubmissionEntry&>(request);
     entry.job_id = jobs[i] = next_job_ + i;
-    entry.opcode = request.opcode;
-    entry.flags = request.flags | batch_flags;
-    entry.object_id = request.object;
-    entry.buffer_id = request.buffer;
-    entry.offset = request.offset;
-    entry.len = request.len;
-    entry.hint = request.hint;
-    entry.sync = request.sync;
+    entry.flags |= batch_flags;
   }
   if (!ring_.PushAll(entries)) {
     // Cannot happen (admission keeps the queue from overflowing); if it did, a taken ticket

@@ -25,6 +25,7 @@
 #include "client/device_registry.h"
 #include "client/job_ring.h"
 #include "client/session_channel.h"
+#include "tier/ring.h"
 
 namespace tier::client {
 
@@ -56,15 +57,10 @@ struct PersistentState {
   uint32_t flags = 0;
 };
 
-struct JobRequest {
-  uint32_t opcode = 0;
-  uint32_t flags = 0;
-  uint64_t object = 0;
-  uint64_t buffer = 0;
-  uint64_t offset = 0;
-  uint64_t len = 0;
-  uint64_t hint = 0;
-  uint64_t sync = 0;
+// A job as the client submits it: the ring's submission entry (job_id is left to the session,
+// which numbers what it pushes; sync becomes the ticket take_ticket returns), and what stays in
+// this process.
+struct JobRequest : ring::SubmissionEntry {
   int device = -1;  // GPU buffers: this process's ordinal (not sent; kept for stream waits)
 };
 

@@ -187,4 +187,19 @@ void JsonWriter::Bool(bool value) {
   out_ << (value ? "true" : "false");
 }
 
+void JsonWriter::StringMember(std::string_view key, std::string_view value) {
+  Key(key);
+  String(value);
+}
+
+void JsonWriter::UintMember(std::string_view key, uint64_t value) {
+  Key(key);
+  Uint(value);
+}
+
+void JsonWriter::IntMember(std::string_view key, int64_t value) {
+  Key(key);
+  Int(value);
+}
+
 }  // namespace tier::ctl

@@ -35,6 +35,11 @@ class JsonWriter {
   void Double(double value);  // non-finite values become null
   void Bool(bool value);
 
+  // Inside an object: a member, its key and then its value.
+  void StringMember(std::string_view key, std::string_view value);
+  void UintMember(std::string_view key, uint64_t value);
+  void IntMember(std::string_view key, int64_t value);
+
  private:
   void BeforeValue();
 

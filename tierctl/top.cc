@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -231,76 +232,59 @@ void Optional(JsonWriter& json, std::string_view key, const std::optional<double
   }
 }
 
+// Member `key`: an array of one object per row, whose members `write_row` writes.
+template <typename Row, typename WriteRow>
+void ObjectArray(JsonWriter& json, std::string_view key, const std::vector<Row>& rows,
+                 WriteRow write_row) {
+  json.Key(key);
+  json.BeginArray();
+  for (const Row& row : rows) {
+    json.BeginObject();
+    write_row(row);
+    json.EndObject();
+  }
+  json.EndArray();
+}
+
 void RenderJson(const TopView& view, const TopSample& current, std::ostream& out) {
   const v1::GetStatusResponse& s = current.status;
   JsonWriter json(out);
   json.BeginObject();
   Optional(json, "interval_s", view.interval_s);
-  json.Key("version");
-  json.String(s.version());
-  json.Key("engine");
-  json.String(s.engine());
-  json.Key("state");
-  json.String(absl::AsciiStrToLower(v1::HealthResponse::State_Name(s.state())));
-  json.Key("uptime_ms");
-  json.Uint(s.uptime_ms());
-  json.Key("jobs_in_flight");
-  json.Uint(s.jobs_in_flight());
-  json.Key("tiers");
-  json.BeginArray();
-  for (const TierRow& t : view.tiers) {
-    json.BeginObject();
-    json.Key("name");
-    json.String(t.name);
-    json.Key("capacity_bytes");
-    json.Uint(t.capacity);
-    json.Key("used_bytes");
-    json.Uint(t.used);
+  json.StringMember("version", s.version());
+  json.StringMember("engine", s.engine());
+  json.StringMember("state", absl::AsciiStrToLower(v1::HealthResponse::State_Name(s.state())));
+  json.UintMember("uptime_ms", s.uptime_ms());
+  json.UintMember("jobs_in_flight", s.jobs_in_flight());
+  ObjectArray(json, "tiers", view.tiers, [&json](const TierRow& t) {
+    json.StringMember("name", t.name);
+    json.UintMember("capacity_bytes", t.capacity);
+    json.UintMember("used_bytes", t.used);
     Optional(json, "in_bytes_per_s", t.in_bytes_per_s);
     Optional(json, "out_bytes_per_s", t.out_bytes_per_s);
     Optional(json, "ops_per_s", t.ops_per_s);
-    json.EndObject();
-  }
-  json.EndArray();
-  json.Key("jobs");
-  json.BeginArray();
-  for (const JobRow& j : view.jobs) {
-    json.BeginObject();
-    json.Key("kind");
-    json.String(j.kind);
+  });
+  ObjectArray(json, "jobs", view.jobs, [&json](const JobRow& j) {
+    json.StringMember("kind", j.kind);
     Optional(json, "jobs_per_s", j.jobs_per_s);
     Optional(json, "failed_per_s", j.failed_per_s);
     Optional(json, "p50_seconds", j.p50);
     Optional(json, "p90_seconds", j.p90);
     Optional(json, "p99_seconds", j.p99);
-    json.EndObject();
-  }
-  json.EndArray();
-  json.Key("sessions");
-  json.BeginArray();
-  for (const SessionRow& r : view.sessions) {
+  });
+  ObjectArray(json, "sessions", view.sessions, [&json](const SessionRow& r) {
     const v1::SessionInfo& info = *r.info;
-    json.BeginObject();
-    json.Key("session_id");
-    json.Uint(info.session_id());
-    json.Key("name");
-    json.String(info.name());
-    json.Key("pid");
-    json.Int(info.pid());
-    json.Key("uid");
-    json.Uint(info.uid());
-    json.Key("used_bytes");
-    json.Uint(info.used_bytes());
+    json.UintMember("session_id", info.session_id());
+    json.StringMember("name", info.name());
+    json.IntMember("pid", info.pid());
+    json.UintMember("uid", info.uid());
+    json.UintMember("used_bytes", info.used_bytes());
     Optional(json, "offload_bytes_per_s", r.offload_bytes_per_s);
     Optional(json, "reload_bytes_per_s", r.reload_bytes_per_s);
     Optional(json, "jobs_per_s", r.jobs_per_s);
-    json.Key("jobs_in_flight");
-    json.Uint(info.jobs_in_flight());
-    json.Key("waiting_on");
-    json.String(WaitSummary(info));
-    json.EndObject();
-  }
-  json.EndArray();
+    json.UintMember("jobs_in_flight", info.jobs_in_flight());
+    json.StringMember("waiting_on", WaitSummary(info));
+  });
   json.EndObject();
   out << '\n';
 }

@@ -40,12 +40,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   }
 
   if (const PersistentStore* persistent = sources_.persistent) {
-    const PersistentUsage u = persistent->usage();
-    s.persistent = PersistentGauges{u.objects,           u.bytes,
-                                    u.limits.max_bytes,  u.journal.file_bytes,
-                                    u.journal.live_bytes, u.journal.max_bytes,
-                                    u.writes_queued,     u.journal.compactions,
-                                    u.journal.errors};
+    s.persistent = persistent->usage();
   }
 
   const DaemonMetrics& m = sources_.metrics;

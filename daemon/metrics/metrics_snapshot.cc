@@ -348,27 +348,27 @@ void AddClients(const MetricsSnapshot& s, Families& f) {
 }
 
 void AddPersistent(const MetricsSnapshot& s, Families& f) {
-  const PersistentGauges& p = s.persistent;
+  const PersistentUsage& p = s.persistent;
   f.Gauge("tierd_persistent_objects", "Persistent (named) objects of every user, names reserved "
           "included", static_cast<double>(p.objects));
   f.Gauge("tierd_persistent_bytes", "Bytes persistent objects hold in the tiers",
           static_cast<double>(p.bytes));
   f.Gauge("tierd_persistent_max_bytes", "persistent_max_bytes as applied",
-          static_cast<double>(p.max_bytes));
+          static_cast<double>(p.limits.max_bytes));
   f.Gauge("tierd_persistent_journal_bytes",
           "Bytes of the persistent objects' journal on NVMe (beside the spill file)",
-          static_cast<double>(p.journal_bytes));
+          static_cast<double>(p.journal.file_bytes));
   f.Gauge("tierd_persistent_journal_live_bytes",
           "Of the journal's bytes, those of live objects (the rest awaits compaction)",
-          static_cast<double>(p.journal_live_bytes));
+          static_cast<double>(p.journal.live_bytes));
   f.Gauge("tierd_persistent_journal_max_bytes", "persistent_journal_max_bytes as applied",
-          static_cast<double>(p.journal_max_bytes));
+          static_cast<double>(p.journal.max_bytes));
   f.Gauge("tierd_persistent_journal_queued",
-          "Objects and deletes waiting for the journal's writer", static_cast<double>(p.journal_queued));
+          "Objects and deletes waiting for the journal's writer", static_cast<double>(p.writes_queued));
   f.Counter("tierd_persistent_journal_compactions_total",
-            "Rewrites of the journal's live records into a new file", p.journal_compactions);
+            "Rewrites of the journal's live records into a new file", p.journal.compactions);
   f.Counter("tierd_persistent_journal_errors_total",
-            "Failed journal appends, syncs and compactions", p.journal_errors);
+            "Failed journal appends, syncs and compactions", p.journal.errors);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "daemon/metrics/job_metrics.h"
 #include "daemon/metrics/user_totals.h"
+#include "daemon/persistent/persistent_store.h"
 #include "engine/copy_engine.h"
 #include "prometheus/metric_family.h"
 #include "storage/host_pool.h"
@@ -42,19 +43,6 @@ struct UserGauges {
   uint64_t objects = 0;
   uint64_t buffers = 0;
   uint64_t jobs_in_flight = 0;
-};
-
-// Named, persistent objects and their journal (PersistentUsage, read).
-struct PersistentGauges {
-  uint64_t objects = 0;
-  uint64_t bytes = 0;
-  uint64_t max_bytes = 0;
-  uint64_t journal_bytes = 0;
-  uint64_t journal_live_bytes = 0;
-  uint64_t journal_max_bytes = 0;
-  uint64_t journal_queued = 0;
-  uint64_t journal_compactions = 0;
-  uint64_t journal_errors = 0;
 };
 
 // The lanes of one user on one GPU in one direction.
@@ -104,7 +92,7 @@ struct MetricsSnapshot {
   std::map<uint32_t, UserCounters> user_totals;  // monotonic (UserTotals)
   std::map<LaneKey, LaneGroup> lanes;
 
-  PersistentGauges persistent;
+  PersistentUsage persistent;  // named, persistent objects and their journal
 };
 
 std::vector<prometheus::MetricFamily> ToMetricFamilies(const MetricsSnapshot& snapshot);

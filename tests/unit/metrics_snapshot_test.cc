@@ -136,6 +136,30 @@ TEST(MetricsSnapshot, NoUsersNoLanesNoEmptyFamilies) {
   EXPECT_THAT(text, Not(HasSubstr("# TYPE tierd_sessions gauge")));
 }
 
+TEST(MetricsSnapshot, PersistentObjectsAndTheirJournal) {
+  MetricsSnapshot s = SampleSnapshot();
+  s.persistent.objects = 1;
+  s.persistent.bytes = 2;
+  s.persistent.limits.max_bytes = 3;
+  s.persistent.journal.file_bytes = 4;
+  s.persistent.journal.live_bytes = 5;
+  s.persistent.journal.max_bytes = 6;
+  s.persistent.writes_queued = 7;
+  s.persistent.journal.compactions = 8;
+  s.persistent.journal.errors = 9;
+  std::string text = Exposition(s);
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_objects 1\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_bytes 2\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_max_bytes 3\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_journal_bytes 4\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_journal_live_bytes 5\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_journal_max_bytes 6\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_journal_queued 7\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE tierd_persistent_journal_compactions_total counter\n"
+                              "tierd_persistent_journal_compactions_total 8\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_persistent_journal_errors_total 9\n"));
+}
+
 TEST(UserTotals, CountersOfEndedSessionsStayWithTheirUser) {
   UserTotals totals;
   auto counts = [](uint64_t session, uint32_t uid, uint64_t jobs) {

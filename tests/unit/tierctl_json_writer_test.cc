@@ -92,6 +92,17 @@ TEST(JsonWriterTest, EscapesKeysToo) {
   EXPECT_EQ(out.str(), R"({"we\"ird":"v\n"})");
 }
 
+TEST(JsonWriterTest, MembersAreKeyThenValue) {
+  std::ostringstream out;
+  JsonWriter w(out);
+  w.BeginObject();
+  w.StringMember("name", "nv\"me");
+  w.UintMember("bytes", uint64_t{18446744073709551615ull});
+  w.IntMember("pid", int32_t{-1});
+  w.EndObject();
+  EXPECT_EQ(out.str(), R"({"name":"nv\"me","bytes":18446744073709551615,"pid":-1})");
+}
+
 std::string ProtoJson(const google::protobuf::Message& message, std::string_view only = {}) {
   std::ostringstream out;
   JsonWriter w(out);
