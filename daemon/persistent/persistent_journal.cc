@@ -23,6 +23,8 @@ namespace tier::daemon {
 namespace {
 
 constexpr char kPrefix[] = "journal-";
+// How much of a record is written before its writeback is started (Append).
+constexpr uint64_t kWritebackPieceBytes = 8ull << 20;
 
 absl::Status SyncDir(const std::string& dir) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -173,6 +175,7 @@ absl::Status PersistentJournal::OpenFiles() {
   live_bytes_ = scan->live_bytes;
   next_seq_ = scan->next_seq;
   end_ = scan->end;
+  synced_end_ = end_;
   if (scan->tail == journal::Scan::Tail::kTorn) {
     if (::ftruncate(fd_.get(), static_cast<off_t>(end_)) != 0 || ::fsync(fd_.get()) != 0) {
       return ErrnoStatus(absl::StrCat("truncate ", path));
@@ -198,6 +201,7 @@ absl::Status PersistentJournal::CreateGeneration() {
   }
   if (::fsync(fd_.get()) != 0) return ErrnoStatus(absl::StrCat("fsync ", path));
   end_ = header.size();
+  synced_end_ = end_;
   return SyncDir(dir_);
 }
 
@@ -301,30 +305,32 @@ absl::Status PersistentJournal::Failed(absl::Status status) {
 }
 
 absl::Status PersistentJournal::Append(const std::string& head, const char* data, uint64_t len) {
-  iovec parts[2] = {{const_cast<char*>(head.data()), head.size()},
-                    {const_cast<char*>(data), static_cast<size_t>(len)}};
+  // A record goes out in pieces, each handed to the disk as soon as it is in the page cache
+  // (sync_file_range starts its writeback and returns): the disk writes one piece while this
+  // thread copies the next, and Sync's fdatasync waits only for the last piece. One write, then
+  // one fdatasync of the whole batch, left the disk idle during every copy (1.3 GB/s durable on
+  // a disk that wrote 2.2 GB/s).
+  const std::string path = PathOf(generation_);
   uint64_t offset = end_;
-  uint64_t left = head.size() + len;
-  int first = 0;
-  while (left > 0) {
-    ssize_t n = ::pwritev(fd_.get(), parts + first, 2 - first, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      absl::Status error = n < 0 ? ErrnoStatus(absl::StrCat("write ", PathOf(generation_)))
-                                 : absl::DataLossError("journal write made no progress");
-      // Nothing partial stays behind: the next record goes where this one began.
-      (void)!::ftruncate(fd_.get(), static_cast<off_t>(end_));
-      return Failed(std::move(error));
+  auto write = [&](const char* bytes, uint64_t n) {
+    absl::Status s = PwriteAll(fd_.get(), bytes, n, offset, path);
+    if (s.ok()) {
+      (void)::sync_file_range(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(n),
+                              SYNC_FILE_RANGE_WRITE);  // a hint: fdatasync reports any failure
+      offset += n;
     }
-    offset += static_cast<uint64_t>(n);
-    left -= static_cast<uint64_t>(n);
-    for (uint64_t done = static_cast<uint64_t>(n); done > 0 && first < 2;) {
-      const uint64_t take = std::min<uint64_t>(done, parts[first].iov_len);
-      parts[first].iov_base = static_cast<char*>(parts[first].iov_base) + take;
-      parts[first].iov_len -= take;
-      done -= take;
-      if (parts[first].iov_len == 0) ++first;
-    }
+    return s;
+  };
+  absl::Status status = write(head.data(), head.size());
+  for (uint64_t done = 0; status.ok() && done < len;) {
+    const uint64_t take = std::min(len - done, kWritebackPieceBytes);
+    status = write(data + done, take);
+    done += take;
+  }
+  if (!status.ok()) {
+    // Nothing partial stays behind: the next record goes where this one began.
+    (void)!::ftruncate(fd_.get(), static_cast<off_t>(end_));
+    return Failed(std::move(status));
   }
   end_ = offset;
   return absl::OkStatus();
@@ -382,6 +388,13 @@ absl::Status PersistentJournal::Sync() {
   if (::fdatasync(fd_.get()) != 0) {
     return Failed(ErrnoStatus(absl::StrCat("fdatasync ", PathOf(generation_))));
   }
+  // On the disk now, and read again only at a restart or a compaction: out of the page cache,
+  // so that checkpoints written through tierd do not push the node's other files out of it.
+  if (end_ > synced_end_) {
+    (void)::posix_fadvise(fd_.get(), static_cast<off_t>(synced_end_),
+                          static_cast<off_t>(end_ - synced_end_), POSIX_FADV_DONTNEED);
+  }
+  synced_end_ = end_;
   return absl::OkStatus();
 }
 
@@ -452,6 +465,7 @@ absl::Status PersistentJournal::Compact() {
   fd_ = std::move(fd);
   generation_ = generation;
   end_ = end;
+  synced_end_ = end_;
   compactions_.fetch_add(1, std::memory_order_relaxed);
   Count();
   return absl::OkStatus();

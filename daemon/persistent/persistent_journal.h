@@ -118,6 +118,7 @@ class PersistentJournal {
   uint64_t max_generation_ = 0;  // of every file seen, set-aside ones included
   bool set_aside_ = false;       // the current file is damaged: kept as .damaged when compacted
   uint64_t end_ = 0;             // where the next record goes
+  uint64_t synced_end_ = 0;      // bytes before it are on the disk (fdatasync) and uncached
   uint64_t next_seq_ = 1;
   std::unordered_map<journal::Key, Record, journal::KeyHash> live_;
   uint64_t live_bytes_ = 0;
