@@ -159,16 +159,8 @@ class JobTable:
             job.next_use_hint = int(hint)
         _lib.check(s.lib.tier_offload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d offloads" % n)
-        out = []
-        inflight = self._inflight
-        for i, job in enumerate(jobs):
-            job_id, obj, length = job.job, job.object, job.len
-            record = Job(job_id, ("offload of %d bytes (object %d, job %d, in a batch of %d)",
-                                  (length, obj, job_id, n)), keeps[i], on_dones[i], user, obj,
-                         length)
-            inflight[job_id] = record
-            out.append((obj, record))
-        return out
+        records = self._submitted(jobs, "offload", keeps, on_dones, user)
+        return [(record.object, record) for record in records]
 
     def reload_batch(self, rows, stream_ptr, keeps=None, on_dones=None, user=False, defer=False):
         """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
@@ -195,13 +187,18 @@ class JobTable:
             job.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
         _lib.check(s.lib.tier_reload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d reloads" % n)
+        return self._submitted(jobs, "reload", keeps, on_dones, user)
+
+    def _submitted(self, jobs, kind, keeps, on_dones, user):
+        """A Job per row of a batch tierd took (kind: "offload" or "reload"), now in flight."""
+        n = len(jobs)
         out = []
         inflight = self._inflight
         for i, job in enumerate(jobs):
             job_id, obj, length = job.job, job.object, job.len
-            record = Job(job_id, ("reload of object %d (%d bytes, job %d, in a batch of %d)",
-                                  (obj, length, job_id, n)), keeps[i], on_dones[i], user, obj,
-                         length)
+            record = Job(job_id, ("%s of object %d (%d bytes, job %d, in a batch of %d)",
+                                  (kind, obj, length, job_id, n)), keeps[i], on_dones[i], user,
+                         obj, length)
             inflight[job_id] = record
             out.append(record)
         return out
