@@ -24,6 +24,12 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& socket_path
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+// A stub on a channel of its own to tierd's control socket.
+std::unique_ptr<v1::Control::Stub> NewStub(const std::string& socket_path) {
+  return v1::Control::NewStub(
+      grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()));
+}
+
 }  // namespace
 
 std::string DefaultSocketPath() {
@@ -36,9 +42,7 @@ std::string DefaultSocketPath() {
 }
 
 ControlClient::ControlClient(const std::string& socket_path, int timeout_ms)
-    : socket_path_(socket_path), timeout_ms_(timeout_ms),
-      stub_(v1::Control::NewStub(
-          grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()))) {}
+    : socket_path_(socket_path), timeout_ms_(timeout_ms), stub_(NewStub(socket_path)) {}
 
 absl::StatusOr<v1::OpenSessionResponse> ControlClient::OpenSession(
     const v1::OpenSessionRequest& request, int daemon_wait_ms) {
@@ -63,8 +67,7 @@ absl::StatusOr<v1::OpenSessionResponse> ControlClient::OpenSession(
                  " ms for it to start");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    stub_ = v1::Control::NewStub(
-        grpc::CreateChannel("unix:" + socket_path_, grpc::InsecureChannelCredentials()));
+    stub_ = NewStub(socket_path_);
   }
 }
 
