@@ -310,22 +310,22 @@ absl::Status PersistentJournal::Append(const std::string& head, const char* data
   // thread copies the next, and Sync's fdatasync waits only for the last piece. One write, then
   // one fdatasync of the whole batch, left the disk idle during every copy (1.3 GB/s durable on
   // a disk that wrote 2.2 GB/s).
+  // The head goes with the first piece (its page is not handed to the disk twice).
   const std::string path = PathOf(generation_);
   uint64_t offset = end_;
-  auto write = [&](const char* bytes, uint64_t n) {
-    absl::Status s = PwriteAll(fd_.get(), bytes, n, offset, path);
-    if (s.ok()) {
-      (void)::sync_file_range(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(n),
-                              SYNC_FILE_RANGE_WRITE);  // a hint: fdatasync reports any failure
-      offset += n;
-    }
-    return s;
-  };
-  absl::Status status = write(head.data(), head.size());
+  absl::Status status = PwriteAll(fd_.get(), head.data(), head.size(), offset, path);
+  uint64_t piece_start = offset;
+  offset += head.size();
   for (uint64_t done = 0; status.ok() && done < len;) {
     const uint64_t take = std::min(len - done, kWritebackPieceBytes);
-    status = write(data + done, take);
+    status = PwriteAll(fd_.get(), data + done, take, offset, path);
+    if (!status.ok()) break;
+    offset += take;
     done += take;
+    (void)::sync_file_range(fd_.get(), static_cast<off_t>(piece_start),
+                            static_cast<off_t>(offset - piece_start),
+                            SYNC_FILE_RANGE_WRITE);  // a hint: fdatasync reports any failure
+    piece_start = offset;
   }
   if (!status.ok()) {
     // Nothing partial stays behind: the next record goes where this one began.
