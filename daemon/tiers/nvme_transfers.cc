@@ -8,11 +8,10 @@ void NvmeTransfers::Began(Kind kind, uint64_t bytes) {
   writing_bytes_.fetch_add(bytes);
 }
 
-void NvmeTransfers::Ended(Kind kind, uint64_t bytes) {
+void NvmeTransfers::Ended(Kind kind) {
   // Signalled under the lock: a waiter may return (and the tiers go) as soon as the count reaches
   // zero, so nothing of ours may be touched after the unlock.
   MutexLock lock(&mu_);
-  writing_bytes_.fetch_sub(bytes);
   (kind == Kind::kWrite ? writes_ : reads_).fetch_sub(1);
   cv_.SignalAll();
 }

@@ -68,11 +68,16 @@ class NvmeTransfers {
   SpillCounters& counters() { return counters_; }
   const SpillCounters& counters() const { return counters_; }
 
-  // A transfer began (`bytes`: a write's host extent, counted until it ended).
+  // A transfer began (`bytes`: a write's host extent, counted until StopsWriting).
   void Began(Kind kind, uint64_t bytes = 0);
+  // A write's extent stops counting as leaving host memory: called before the extent goes back
+  // (or stays, the write failed), so that the spill policy's projection (used minus writing)
+  // never subtracts bytes twice, once gone from the pool and once as still being written (the
+  // spiller then stopped above its low watermark).
+  void StopsWriting(uint64_t bytes) { writing_bytes_.fetch_sub(bytes); }
   // A transfer ended: the last thing it does (once the count it is in reaches zero, Stop may
   // return and the tiers go).
-  void Ended(Kind kind, uint64_t bytes = 0);
+  void Ended(Kind kind);
 
   uint64_t writes_in_flight() const { return writes_.load(); }
   uint64_t reads_in_flight() const { return reads_.load(); }

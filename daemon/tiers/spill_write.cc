@@ -31,8 +31,9 @@ SpillWrite::Start SpillWrite::Begin(NvmeTransfers& io, const std::shared_ptr<Obj
   {
     bool spilled = false;
     Release release = table->EndSpill(*object, started, &spilled);
+    io.StopsWriting(extent.bytes);
   }
-  io.Ended(NvmeTransfers::Kind::kWrite, extent.bytes);
+  io.Ended(NvmeTransfers::Kind::kWrite);
   if (!absl::IsResourceExhausted(started)) {
     LogWarning("spill write not started: ", started.ToString());
   }
@@ -43,6 +44,7 @@ void SpillWrite::Landed(const absl::StatusOr<storage::SpillRecord>& record) {
   {
     bool spilled = false;
     Release release = table_->EndSpill(*object_, record, &spilled);
+    io_.StopsWriting(extent_.bytes);
     if (spilled) {
       SpillCounters& counters = io_.counters();
       counters.spills.fetch_add(1);
@@ -53,8 +55,8 @@ void SpillWrite::Landed(const absl::StatusOr<storage::SpillRecord>& record) {
     // A failed write was logged by the store; the object stays in host memory and is no
     // candidate any more, so a failing device is not hammered (it becomes one again once filled
     // anew).
-  }  // its extent (or the record not needed) goes back here, before the write stops counting it
-  io_.Ended(NvmeTransfers::Kind::kWrite, extent_.bytes);
+  }  // its extent (or the record not needed) goes back here
+  io_.Ended(NvmeTransfers::Kind::kWrite);
 }
 
 }  // namespace tier::daemon
