@@ -223,6 +223,10 @@ class TierdMode(Mode):
 
 
 class TierdBudget(TierdMode):
+    # The budget's calibration and its timed baseline are two steps; the warm-up also covers the
+    # plan's first step (registrations, the pool's first touch).
+    extra_warmup = 1
+
     def __init__(self, name, model, session, args, **budget):
         super().__init__(session)
         import tier.torch as tt
@@ -585,7 +589,8 @@ def run_child(config):
             fresh()
             mode = make_mode(name, model, session, args, results)
             try:
-                record(guarded(name, lambda: run_mode(mode, model, ids, args, args.warmup)))
+                warmup = args.warmup + getattr(mode, "extra_warmup", 0)
+                record(guarded(name, lambda: run_mode(mode, model, ids, args, warmup)))
             finally:
                 mode.remove()
         if "plan" in args.modes_requested:

@@ -97,7 +97,7 @@ PRESETS = {
 ALLOC_CONF = {"default": None, "expandable": "expandable_segments:True"}
 MAX_OVERHEAD = 0.05     # tierd-budget
 BOUND_FRACTION = 0.80   # tierd-budget must offload at least this much of the bound
-BUDGET_WARMUP = 2       # the calibration step, then one step under the plan
+BUDGET_WARMUP = 3       # the calibration step, the timed baseline, then one step under the plan
 SAME_WORK = 0.90        # "the same work": tierd moved at least this share of the reference's D2H
 CHECKPOINT_KW = ({"use_reentrant": False}
                  if "use_reentrant" in inspect.signature(checkpoint).parameters else {})
