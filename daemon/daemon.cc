@@ -325,13 +325,14 @@ absl::Status Daemon::StartTiers(uint64_t capacity) {
   return absl::OkStatus();
 }
 
-// The job path (executor, ring poller) and the session machinery (registry, session socket).
+// The job path (executor, ring pollers) and the session machinery (registry, session socket).
 absl::Status Daemon::StartSessions(const SessionLimits& limits, gid_t gid) {
   executor_ = std::make_unique<JobExecutor>(*tiers_, *engine_, metrics_, persistent_.get());
   registry_ = std::make_unique<SessionRegistry>(limits, *executor_, *engine_);
-  poller_ = std::make_unique<RingPoller>(*registry_, *executor_, config_.poll_idle_us);
-  if (absl::Status s = poller_->Start(); !s.ok()) return s;
-  registry_->set_on_change([poller = poller_.get()] { poller->Wake(); });
+  pollers_ = std::make_unique<RingPollers>(*registry_, *executor_, config_.poll_idle_us,
+                                           static_cast<int>(gpus_.size()));
+  if (absl::Status s = pollers_->Start(); !s.ok()) return s;
+  registry_->set_on_change([pollers = pollers_.get()] { pollers->WakeAll(); });
 
   for (const std::string* path : {&config_.socket_path, &config_.session_socket_path}) {
     if (absl::Status s = MakeParentDir(*path); !s.ok()) return s;
@@ -357,7 +358,7 @@ absl::Status Daemon::StartControl(const SessionLimits& limits, gid_t gid) {
   if (!token.ok()) return token.status();
   context.admin_token = *std::move(token);
   health_ = std::make_unique<HealthMonitor>(
-      metrics_, [poller = poller_.get()] { return poller->last_heartbeat_ms(); },
+      metrics_, [pollers = pollers_.get()] { return pollers->last_heartbeat_ms(); },
       config_.health_stall_ms,
       [engine = engine_.get()] { return engine->UnticketedBehindClients(); });
   // Before the control API serves: status reads the exporter's state.
@@ -433,9 +434,9 @@ uint64_t Daemon::Drain(uint32_t timeout_ms) {
 int Daemon::Run() {
   notifier_.Ready(absl::StrCat("serving ", config_.socket_path, ", pool ", pool_->bytes() >> 20,
                                " MiB, engine ", engine_->name()));
-  // Healthy while the ring poller goes round: a wedged poller stops the pings and systemd
+  // Healthy while every ring poller goes round: a wedged poller stops the pings and systemd
   // restarts tierd (clients then fail their jobs with UNAVAILABLE rather than hang).
-  notifier_.StartWatchdog([this] { return MonotonicMs() - poller_->last_heartbeat_ms() < 5000; });
+  notifier_.StartWatchdog([this] { return MonotonicMs() - pollers_->last_heartbeat_ms() < 5000; });
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -445,9 +446,9 @@ int Daemon::Run() {
   }
   LogInfo("signal ", signal_number, ": draining");
   notifier_.Stopping();
-  // Jobs clients pushed before the signal are in-flight work too: let the poller take what the
+  // Jobs clients pushed before the signal are in-flight work too: let the pollers take what the
   // rings hold now (briefly: a client that keeps pushing does not hold the stop), then refuse.
-  poller_->AwaitIdlePass(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  pollers_->AwaitIdlePass(std::chrono::steady_clock::now() + std::chrono::seconds(1));
   uint64_t left = Drain(config_.drain_timeout_ms);
   if (left > 0) LogWarning(left, " jobs still in flight after ", config_.drain_timeout_ms, " ms");
   Shutdown();
@@ -458,7 +459,7 @@ int Daemon::Run() {
 void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  // Order: stop taking work (sockets, poller), end sessions (their jobs finish), then the engine.
+  // Order: stop taking work (sockets, pollers), end sessions (their jobs finish), then the engine.
   // Control calls are short and jobs have drained by now; an idle client channel would otherwise
   // hold the shutdown for the whole deadline (gRPC waits for connections, not only calls).
   if (control_acceptor_) control_acceptor_->Stop();
@@ -466,7 +467,7 @@ void Daemon::Shutdown() {
   // Scrapes read every part below: the exporter stops first.
   metrics_exporter_.reset();
   if (listener_) listener_->Stop();
-  if (poller_) poller_->Stop();
+  if (pollers_) pollers_->Stop();
   if (registry_) registry_->EndAllAndWait();
   // No job runs any more: persistent objects in host memory end with the daemon.
   if (persistent_) persistent_->DropAll();

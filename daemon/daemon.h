@@ -17,7 +17,7 @@
 #include "daemon/control/health_monitor.h"
 #include "daemon/control/systemd_notifier.h"
 #include "daemon/jobs/job_executor.h"
-#include "daemon/jobs/ring_poller.h"
+#include "daemon/jobs/ring_pollers.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/metrics_collector.h"
 #include "daemon/metrics/metrics_exporter.h"
@@ -75,7 +75,7 @@ class Daemon {
   std::unique_ptr<PersistentStore> persistent_;  // named objects that outlive sessions
   std::unique_ptr<JobExecutor> executor_;
   std::unique_ptr<SessionRegistry> registry_;
-  std::unique_ptr<RingPoller> poller_;
+  std::unique_ptr<RingPollers> pollers_;  // one per GPU and a default one
   std::unique_ptr<SessionListener> listener_;
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<ControlService> service_;

@@ -50,8 +50,10 @@ inline void CpuRelax() {
 
 }  // namespace
 
-RingPoller::RingPoller(SessionRegistry& registry, JobExecutor& executor, uint32_t poll_idle_us)
-    : registry_(registry), executor_(executor), poll_idle_ns_(uint64_t{poll_idle_us} * 1000) {}
+RingPoller::RingPoller(SessionRegistry& registry, JobExecutor& executor, uint32_t poll_idle_us,
+                       PollerPlace place)
+    : registry_(registry), executor_(executor), poll_idle_ns_(uint64_t{poll_idle_us} * 1000),
+      place_(std::move(place)) {}
 
 RingPoller::~RingPoller() { Stop(); }
 
@@ -69,8 +71,22 @@ absl::Status RingPoller::Start() {
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0) {
     return ErrnoStatus("epoll_ctl for the ring poller's wake-up");
   }
+  heartbeat_ms_.store(MonotonicMs(), std::memory_order_relaxed);
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
+}
+
+int RingPoller::DeviceOf(const Session& session) const {
+  const int device = session.home_device();
+  return device >= 0 && device < place_.devices ? device : -1;
+}
+
+std::vector<std::shared_ptr<Session>> RingPoller::OwnSessions() const {
+  std::vector<std::shared_ptr<Session>> own = registry_.ActiveSessions();
+  std::erase_if(own, [this](const std::shared_ptr<Session>& session) {
+    return DeviceOf(*session) != place_.device;
+  });
+  return own;
 }
 
 void RingPoller::Wake() {
@@ -167,13 +183,27 @@ void RingPoller::UpdateDoorbells(const std::vector<std::shared_ptr<Session>>& se
   }
   // Sessions that left the active set: out of the epoll set while their doorbells are still open
   // (the entries here hold them).
+  std::vector<int> moved_to;
   for (auto& [ptr, bell] : doorbells_) {
     if (bell.watched) {
       ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, bell.session->sq_doorbell_fd(), nullptr);
     }
+    // One that moved to its GPU's poller: let go of its queue (this thread is between passes, so
+    // it touches the queue no more), counted first so that no wait for an idle pass of every
+    // poller can miss it in transit.
+    const int home = DeviceOf(*bell.session);
+    if (home != place_.device && !bell.session->closing()) {
+      moves_out_.fetch_add(1, std::memory_order_acq_rel);
+      bell.session->ReleaseSubmissions(holder_id());
+      moved_to.push_back(home);
+    }
   }
   doorbells_ = std::move(next);
   sessions_ = sessions;
+  session_count_.store(static_cast<uint32_t>(sessions_.size()), std::memory_order_relaxed);
+  if (place_.let_go) {
+    for (int device : moved_to) place_.let_go(device);
+  }
 }
 
 void RingPoller::NoteDrain(Doorbell& bell, bool took, uint64_t now_ms) {
@@ -236,8 +266,13 @@ void RingPoller::WaitForDoorbells(int timeout_ms) {
 void RingPoller::Sleep(bool any_blocked) {
   // Announce the sleep on every ring, then look once more: a client that published an entry
   // before seeing the flag is caught here; one that publishes after will ring the doorbell.
+  // (Only the queues this poller holds: one it has not taken yet is someone else's.)
+  std::vector<Session*> held;
+  for (const auto& session : sessions_) {
+    if (session->HoldsSubmissions(holder_id())) held.push_back(session.get());
+  }
   bool pending = false;
-  for (const auto& session : sessions_) pending |= session->submissions().PrepareSleep();
+  for (Session* session : held) pending |= session->submissions().PrepareSleep();
   if (!pending) {
     // A session that is blocked on a full completion queue does not ring; look again soon.
     WaitForDoorbells(SleepBoundMs(any_blocked ? 1 : 500, MonotonicMs()));
@@ -247,7 +282,7 @@ void RingPoller::Sleep(bool any_blocked) {
       if (!bell.muted) DrainDoorbell(bell.session->sq_doorbell_fd());
     }
   }
-  for (const auto& session : sessions_) session->submissions().CancelSleep();
+  for (Session* session : held) session->submissions().CancelSleep();
 }
 
 void RingPoller::Run() {
@@ -257,13 +292,21 @@ void RingPoller::Run() {
   while (!stop_.load(std::memory_order_acquire)) {
     if (uint64_t now_generation = registry_.generation(); now_generation != generation) {
       generation = now_generation;
-      UpdateDoorbells(registry_.ActiveSessions());
+      UpdateDoorbells(OwnSessions());
     }
     bool work = false;
     bool any_blocked = false;
     const uint64_t now_ms = MonotonicMs();
     for (const auto& session : sessions_) {
       if (session->closing()) continue;
+      bool arrived = false;
+      if (!session->TakeSubmissions(holder_id(), &arrived)) {
+        // Moved here, and the poller it left has not let go yet (it does when it next looks at
+        // its sessions, woken by the same change): not idle, and no long sleep.
+        any_blocked = true;
+        continue;
+      }
+      if (arrived) moves_in_.fetch_add(1, std::memory_order_acq_rel);
       bool blocked = false;
       const bool took = Drain(session, &blocked);
       any_blocked |= blocked;

@@ -184,7 +184,25 @@ absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
   return ledger_->CheckBuffer(peer_.uid, mapped_bytes);
 }
 
+bool Session::TakeSubmissions(int poller, bool* arrived) {
+  int holder = sq_holder_.load(std::memory_order_acquire);
+  if (holder == poller) return true;
+  if (holder != kNoHolder && holder != kMoving) return false;
+  if (!sq_holder_.compare_exchange_strong(holder, poller, std::memory_order_acquire)) return false;
+  if (arrived != nullptr) *arrived = holder == kMoving;
+  return true;
+}
+
+void Session::ReleaseSubmissions(int poller) {
+  int holder = poller;
+  sq_holder_.compare_exchange_strong(holder, kMoving, std::memory_order_release);
+}
+
 uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer) {
+  if (const int device = buffer->device(); device >= 0) {
+    int none = -1;  // (only the first GPU buffer sets it: a session moves at most once)
+    home_device_.compare_exchange_strong(none, device, std::memory_order_acq_rel);
+  }
   MutexLock lock(&mu_);
   uint64_t id = next_buffer_id_++;
   const uint64_t mapped = MappedBytes(*buffer);

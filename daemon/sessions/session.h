@@ -1,9 +1,10 @@
 // One client session: its identity (kernel credentials of the session socket), quota, shared-memory
 // job ring with its doorbells, registered buffers, and the objects it holds in the daemon.
 //
-// Threads: the ring poller consumes the submission queue (one thread only); engine threads post
-// completions; the session listener registers buffers and ends the session; gRPC threads read
-// snapshots. Everything mutable beyond the ring ends is guarded by mu_.
+// Threads: a ring poller consumes the submission queue (one at a time: the one holding it, see
+// TakeSubmissions); engine threads post completions; the session listener registers buffers and
+// ends the session; gRPC threads read snapshots. Everything mutable beyond the ring ends is
+// guarded by mu_.
 #ifndef TIER_DAEMON_SESSIONS_SESSION_H_
 #define TIER_DAEMON_SESSIONS_SESSION_H_
 
@@ -96,7 +97,25 @@ class Session {
   // For threads other than the listener's: the engine session once attached, else null.
   engine::EngineSession* engine_session_if_attached() const;
 
-  // ---- Ring poller thread only ----
+  // ---- Ring pollers (daemon/jobs/ring_pollers.h) ----
+  // The GPU whose ring poller serves the session: the device of the first GPU buffer it
+  // registered (AddBuffer), -1 before that and for a session of host memory only. Set once.
+  int home_device() const { return home_device_.load(std::memory_order_acquire); }
+  // The consumer end of the submission queue (and CanAdmit, and the raising of jobs in flight)
+  // belongs to one poller at a time, `poller` >= 0. Take: true when this poller holds it now
+  // (it was free, or already its own). Release: only by the holder, after its last use. The
+  // release/acquire pair orders everything the first holder did to the queue before anything the
+  // next one does, so a session that moves to its GPU's poller loses no entry and none is taken
+  // twice.
+  // `arrived`: set when the queue was let go by a poller the session moved away from.
+  bool TakeSubmissions(int poller, bool* arrived = nullptr);
+  // For a session that moved to another poller's care (home_device() set).
+  void ReleaseSubmissions(int poller);
+  bool HoldsSubmissions(int poller) const {
+    return sq_holder_.load(std::memory_order_acquire) == poller;
+  }
+
+  // ---- The poller holding the submission queue only ----
   ring::Consumer<ring::SubmissionEntry>& submissions() { return sq_; }
   // True when one more job can be accepted without overrunning the completion queue: jobs in
   // flight plus completions the client has not reaped stay below its capacity.
@@ -114,6 +133,7 @@ class Session {
   // Whether one more buffer mapping `mapped_bytes` of host memory (0 for GPU memory) fits:
   // RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one adding).
   absl::Status CheckBufferLimits(uint64_t mapped_bytes) const;
+  // The first buffer on a GPU makes that GPU the session's home_device().
   uint64_t AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer);
   bool RemoveBuffer(uint64_t buffer_id);
   std::shared_ptr<engine::ImportedBuffer> FindBuffer(uint64_t buffer_id);
@@ -174,6 +194,12 @@ class Session {
   ring::Producer<ring::CompletionEntry> cq_ ABSL_GUARDED_BY(cq_mu_);
   std::atomic<bool> broken_{false};
   std::unique_ptr<engine::EngineSession> engine_session_;
+  std::atomic<int> home_device_{-1};
+  // The poller holding the submission queue (>= 0); kNoHolder: none yet; kMoving: let go by
+  // the poller the session moved away from.
+  static constexpr int kNoHolder = -1;
+  static constexpr int kMoving = -2;
+  std::atomic<int> sq_holder_{kNoHolder};
 
   mutable Mutex mu_;
   CondVar idle_cv_;
@@ -183,8 +209,8 @@ class Session {
   uint64_t jobs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Copies of closing_ and jobs_in_flight_, written under mu_ with them, for the ring poller's
   // checks on every entry and every pass (closing(), CanAdmit()) without taking mu_. The poller
-  // is the only thread that raises jobs_in_flight_, so its copy is never below the truth there:
-  // a stale value only admits later.
+  // holding the queue is the only thread that raises jobs_in_flight_, so its copy is never below
+  // the truth there: a stale value only admits later.
   std::atomic<bool> closing_seen_{false};
   std::atomic<uint64_t> in_flight_seen_{0};
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -373,7 +373,11 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     absl::StatusOr<std::unique_ptr<engine::ImportedBuffer>> buffer =
         engine_.Import(c.session->engine_session(), std::move(import));
     if (buffer.ok()) {
+      const int home = c.session->home_device();
       reply.buffer_id = c.session->AddBuffer(std::shared_ptr<engine::ImportedBuffer>(*std::move(buffer)));
+      // Its first GPU buffer: the session moves to that GPU's ring poller (handed over between
+      // two passes; its jobs are served all along).
+      if (c.session->home_device() != home) registry_.HomeChanged();
     } else {
       status = buffer.status();
     }

@@ -62,11 +62,14 @@ class SessionRegistry {
   // Ends every session and waits until all are released.
   void EndAllAndWait();
 
-  // Attached, not closing. The poller re-reads this when generation() changes.
+  // Attached, not closing. The pollers re-read this when generation() changes.
   std::vector<std::shared_ptr<Session>> ActiveSessions() const;
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
-  // Called (from any thread) whenever the active set changes, so a sleeping poller picks up a new
-  // session's doorbell. Set once, before sessions exist.
+  // A session's home device was set (its first GPU buffer, Session::AddBuffer): the generation
+  // changes too, so that it moves to its GPU's ring poller (daemon/jobs/ring_pollers.h).
+  void HomeChanged() { Changed(); }
+  // Called (from any thread) whenever the active set or a session's home changes, so that
+  // sleeping pollers look again. Set once, before sessions exist.
   void set_on_change(std::function<void()> on_change) { on_change_ = std::move(on_change); }
   std::vector<SessionSnapshot> Snapshots() const;
   size_t size() const;
