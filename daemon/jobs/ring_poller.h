@@ -66,6 +66,8 @@ class RingPoller {
   int device() const { return place_.device; }
   // The poller `session` belongs to, by its home device (-1: the default one).
   int DeviceOf(const Session& session) const;
+  // Whether this poller holds the session's submission queue now (it took it on a pass).
+  bool Holds(const Session& session) const { return session.HoldsSubmissions(holder_id()); }
   // When the loop last went round (it does at least every 500 ms, idle or not): the watchdog's
   // evidence that jobs are being served.
   uint64_t last_heartbeat_ms() const { return heartbeat_ms_.load(std::memory_order_relaxed); }

@@ -289,6 +289,12 @@ class RingPollersTest : public ::testing::Test {
     EXPECT_TRUE(attached.ok()) << attached.status();
     client->ring = std::make_unique<RingClient>(client->session());
     AddBuffer(*client, device);
+    // Until the poller of its GPU holds its queue: a job pushed before that may still be taken by
+    // the poller it was attached to (the default one), which lets go only between passes.
+    RingPoller& home = pollers_->ForDevice(device);
+    const auto deadline = Clock::now() + seconds(10);
+    while (!home.Holds(client->session()) && Clock::now() < deadline) std::this_thread::yield();
+    EXPECT_TRUE(home.Holds(client->session())) << name << ": not on its GPU's poller after 10 s";
     clients_.push_back(std::move(client));
     return *clients_.back();
   }
@@ -519,10 +525,15 @@ struct FloodFigures {
   double flooded_us = 0;
 };
 
-// The median of `n` lone reloads (push to completion seen) of `lone`, each after the last.
-double LoneMedianUs(Client& lone, int n) {
+// The median latency (push to completion seen) of lone reloads of `lone`: `n` of them, and more
+// until `min_time` passed. Each comes 1 ms after the last completed, as a trainer's come between
+// its compute: a job pushed at once would often be taken in the same drain of the lone ring that
+// completed the last one (this engine completes on the poller), never waiting for the flood.
+double LoneMedianUs(Client& lone, int n, milliseconds min_time = milliseconds(0)) {
   std::vector<double> us;
-  for (int i = 0; i < n; ++i) {
+  const auto until = Clock::now() + min_time;
+  while (static_cast<int>(us.size()) < n || Clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(1));  // the client's pace, not a wait for anything
     const auto start = Clock::now();
     EXPECT_EQ(lone.Run(lone.Job(ring::Opcode::kReload, 1)), absl::StatusCode::kOk);
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
@@ -533,7 +544,8 @@ double LoneMedianUs(Client& lone, int n) {
 
 // A flooder on GPU 0 keeps its ring full of reloads (each costing kFloodCost on the poller that
 // takes it) while a lone client on GPU 1 runs one reload at a time: its median latency alone and
-// with the flood.
+// with the flood. The flooder's ring holds seconds of work, so the flood goes on whether or not
+// its client keeps up with its completions on a loaded machine.
 FloodFigures MeasureFlood(Client& flooder, Client& lone, DeviceEngine& engine, int n,
                           size_t pollers) {
   FloodFigures f;
@@ -559,25 +571,32 @@ FloodFigures MeasureFlood(Client& flooder, Client& lone, DeviceEngine& engine, i
     }
     ADD_FAILURE() << "the flood did not end";
   });
-  // Until the flood runs at its rate: its poller has gone through a few passes of its ring.
+  // Until the flood runs: its poller went through a few batches of its ring.
   const auto deadline = Clock::now() + seconds(20);
   while (flooded.load() < 256 && Clock::now() < deadline) std::this_thread::yield();
   EXPECT_GE(flooded.load(), 256u) << "the flood did not start";
-  f.flooded_us = LoneMedianUs(lone, n);
+  const uint64_t before = flooded.load();
+  const auto start = Clock::now();
+  f.flooded_us = LoneMedianUs(lone, n, milliseconds(300));
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  const uint64_t flood_jobs = flooded.load() - before;
+  // (A flood that stopped would make the figure with per-GPU pollers prove nothing.)
+  EXPECT_GE(static_cast<double>(flood_jobs), ms * 1000 / kFloodCost.count() / 4)
+      << "the flood did not keep its poller busy: " << flood_jobs << " jobs in " << ms << " ms";
+  engine.SetCost(0, microseconds{0});  // (what is queued then drains at once)
   stop.store(true);
   flood.join();
-  engine.SetCost(0, microseconds{0});
   EXPECT_EQ(flooder.Run(flooder.Job(ring::Opcode::kFree, 1)), absl::StatusCode::kOk);
   EXPECT_EQ(lone.Run(lone.Job(ring::Opcode::kFree, 1)), absl::StatusCode::kOk);
-  std::printf("%zu poller(s): a lone job on GPU 1, median of %d: alone %.0f us, with GPU 0 "
-              "flooded %.0f us\n",
-              pollers, n, f.alone_us, f.flooded_us);
+  std::printf("%zu poller(s): a lone job on GPU 1, median: alone %.0f us, with GPU 0 flooded "
+              "%.0f us (%llu flood jobs in %.0f ms)\n",
+              pollers, f.alone_us, f.flooded_us, static_cast<unsigned long long>(flood_jobs), ms);
   return f;
 }
 
 TEST_F(RingPollersTest, AFloodOnOneGpuDoesNotDelayAnotherGpusLoneJobs) {
   Start(2);
-  Client& flooder = Attach("flooder", 0, /*ring_entries=*/256);
+  Client& flooder = Attach("flooder", 0, /*ring_entries=*/8192);
   Client& lone = Attach("lone", 1);
   const FloodFigures f = MeasureFlood(flooder, lone, engine_, 100, pollers_->size());
   EXPECT_LT(f.flooded_us, f.alone_us + kFloodBoundUs)
@@ -589,9 +608,9 @@ TEST_F(RingPollersTest, AFloodOnOneGpuDoesNotDelayAnotherGpusLoneJobs) {
 // job waits behind the flooder's batch on the same thread, and the figure above fails.
 TEST_F(RingPollersTest, OnePollerForEverySessionMakesTheLoneJobWaitForTheFlood) {
   Start(0);
-  Client& flooder = Attach("flooder", 0, /*ring_entries=*/256);
+  Client& flooder = Attach("flooder", 0, /*ring_entries=*/8192);
   Client& lone = Attach("lone", 1);
-  const FloodFigures f = MeasureFlood(flooder, lone, engine_, 40, pollers_->size());
+  const FloodFigures f = MeasureFlood(flooder, lone, engine_, 30, pollers_->size());
   EXPECT_GT(f.flooded_us, f.alone_us + kFloodBoundUs)
       << "the flood did not delay a lone job on the same poller: the test above proves nothing";
 }
