@@ -366,6 +366,7 @@ absl::Status Daemon::StartControl(const SessionLimits& limits, gid_t gid) {
   context.metrics_state = [this] {
     return metrics_exporter_ == nullptr ? std::string() : metrics_exporter_->state();
   };
+  context.pollers = [pollers = pollers_.get()] { return pollers->Status(); };
   service_ = std::make_unique<ControlService>(
       context, *registry_, *pool_, tiers_->nvme(), *engine_, metrics_, *health_,
       [this](uint32_t timeout_ms) { return Drain(timeout_ms); }, persistent_.get());

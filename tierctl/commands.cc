@@ -321,6 +321,20 @@ static std::string PoolPinned(const v1::GetStatusResponse& status) {
   return out;
 }
 
+// "default 1, GPU 0 2, GPU 1 0 sessions; oldest pass 3 ms ago": each ring poller's sessions, and
+// the longest any has not gone round.
+static std::string RingPollers(const v1::GetStatusResponse& status) {
+  std::vector<std::string> each;
+  uint64_t oldest = 0;
+  for (const v1::RingPollerStatus& poller : status.ring_pollers()) {
+    each.push_back(poller.device() < 0 ? absl::StrCat("default ", poller.sessions())
+                                       : absl::StrCat("GPU ", poller.device(), " ",
+                                                      poller.sessions()));
+    oldest = std::max(oldest, poller.heartbeat_age_ms());
+  }
+  return absl::StrCat(absl::StrJoin(each, ", "), " sessions; oldest pass ", oldest, " ms ago");
+}
+
 void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& out) {
   if (json) return PrintJson(status, out);
   std::vector<std::pair<std::string, std::string>> fields = {
@@ -340,6 +354,7 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                                                " of host memory), ", status.gpu_lanes(),
                                                " GPU lanes, ", status.pending_releases(),
                                                " releases pending")}};
+  if (status.ring_pollers_size() > 0) fields.push_back({"Ring pollers", RingPollers(status)});
   if (!status.metrics().empty()) fields.push_back({"Metrics", status.metrics()});
   if (!status.spill_io().empty()) {  // an NVMe tier exists
     fields.push_back({"NVMe I/O", status.spill_io()});

@@ -195,6 +195,14 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   response->set_client_mapped_bytes(registry_.ClientTotals().mapped_bytes);
   response->set_max_mapped_bytes(context_.max_mapped_bytes);
   if (context_.metrics_state) response->set_metrics(context_.metrics_state());
+  if (context_.pollers) {
+    for (const PollerStatus& poller : context_.pollers()) {
+      v1::RingPollerStatus* out = response->add_ring_pollers();
+      out->set_device(poller.device);
+      out->set_sessions(poller.sessions);
+      out->set_heartbeat_age_ms(poller.heartbeat_age_ms);
+    }
+  }
   response->set_gpu_lanes(counts.lanes);
   response->set_pending_releases(counts.pending_releases);
   if (persistent_ != nullptr) AddPersistent(persistent_->usage(), response->mutable_persistent());

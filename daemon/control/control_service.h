@@ -9,6 +9,7 @@
 
 #include "daemon/control/control_acceptor.h"
 #include "daemon/control/health_monitor.h"
+#include "daemon/jobs/ring_pollers.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/persistent/persistent_store.h"
 #include "daemon/sessions/session_registry.h"
@@ -38,6 +39,8 @@ struct ControlContext {
   const ControlAcceptor* peers = nullptr;
   // The metrics endpoint's state ("" when metrics_listen is off).
   std::function<std::string()> metrics_state = nullptr;
+  // The ring pollers as they are now (status: ring_pollers); null: none shown.
+  std::function<std::vector<PollerStatus>()> pollers = nullptr;
 };
 
 class ControlService final : public tier::v1::Control::Service {

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -106,6 +107,12 @@ class FakeControl final : public v1::Control::Service {
     response->set_client_mapped_bytes(uint64_t{3} << 20);
     response->set_max_mapped_bytes(uint64_t{16} << 30);
     response->set_metrics("not serving: cannot listen on 10.0.0.1:9477: Address already in use");
+    for (auto [device, sessions, age] : {std::tuple{-1, 0u, 120u}, {0, 1u, 3u}, {1, 1u, 0u}}) {
+      v1::RingPollerStatus* poller = response->add_ring_pollers();
+      poller->set_device(device);
+      poller->set_sessions(sessions);
+      poller->set_heartbeat_age_ms(age);
+    }
     response->set_gpu_lanes(2);
     response->set_spill_io("io_uring");
     response->set_bytes_spilled(3 * kGiB);
@@ -312,6 +319,7 @@ TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
             "Recent bandwidth:  23.4 GB/s\n"
             "Client memory:     5 buffers mapped (3.0 MiB of host memory), 2 GPU lanes, 0 releases "
             "pending\n"
+            "Ring pollers:      default 0, GPU 0 1, GPU 1 1 sessions; oldest pass 120 ms ago\n"
             "Metrics:           not serving: cannot listen on 10.0.0.1:9477: Address already in use\n"
             "NVMe I/O:          io_uring\n"
             "Spilled:           3.0 GiB (now 2.5 GB/s)\n"
@@ -529,7 +537,8 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "pending_releases", "spills", "fetches", "job_kinds",
                                    "latency_bucket_bounds_seconds", "pool_setup",
                                    "pool_parts", "pool_layout", "gpus", "persistent",
-                                   "client_mapped_bytes", "max_mapped_bytes", "metrics"}));
+                                   "client_mapped_bytes", "max_mapped_bytes", "metrics",
+                                   "ring_pollers"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
