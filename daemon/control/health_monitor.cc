@@ -11,7 +11,7 @@ absl::Status HealthMonitor::Check(uint64_t now_ms) const {
   const uint64_t heartbeat = poller_heartbeat_ms_();
   if (now_ms > heartbeat && now_ms - heartbeat > kPollerStallMs) {
     return absl::UnavailableError(
-        absl::StrCat("the ring poller has not gone round for ", now_ms - heartbeat, " ms"));
+        absl::StrCat("a ring poller has not gone round for ", now_ms - heartbeat, " ms"));
   }
   if (stall_ms_ == 0) return absl::OkStatus();
   const uint64_t in_flight = metrics_.unticketed_in_flight.load(std::memory_order_relaxed);

@@ -3,8 +3,8 @@
 // poller was stuck for good (issue 16, finding 1) still answered SERVING and was never restarted.
 //
 // Not serving when either
-//  - the ring poller has not gone round for kPollerStallMs (it does at least every 500 ms, idle
-//    or not), or
+//  - a ring poller has not gone round for kPollerStallMs (each does at least every 500 ms, idle
+//    or not; one per GPU: daemon/jobs/ring_pollers.h), or
 //  - jobs that wait for nothing a client holds (no GPU ticket) are in flight and no job has
 //    completed for stall_ms. Jobs with a ticket are left out: a client may keep its stream from
 //    reaching a ticket for as long as it likes, and that must not get the daemon restarted under
@@ -26,8 +26,8 @@ class HealthMonitor {
  public:
   static constexpr uint64_t kPollerStallMs = 5000;
 
-  // poller_heartbeat_ms: when the ring poller last went round (MonotonicMs). stall_ms 0: only the
-  // poller is checked. held_by_clients: jobs without a ticket queued behind a client's ticket
+  // poller_heartbeat_ms: when the ring pollers last went round, the oldest of them (MonotonicMs).
+  // stall_ms 0: only the pollers are checked. held_by_clients: jobs without a ticket queued behind a client's ticket
   // (CopyEngine::UnticketedBehindClients).
   HealthMonitor(const DaemonMetrics& metrics, std::function<uint64_t()> poller_heartbeat_ms,
                 uint32_t stall_ms, std::function<uint64_t()> held_by_clients = [] { return 0; })
