@@ -190,9 +190,10 @@ void RingPoller::UpdateDoorbells(const std::vector<std::shared_ptr<Session>>& se
     }
     // One that moved to its GPU's poller: let go of its queue (this thread is between passes, so
     // it touches the queue no more), counted first so that no wait for an idle pass of every
-    // poller can miss it in transit.
+    // poller can miss it in transit. (Only if this poller took it: one that moved before its
+    // first pass here is taken fresh by its new poller. Nobody else lets go of it for us.)
     const int home = DeviceOf(*bell.session);
-    if (home != place_.device && !bell.session->closing()) {
+    if (home != place_.device && !bell.session->closing() && Holds(*bell.session)) {
       moves_out_.fetch_add(1, std::memory_order_acq_rel);
       bell.session->ReleaseSubmissions(holder_id());
       moved_to.push_back(home);
@@ -299,14 +300,12 @@ void RingPoller::Run() {
     const uint64_t now_ms = MonotonicMs();
     for (const auto& session : sessions_) {
       if (session->closing()) continue;
-      bool arrived = false;
-      if (!session->TakeSubmissions(holder_id(), &arrived)) {
+      if (!session->TakeSubmissions(holder_id())) {
         // Moved here, and the poller it left has not let go yet (it does when it next looks at
         // its sessions, woken by the same change): not idle, and no long sleep.
         any_blocked = true;
         continue;
       }
-      if (arrived) moves_in_.fetch_add(1, std::memory_order_acq_rel);
       bool blocked = false;
       const bool took = Drain(session, &blocked);
       any_blocked |= blocked;

@@ -73,10 +73,10 @@ class RingPoller {
   uint64_t last_heartbeat_ms() const { return heartbeat_ms_.load(std::memory_order_relaxed); }
   // Sessions in its care as of its last look (diagnostics).
   uint32_t sessions() const { return session_count_.load(std::memory_order_relaxed); }
-  // Sessions it let go to another poller, and sessions it took that another let go, since start.
-  // RingPollers::AwaitIdlePass compares their sums (a session in transit is in nobody's pass).
+  // Sessions it let go to another poller since start, counted before each let go:
+  // RingPollers::AwaitIdlePass looks for moves during its wait (a session in transit is in
+  // nobody's pass).
   uint64_t moves_out() const { return moves_out_.load(std::memory_order_acquire); }
-  uint64_t moves_in() const { return moves_in_.load(std::memory_order_acquire); }
   // Until the thread has gone once round every ring, starting after this call, and found nothing
   // to take and no session blocked with entries left: what clients pushed before the call has
   // been taken. False when `deadline` passed first (a client keeps pushing, or a session stays
@@ -130,7 +130,6 @@ class RingPoller {
   std::atomic<uint64_t> heartbeat_ms_{0};
   std::atomic<uint32_t> session_count_{0};
   std::atomic<uint64_t> moves_out_{0};
-  std::atomic<uint64_t> moves_in_{0};
   std::atomic<uint32_t> idle_waiters_{0};
   Mutex idle_mu_;
   CondVar idle_cv_;  // with idle_mu_: idle_passes_ went up

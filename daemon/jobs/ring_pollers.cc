@@ -7,7 +7,8 @@
 namespace tier::daemon {
 
 RingPollers::RingPollers(SessionRegistry& registry, JobExecutor& executor, uint32_t poll_idle_us,
-                         int devices) {
+                         int devices)
+    : registry_(registry) {
   devices = std::max(devices, 0);
   for (int device = -1; device < devices; ++device) {
     PollerPlace place;
@@ -50,22 +51,32 @@ RingPoller& RingPollers::ForDevice(int device) {
 
 bool RingPollers::AwaitIdlePass(std::chrono::steady_clock::time_point deadline) {
   for (;;) {
-    // A session let go by one poller and not yet taken by the next is in nobody's pass: an idle
-    // pass of each poller proves nothing about it. So the waits count only when no session was
-    // in transit at their start and none moved while they ran (moves happen once per session,
-    // at its first GPU registration: this ends).
-    uint64_t out = 0, in = 0;
-    for (const auto& poller : pollers_) out += poller->moves_out();
-    for (const auto& poller : pollers_) in += poller->moves_in();
+    // A session let go by one poller and not yet taken by the next is in nobody's pass: idle
+    // passes of every poller prove nothing about it. They count when no session was in transit
+    // at their start and none was let go while they ran (then each session stayed with one
+    // poller throughout, and that poller's idle passes covered it). A session moves once, at its
+    // first GPU registration, and is taken within a pass of its new poller: this ends.
+    const uint64_t moves = MovesOut();
+    const bool moving = AnyMoving();
     for (auto& poller : pollers_) {
       if (!poller->AwaitIdlePass(deadline)) return false;
     }
-    uint64_t out_after = 0, in_after = 0;
-    for (const auto& poller : pollers_) out_after += poller->moves_out();
-    for (const auto& poller : pollers_) in_after += poller->moves_in();
-    if (out == in && out_after == out && in_after == in) return true;
+    if (!moving && MovesOut() == moves) return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;
   }
+}
+
+bool RingPollers::AnyMoving() const {
+  for (const std::shared_ptr<Session>& session : registry_.ActiveSessions()) {
+    if (session->moving()) return true;
+  }
+  return false;
+}
+
+uint64_t RingPollers::MovesOut() const {
+  uint64_t moves = 0;
+  for (const auto& poller : pollers_) moves += poller->moves_out();
+  return moves;
 }
 
 uint64_t RingPollers::last_heartbeat_ms() const {

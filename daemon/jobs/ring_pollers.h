@@ -61,6 +61,11 @@ class RingPollers {
   RingPoller& ForDevice(int device);
 
  private:
+  // Whether an active session is between pollers (let go by one, not taken by the next).
+  bool AnyMoving() const;
+  uint64_t MovesOut() const;
+
+  SessionRegistry& registry_;
   // pollers_[0] is the default poller; pollers_[d + 1] GPU d's.
   std::vector<std::unique_ptr<RingPoller>> pollers_;
 };

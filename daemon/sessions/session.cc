@@ -184,13 +184,11 @@ absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
   return ledger_->CheckBuffer(peer_.uid, mapped_bytes);
 }
 
-bool Session::TakeSubmissions(int poller, bool* arrived) {
+bool Session::TakeSubmissions(int poller) {
   int holder = sq_holder_.load(std::memory_order_acquire);
   if (holder == poller) return true;
   if (holder != kNoHolder && holder != kMoving) return false;
-  if (!sq_holder_.compare_exchange_strong(holder, poller, std::memory_order_acquire)) return false;
-  if (arrived != nullptr) *arrived = holder == kMoving;
-  return true;
+  return sq_holder_.compare_exchange_strong(holder, poller, std::memory_order_acquire);
 }
 
 void Session::ReleaseSubmissions(int poller) {

@@ -107,13 +107,14 @@ class Session {
   // release/acquire pair orders everything the first holder did to the queue before anything the
   // next one does, so a session that moves to its GPU's poller loses no entry and none is taken
   // twice.
-  // `arrived`: set when the queue was let go by a poller the session moved away from.
-  bool TakeSubmissions(int poller, bool* arrived = nullptr);
+  bool TakeSubmissions(int poller);
   // For a session that moved to another poller's care (home_device() set).
   void ReleaseSubmissions(int poller);
   bool HoldsSubmissions(int poller) const {
     return sq_holder_.load(std::memory_order_acquire) == poller;
   }
+  // Let go by its old poller, not taken yet by its new one: in nobody's passes.
+  bool moving() const { return sq_holder_.load(std::memory_order_acquire) == kMoving; }
 
   // ---- The poller holding the submission queue only ----
   ring::Consumer<ring::SubmissionEntry>& submissions() { return sq_; }
