@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/log.h"
 #include "daemon/metrics/metrics.h"
 
 namespace tier::daemon {
@@ -31,6 +32,7 @@ absl::Status RingPollers::Start() {
       return started;
     }
   }
+  LogInfo("ring pollers: ", pollers_.size() - 1, " for the GPUs and the default one");
   return absl::OkStatus();
 }
 
