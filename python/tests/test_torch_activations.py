@@ -392,3 +392,51 @@ def test_deferred_storages_refused_stay_where_they_are(client, daemon, monkeypat
     for a, b in zip(losses + grads, ref_losses + ref_grads):
         assert torch.equal(a, b)
     assert stats[0].offloaded_storages == 0 and stats[0].fallbacks >= 10, stats[0]
+
+
+# ---- reloads in use when tierd died (the GPU case: tests/gpu/test_gpu_training.py) -------------
+
+def test_backward_that_reloaded_ends_by_verifying_its_reloads(client, monkeypatch):
+    """At the end of every backward that reloaded, the offloader asks the client whether the
+    reloads it used completed; an error there fails loss.backward() (on the GPU, a tierd that
+    died with reloads in flight had the library release the waiting streams, and the gradients
+    were computed from memory the copies never filled)."""
+    calls = []
+
+    def fail(since=0):
+        calls.append(since)
+        raise tier.Unavailable(tier.errors.UNAVAILABLE, "1 GPU reload(s) did not complete")
+
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64)
+    x = torch.randn(32, 64)
+    off = tt.offload_activations(min_bytes=0, client=client)
+    with off:
+        loss = torch.tanh(lin(x)).square().sum()
+    loss.backward()  # verified, nothing failed
+    monkeypatch.setattr(client, "verify_reloads", fail)
+    with off:
+        loss = torch.tanh(lin(x)).square().sum()
+    with pytest.raises(Exception, match="did not complete"):
+        loss.backward()
+    assert len(calls) == 1  # once per backward, not per saved tensor
+
+
+def test_verify_in_use_raises_for_a_failed_reload_noted_since_the_mark():
+    from tier import _jobs, errors
+
+    class Job:
+        def __init__(self, status):
+            self.status, self.message, self.length = status, "", 4096
+
+    table = _jobs.JobTable.__new__(_jobs.JobTable)
+    table._in_use, table._noted = [], 0
+    table.in_use([Job(errors.UNAVAILABLE)])     # an earlier step's: not this one's to report
+    mark = table.noted
+    table.in_use([Job(errors.OK), Job(errors.OK)])
+    table.verify_in_use(mark)                   # nothing failed since the mark
+    assert table._in_use == []
+    table.in_use([Job(errors.OK), Job(errors.UNAVAILABLE)])
+    with pytest.raises(errors.Unavailable, match="1 GPU reload"):
+        table.verify_in_use(table.noted - 2)
+    assert table._in_use == []

@@ -63,6 +63,10 @@ def offload_options(stream_ptrs, hint):
     return options, streams
 
 
+# in_use(): finished jobs are dropped from the list once it holds this many.
+IN_USE_PRUNE_AT = 4096
+
+
 class JobTable:
     """The jobs of one session (see the module docstring). Under the session's lock."""
 
@@ -70,6 +74,10 @@ class JobTable:
         self._session = session
         self._inflight = {}   # job id -> Job: submitted, result not yet taken from the library
         self._unwaited = {}   # job id -> Job: user jobs, finished, result not yet taken
+        # GPU reloads that work has been ordered after (a stream waits on them), as (number, job):
+        # see in_use(). _noted: how many were ever noted (the next one's number).
+        self._in_use = []
+        self._noted = 0
         self._poll_batch = (_lib.Completion * POLL_BATCH)()
 
     def __len__(self):
@@ -282,6 +290,48 @@ class JobTable:
         for job_id in list(self._unwaited)[:max_count]:
             out.append(self._unwaited.pop(job_id))
         return out
+
+    # ---- GPU reloads already in use --------------------------------------------------------
+
+    def in_use(self, jobs):
+        """A stream now waits on these GPU reloads, and work queued after it reads their data.
+        Should tierd die before they finish, the library releases the waiting streams (a stream
+        must never wait for ever), and that work reads memory the copies never filled: only
+        verify_in_use() can then tell the caller."""
+        in_use = self._in_use
+        for job in jobs:
+            in_use.append((self._noted, job))
+            self._noted += 1
+        if len(in_use) > IN_USE_PRUNE_AT:
+            self._in_use = [(n, j) for n, j in in_use if j.status is None or j.status != errors.OK]
+
+    @property
+    def noted(self):
+        """How many GPU reloads in_use() has noted so far (a mark for verify_in_use)."""
+        return self._noted
+
+    def verify_in_use(self, since=0):
+        """Waits for the GPU reloads in_use() noted from number `since` on, and forgets every
+        noted one; raises :class:`tier.Unavailable` if any of those did not complete (tierd went
+        away while they were in flight): the work queued after them read lost data."""
+        jobs, self._in_use = self._in_use, []
+        failed = []
+        for n, job in jobs:
+            if n < since:
+                continue  # noted before the caller's mark: another step's, not checked here
+            status = job.status
+            if status is None:
+                status = self.wait(job, -1)
+            if status != errors.OK:
+                failed.append(job)
+        if failed:
+            raise errors.Unavailable(
+                errors.UNAVAILABLE,
+                "%d GPU reload(s) (%d bytes) did not complete (%s) after work on the GPU had been "
+                "queued to use their data: that work read memory the copies never filled, so its "
+                "results (this backward's gradients) are not valid; run the step again" % (
+                    len(failed), sum(j.length for j in failed),
+                    failed[0].message or errors.code_name(failed[0].status)))
 
     def wait_all(self, quiet=False):
         """Waits for every job in flight (quiet: their errors are swallowed)."""

@@ -20,6 +20,11 @@ Stream ordering (CUDA, tierd's GPU engine), stated once here:
   the allocating one, the tensor is ``record_stream``'ed there (allocator lifetime only: the wait
   is the ordering). A prefetch never used still has its wait put on the allocating stream before
   its memory is let go (:meth:`DeferredReload.__del__`).
+* Should tierd die with such a reload in flight, the library releases the waiting streams (none
+  may wait for ever) and the work queued after the wait reads memory the copy never filled. Each
+  GPU reload a stream was made to wait on is noted (JobTable.in_use);
+  :meth:`Client.verify_reloads` waits for them and raises if any did not complete, and the
+  activation offloader calls it at the end of each backward that reloaded.
 
 Staged reloads (CPU handles, or CUDA without a GPU engine) copy out of a staging buffer once
 their job completed (:class:`StagedReload`).
@@ -74,6 +79,8 @@ class DeferredBatch:
                 return  # closed: every job ended, nothing left to wait for
             for lo, hi in session.jobs.chunks(len(self._jobs)):
                 session.jobs.stream_wait_reload(self._jobs[hi - 1].id, ptr)
+            if not self._waited:
+                session.jobs.in_use(self._jobs)
         self._waited.add(ptr)
 
     def waited(self):
@@ -303,6 +310,8 @@ class Reloads:
                     h.reloads.append(job)
                     if free:
                         h.freed = True
+            if not defer:
+                jobs.in_use(submitted)  # `stream` waits on them now
         return dsts, submitted, stream
 
     def _start_staged(self, handles, stream, free):

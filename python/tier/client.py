@@ -336,6 +336,22 @@ class Client:
             # waits for nothing.
             self._staging.trim()
 
+    def verify_reloads(self, since=0):
+        """Waits for the GPU reloads that a stream was made to wait on (by reload(),
+        reload_batch() or the result of start_reloads()), those noted since the mark ``since``
+        (:meth:`reloads_noted`; 0: all), forgets every noted one, and raises
+        :class:`tier.Unavailable` if any of those did not complete: tierd went away while it was
+        in flight, the library released the waiting streams so that none waits for ever, and
+        the work queued after the wait read memory the copy never filled. tier.torch's
+        activation offloader calls this at the end of every backward that reloaded."""
+        with self._session.checked():
+            self._session.jobs.verify_in_use(since)
+
+    def reloads_noted(self):
+        """A mark for verify_reloads(since=...): how many GPU reloads were in use so far."""
+        with self._session.lock:
+            return self._session.jobs.noted
+
     @property
     def jobs_in_flight(self):
         with self._session.lock:

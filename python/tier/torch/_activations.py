@@ -119,6 +119,7 @@ class ActivationOffloader(_compile.Followed):
         self._by_storage = {}
         self._by_storage_compact_at = 1024
         self._next_index = 0
+        self._verify_queued = False  # a check of the reloads waits for this backward's end
         self._hooks = None
         # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
         # the records of its offloaded sites, and those whose sources are still held.
@@ -438,6 +439,8 @@ class ActivationOffloader(_compile.Followed):
         planned = saved.site is not None
         if planned:
             self._on_use(saved.site, record.device)
+        if not self._verify_queued:
+            self._queue_verify()
         with self._lock:
             if self._batches:
                 self._batches.flush()  # backward began: whatever forward saved goes out now
@@ -453,6 +456,23 @@ class ActivationOffloader(_compile.Followed):
                 self._reloads.prefetch_before(record, self.prefetch)
             flat = self._reloads.take(record)
         return view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
+
+    def _queue_verify(self):
+        """At the end of this backward, the reloads it used are checked (Client.verify_reloads):
+        raised there, from loss.backward(), a tierd that died with one in flight fails the step
+        instead of leaving gradients computed from memory the copy never filled (seen once in
+        415 tasks of scripts/gpu-stress on 2 H100s, delay injection on, tierd SIGKILLed)."""
+        since = self.client.reloads_noted()
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: self._verify_reloads(since))
+        except RuntimeError:
+            return  # not inside a backward (an unpack called directly): nothing to end
+        self._verify_queued = True
+
+    def _verify_reloads(self, since):
+        self._verify_queued = False
+        self.client.verify_reloads(since)
 
     def _on_use(self, site, device):
         """Backward uses a wrapped site: the calibration's stamp, the timed step's end, or the
