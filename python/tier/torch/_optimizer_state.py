@@ -260,6 +260,7 @@ class OptimizerStateOffloader:
         serving = self._client.ensure_connected()
         if not serving:
             self.stats.steps_kept_resident += 1
+        mark = self._client.reloads_noted()
         try:
             for gi in range(min(len(groups), 1 + self._prefetch)):
                 self._start_group(gi, groups[gi], prefetch=gi > 0)
@@ -289,6 +290,9 @@ class OptimizerStateOffloader:
                        if pid in members[gi]):
                     self._finish_group(gi, group)
             raise
+        # A tierd that died with a reload of this step in flight had the library release the
+        # stream waiting on it: the update read state the copy never filled. Said here, loudly.
+        self._client.verify_reloads(mark)
         self._step_index += 1
         self.stats.steps += 1
         self.stats.groups = len(groups)
