@@ -1,16 +1,17 @@
-"""Forward's side of activation offload: storages packed and not yet submitted, sent to tierd
-as batches.
+"""Forward's side of activation offload: storages packed and not yet submitted, sent to tierd as
+batches.
 
 A CUDA storage is deferred (the copy of a batch runs after the producer's work queued so far, as
 every GPU offload) and sent as one batch per (device, producer stream) once ``batch_tensors`` of
 them or ``batch_bytes`` wait, and before anything needs them (a release point, the first unpack,
 the end of the context); under a plan, also after each run of planned offloads saved back to back
-(the plan's timing assumes each copy starts when its tensor was produced). A CPU storage is staged when saved (one changed in place afterwards is
-offloaded as it was when saved) and its job goes with the next batch. Storages whose saved
-tensors are all gone by then are dropped. An offload refused before anything was submitted
-(tierd gone, draining) leaves the bytes where they are, and backward uses them; one that fails
-later keeps its data in its handle (retain_on_failure). Without a plan, each CUDA source is held
-until its copy is known complete, within :class:`~tier.torch._inflight.InflightBound`.
+(the plan's timing assumes each copy starts when its tensor was produced). A CPU storage is staged
+when saved (one changed in place afterwards is offloaded as it was when saved) and its job goes
+with the next batch. Storages whose saved tensors are all gone by then are dropped. An offload
+refused before anything was submitted (tierd gone, draining) leaves the bytes where they are, and
+backward uses them; one that fails later keeps its data in its handle (retain_on_failure). Without
+a plan, each CUDA source is held until its copy is known complete, within
+:class:`~tier.torch._inflight.InflightBound`.
 
 Called with the offloader's lock held.
 """
