@@ -3,6 +3,7 @@ into tierd and loaded back bit-identical; a trainer killed with SIGKILL right af
 from the saved step with the state it would have had; with an NVMe tier the state survives a
 SIGKILL of tierd, and without one a clear error says it was not durable; damaged records are
 refused and never loaded; the objects of a save cut short are not left behind."""
+import collections
 import os
 import pickle
 import signal
@@ -125,6 +126,12 @@ def test_bad_arguments_are_refused_clearly(client):
         ckpt.save({}, "t/k", keep=0, client=client)
     with pytest.raises(tier.InvalidArgument, match="cannot store a object"):
         ckpt.save({"o": object()}, "t/obj", client=client)
+    # A tuple that reads as a reference would come back as a tensor, dtype or device: refused.
+    for reserved in (("__tier_tensor__", 0), ("__tier_torch__", "cpu")):
+        with pytest.raises(tier.InvalidArgument, match="is reserved"):
+            ckpt.save({"t": [reserved]}, "t/reserved", client=client)
+    with pytest.raises(tier.InvalidArgument, match="named tuples"):
+        ckpt.save({"n": collections.namedtuple("Point", "x y")(1, 2)}, "t/named", client=client)
     with pytest.raises(tier.NotFound):
         ckpt.load("t/never-saved", client=client)
 

@@ -53,47 +53,66 @@ def _object_name(name, version, token, part):
 
 # ---- the record: the state dict's structure, tensors replaced by references --------------------
 
-def _flatten(obj, tensors):
-    """A copy of `obj` with every tensor replaced by ("__tier_tensor__", index)."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return ("__tier_tensor__", len(tensors) - 1)
+# A tensor is stored as (_TENSOR, its index in the record's tensors), a dtype or device as
+# (_TORCH, its str()); the other values are themselves.
+_TENSOR = "__tier_tensor__"
+_TORCH = "__tier_torch__"
+
+
+def _marker(value):
+    """_TENSOR or _TORCH where `value` is such a reference, else None."""
+    if type(value) is tuple and len(value) == 2 and isinstance(value[0], str) and \
+            value[0] in (_TENSOR, _TORCH):
+        return value[0]
+    return None
+
+
+def _map_tree(obj, leaf):
+    """A copy of `obj` with its dicts (of the same type), lists and plain tuples rebuilt around
+    leaf(value) for every other value; a reference is a value (leaf sees it whole)."""
     if isinstance(obj, dict):
-        flat = {k: _flatten(v, tensors) for k, v in obj.items()}
+        flat = {k: _map_tree(v, leaf) for k, v in obj.items()}
         return type(obj)(flat) if type(obj) is not dict else flat
     if isinstance(obj, list):
-        return [_flatten(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        items = tuple(_flatten(v, tensors) for v in obj)
-        if type(obj) is not tuple:
+        return [_map_tree(v, leaf) for v in obj]
+    if type(obj) is tuple and _marker(obj) is None:
+        return tuple(_map_tree(v, leaf) for v in obj)
+    return leaf(obj)
+
+
+def _flatten(obj, tensors):
+    """A copy of `obj` with every tensor appended to `tensors` and replaced by its reference."""
+    def leaf(value):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            return (_TENSOR, len(tensors) - 1)
+        if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+            return value
+        if isinstance(value, (torch.dtype, torch.device)):
+            return (_TORCH, str(value))
+        if isinstance(value, tuple) and type(value) is not tuple:
             raise _error(errors.InvalidArgument, "checkpoint: named tuples are not stored (%s)"
-                                         % type(obj).__name__)
-        if len(items) == 2 and items[0] == "__tier_tensor__":
-            raise _error(errors.InvalidArgument, "checkpoint: the tuple ('__tier_tensor__', n) is reserved")
-        return items
-    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
-        return obj
-    if isinstance(obj, (torch.dtype, torch.device)):
-        return ("__tier_torch__", str(obj))
-    raise _error(errors.InvalidArgument, "checkpoint: cannot store a %s (tensors, dicts, lists, tuples "
-                                 "and scalars only)" % type(obj).__name__)
+                         % type(value).__name__)
+        if isinstance(value, tuple):  # one that reads as a reference
+            raise _error(errors.InvalidArgument, "checkpoint: the tuple (%r, x) is reserved"
+                         % value[0])
+        raise _error(errors.InvalidArgument, "checkpoint: cannot store a %s (tensors, dicts, "
+                     "lists, tuples and scalars only)" % type(value).__name__)
+    return _map_tree(obj, leaf)
 
 
 def _unflatten(obj, tensors):
-    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "__tier_tensor__":
-        return tensors[obj[1]]
-    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "__tier_torch__":
-        text = obj[1]
-        return getattr(torch, text[len("torch."):]) if text.startswith("torch.") else \
-            torch.device(text)
-    if isinstance(obj, dict):
-        flat = {k: _unflatten(v, tensors) for k, v in obj.items()}
-        return type(obj)(flat) if type(obj) is not dict else flat
-    if isinstance(obj, list):
-        return [_unflatten(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_unflatten(v, tensors) for v in obj)
-    return obj
+    """The state dict that _flatten made `obj` of, with `tensors` in its references."""
+    def leaf(value):
+        kind = _marker(value)
+        if kind == _TENSOR:
+            return tensors[value[1]]
+        if kind == _TORCH:
+            text = value[1]
+            return getattr(torch, text[len("torch."):]) if text.startswith("torch.") else \
+                torch.device(text)
+        return value
+    return _map_tree(obj, leaf)
 
 
 # Bounds on a checkpoint's records beyond the record format's own (_records.py).
@@ -201,10 +220,11 @@ def _check_meta(record, what):
     stack = [record.get("tree")]
     while stack:
         value = stack.pop()
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "__tier_tensor__":
+        kind = _marker(value)
+        if kind == _TENSOR:
             if not _is_int(value[1], 0, len(tensors) - 1):
                 raise _bad(what, "a reference to tensor %r of %d" % (value[1], len(tensors)))
-        elif isinstance(value, tuple) and len(value) == 2 and value[0] == "__tier_torch__":
+        elif kind == _TORCH:
             text = value[1]
             if not isinstance(text, str) or (
                     _dtype_of(text[len("torch."):]) is None if text.startswith("torch.")
