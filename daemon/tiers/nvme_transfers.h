@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "common/mutex.h"
 #include "daemon/metrics/metrics.h"
@@ -67,6 +68,13 @@ class NvmeTransfers {
   storage::SpillStore& store() { return store_; }
   SpillCounters& counters() { return counters_; }
   const SpillCounters& counters() const { return counters_; }
+
+  // The host extent a read brings `object` back into: from the pool part its GPU copies from
+  // (TierManager::Admit), else another, or none when the pool is full. Called under the
+  // object's table lock (ObjectTable::BeginFetch's `allocate`).
+  std::optional<storage::Extent> AllocateFetch(const Object& object) {
+    return pool_.Allocate(object.len(), object.home_part());
+  }
 
   // A transfer began (`bytes`: a write's host extent, counted until StopsWriting).
   void Began(Kind kind, uint64_t bytes = 0);

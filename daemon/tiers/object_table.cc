@@ -257,7 +257,7 @@ Release ObjectTable::EndSpill(Object& object, const absl::StatusOr<storage::Spil
 
 ObjectTable::FetchBegun ObjectTable::BeginFetch(
     Object& object, Reader reader, const std::function<std::optional<storage::Extent>()>& allocate,
-    std::shared_ptr<SpillRead> read) {
+    ObjectWaiter joiner) {
   MutexLock lock(&mu_);
   FetchBegun begun;
   const bool prefetch = reader == Reader::kPrefetch;
@@ -274,8 +274,11 @@ ObjectTable::FetchBegun ObjectTable::BeginFetch(
       return begun;
     case Object::Where::kFetching:
       begun.fetch = Fetch::kJoined;
-      begun.running = object.reading_;
-      if (prefetch) begun.released = UnpinLocked(object);  // someone else's read brings it back
+      if (prefetch) {
+        begun.released = UnpinLocked(object);  // someone else's read brings it back
+      } else if (joiner) {
+        object.on_fetched_.push_back(std::move(joiner));
+      }
       return begun;
     case Object::Where::kNvme: {
       if (!allocate) return begun;  // kNoRoom
@@ -283,7 +286,6 @@ ObjectTable::FetchBegun ObjectTable::BeginFetch(
       if (!got) return begun;
       object.extent_ = *got;
       object.where_ = Object::Where::kFetching;
-      object.reading_ = std::move(read);
       begun.fetch = Fetch::kStarted;
       begun.extent = *got;
       begun.record = object.record_;
@@ -294,10 +296,10 @@ ObjectTable::FetchBegun ObjectTable::BeginFetch(
 }
 
 Release ObjectTable::EndFetch(Object& object, const absl::Status& read, bool prefetch,
-                              bool* spillable) {
+                              bool* spillable, std::vector<ObjectWaiter>* joined) {
   MutexLock lock(&mu_);
   Release release(object.home_);
-  object.reading_.reset();
+  joined->swap(object.on_fetched_);
   if (read.ok()) {
     object.where_ = Object::Where::kHost;
     release.set_record(object.record_);

@@ -10,9 +10,11 @@
 // Every transition is a method that takes the table's lock for its duration and returns what the
 // caller must do outside it: memory to give back (a host extent, a spill record: a Release, which
 // goes back to the object's MemoryHome by itself when the caller's scope ends) and jobs to start
-// (waiters). Callers hold no lock of their own when they call in, except the host pool's
-// allocation, which runs under the table's lock (BeginFetch: lock order table, then pool). A transition that does not apply in the object's state (landing a spill that never
-// began, admitting an object twice) changes nothing and says so.
+// (waiters: the reloads that waited for a fill, or joined a read from NVMe). Callers hold no lock
+// of their own when they call in, except the host pool's allocation, which runs under the table's
+// lock (BeginFetch: lock order table, then pool). A transition that does not apply in the
+// object's state (landing a spill that never began, admitting an object twice) changes nothing
+// and says so.
 //
 // Objects are shared (jobs in flight and the spill candidate lists hold them), but their state is
 // only read and written under their table's lock, through the methods below.
@@ -41,8 +43,6 @@ namespace tier::daemon {
 // A job to start once something happened to an object (its fill ended, its bytes are back in
 // host memory), with the outcome.
 using ObjectWaiter = std::function<void(absl::Status)>;
-
-class SpillRead;  // daemon/tiers/spill_read.h: the read that brings a spilled object back
 
 class Object {
  public:
@@ -81,8 +81,8 @@ class Object {
   uint32_t pins_ = 0;            // jobs and I/O using the memory (the fill counts as one)
   bool dropped_ = false;         // freed by the client, or its fill failed: gone from the table
   bool prefetched_ = false;      // brought back by a prefetch and not reloaded since
-  std::vector<ObjectWaiter> on_filled_;  // jobs waiting for the fill to end
-  std::shared_ptr<SpillRead> reading_;   // kFetching: the read (reloads join it)
+  std::vector<ObjectWaiter> on_filled_;   // jobs waiting for the fill to end
+  std::vector<ObjectWaiter> on_fetched_;  // kFetching: reloads that joined the running read
 };
 
 // A byte limit several tables charge together besides their own quota (the persistent objects
@@ -213,8 +213,8 @@ class ObjectTable {
   // Making the bytes readable in host memory.
   enum class Fetch {
     kInHost,   // readable now (host, or spilling: the host copy is whole)
-    kJoined,   // a read runs: `running` (a reload joins it)
-    kStarted,  // was on NVMe: `read` is its read now, into `extent`, of `record`
+    kJoined,   // a read runs (a reload joins it: `joiner` runs when it ends)
+    kStarted,  // was on NVMe: the caller reads `record` into `extent` now, then EndFetch
     kNoRoom,   // on NVMe, and no host room (`allocate` null, or it found none)
     kGone,     // dropped (a prefetch of an object freed meanwhile)
   };
@@ -222,22 +222,24 @@ class ObjectTable {
   enum class Reader { kPipelined, kPrefetch };
   struct FetchBegun {
     Fetch fetch = Fetch::kNoRoom;
-    Release released;                   // a prefetch with nothing to read: its pin's end
-    storage::Extent extent;             // kStarted
-    storage::SpillRecord record;        // kStarted
-    std::shared_ptr<SpillRead> running;  // kJoined
+    Release released;             // a prefetch with nothing to read: its pin's end
+    storage::Extent extent;       // kStarted
+    storage::SpillRecord record;  // kStarted
   };
   // `allocate` gives the new extent; it runs under the table's lock (the pool's own lock comes
-  // after this one). Null: do not start a read that needs one. `read` becomes the object's read
-  // if one starts (until EndFetch). A prefetch that starts no read drops its pin here.
+  // after this one). Null: do not start a read that needs one. A reload that finds a read
+  // running joins it: `joiner` runs with the read's result once it ended (EndFetch hands it
+  // over). A prefetch that starts no read drops its pin here.
   FetchBegun BeginFetch(Object& object, Reader reader,
                         const std::function<std::optional<storage::Extent>()>& allocate,
-                        std::shared_ptr<SpillRead> read);
+                        ObjectWaiter joiner = nullptr);
   // The read ended. OK: the object is in host memory again (the record goes back; `prefetch`
   // marks it prefetched; *spillable: it is a spill candidate again). Failed: it stays on NVMe and
   // the extent is in the Release (a pipelined reader keeps it while its copy may still read it).
-  // A prefetch's read drops its pin.
-  Release EndFetch(Object& object, const absl::Status& read, bool prefetch, bool* spillable);
+  // A prefetch's read drops its pin. The reloads that joined the read go to *joined (start them
+  // with `read`).
+  Release EndFetch(Object& object, const absl::Status& read, bool prefetch, bool* spillable,
+                   std::vector<ObjectWaiter>* joined);
   // A prefetch pins an object on NVMe (false: not on NVMe any more, or dropped).
   bool PinIfOnNvme(Object& object);
 

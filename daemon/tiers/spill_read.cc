@@ -6,46 +6,19 @@
 
 namespace tier::daemon {
 
-bool SpillRead::Start(NvmeTransfers& io, const std::shared_ptr<ObjectTable>& table,
-                      const std::shared_ptr<Object>& object, ObjectTable::Reader reader,
-                      bool may_allocate, const Then& then) {
-  const bool prefetch = reader == ObjectTable::Reader::kPrefetch;
-  std::function<std::optional<storage::Extent>()> allocate;
-  // Back into the part its GPU copies from (TierManager::Admit), when that one has room.
-  if (may_allocate) {
-    allocate = [&io, len = object->len(), part = object->home_part()] {
-      return io.pool().Allocate(len, part);
-    };
-  }
-  std::shared_ptr<SpillRead> read(new SpillRead(io, table, object, prefetch));
-  ObjectTable::FetchBegun begun = table->BeginFetch(*object, reader, allocate, read);
-  switch (begun.fetch) {
-    case ObjectTable::Fetch::kNoRoom:
-      return false;
-    case ObjectTable::Fetch::kJoined:
-      if (!prefetch) {  // copies once the running read ended
-        begun.running->Join([then](absl::Status ended) {
-          if (ended.ok()) {
-            then(Readable{});
-          } else {
-            then(std::move(ended));
-          }
-        });
-        return true;
-      }
-      [[fallthrough]];  // someone else's read brings it back: nothing to do
-    case ObjectTable::Fetch::kInHost:
-    case ObjectTable::Fetch::kGone:
-      begun.released.GiveBack();  // (a prefetch's pin: before it is reported done)
-      then(Readable{});
-      return true;
-    case ObjectTable::Fetch::kStarted:
-      break;
-  }
-  read->then_ = then;
+void SpillRead::Start(NvmeTransfers& io, std::shared_ptr<ObjectTable> table,
+                      std::shared_ptr<Object> object, ObjectTable::Reader reader,
+                      const ObjectTable::FetchBegun& begun, Then then) {
+  std::shared_ptr<SpillRead> read(new SpillRead(io, std::move(table), std::move(object),
+                                                reader == ObjectTable::Reader::kPrefetch,
+                                                std::move(then)));
   read->Issue(begun.extent, begun.record);
-  return true;
 }
+
+SpillRead::SpillRead(NvmeTransfers& io, std::shared_ptr<ObjectTable> table,
+                     std::shared_ptr<Object> object, bool prefetch, Then then)
+    : io_(io), table_(std::move(table)), object_(std::move(object)), prefetch_(prefetch),
+      then_(std::move(then)) {}
 
 void SpillRead::Issue(storage::Extent extent, const storage::SpillRecord& record) {
   extent_ = extent;
@@ -73,9 +46,9 @@ void SpillRead::Issue(storage::Extent extent, const storage::SpillRecord& record
   if (!started.ok()) Finish(started);
 }
 
-bool SpillRead::EndFetch(const absl::Status& read) {
+bool SpillRead::EndFetch(const absl::Status& read, std::vector<ObjectWaiter>* joined) {
   bool spillable = false;
-  Release release = table_->EndFetch(*object_, read, prefetch_, &spillable);
+  Release release = table_->EndFetch(*object_, read, prefetch_, &spillable, joined);
   if (feed_ != nullptr) {
     if (!read.ok()) {
       // What the copy onward must still deliver is zeros, never unverified bytes; the extent
@@ -98,17 +71,11 @@ void SpillRead::Finish(const absl::Status& read) {
     counters.fetch_bandwidth.Add(len_, MonotonicMs());
     if (prefetch_) counters.bytes_prefetched.fetch_add(len_);
   }
-  const bool spillable = EndFetch(read);
+  std::vector<ObjectWaiter> joined;
+  const bool spillable = EndFetch(read, &joined);
   if (spillable && io_.events() != nullptr) io_.events()->Fetched(table_, object_);
   // (A failed read was logged and counted by the store. A failed prefetch is not retried: a
   // reload reads again and reports its own result.)
-  std::vector<ObjectWaiter> joined;
-  {
-    MutexLock lock(&mu_);
-    ended_ = true;
-    result_ = read;
-    joined.swap(joined_);
-  }
   for (ObjectWaiter& waiter : joined) waiter(read);
   if (prefetch_) then_(Readable{});
   // What it shares with the copy is the copy's from now on: a failed read's extent goes back when
@@ -116,19 +83,6 @@ void SpillRead::Finish(const absl::Status& read) {
   keep_.reset();
   feed_.reset();
   io_.Ended(NvmeTransfers::Kind::kRead);  // the last thing: see NvmeTransfers::Ended
-}
-
-void SpillRead::Join(ObjectWaiter waiter) {
-  absl::Status result;
-  {
-    MutexLock lock(&mu_);
-    if (!ended_) {
-      joined_.push_back(std::move(waiter));
-      return;
-    }
-    result = result_;
-  }
-  waiter(result);
 }
 
 }  // namespace tier::daemon

@@ -183,23 +183,27 @@ void Spiller::Prefetch() {
     }
     // Fetched by a reload meanwhile (or freed): nothing to prefetch.
     if (!table->PinIfOnNvme(*object)) continue;  // the read writes into its new extent
+    constexpr ObjectTable::Reader kReader = ObjectTable::Reader::kPrefetch;
+    ObjectTable::FetchBegun begun = table->BeginFetch(
+        *object, kReader, [this, &object] { return transfers_.AllocateFetch(*object); });
+    if (begun.fetch == ObjectTable::Fetch::kNoRoom) {
+      Release unpinned = table->Unpin(*object);
+      MutexLock own(&mu_);
+      spilled_.Add(NextUseOf(*object), std::move(*candidate));
+      return;
+    }
+    // In host memory meanwhile, a reload's read running, or freed: nothing to read (its pin went
+    // with `begun.released`).
+    if (begun.fetch != ObjectTable::Fetch::kStarted) continue;
     prefetches_in_flight_.fetch_add(1);
-    auto done = [this](absl::StatusOr<Readable>) {
+    SpillRead::Start(transfers_, table, object, kReader, begun, [this](absl::StatusOr<Readable>) {
       prefetches_in_flight_.fetch_sub(1);
       {
         MutexLock lock(&mu_);
         kicked_ = true;  // the next one
       }
       cv_.Signal();
-    };
-    if (!SpillRead::Start(transfers_, table, object, ObjectTable::Reader::kPrefetch,
-                          /*may_allocate=*/true, done)) {
-      prefetches_in_flight_.fetch_sub(1);
-      Release unpinned = table->Unpin(*object);
-      MutexLock own(&mu_);
-      spilled_.Add(NextUseOf(*object), std::move(*candidate));
-      return;
-    }
+    });
   }
 }
 

@@ -105,26 +105,50 @@ void TierManager::MakeReadable(const std::shared_ptr<ObjectTable>& table, uint64
     then(Readable{});
     return;
   }
-  // NVMe -> host -> destination: the reload that starts the read copies each chunk onward as the
-  // read verifies it; a reload that finds a read already running waits for it, then copies.
   // Behind jobs already waiting for room, unless no room is needed (a read already runs).
-  constexpr ObjectTable::Reader kReader = ObjectTable::Reader::kPipelined;
   const std::shared_ptr<Object>& object = pinned.object;
-  if (SpillRead::Start(*transfers_, table, object, kReader, !admission_.HasWaiters(), then)) {
-    return;
-  }
-  // Like an offload: wait for room, fail only when none can come.
+  if (Fetch(table, object, /*may_allocate=*/!admission_.HasWaiters(), then)) return;
+  // Like an offload: tried again each time room may have come; fails only when none can come.
   const uint64_t len = object->len();
   admission_.Wait(
-      queue,
-      [this, table, object, then]() {
-        return SpillRead::Start(*transfers_, table, object, kReader, /*may_allocate=*/true, then);
-      },
+      queue, [this, table, object, then]() { return Fetch(table, object, true, then); },
       [then, len]() {
         then(absl::ResourceExhaustedError(absl::StrCat(
             "host pool full and nothing can be spilled: no room to bring back ", len,
             " spilled bytes")));
       });
+}
+
+bool TierManager::Fetch(const std::shared_ptr<ObjectTable>& table,
+                        const std::shared_ptr<Object>& object, bool may_allocate,
+                        const SpillRead::Then& then) {
+  // NVMe -> host -> destination: the reload that starts the read copies each chunk onward as the
+  // read verifies it; a reload that finds a read already running waits for it, then copies.
+  constexpr ObjectTable::Reader kReader = ObjectTable::Reader::kPipelined;
+  std::function<std::optional<storage::Extent>()> allocate;
+  if (may_allocate) allocate = [this, object] { return transfers_->AllocateFetch(*object); };
+  ObjectTable::FetchBegun begun =
+      table->BeginFetch(*object, kReader, allocate, [then](absl::Status ended) {
+        if (ended.ok()) {
+          then(Readable{});
+        } else {
+          then(std::move(ended));
+        }
+      });
+  switch (begun.fetch) {
+    case ObjectTable::Fetch::kNoRoom:
+      return false;
+    case ObjectTable::Fetch::kJoined:  // copies once the running read ended
+      return true;
+    case ObjectTable::Fetch::kInHost:
+    case ObjectTable::Fetch::kGone:
+      then(Readable{});
+      return true;
+    case ObjectTable::Fetch::kStarted:
+      break;
+  }
+  SpillRead::Start(*transfers_, table, object, kReader, begun, then);
+  return true;
 }
 
 void TierManager::FillEnded(const std::shared_ptr<ObjectTable>& table,

@@ -100,6 +100,11 @@ class TierManager {
     TierManager& tiers_;
   };
 
+  // MakeReadable of an object on NVMe: its bytes in host memory already, a running read to join,
+  // or a read this call starts (with `may_allocate`, and room in the pool). False: no room,
+  // nothing started and `then` not called.
+  bool Fetch(const std::shared_ptr<ObjectTable>& table, const std::shared_ptr<Object>& object,
+             bool may_allocate, const SpillRead::Then& then);
   // Gives `object` the new `extent`; an extent the table refuses goes back to the pool. OK: the
   // fill's copy is counted as started.
   absl::Status AdmitWith(ObjectTable& table, Object& object, storage::Extent extent);

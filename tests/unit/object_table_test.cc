@@ -29,13 +29,6 @@ class CountingHome : public MemoryHome {
   std::vector<storage::SpillRecord> records;
 };
 
-// The read a fetch registers, as the table sees it: a pointer it keeps and hands to joiners,
-// never called (SpillRead itself is tested in spill_read_test.cc).
-std::shared_ptr<SpillRead> ReadMarker() {
-  auto owner = std::make_shared<int>(0);
-  return std::shared_ptr<SpillRead>(owner, reinterpret_cast<SpillRead*>(owner.get()));
-}
-
 class ObjectTableTest : public ::testing::Test {
  protected:
   // A filled object `id`, in host memory at kExtent, nothing using it.
@@ -248,35 +241,44 @@ TEST_F(ObjectTableTest, AReadBringsTheBytesBackAndLaterReadersJoinIt) {
   ASSERT_TRUE(first.ok());
   EXPECT_TRUE(first->on_nvme);
   EXPECT_EQ(first->prefetch, ObjectTable::Prefetch::kMiss);
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, ReadMarker())
-                .fetch,
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr).fetch,
             ObjectTable::Fetch::kNoRoom);
   EXPECT_EQ(table_.Look(*object).where, Object::Where::kNvme);
   const storage::Extent fresh{65536, 4096};
   auto allocate = [&]() -> std::optional<storage::Extent> { return fresh; };
-  std::shared_ptr<SpillRead> read = ReadMarker();
   ObjectTable::FetchBegun begun =
-      table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, read);
+      table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate);
   ASSERT_EQ(begun.fetch, ObjectTable::Fetch::kStarted);
   EXPECT_EQ(begun.extent, fresh);
   EXPECT_EQ(begun.record, kRecord);
   ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
-  // A second reload finds the running read: it joins that one, and no second read starts.
+  // A second reload finds the running read: it joins that one, and no second read starts; the
+  // table holds it until the read ended.
+  int woken = 0;
   ObjectTable::FetchBegun joined =
-      table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, ReadMarker());
+      table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate,
+                        [&](const absl::Status& status) {
+                          EXPECT_TRUE(status.ok());
+                          ++woken;
+                        });
   EXPECT_EQ(joined.fetch, ObjectTable::Fetch::kJoined);
-  EXPECT_EQ(joined.running, read);
+  EXPECT_EQ(woken, 0);
   bool spillable = false;
+  std::vector<ObjectWaiter> waiters;
   {
-    Release release = table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/false, &spillable);
+    Release release =
+        table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/false, &spillable, &waiters);
     EXPECT_EQ(release.record(), kRecord);
     EXPECT_FALSE(release.extent());
   }
+  ASSERT_EQ(waiters.size(), 1u) << "the joined reload is handed over with the read's end";
+  waiters[0](absl::OkStatus());
+  EXPECT_EQ(woken, 1);
   EXPECT_EQ(home_.records.size(), 1u) << "the record went back once, when the Release went";
   EXPECT_TRUE(spillable);
   EXPECT_EQ(table_.Look(*object).where, Object::Where::kHost);
   EXPECT_EQ(table_.extent(*object), fresh);
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate, nullptr).fetch,
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, allocate).fetch,
             ObjectTable::Fetch::kInHost);
 }
 
@@ -287,13 +289,14 @@ TEST_F(ObjectTableTest, AFailedReadLeavesTheObjectOnNvme) {
   const storage::Extent fresh{65536, 4096};
   ASSERT_EQ(table_
                 .BeginFetch(*object, ObjectTable::Reader::kPipelined,
-                            [&]() -> std::optional<storage::Extent> { return fresh; },
-                            ReadMarker())
+                            [&]() -> std::optional<storage::Extent> { return fresh; })
                 .fetch,
             ObjectTable::Fetch::kStarted);
   bool spillable = true;
   // The new extent is in the Release (a reader whose copy may still read it keeps it).
-  Release release = table_.EndFetch(*object, absl::DataLossError("checksum"), false, &spillable);
+  std::vector<ObjectWaiter> waiters;
+  Release release =
+      table_.EndFetch(*object, absl::DataLossError("checksum"), false, &spillable, &waiters);
   EXPECT_EQ(release.extent(), fresh);
   EXPECT_FALSE(release.record());
   EXPECT_FALSE(spillable);
@@ -311,13 +314,14 @@ TEST_F(ObjectTableTest, APrefetchMarksTheObjectAndAReloadCountsTheHit) {
   const storage::Extent fresh{65536, 4096};
   ASSERT_EQ(table_
                 .BeginFetch(*object, ObjectTable::Reader::kPrefetch,
-                            [&]() -> std::optional<storage::Extent> { return fresh; },
-                            ReadMarker())
+                            [&]() -> std::optional<storage::Extent> { return fresh; })
                 .fetch,
             ObjectTable::Fetch::kStarted);
   EXPECT_FALSE(table_.PinIfOnNvme(*object)) << "being read: not on NVMe any more";
   bool spillable = false;
-  Release release = table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/true, &spillable);
+  std::vector<ObjectWaiter> waiters;
+  Release release =
+      table_.EndFetch(*object, absl::OkStatus(), /*prefetch=*/true, &spillable, &waiters);
   EXPECT_EQ(release.record(), kRecord);
   EXPECT_EQ(table_.Look(*object).pins, 0u) << "the prefetch's pin goes with its read";
   EXPECT_TRUE(table_.Look(*object).prefetched);
@@ -337,8 +341,7 @@ TEST_F(ObjectTableTest, APrefetchOfAFreedObjectDoesNothing) {
                         [&]() -> std::optional<storage::Extent> {
                           ADD_FAILURE() << "allocated for a freed object";
                           return std::nullopt;
-                        },
-                        ReadMarker());
+                        });
   EXPECT_EQ(begun.fetch, ObjectTable::Fetch::kGone);
   // The prefetch's pin was the last: the record goes back with it.
   EXPECT_EQ(begun.released.record(), kRecord);
@@ -350,13 +353,13 @@ TEST_F(ObjectTableTest, APrefetchWithNothingToReadDropsItsPin) {
   std::shared_ptr<Object> object = Ready(1);
   ASSERT_TRUE(table_.PinForReload(1, kLen).ok());  // (the pin a prefetch would hold)
   ObjectTable::FetchBegun begun =
-      table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch, nullptr, ReadMarker());
+      table_.BeginFetch(*object, ObjectTable::Reader::kPrefetch, nullptr);
   EXPECT_EQ(begun.fetch, ObjectTable::Fetch::kInHost);
   EXPECT_TRUE(begun.released.empty()) << "still in the table: its memory stays";
   EXPECT_EQ(table_.Look(*object).pins, 0u);
   // A reload in the same case keeps its pin: its copy reads the extent.
   ASSERT_TRUE(table_.PinForReload(1, kLen).ok());
-  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr, nullptr).fetch,
+  EXPECT_EQ(table_.BeginFetch(*object, ObjectTable::Reader::kPipelined, nullptr).fetch,
             ObjectTable::Fetch::kInHost);
   EXPECT_EQ(table_.Look(*object).pins, 1u);
 }

@@ -1,9 +1,10 @@
 // The NVMe transfers alone (SpillWrite, SpillRead over NvmeTransfers), with a real host pool, a
 // real spill store (files in a temporary directory, faults injected where a test says) and a real
-// ObjectTable, but no spiller: who owns what from a transfer's start to its end. A read feeds the
-// reload that started it, wakes every reload that joined it exactly once, and gives its host
-// extent back exactly once: to the object when it succeeds, to the pool after the reload's copy
-// when it fails.
+// ObjectTable, but no spiller: who owns what from a transfer's start to its end. The tests begin
+// each fetch at the table, as TierManager and the Spiller do, and hand a read that must start to
+// SpillRead. A read feeds the reload that started it, wakes every reload that joined it (the
+// table held them) exactly once, and gives its host extent back exactly once: to the object when
+// it succeeds, to the pool after the reload's copy when it fails.
 #include "daemon/tiers/spill_read.h"
 
 #include <chrono>
@@ -101,7 +102,15 @@ class SpillReadTest : public ::testing::Test {
     return object;
   }
 
-  // What a reload gets, once.
+  // The fetch of `object` for `reader`, begun at its table with room from the pool; a reload that
+  // finds the read running joins it with `joiner`.
+  ObjectTable::FetchBegun BeginFetch(const std::shared_ptr<Object>& object,
+                                     ObjectTable::Reader reader, ObjectWaiter joiner = nullptr) {
+    return table_->BeginFetch(
+        *object, reader, [&] { return transfers_->AllocateFetch(*object); }, std::move(joiner));
+  }
+
+  // What a reload gets, once: from the read it started (Then), or from the read it joined.
   struct Answer {
     std::promise<absl::StatusOr<Readable>> promise;
     std::future<absl::StatusOr<Readable>> future = promise.get_future();
@@ -109,6 +118,16 @@ class SpillReadTest : public ::testing::Test {
     SpillRead::Then Then() {
       return [this](absl::StatusOr<Readable> readable) {
         if (++calls == 1) promise.set_value(std::move(readable));
+      };
+    }
+    ObjectWaiter Joiner() {
+      return [this](const absl::Status& ended) {
+        if (++calls > 1) return;
+        if (ended.ok()) {
+          promise.set_value(Readable{});
+        } else {
+          promise.set_value(ended);
+        }
       };
     }
     absl::StatusOr<Readable> Get() {
@@ -155,15 +174,15 @@ TEST_F(SpillReadTest, AReloadThatFindsTheReadRunningJoinsItAndIsWokenOnce) {
   SpillRead::Then first_then = first.Then();
   // The second reload arrives while the first one's read runs (its feed has just been handed
   // over, before the store took the read): it must join that read, not start another.
-  bool joined_started = false;
+  ObjectTable::Fetch second_fetch = ObjectTable::Fetch::kNoRoom;
   SpillRead::Then on_feed = [&](absl::StatusOr<Readable> readable) {
-    joined_started = SpillRead::Start(*transfers_, table_, object,
-                                      ObjectTable::Reader::kPipelined, true, second.Then());
+    second_fetch = BeginFetch(object, ObjectTable::Reader::kPipelined, second.Joiner()).fetch;
     first_then(std::move(readable));
   };
-  ASSERT_TRUE(
-      SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPipelined, true, on_feed));
-  ASSERT_TRUE(joined_started);
+  ObjectTable::FetchBegun begun = BeginFetch(object, ObjectTable::Reader::kPipelined);
+  ASSERT_EQ(begun.fetch, ObjectTable::Fetch::kStarted);
+  SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPipelined, begun, on_feed);
+  ASSERT_EQ(second_fetch, ObjectTable::Fetch::kJoined);
   absl::StatusOr<Readable> fed = first.Get();
   ASSERT_TRUE(fed.ok()) << fed.status();
   ASSERT_NE(fed->feed, nullptr) << "the reload that started the read copies from its feed";
@@ -199,12 +218,13 @@ TEST_F(SpillReadTest, AFailedReadKeepsItsExtentForTheCopyThenGivesItBackOnce) {
   Answer first, second;
   SpillRead::Then first_then = first.Then();
   SpillRead::Then on_feed = [&](absl::StatusOr<Readable> readable) {
-    EXPECT_TRUE(SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPipelined,
-                                 true, second.Then()));
+    EXPECT_EQ(BeginFetch(object, ObjectTable::Reader::kPipelined, second.Joiner()).fetch,
+              ObjectTable::Fetch::kJoined);
     first_then(std::move(readable));
   };
-  ASSERT_TRUE(
-      SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPipelined, true, on_feed));
+  ObjectTable::FetchBegun begun = BeginFetch(object, ObjectTable::Reader::kPipelined);
+  ASSERT_EQ(begun.fetch, ObjectTable::Fetch::kStarted);
+  SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPipelined, begun, on_feed);
   absl::StatusOr<Readable> fed = first.Get();
   ASSERT_TRUE(fed.ok()) << fed.status();
   ASSERT_NE(fed->feed, nullptr);
@@ -234,8 +254,10 @@ TEST_F(SpillReadTest, APrefetchDropsItsPinWhetherItReadsOrNot) {
   std::shared_ptr<Object> object = Spilled(3);
   ASSERT_TRUE(table_->PinIfOnNvme(*object));
   Answer done;
-  ASSERT_TRUE(SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPrefetch, true,
-                               done.Then()));
+  ObjectTable::FetchBegun begun = BeginFetch(object, ObjectTable::Reader::kPrefetch);
+  ASSERT_EQ(begun.fetch, ObjectTable::Fetch::kStarted);
+  SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPrefetch, begun,
+                   done.Then());
   ASSERT_TRUE(done.Get().ok());
   EXPECT_TRUE(transfers_->AwaitIdle(std::chrono::steady_clock::now() + kDeadline));
   EXPECT_EQ(table_->Look(*object).pins, 0u);
@@ -243,23 +265,21 @@ TEST_F(SpillReadTest, APrefetchDropsItsPinWhetherItReadsOrNot) {
   EXPECT_TRUE(MatchesPattern(pool_->At(table_->extent(*object)), kObject, 3));
   // In host memory now: a second prefetch has nothing to read, and drops its pin all the same.
   ASSERT_TRUE(table_->PinForReload(3, kObject).ok());  // (the prefetch's pin, as a reload's)
-  Answer again;
-  ASSERT_TRUE(SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPrefetch, true,
-                               again.Then()));
-  ASSERT_TRUE(again.Get().ok());
+  EXPECT_EQ(BeginFetch(object, ObjectTable::Reader::kPrefetch).fetch, ObjectTable::Fetch::kInHost);
   EXPECT_EQ(table_->Look(*object).pins, 0u);
   EXPECT_EQ(transfers_->counters().prefetches.load(), 1u);
 }
 
-TEST_F(SpillReadTest, NoRoomStartsNothingAndKeepsTheCallerWaiting) {
+TEST_F(SpillReadTest, NoRoomInThePoolStartsNothing) {
   std::shared_ptr<Object> object = Spilled(4);
   ASSERT_TRUE(table_->PinForReload(4, kObject).ok());
-  Answer answer;
-  EXPECT_FALSE(SpillRead::Start(*transfers_, table_, object, ObjectTable::Reader::kPipelined,
-                                /*may_allocate=*/false, answer.Then()));
-  EXPECT_EQ(answer.calls, 0);
+  std::vector<storage::Extent> taken;
+  while (std::optional<storage::Extent> extent = pool_->Allocate(kObject)) taken.push_back(*extent);
+  EXPECT_EQ(BeginFetch(object, ObjectTable::Reader::kPipelined).fetch,
+            ObjectTable::Fetch::kNoRoom);
   EXPECT_EQ(transfers_->in_flight(), 0u);
   EXPECT_EQ(table_->Look(*object).where, Object::Where::kNvme);
+  for (const storage::Extent& extent : taken) pool_->Free(extent);
   table_->Unpin(*object);
 }
 
