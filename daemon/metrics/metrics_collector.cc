@@ -28,15 +28,7 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
   if (NvmeTransfers* nvme = sources_.nvme) {
     s.has_nvme = true;
     s.spill_files = nvme->store().Usage();
-    const SpillCounters& c = nvme->counters();
-    s.spill.bytes_spilled = c.bytes_spilled.load(std::memory_order_relaxed);
-    s.spill.bytes_fetched = c.bytes_fetched.load(std::memory_order_relaxed);
-    s.spill.bytes_prefetched = c.bytes_prefetched.load(std::memory_order_relaxed);
-    s.spill.spills = c.spills.load(std::memory_order_relaxed);
-    s.spill.fetches = c.fetches.load(std::memory_order_relaxed);
-    s.spill.prefetches = c.prefetches.load(std::memory_order_relaxed);
-    s.spill.prefetch_hits = c.prefetch_hits.load(std::memory_order_relaxed);
-    s.spill.prefetch_misses = c.prefetch_misses.load(std::memory_order_relaxed);
+    s.spill = nvme->counters().Read();
   }
 
   if (const PersistentStore* persistent = sources_.persistent) {

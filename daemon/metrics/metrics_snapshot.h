@@ -17,24 +17,13 @@
 #include "daemon/metrics/job_metrics.h"
 #include "daemon/metrics/user_totals.h"
 #include "daemon/persistent/persistent_store.h"
+#include "daemon/tiers/nvme_transfers.h"
 #include "engine/copy_engine.h"
 #include "prometheus/metric_family.h"
 #include "storage/host_pool.h"
 #include "storage/spill_store.h"
 
 namespace tier::daemon {
-
-// The NVMe tier's traffic counters (SpillCounters, read).
-struct SpillTraffic {
-  uint64_t bytes_spilled = 0;
-  uint64_t bytes_fetched = 0;
-  uint64_t bytes_prefetched = 0;
-  uint64_t spills = 0;
-  uint64_t fetches = 0;
-  uint64_t prefetches = 0;
-  uint64_t prefetch_hits = 0;
-  uint64_t prefetch_misses = 0;
-};
 
 // What one user's sessions hold now, summed.
 struct UserGauges {
@@ -73,7 +62,7 @@ struct MetricsSnapshot {
   double pool_pin_seconds = 0;  // creating and pinning the pool at start
   bool has_nvme = false;
   std::vector<storage::SpillFileUsage> spill_files;
-  SpillTraffic spill;
+  SpillTraffic spill;  // (SpillCounters::Read)
 
   // Jobs.
   uint64_t jobs_in_flight = 0;

@@ -2,6 +2,20 @@
 
 namespace tier::daemon {
 
+SpillTraffic SpillCounters::Read() const {
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  SpillTraffic traffic;
+  traffic.bytes_spilled = bytes_spilled.load(kRelaxed);
+  traffic.bytes_fetched = bytes_fetched.load(kRelaxed);
+  traffic.spills = spills.load(kRelaxed);
+  traffic.fetches = fetches.load(kRelaxed);
+  traffic.prefetches = prefetches.load(kRelaxed);
+  traffic.bytes_prefetched = bytes_prefetched.load(kRelaxed);
+  traffic.prefetch_hits = prefetch_hits.load(kRelaxed);
+  traffic.prefetch_misses = prefetch_misses.load(kRelaxed);
+  return traffic;
+}
+
 void NvmeTransfers::Began(Kind kind, uint64_t bytes) {
   MutexLock lock(&mu_);
   (kind == Kind::kWrite ? writes_ : reads_).fetch_add(1);

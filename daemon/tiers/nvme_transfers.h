@@ -23,15 +23,25 @@
 
 namespace tier::daemon {
 
-struct SpillCounters {
-  std::atomic<uint64_t> bytes_spilled{0};
-  std::atomic<uint64_t> bytes_fetched{0};  // NVMe -> host, prefetches included
-  std::atomic<uint64_t> spills{0};
-  std::atomic<uint64_t> fetches{0};
-  std::atomic<uint64_t> prefetches{0};        // fetches started by the policy, not by a reload
-  std::atomic<uint64_t> bytes_prefetched{0};
-  std::atomic<uint64_t> prefetch_hits{0};     // reloads that found a prefetched object in memory
-  std::atomic<uint64_t> prefetch_misses{0};   // reloads that had to wait for NVMe
+// The NVMe tier's traffic, one list of counts for both forms: counted as it happens
+// (SpillCounters) and as one read of them sees it (SpillTraffic: the metrics, tierctl status).
+template <typename Count>
+struct SpillCounts {
+  Count bytes_spilled{};
+  Count bytes_fetched{};  // NVMe -> host, prefetches included
+  Count spills{};
+  Count fetches{};
+  Count prefetches{};        // fetches started by the policy, not by a reload
+  Count bytes_prefetched{};
+  Count prefetch_hits{};     // reloads that found a prefetched object in memory
+  Count prefetch_misses{};   // reloads that had to wait for NVMe
+};
+using SpillTraffic = SpillCounts<uint64_t>;
+
+struct SpillCounters : SpillCounts<std::atomic<uint64_t>> {
+  // Every count, each read on its own (relaxed): a scrape's view.
+  SpillTraffic Read() const;
+
   // I/O errors and checksum failures are counted by the store (SpillFileUsage), which tells them
   // apart (both reach the client as DATA_LOSS).
   BandwidthMeter spill_bandwidth;
