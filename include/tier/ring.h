@@ -158,32 +158,57 @@ inline RingHeader* InitSegment(void* base, uint32_t entries, uint64_t session_id
   return header;
 }
 
-// Producer end of one queue. Only the producer's own tail is trusted; the consumer's head is
-// re-read and checked on each push.
+// What both ends of one queue hold: the shared indices, the entries, and the end's own index
+// (read once from shared memory when the end is made, trusted from then on: the producer's tail,
+// the consumer's head). The peer's index is re-read at each use and checked.
 template <typename Entry>
-class Producer {
+class QueueEnd {
  public:
-  Producer() = default;
-  Producer(QueueIndices* indices, Entry* entries, uint32_t capacity)
-      : indices_(indices), entries_(entries), mask_(capacity - 1),
-        tail_(indices->tail.value.load(std::memory_order_relaxed)) {}
+  uint32_t capacity() const { return mask_ + 1; }
 
-  // Entries the consumer has not taken yet, or nullopt if its head is impossible (corrupt peer).
-  std::optional<uint32_t> Pending() const {
-    uint32_t head = indices_->head.value.load(std::memory_order_acquire);
-    uint32_t used = tail_ - head;
+ protected:
+  QueueEnd() = default;
+  QueueEnd(QueueIndices* indices, Entry* entries, uint32_t capacity, const Index& own)
+      : indices_(indices), entries_(entries), mask_(capacity - 1),
+        own_(own.value.load(std::memory_order_relaxed)) {}
+
+  // Entries between `head` and `tail`, or nullopt when that is more than the queue holds (the
+  // peer's index is impossible: a corrupt peer).
+  std::optional<uint32_t> Between(uint32_t head, uint32_t tail) const {
+    uint32_t used = tail - head;
     if (used > mask_ + 1) return std::nullopt;
     return used;
   }
-  uint32_t capacity() const { return mask_ + 1; }
+  Entry* Slot(uint32_t index) const { return &entries_[index & mask_]; }
+
+  QueueIndices* indices_ = nullptr;
+  Entry* entries_ = nullptr;
+  uint32_t mask_ = 0;
+  uint32_t own_ = 0;  // the producer's tail, or the consumer's head
+};
+
+// Producer end of one queue. Only the producer's own tail is trusted; the consumer's head is
+// re-read and checked on each push.
+template <typename Entry>
+class Producer : public QueueEnd<Entry> {
+ public:
+  Producer() = default;
+  Producer(QueueIndices* indices, Entry* entries, uint32_t capacity)
+      : QueueEnd<Entry>(indices, entries, capacity, indices->tail) {}
+  using QueueEnd<Entry>::capacity;
+
+  // Entries the consumer has not taken yet, or nullopt if its head is impossible (corrupt peer).
+  std::optional<uint32_t> Pending() const {
+    return Between(indices_->head.value.load(std::memory_order_acquire), own_);
+  }
 
   // False when full (or the peer's head is corrupt: see Pending()).
   bool TryPush(const Entry& entry) {
     std::optional<uint32_t> used = Pending();
-    if (!used || *used == mask_ + 1) return false;
-    std::memcpy(&entries_[tail_ & mask_], &entry, sizeof(Entry));
-    ++tail_;
-    indices_->tail.value.store(tail_, std::memory_order_release);
+    if (!used || *used == capacity()) return false;
+    std::memcpy(Slot(own_), &entry, sizeof(Entry));
+    ++own_;
+    indices_->tail.value.store(own_, std::memory_order_release);
     return true;
   }
 
@@ -197,37 +222,36 @@ class Producer {
   }
 
  private:
-  QueueIndices* indices_ = nullptr;
-  Entry* entries_ = nullptr;
-  uint32_t mask_ = 0;
-  uint32_t tail_ = 0;
+  using QueueEnd<Entry>::Between;
+  using QueueEnd<Entry>::Slot;
+  using QueueEnd<Entry>::indices_;
+  using QueueEnd<Entry>::own_;  // the tail
 };
 
 // Consumer end of one queue. Only the consumer's own head is trusted.
 template <typename Entry>
-class Consumer {
+class Consumer : public QueueEnd<Entry> {
  public:
   Consumer() = default;
   Consumer(QueueIndices* indices, Entry* entries, uint32_t capacity)
-      : indices_(indices), entries_(entries), mask_(capacity - 1),
-        head_(indices->head.value.load(std::memory_order_relaxed)) {}
+      : QueueEnd<Entry>(indices, entries, capacity, indices->head) {}
 
   enum class Result { kEntry, kEmpty, kCorrupt };
 
   // Copies the next entry out (never hands out a pointer into shared memory).
   Result TryPop(Entry* out) {
-    uint32_t tail = indices_->tail.value.load(std::memory_order_acquire);
-    uint32_t avail = tail - head_;
-    if (avail == 0) return Result::kEmpty;
-    if (avail > mask_ + 1) return Result::kCorrupt;
-    std::memcpy(out, &entries_[head_ & mask_], sizeof(Entry));
-    ++head_;
-    indices_->head.value.store(head_, std::memory_order_release);
+    std::optional<uint32_t> avail =
+        Between(own_, indices_->tail.value.load(std::memory_order_acquire));
+    if (!avail) return Result::kCorrupt;
+    if (*avail == 0) return Result::kEmpty;
+    std::memcpy(out, Slot(own_), sizeof(Entry));
+    ++own_;
+    indices_->head.value.store(own_, std::memory_order_release);
     return Result::kEntry;
   }
 
   bool Empty() const {
-    return indices_->tail.value.load(std::memory_order_acquire) == head_;
+    return indices_->tail.value.load(std::memory_order_acquire) == own_;
   }
   // Empty() for a thread other than the consumer's: compares the published indices only.
   bool ObservedEmpty() const {
@@ -245,10 +269,10 @@ class Consumer {
   void CancelSleep() { indices_->need_wakeup.value.store(0, std::memory_order_relaxed); }
 
  private:
-  QueueIndices* indices_ = nullptr;
-  Entry* entries_ = nullptr;
-  uint32_t mask_ = 0;
-  uint32_t head_ = 0;
+  using QueueEnd<Entry>::Between;
+  using QueueEnd<Entry>::Slot;
+  using QueueEnd<Entry>::indices_;
+  using QueueEnd<Entry>::own_;  // the head
 };
 
 // Views of a mapped segment, for each side. The client validates the header it receives (its
