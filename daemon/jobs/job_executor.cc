@@ -57,6 +57,13 @@ void JobExecutor::CountStart(const ring::SubmissionEntry& entry) {
 
 void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
                        absl::Status status) {
+  std::shared_ptr<engine::ImportedBuffer> buffer = session->FindBuffer(entry.buffer_id);
+  FailOnDevice(session, entry, std::move(status), buffer != nullptr ? buffer->device() : -1);
+}
+
+void JobExecutor::FailOnDevice(const std::shared_ptr<Session>& session,
+                               const ring::SubmissionEntry& entry, absl::Status status,
+                               int device) {
   auto opcode = static_cast<Opcode>(entry.opcode);
   if (entry.sync == 0 || (opcode != Opcode::kOffload && opcode != Opcode::kReload)) {
     Complete(*session, entry, status);
@@ -66,14 +73,13 @@ void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::Subm
   // in order, so a ticket that never reached it would stall every later job of the lane. It
   // goes in as a ticket-only job (no copy) and the entry then fails with the original error.
   engine::CopyJob job;
-  job.direction = opcode == Opcode::kOffload ? engine::Direction::kToPool : engine::Direction::kFromPool;
+  job.direction =
+      opcode == Opcode::kOffload ? engine::Direction::kToPool : engine::Direction::kFromPool;
   job.len = 0;
   job.session = session->engine_session();
   job.sync = entry.sync;
   job.batch_size = ring::BatchSizeOf(entry.flags);
-  if (std::shared_ptr<engine::ImportedBuffer> buffer = session->FindBuffer(entry.buffer_id)) {
-    job.device = buffer->device();
-  }
+  job.device = device;
   job.done = [this, session, entry, status = std::move(status)](absl::Status) {
     Complete(*session, entry, status);
   };
@@ -123,7 +129,7 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
                    return;
                  }
                  EndFill(*table, *object, admitted);
-                 Fail(session, e, std::move(admitted));
+                 FailOnDevice(session, e, std::move(admitted), range.buffer->device());
                });
   return absl::OkStatus();
 }
@@ -184,12 +190,13 @@ absl::Status JobExecutor::Reload(const std::shared_ptr<Session>& session,
           if (fill.ok()) {
             FetchThenCopyOut(session, e, table, pinned, range);
           } else {
-            AbandonReload(session, e, *table, *pinned.object, FillFailedError(e.object_id, fill));
+            AbandonReload(session, e, range, *table, *pinned.object,
+                          FillFailedError(e.object_id, fill));
           }
         });
     if (fill == ObjectTable::Fill::kRunning) return absl::OkStatus();
     if (fill == ObjectTable::Fill::kFailed) {  // the fill ended meanwhile, and failed
-      AbandonReload(session, e, table, *pinned->object,
+      AbandonReload(session, e, *range, table, *pinned->object,
                     FillFailedError(e.object_id, absl::InternalError("the fill failed")));
       return absl::OkStatus();
     }
@@ -206,7 +213,8 @@ void JobExecutor::FetchThenCopyOut(const std::shared_ptr<Session>& session,
                       [this, session, e, table, object = pinned.object,
                        range = std::move(range)](absl::StatusOr<Readable> readable) {
                         if (!readable.ok()) {
-                          AbandonReload(session, e, *table, *object, readable.status());
+                          AbandonReload(session, e, range, *table, *object,
+                                        readable.status());
                           return;
                         }
                         CopyOut(session, e, table, object, range, *std::move(readable));
@@ -257,12 +265,12 @@ void JobExecutor::FinishReload(const std::shared_ptr<Session>& session,
 }
 
 void JobExecutor::AbandonReload(const std::shared_ptr<Session>& session,
-                                const ring::SubmissionEntry& e, ObjectTable& table,
-                                Object& object, absl::Status status) {
+                                const ring::SubmissionEntry& e, const Range& range,
+                                ObjectTable& table, Object& object, absl::Status status) {
   table.Unpin(object);
   // Fail, not Complete: the reload's ticket never reached the engine, and the client's streams
   // (and every later job of its lane) wait for it.
-  Fail(session, e, std::move(status));
+  FailOnDevice(session, e, std::move(status), range.buffer->device());
 }
 
 absl::Status JobExecutor::Free(const std::shared_ptr<Session>& session,

@@ -82,17 +82,23 @@ class JobExecutor {
   void FinishReload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
                     const std::shared_ptr<ObjectTable>& table,
                     const std::shared_ptr<Object>& object, absl::Status copy);
-  // A reload that pinned `object` ends before its copy was submitted: unpins, and fails it.
+  // A reload that pinned `object` ends before its copy was submitted: unpins, and fails it (its
+  // ticket to the GPU of `range`, the buffer it was accepted for).
   void AbandonReload(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& e,
-                     ObjectTable& table, Object& object, absl::Status status);
+                     const Range& range, ObjectTable& table, Object& object,
+                     absl::Status status);
 
   engine::CopyJob MakeCopyJob(engine::Direction direction, Session& session,
                            const ring::SubmissionEntry& e, storage::Extent extent,
                            const Range& range);
   // Completes a job that will not run with `status`; a ticketed one first passes its ticket to the
-  // engine as a ticket-only job, so the client's streams waiting on it are released.
+  // engine as a ticket-only job, so the client's streams waiting on it are released: on the GPU
+  // of the buffer the entry names (Fail), or on `device` (FailOnDevice: a job that holds its
+  // checked buffer, which the client may have unregistered since).
   void Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
             absl::Status status);
+  void FailOnDevice(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
+                    absl::Status status, int device);
   void Complete(Session& session, const ring::SubmissionEntry& entry, const absl::Status& status);
   // The daemon-wide counts of a job accepted (Complete undoes them).
   void CountStart(const ring::SubmissionEntry& entry);

@@ -32,14 +32,17 @@ namespace {
 constexpr uint64_t kObject = 64 * 1024;
 constexpr uint64_t kSlots = 4;
 
+// `device`: the GPU it stands for (the scripted engine copies host memory all the same).
 class HostBuffer : public engine::ImportedBuffer {
  public:
-  explicit HostBuffer(uint64_t bytes) : bytes_(bytes) {}
+  explicit HostBuffer(uint64_t bytes, int device = -1) : bytes_(bytes), device_(device) {}
   char* base() const override { return bytes_.data(); }
   uint64_t bytes() const override { return bytes_.size(); }
+  int device() const override { return device_; }
 
  private:
   mutable std::vector<char> bytes_;
+  const int device_;
 };
 
 // A copy engine whose jobs run when the test says: Step() runs the oldest (a real memcpy, or the
@@ -63,6 +66,7 @@ class ScriptedEngine : public engine::CopyEngine {
   void Submit(engine::CopyJob job) override {
     std::lock_guard lock(mu_);
     tickets_.push_back(job.sync);
+    devices_.push_back(job.device);
     jobs_.push_back(std::move(job));
     cv_.notify_all();
   }
@@ -78,10 +82,14 @@ class ScriptedEngine : public engine::CopyEngine {
     std::lock_guard lock(mu_);
     return jobs_.size();
   }
-  // Every ticket submitted so far, in order (0 for unticketed jobs).
+  // Every ticket submitted so far, in order (0 for unticketed jobs), and the GPU each job named.
   std::vector<uint64_t> tickets() {
     std::lock_guard lock(mu_);
     return tickets_;
+  }
+  std::vector<int> devices() {
+    std::lock_guard lock(mu_);
+    return devices_;
   }
 
   struct Ran {
@@ -137,6 +145,7 @@ class ScriptedEngine : public engine::CopyEngine {
   std::condition_variable cv_;
   std::deque<engine::CopyJob> jobs_;
   std::vector<uint64_t> tickets_;
+  std::vector<int> devices_;
 };
 
 class JobExecutorTest : public ::testing::Test {
@@ -336,6 +345,27 @@ TEST_F(JobExecutorTest, AReloadHeldBehindAFillThatFailsReportsItAndPassesItsTick
   EXPECT_EQ(Await(reload), absl::StatusCode::kAborted);
   EXPECT_EQ(Await(Submit(Entry(ring::Opcode::kReload, 1))), absl::StatusCode::kNotFound)
       << "a failed offload leaves no object";
+}
+
+// The ticket of a reload that ends before its copy goes to the GPU of the buffer the reload was
+// accepted for, also when the client unregistered that buffer meanwhile (a ticket-only job that
+// names no GPU is refused on a multi-GPU session, and the lane waiting for the ticket stalls).
+TEST_F(JobExecutorTest, AnAbandonedReloadPassesItsTicketToItsBuffersGpu) {
+  Build(/*orders_pool_reads=*/false);
+  auto gpu1 = std::make_shared<HostBuffer>(kObject, /*device=*/1);
+  const uint64_t gpu1_id = session_->AddBuffer(gpu1);
+  uint64_t offload = Submit(Entry(ring::Opcode::kOffload, 1, 0, /*sync=*/1));
+  ring::SubmissionEntry into_gpu1 = Entry(ring::Opcode::kReload, 1, 0, /*sync=*/1);
+  into_gpu1.buffer_id = gpu1_id;
+  uint64_t reload = Submit(into_gpu1);
+  ASSERT_TRUE(session_->RemoveBuffer(gpu1_id)) << "the client unregisters it meanwhile";
+  engine_->Step(absl::DataLossError("the copy failed"));  // the fill: the reload is abandoned
+  EXPECT_EQ(Await(offload), absl::StatusCode::kDataLoss);
+  ASSERT_TRUE(engine_->WaitQueued(1)) << "the reload's ticket never reached the engine";
+  EXPECT_EQ(engine_->tickets().back(), 1u);
+  EXPECT_EQ(engine_->devices().back(), 1) << "the ticket went to another GPU's lane";
+  engine_->Step();
+  EXPECT_EQ(Await(reload), absl::StatusCode::kAborted);
 }
 
 // GPU engines order a reload after the fill on the GPU: it is submitted at once, and its result
