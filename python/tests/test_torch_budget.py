@@ -361,3 +361,22 @@ def test_reloads_started_together_go_as_batches_in_the_order_given():
     reloads.start(records, prefetch=True)
     assert calls == [[0, 1], [2, 3], [4], [5]]
     assert all(r.pending is not None for r in records) and off.stats.prefetches == 6
+
+
+def test_the_budget_plans_with_a_share_of_the_measured_link(client, monkeypatch):
+    """tierd's figure is its copies' best rate; a plan counts on PLAN_LINK_SHARE of it (per-job
+    costs, producers that finish late), and reports the figure itself."""
+    from tier.torch import _offload_planner as op
+    seen = []
+    real = op.plan
+
+    def spy(sites, forward_end, step_seconds, link, **kwargs):
+        seen.append(link)
+        return real(sites, forward_end, step_seconds, link, **kwargs)
+
+    monkeypatch.setattr(op, "plan", spy)
+    off, _ = _train(client, max_overhead=0.05, link=(10e9, 20e9))
+    assert seen and all(l.d2h == pytest.approx(10e9 * op.PLAN_LINK_SHARE) and
+                        l.h2d == pytest.approx(20e9 * op.PLAN_LINK_SHARE) for l in seen)
+    assert 0.5 < op.PLAN_LINK_SHARE < 1.0
+    assert off.budget.link_d2h == 10e9 and off.budget.link_h2d == 20e9

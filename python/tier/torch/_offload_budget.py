@@ -401,7 +401,8 @@ class OffloadBudget:
                 self._timers.clear()  # steps timed under the old plan
 
     def _replan(self):
-        p = planner.plan(self._sites, self._forward_end, self._base_step, self._link,
+        p = planner.plan(self._sites, self._forward_end, self._base_step,
+                         planner.planning_link(self._link),
                          max_overhead=self.max_overhead, target_bytes=self.target_bytes,
                          barrier=True, window_s=RELOAD_WINDOW_S,
                          batch_bytes=RELOAD_BATCH_BYTES)

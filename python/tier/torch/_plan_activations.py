@@ -661,9 +661,11 @@ class ActivationPlanner:
                                                                 self._device)
             else:
                 self._link, self._link_source = op.Link(1e12, 1e12), "unused"
-        jp = ap.choose(self._profile, self._link, target_bytes=self.target_bytes,
-                       max_overhead=self.max_overhead, modes=self.allowed, offload=self.offload)
-        jp.notes = self.notes + ["link from %s" % self._link_source] + jp.notes
+        jp = ap.choose(self._profile, op.planning_link(self._link),
+                       target_bytes=self.target_bytes, max_overhead=self.max_overhead,
+                       modes=self.allowed, offload=self.offload)
+        jp.notes = self.notes + ["link from %s, planned at %d%% of it" % (
+            self._link_source, round(100 * op.PLAN_LINK_SHARE))] + jp.notes
         if not _sac_op_output() and "selective" in self.allowed:
             jp.notes.append("selective checkpointing's kept bytes measured as the allocator's "
                             "growth (this torch gives the policy no op output)")
