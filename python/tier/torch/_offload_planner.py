@@ -62,9 +62,9 @@ class Simulation:
 
 # The share of the measured link a plan counts on. tierd's figure is its copies' best rate; a
 # plan's copies also pay a fixed cost per job and start only when their producers finish. Planned
-# at the whole figure, the 1B Llama's 5% plan on an H200 filled 92% of forward's link, and its
-# offloading blocks ran 0.4 ms (15%) slower each at the release points than the calibration timed
-# them; plans filling 70-75% ran at the calibration's time.
+# at the whole figure, the 1B Llama's 5% plan on an H200 filled 95% of forward's link, and its
+# offloading blocks ran 0.4 ms (15%) slower each than the calibration timed them; plans filling
+# 73% and 87% ran at the calibration's time.
 PLAN_LINK_SHARE = 0.9
 
 
