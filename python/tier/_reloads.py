@@ -22,9 +22,10 @@ Stream ordering (CUDA, tierd's GPU engine), stated once here:
   its memory is let go (:meth:`DeferredReload.__del__`).
 * Should tierd die with such a reload in flight, the library releases the waiting streams (none
   may wait for ever) and the work queued after the wait reads memory the copy never filled. Each
-  GPU reload a stream was made to wait on is noted (JobTable.in_use);
-  :meth:`Client.verify_reloads` waits for them and raises if any did not complete, and the
-  activation offloader calls it at the end of each backward that reloaded.
+  GPU reload a stream was made to wait on is noted (JobTable.in_use). A :class:`ReloadCheck`
+  (:meth:`Client.reload_check`), called, waits for those noted since it was made and raises
+  :class:`tier.Unavailable` if one did not complete. The activation offloader calls one at the
+  end of each backward that reloaded, the optimizer-state offloader at the end of its step.
 
 Staged reloads (CPU handles, or CUDA without a GPU engine) copy out of a staging buffer once
 their job completed (:class:`StagedReload`).
@@ -38,6 +39,24 @@ from ._handle import Handle
 from ._host_buffer import HostBuffer, staging_view
 from ._streams import (consumer_stream, current_stream_ptr, refuse_in_capture, stream_ptr,
                        torch_module, wait_stream)
+
+
+class ReloadCheck:
+    """Client.reload_check(): called, waits for the GPU reloads that a stream was made to wait on
+    since the check was made, forgets every noted one, and raises :class:`tier.Unavailable` if any
+    of those did not complete (see the module docstring: the work after the wait read memory the
+    copy never filled)."""
+
+    __slots__ = ("_session", "_since")
+
+    def __init__(self, session):
+        self._session = session
+        with session.lock:
+            self._since = session.jobs.noted
+
+    def __call__(self):
+        with self._session.checked():
+            self._session.jobs.verify_in_use(self._since)
 
 
 class Ready:

@@ -44,7 +44,7 @@ from ._info import Completion, ObjectInfo, SessionInfo
 from ._jobs import POLL_BATCH
 from ._objects import PersistentObjects
 from ._offloads import Offloads
-from ._reloads import Ready, Reloads
+from ._reloads import Ready, ReloadCheck, Reloads
 from ._session import Session
 from ._staging import DEFAULT_STAGING_CACHE_BYTES, StagedOffloads, StagingPool
 from ._streams import refuse_in_capture, stream_ptr
@@ -121,9 +121,8 @@ class Client:
             return self._session.maybe_reconnect(force=True)
 
     def ensure_connected(self):
-        """False while tierd is gone (a new session is tried, at most once per
-        reconnect_interval_s) or draining (it refuses offloads, and will exit); True when it
-        serves. For offload contexts, at their start: cheap (no message to tierd)."""
+        """False while tierd is gone (a new session is tried, at most once per reconnect_interval_s)
+        or draining; True when it serves. For offload contexts' start: no message to tierd."""
         with self._session.lock:
             self._session.check_open()
             self._session.maybe_reconnect()
@@ -154,11 +153,9 @@ class Client:
             return self._session.info_locked()
 
     def link_bandwidth(self, device):
-        """What the link of this process's GPU ``device`` achieved for tierd's copies lately, as
-        tierd measured them (it sees every byte it moves, for every process of the node):
-        ``(d2h_bytes_per_s, h2d_bytes_per_s)``, or None while tierd has no figure yet (too few
-        bytes moved) or serves no such GPU (the host engine). One control call (tier_link_rate):
-        for planning, not for the hot path."""
+        """``(d2h_bytes_per_s, h2d_bytes_per_s)`` tierd's copies on GPU ``device``'s link achieved
+        lately (it sees every byte it moves, for every process), or None while it has no figure
+        (too few bytes, or the host engine). A control call: for planning, not the hot path."""
         return self._session.link_rate(device)
 
     # ---- buffers ----------------------------------------------------------------------------
@@ -331,26 +328,12 @@ class Client:
             self._session.jobs.wait_all()
             self._session.check()  # run what the callbacks queued (frees of dropped handles)
             self._session.jobs.wait_all()
-            # Staging buffers that jobs held past the cache's budget (the daemon was slower than
-            # the batches: each took new ones) are idle now; with no job left, trimming them
-            # waits for nothing.
+            # Staging buffers jobs held past the cache's budget are idle now: trimmed at no wait.
             self._staging.trim()
 
-    def verify_reloads(self, since=0):
-        """Waits for the GPU reloads that a stream was made to wait on (by reload(),
-        reload_batch() or the result of start_reloads()), those noted since the mark ``since``
-        (:meth:`reloads_noted`; 0: all), forgets every noted one, and raises
-        :class:`tier.Unavailable` if any of those did not complete: tierd went away while it was
-        in flight, the library released the waiting streams so that none waits for ever, and
-        the work queued after the wait read memory the copy never filled. tier.torch's
-        activation offloader calls this at the end of every backward that reloaded."""
-        with self._session.checked():
-            self._session.jobs.verify_in_use(since)
-
-    def reloads_noted(self):
-        """A mark for verify_reloads(since=...): how many GPU reloads were in use so far."""
-        with self._session.lock:
-            return self._session.jobs.noted
+    def reload_check(self):
+        """A ReloadCheck (tier/_reloads.py): called, raises if a GPU reload in use since failed."""
+        return ReloadCheck(self._session)
 
     @property
     def jobs_in_flight(self):

@@ -119,7 +119,6 @@ class ActivationOffloader(_compile.Followed):
         self._by_storage = {}
         self._by_storage_compact_at = 1024
         self._next_index = 0
-        self._verify_queued = False  # a check of the reloads waits for this backward's end
         self._hooks = None
         # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
         # the records of its offloaded sites, and those whose sources are still held.
@@ -321,15 +320,8 @@ class ActivationOffloader(_compile.Followed):
         action = plan.actions[site]
         if action == _OFFLOAD:
             out = self._offload_saved(tensor, site)
-            nxt = site + 1
-            if (nxt >= plan.count or plan.actions[nxt] != _OFFLOAD) and self._batches:
-                # A planned copy starts now, after the work that produced it: deferred to a
-                # later point, it would wait there for everything queued since, and the release
-                # point the plan put after its predicted end would stall the stream for it
-                # (the 1B Llama's forward: +9.6 ms at recompute's peak). Offloads saved back to
-                # back still go as one batch.
-                with self._lock:
-                    self._batches.flush()
+            with self._lock:
+                self._batches.after_planned(plan.actions, site)  # its copy starts now
         else:
             stats.kept += 1
             out = tensor if action == _KEEP else KeptSite(tensor, site)
@@ -439,8 +431,7 @@ class ActivationOffloader(_compile.Followed):
         planned = saved.site is not None
         if planned:
             self._on_use(saved.site, record.device)
-        if not self._verify_queued:
-            self._queue_verify()
+        self._reloads.check_at_end_of_backward()
         with self._lock:
             if self._batches:
                 self._batches.flush()  # backward began: whatever forward saved goes out now
@@ -456,23 +447,6 @@ class ActivationOffloader(_compile.Followed):
                 self._reloads.prefetch_before(record, self.prefetch)
             flat = self._reloads.take(record)
         return view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
-
-    def _queue_verify(self):
-        """At the end of this backward, the reloads it used are checked (Client.verify_reloads):
-        raised there, from loss.backward(), a tierd that died with one in flight fails the step
-        instead of leaving gradients computed from memory the copy never filled (seen once in
-        415 tasks of scripts/gpu-stress on 2 H100s, delay injection on, tierd SIGKILLed)."""
-        since = self.client.reloads_noted()
-        try:
-            torch.autograd.Variable._execution_engine.queue_callback(
-                lambda: self._verify_reloads(since))
-        except RuntimeError:
-            return  # not inside a backward (an unpack called directly): nothing to end
-        self._verify_queued = True
-
-    def _verify_reloads(self, since):
-        self._verify_queued = False
-        self.client.verify_reloads(since)
 
     def _on_use(self, site, device):
         """Backward uses a wrapped site: the calibration's stamp, the timed step's end, or the

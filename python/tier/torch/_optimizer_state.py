@@ -260,7 +260,7 @@ class OptimizerStateOffloader:
         serving = self._client.ensure_connected()
         if not serving:
             self.stats.steps_kept_resident += 1
-        mark = self._client.reloads_noted()
+        check = self._client.reload_check()
         try:
             for gi in range(min(len(groups), 1 + self._prefetch)):
                 self._start_group(gi, groups[gi], prefetch=gi > 0)
@@ -292,7 +292,7 @@ class OptimizerStateOffloader:
             raise
         # A tierd that died with a reload of this step in flight had the library release the
         # stream waiting on it: the update read state the copy never filled. Said here, loudly.
-        self._client.verify_reloads(mark)
+        check()
         self._step_index += 1
         self.stats.steps += 1
         self.stats.groups = len(groups)
