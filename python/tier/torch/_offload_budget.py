@@ -116,6 +116,11 @@ class StepTimer:
     def ready(self):
         return self._end is None or self._end.query()
 
+    def wait(self):
+        """Until the timed step's GPU work is done (a host wait: once per calibration)."""
+        if self._end is not None:
+            self._end.synchronize()
+
     def step_s(self):
         """Seconds from the step's start to its timing site's use; None if not both seen."""
         if self._start is not None and self._end is not None:
@@ -349,8 +354,7 @@ class OffloadBudget:
         self._timing = None
         step = None
         if timer is not None and count == self._count:
-            if timer._end is not None:
-                timer._end.synchronize()  # once per calibration
+            timer.wait()
             step = timer.step_s()
         if step is None or step <= 0 or self._base_step <= 0:
             self._sites = None
