@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import tier
 import tier.torch as tt
 
 
@@ -174,3 +175,27 @@ def test_full_quota_keeps_weights(daemon):
         w.remove()
     for p, q in zip(m.parameters(), ref.parameters()):
         assert torch.equal(p, q)
+
+
+def test_a_forward_whose_reloads_did_not_complete_raises(client, monkeypatch):
+    # Had tierd gone away while a group's reload was in flight, the library releases the streams
+    # waiting on it (never a wait for ever) and the forward reads memory the copy never filled:
+    # the forward must raise at its end, once per forward, not return that output.
+    calls = []
+
+    def fail():
+        calls.append(1)
+        raise tier.Unavailable(tier.errors.UNAVAILABLE, "1 GPU reload(s) did not complete")
+
+    m = _model()
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        want = m(x)
+    with tt.offload_module_weights(m, group=2, client=client), torch.no_grad():
+        assert torch.equal(m(x), want)  # checked, nothing failed
+        monkeypatch.setattr(client, "reload_check", lambda: fail)
+        with pytest.raises(Exception, match="did not complete"):
+            m(x)
+        assert len(calls) == 1
+        monkeypatch.undo()
+        assert torch.equal(m(x), want)  # the next forward has a check of its own

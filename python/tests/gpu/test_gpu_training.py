@@ -495,3 +495,45 @@ def test_tierd_killed_during_backward_fails_the_step_never_the_data():
     finally:
         d.proc.kill()
         d.proc.wait()
+
+
+def test_tierd_killed_during_a_weight_offloaded_forward_raises_never_a_wrong_output():
+    """offload_module_weights: tierd SIGKILLed while a forward's weight reloads are in flight
+    (every copy 20 ms late). The streams waiting on them are released (none may wait for ever),
+    so the blocks after them would compute with weights the copies never filled: the forward must
+    raise at its end, never return that output."""
+    import threading
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 2048), nn.Tanh())
+                            for _ in range(16)]).cuda()
+    x = torch.randn(256, 2048, device="cuda")
+    with torch.no_grad():
+        want = model(x)
+    d = Daemon(pool_bytes="4G", pool_lock="best-effort", extra=["--copy_delay_us=20000"])
+    try:
+        with tier.Client(socket=d.socket, name="killed-in-forward") as c:
+            w = tt.offload_module_weights(model, client=c)
+            with torch.no_grad():
+                assert torch.equal(model(x), want)  # (registrations; and a plain check)
+                killer = threading.Timer(0.1, d.proc.kill)
+                killer.start()
+                raised = None
+                try:
+                    got = model(x)
+                    torch.cuda.synchronize()
+                except (tier.TierError, RuntimeError) as e:
+                    raised = e
+                killer.join()
+            if raised is None:
+                assert torch.equal(got, want), "a forward returned an output computed from " \
+                    "weights tierd never reloaded"
+                pytest.fail("tierd was killed after the forward's reloads ended: no case tested "
+                            "(the forward took under 0.1 s with 20 ms copies?)")
+            assert "did not complete" in str(raised) or "went away" in str(raised) or \
+                "UNAVAILABLE" in str(raised), raised
+            print("the forward raised as it must: %s" % raised)
+            del w
+    finally:
+        d.proc.kill()
+        d.proc.wait()

@@ -63,6 +63,7 @@ class WeightOffloader:
         self._groups = [_Group(blocks[i:i + group]) for i in range(0, len(blocks), group)]
         self._hooks = []
         self._warned = False
+        self._check = None   # the running forward's Client.reload_check()
         self.stats = WeightStats()
 
         # Tensors owned by more than one module (tied weights) stay resident: another module
@@ -92,6 +93,13 @@ class WeightOffloader:
                 if bi == len(g.blocks) - 1:
                     self._hooks.append(block.register_forward_hook(
                         functools.partial(self._post_hook, gi)))
+        # The forward as a whole is checked at its end: had tierd gone away while a group's
+        # reload was in flight, the library would have released the streams waiting on it (a
+        # stream never waits for ever) and the forward would have read memory the copy never
+        # filled. The check waits (host) for this forward's reloads and raises tier.Unavailable
+        # if one did not complete; by the forward's end its last group's copies are due anyway.
+        self._hooks.append(module.register_forward_pre_hook(self._forward_begins))
+        self._hooks.append(module.register_forward_hook(self._forward_ends))
 
     @property
     def groups(self):
@@ -208,6 +216,15 @@ class WeightOffloader:
     def _post_hook(self, gi, module, args, output):
         self._release(gi)
 
+    def _forward_begins(self, module, args):
+        if self._check is None:  # (a re-entered forward is checked by the outer one)
+            self._check = self._client.reload_check()
+
+    def _forward_ends(self, module, args, output):
+        check, self._check = self._check, None
+        if check is not None:
+            check()  # raises tier.Unavailable if a reload of this forward did not complete
+
     def remove(self):
         """Makes every weight resident again, frees the Tierd objects, removes the hooks."""
         for h in self._hooks:
@@ -236,7 +253,9 @@ def offload_module_weights(module, group=1, client=None, blocks=None):
 
     For inference or frozen weights under ``torch.no_grad()``: with grad enabled, weights a
     backward may need stay resident after use (a warning says so once). Tied weights (owned by
-    more than one module) stay resident. Call ``.remove()`` (or use ``with``) before changing
+    more than one module) stay resident. At the end of ``module``'s forward the host waits for that
+    forward's reloads and raises :class:`tier.Unavailable` if one did not complete (tierd went
+    away): the output is then not to be trusted. Call ``.remove()`` (or use ``with``) before changing
     weights or moving the module.
     """
     return WeightOffloader(module, group=group, client=client, blocks=blocks)
