@@ -200,14 +200,15 @@ def run(args):
             row = {"mode": mode,
                    "host_ms": statistics.median(s[0] for s in samples) * 1e3,
                    "wall_ms": statistics.median(s[1] for s in samples) * 1e3}
-            if args.sections:
-                row["sections"] = measure_sections(chain, ctx, cuda, args.steps)
-                client.synchronize()
             if stats is not None:
+                # (Before the sections pass: its steps offload too.)
                 row["offloaded_storages"] = stats.offloaded_storages
                 row["offloaded_per_step"] = (stats.offloaded_storages -
                                              offloaded_before) / args.steps
                 row["saved"] = stats.saved
+            if args.sections:
+                row["sections"] = measure_sections(chain, ctx, cuda, args.steps)
+                client.synchronize()
             rows.append(row)
             print("%-12s host %8.2f ms  wall %8.2f ms" % (mode, row["host_ms"], row["wall_ms"]),
                   flush=True)
