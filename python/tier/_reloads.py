@@ -163,7 +163,8 @@ class StagedReload:
                 # The common case in one lock hold: copied out, the buffer given back.
                 staging, self._staging = self._staging, None
                 out = torch_module().empty(h.shape, dtype=h.dtype)
-                staging.check_valid()
+                if not staging._valid:
+                    staging.check_valid()  # raises
                 ctypes.memmove(out.data_ptr(), staging.address, h.nbytes)  # (no tensor op)
                 self._pool.release(staging)
                 self._tensor = out

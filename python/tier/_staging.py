@@ -154,6 +154,25 @@ class StagingPool:
             yield chunk
 
 
+class _StorageBytes:
+    """What Client._new_handle reads of a tensor, for the bytes of a CPU storage (as the flat
+    uint8 tensor over it would answer)."""
+
+    __slots__ = ("shape", "dtype", "device", "_nbytes")
+
+    def __init__(self, nbytes, device):
+        self._nbytes = nbytes
+        self.shape = (nbytes,)
+        self.dtype = torch_module().uint8
+        self.device = device
+
+    def numel(self):
+        return self._nbytes
+
+    def element_size(self):
+        return 1
+
+
 class StagedOffloads:
     """Offloads through staging buffers: the bytes are copied into a buffer now (the tensor may
     change right after), and the job copies them into tierd. CUDA tensors (no GPU engine) are
@@ -164,6 +183,7 @@ class StagedOffloads:
         self._session = session
         self._pool = pool
         self._new_handle = new_handle  # (tensor) -> an empty Handle for it
+        self._storage_specs = {}  # nbytes -> _StorageBytes (CPU storages staged by size)
 
     def stage(self, handle, t, streams):
         """A staging buffer holding t's bytes."""
@@ -183,7 +203,8 @@ class StagedOffloads:
             elif t.is_contiguous() and not t.is_conj() and not t.is_neg():
                 # Host memory to host memory, the bytes as they are (no tensor op: this runs
                 # for every staged activation).
-                staging.check_valid()
+                if not staging._valid:
+                    staging.check_valid()  # raises
                 ctypes.memmove(staging.address, t.data_ptr(), nbytes)
             else:
                 staging_view(staging, t.dtype, t.shape, nbytes).copy_(t)  # any strides
@@ -244,11 +265,35 @@ class StagedOffloads:
 
     def stage_offload(self, tensor):
         """See Client.stage_offload."""
-        t = tensor.detach()
+        if type(tensor).__name__ == "UntypedStorage":  # (torch.UntypedStorage, without a call)
+            return self._stage_storage(tensor)
+        t = tensor.detach() if tensor.requires_grad else tensor  # (the same bytes)
         handle = self._new_handle(t)
         if handle.nbytes == 0:
             return handle, None
         return handle, self.stage(handle, t, None)
+
+    def _stage_storage(self, storage):
+        """stage_offload of a CPU storage: its bytes as a flat uint8 tensor over it would be
+        staged, without making that tensor (activation offload stages every saved CPU storage
+        so)."""
+        if storage.device.type != "cpu":
+            raise TypeError("stage_offload() stages CPU storages, not %s" % storage.device.type)
+        nbytes = storage.nbytes()
+        spec = self._storage_specs.get(nbytes)
+        if spec is None:
+            if len(self._storage_specs) >= 256:
+                self._storage_specs.clear()
+            spec = self._storage_specs[nbytes] = _StorageBytes(nbytes, storage.device)
+        handle = self._new_handle(spec)
+        if nbytes == 0:
+            return handle, None
+        staging = self._pool.take(nbytes)
+        if not staging._valid:
+            self._pool.give_back(staging)
+            staging.check_valid()  # raises
+        ctypes.memmove(staging.address, storage.data_ptr(), nbytes)
+        return handle, staging
 
     def submit(self, items, retain_on_failure):
         """See Client.submit_staged."""

@@ -375,11 +375,11 @@ class Client:
         return self._offloads.offload_batch(tensors, streams, next_use_hints, retain_on_failure)
 
     def stage_offload(self, tensor):
-        """A CPU tensor's offload in two steps, for batching without changing what is offloaded:
-        its bytes are staged now (the tensor may change right after) and the job is submitted
-        later by :meth:`submit_staged`, with others as one batch. Returns (handle, staging
-        buffer or None for an empty tensor); until submitted, the staging buffer is the
-        caller's (give it back with staging_release if it is never submitted)."""
+        """A CPU tensor's (or UntypedStorage's: as uint8 bytes) offload in two steps: its bytes
+        are staged now (it may change right after) and the job is submitted later by
+        :meth:`submit_staged`, with others as one batch. Returns (handle, staging buffer or None
+        for an empty tensor); until submitted, the staging buffer is the caller's (give it back
+        with staging_release if it is never submitted)."""
         return self._staged.stage_offload(tensor)
 
     def submit_staged(self, items, retain_on_failure=False):

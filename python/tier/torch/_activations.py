@@ -20,7 +20,7 @@ from ._module_selection import ModuleSelection
 from ._backward_reloads import BackwardReloads
 from ._offload_budget import OffloadBudget
 from ._save_batches import SaveBatches
-from ._saved import KeptSite, Saved, StorageRecord, untyped_storage, view_of
+from ._saved import KeptSite, Saved, StorageIndex, StorageRecord, untyped_storage, view_of
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
@@ -113,11 +113,7 @@ class ActivationOffloader(_compile.Followed):
         self._skip = frozenset()
         self._skip_params = None
         self._lock = threading.RLock()
-        # (device, data_ptr) -> weakref to its StorageRecord: a WeakValueDictionary's work,
-        # without its Python-level calls on every saved tensor; dead entries are dropped as the
-        # dict grows (_remember).
-        self._by_storage = {}
-        self._by_storage_compact_at = 1024
+        self._by_storage = StorageIndex()  # (device, data_ptr) -> weakref to its StorageRecord
         self._next_index = 0
         self._hooks = None
         # The step under a policy: its plan (None: it calibrates), the candidates seen so far,
@@ -223,7 +219,7 @@ class ActivationOffloader(_compile.Followed):
         """Closes the block's hooks (its deferred offloads go now: their copies start by the
         block's end); returns the index after its last candidate."""
         token.__exit__(*(exc or (None, None, None)))
-        if self._batches:
+        if self._batches.deferred:
             with self._lock:
                 self._batches.flush()
         return self._site
@@ -320,8 +316,9 @@ class ActivationOffloader(_compile.Followed):
         action = plan.actions[site]
         if action == _OFFLOAD:
             out = self._offload_saved(tensor, site)
-            with self._lock:
-                self._batches.after_planned(plan.actions, site)  # its copy starts now
+            if site + 1 >= plan.count or plan.actions[site + 1] != _OFFLOAD:
+                with self._lock:  # its copy starts now (no next offload to batch it with)
+                    self._batches.after_planned(plan.actions, site)
         else:
             stats.kept += 1
             out = tensor if action == _KEEP else KeptSite(tensor, site)
@@ -343,7 +340,7 @@ class ActivationOffloader(_compile.Followed):
                 record = None
             if record is None:
                 record = self._offload_storage(tensor, storage, nbytes)
-                self._remember(key, record)
+                self._by_storage.remember(key, record)
                 if site is not None:
                     self._held.append(weakref.ref(record))
             else:
@@ -353,25 +350,19 @@ class ActivationOffloader(_compile.Followed):
                 self._site_records[site] = weakref.ref(record)
         return Saved(record, tensor, site)
 
-    def _remember(self, key, record):
-        by_storage = self._by_storage
-        by_storage[key] = weakref.ref(record)
-        if len(by_storage) >= self._by_storage_compact_at:
-            self._by_storage = by_storage = {k: r for k, r in by_storage.items()
-                                             if r() is not None}
-            self._by_storage_compact_at = max(1024, 2 * len(by_storage))
-
     def _offload_storage(self, t, storage, nbytes):
         # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
         # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
         # alive until the copy completed, or until a plan's release point hands it back.
-        flat = _empty(0, dtype=_uint8, device=t.device).set_(storage)  # (storage_bytes(t))
         record = StorageRecord(None, self._next_index, t.device, nbytes, storage, t._version)
         self._next_index += 1
         if self._budget is None:  # the order count-based prefetch walks (a plan has triggers)
             self._reloads.note(record)
-        # CPU: the bytes are staged now (as saved), the job goes with the next batch.
-        self._batches.add(record, flat, t, stage_now=not t.is_cuda and not self._defer_cpu)
+        if not t.is_cuda and not self._defer_cpu:
+            # CPU: the storage's bytes are staged now (as saved), the job goes with the next batch.
+            self._batches.add_staged(record, storage)
+        else:
+            self._batches.add(record, _empty(0, dtype=_uint8, device=t.device).set_(storage), t)
         return record
 
     def release_sites(self, sites, device):
@@ -398,15 +389,15 @@ class ActivationOffloader(_compile.Followed):
     def _release(self, records, device):
         """Planned offloads' sources back to the allocator in stream order: the current stream
         of `device` waits (GPU) for their copies, then their jobs drop the sources. CPU sources
-        were staged when saved: nothing is held. Called with self._lock held."""
-        for r in records:  # (a loop, not any(): this runs at most saves of a plan)
-            if r.handle is None:
-                self._batches.flush()  # still deferred: submitted first, so there is a copy to
-                break                  # wait for
+        were staged when saved: nothing is held (nor flushed). Called with self._lock held."""
         if device.type != "cuda":
             for r in records:
                 r.released = True
             return
+        for r in records:  # (a loop, not any(): this runs at most saves of a plan)
+            if r.handle is None:
+                self._batches.flush()  # still deferred: submitted first, so there is a copy to
+                break                  # wait for
         handles = [r.handle for r in records if r.handle is not None and r.device == device]
         released = 0
         if handles:
@@ -431,9 +422,10 @@ class ActivationOffloader(_compile.Followed):
         planned = saved.site is not None
         if planned:
             self._on_use(saved.site, record.device)
-        self._reloads.check_at_end_of_backward()
+        if not self._reloads.check_queued:
+            self._reloads.check_at_end_of_backward()
         with self._lock:
-            if self._batches:
+            if self._batches.deferred:
                 self._batches.flush()  # backward began: whatever forward saved goes out now
             if self._held:
                 self._release_held(record.device)  # a forward that ended before its barrier
@@ -445,7 +437,9 @@ class ActivationOffloader(_compile.Followed):
                 self._reloads.start([record], prefetch=False)
             if not planned:
                 self._reloads.prefetch_before(record, self.prefetch)
-            flat = self._reloads.take(record)
+            flat = record.tensor
+            if flat is None:
+                flat = self._reloads.take(record)
         return view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
 
     def _on_use(self, site, device):

@@ -55,7 +55,8 @@ class BackwardReloads:
         self._order_index = []  # record indices in pack order (for bisect)
         self._order = []        # weakref.ref(StorageRecord), parallel to _order_index
         self._compact_at = 1024
-        self._check_queued = False  # a reload check waits for this backward's end
+        # A reload check waits for this backward's end (read by the offloader: no call when set).
+        self.check_queued = False
 
     def note(self, record):
         """An offloaded record in pack order, for count-based prefetch (a plan has triggers)."""
@@ -133,18 +134,18 @@ class BackwardReloads:
         loss.backward() instead of leaving gradients computed from memory the copy never filled
         (seen once in 415 tasks of scripts/gpu-stress on 2 H100s, delay injection on, tierd
         SIGKILLed). Needs no lock."""
-        if self._check_queued:
+        if self.check_queued:
             return
         check = self._off.client.reload_check()
 
         def at_end():
-            self._check_queued = False
+            self.check_queued = False
             check()
         try:
             torch_engine().queue_callback(at_end)
         except RuntimeError:
             return  # not inside a backward (an unpack called directly): nothing to end
-        self._check_queued = True
+        self.check_queued = True
 
     def take(self, record):
         """The record's bytes (a flat uint8 tensor), its reload's result on first use."""

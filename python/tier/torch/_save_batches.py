@@ -6,8 +6,9 @@ every GPU offload) and sent as one batch per (device, producer stream) once ``ba
 them or ``batch_bytes`` wait, and before anything needs them (a release point, the first unpack,
 the end of the context); under a plan, also after each run of planned offloads saved back to back
 (the plan's timing assumes each copy starts when its tensor was produced). A CPU storage is staged
-when saved (one changed in place afterwards is offloaded as it was when saved) and its job goes
-with the next batch. Storages whose saved tensors are all gone by then are dropped. An offload
+when saved, straight from its UntypedStorage (one changed in place afterwards is offloaded as it
+was when saved), and its job goes with the next batch (a release point does not wait for it:
+nothing of the source is held). Storages whose saved tensors are all gone by then are dropped. An offload
 refused before anything was submitted (tierd gone, draining) leaves the bytes where they are, and
 backward uses them; one that fails later keeps its data in its handle (retain_on_failure). Without
 a plan, each CUDA source is held until its copy is known complete, within
@@ -20,10 +21,15 @@ import collections
 import warnings
 import weakref
 
+import torch
+
 from .. import errors as _errors
 from .._streams import current_stream_ptr
 from ._inflight import InflightBound
 from ._offload_planner import OFFLOAD as _OFFLOAD
+
+_empty = torch.empty
+_uint8 = torch.uint8
 
 
 class SaveBatches:
@@ -37,41 +43,48 @@ class SaveBatches:
         # tierd objects with it) alive until a collection.
         self._off = weakref.proxy(offloader)
         self._bounded = bounded
-        self._deferred = []  # (weakref to StorageRecord, flat bytes, producer stream, staged)
-        self._deferred_bytes = 0
+        # (weakref to StorageRecord, flat bytes, producer stream, staged); read, never changed,
+        # by the offloader (whether anything waits: no call on its hot path)
+        self.deferred = []
+        self._pending_bytes = 0
         self._inflight = InflightBound()
         self._warned = False
 
     def __bool__(self):
-        return bool(self._deferred)
+        return bool(self.deferred)
 
     def _warn_once(self, message, stacklevel):
         if not self._warned:
             self._warned = True
             warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
-    def add(self, record, flat, t, stage_now):
-        """Defers record's storage (`flat`, of tensor t) for the next batch; stage_now: a CPU
-        storage, staged now."""
-        if stage_now:
-            try:
-                staged = self._off.client.stage_offload(flat)
-            except _errors.TierError as e:
-                # No staging memory from tierd (it went away or drains): the bytes stay where
-                # they are and backward uses them, as for a batch refused in flush().
-                record.tensor = flat
-                self._off.stats.fallbacks += 1
-                self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
-                return
-            self._deferred.append((weakref.ref(record), None, None, staged))
-        else:
-            # The producer is the current stream now (it may be another by the time of the
-            # batch), as its cudaStream_t (an int: no stream object per saved tensor).
-            stream = current_stream_ptr(t.device) if t.is_cuda else None
-            self._deferred.append((weakref.ref(record), flat, stream, None))
-        self._deferred_bytes += record.nbytes
-        if (len(self._deferred) >= self._off.BATCH_TENSORS
-                or self._deferred_bytes >= self._off.BATCH_BYTES):
+    def add_staged(self, record, storage):
+        """A CPU storage: its bytes are staged now (as a flat uint8 tensor over it would be, but
+        without making one), its job goes with the next batch."""
+        try:
+            staged = self._off.client.stage_offload(storage)
+        except _errors.TierError as e:
+            # No staging memory from tierd (it went away or drains): the bytes stay where they
+            # are and backward uses them, as for a batch refused in flush().
+            record.tensor = _empty(0, dtype=_uint8).set_(storage)
+            self._off.stats.fallbacks += 1
+            self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
+            return
+        self.deferred.append((weakref.ref(record), None, None, staged))
+        self._added(record.nbytes)
+
+    def add(self, record, flat, t):
+        """Defers record's storage (`flat`, of tensor t) for the next batch, unstaged."""
+        # The producer is the current stream now (it may be another by the time of the batch),
+        # as its cudaStream_t (an int: no stream object per saved tensor).
+        stream = current_stream_ptr(t.device) if t.is_cuda else None
+        self.deferred.append((weakref.ref(record), flat, stream, None))
+        self._added(record.nbytes)
+
+    def _added(self, nbytes):
+        self._pending_bytes += nbytes
+        if (len(self.deferred) >= self._off.BATCH_TENSORS
+                or self._pending_bytes >= self._off.BATCH_BYTES):
             self.flush()
 
     def after_planned(self, actions, site):
@@ -82,15 +95,15 @@ class SaveBatches:
         1B Llama's forward: +9.6 ms at recompute's peak). Offloads saved back to back still go
         as one batch."""
         nxt = site + 1
-        if self._deferred and (nxt >= len(actions) or actions[nxt] != _OFFLOAD):
+        if self.deferred and (nxt >= len(actions) or actions[nxt] != _OFFLOAD):
             self.flush()
 
     def flush(self):
         """Submits the deferred storages: one batch per (device, producer stream); each job
         waits (GPU) for its producer stream and keeps its source alive until copied."""
-        if not self._deferred:
+        if not self.deferred:
             return
-        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        deferred, self.deferred, self._pending_bytes = self.deferred, [], 0
         groups = collections.OrderedDict()  # (device, stream) -> [(record, flat)]
         staged = []                         # [(record, (handle, staging))]: CPU, staged already
         client = self._off.client

@@ -2,6 +2,8 @@
 record of one offloaded storage (:class:`StorageRecord`), and the storage helpers that rebuild a
 view over the storage's bytes (torch 1.13 .. 2.x)."""
 
+import weakref
+
 import torch
 
 
@@ -77,6 +79,26 @@ class StorageRecord:
                 _free_weak_ref(weak)
             except Exception:  # noqa: BLE001  (interpreter shutdown)
                 pass
+
+
+class StorageIndex(dict):
+    """(device, data_ptr) -> weakref to the StorageRecord offloaded from there: a
+    WeakValueDictionary's work without its Python-level calls on every saved tensor (get is
+    dict's own); dead entries are dropped as it grows."""
+
+    __slots__ = ("_compact_at",)
+
+    def __init__(self):
+        super().__init__()
+        self._compact_at = 1024
+
+    def remember(self, key, record):
+        self[key] = weakref.ref(record)
+        if len(self) >= self._compact_at:
+            live = [(k, r) for k, r in self.items() if r() is not None]
+            self.clear()
+            self.update(live)
+            self._compact_at = max(1024, 2 * len(self))
 
 
 class Saved:
