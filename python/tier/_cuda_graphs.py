@@ -27,13 +27,27 @@ UNSUPPORTED = ("inside a CUDA graph capture (torch.cuda.graph / CUDAGraph.captur
 
 
 _cuda_seen = False  # torch.cuda was seen initialized (a CUDA context exists)
+# torch and the C calls asked for every saved tensor, looked up once (_torch_calls).
+_torch = _get_device = _stream_capturing = None
+
+
+def _torch_calls():
+    global _torch, _get_device, _stream_capturing
+    import torch
+    # What current_device() and torch.cuda.is_current_stream_capturing ask, without their
+    # Python layers.
+    _get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    _stream_capturing = (getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or
+                         torch.cuda.is_current_stream_capturing)
+    _torch = torch
+    return torch
 
 
 def _capturing(device):
     """Whether the current stream of `device` (a CUDA device) is capturing a CUDA graph."""
-    import torch
     if device is None:
         return False
+    torch = _torch or _torch_calls()
     if type(device) is not torch.device:
         device = torch.device(device)
     if device.type != "cuda":
@@ -43,19 +57,10 @@ def _capturing(device):
         if not torch.cuda.is_initialized():
             return False  # nothing can be capturing on a context that does not exist yet
         _cuda_seen = True  # (initialized stays so: not asked again for every saved tensor)
-    get_device = getattr(torch._C, "_cuda_getDevice", None)  # what current_device() asks
-    if device.index is None or device.index == (get_device() if get_device is not None else
-                                                torch.cuda.current_device()):
+    if device.index is None or device.index == _get_device():
         return bool(_stream_capturing())
     with torch.cuda.device(device):
         return bool(torch.cuda.is_current_stream_capturing())
-
-
-def _stream_capturing():
-    import torch
-    # The C call torch.cuda.is_current_stream_capturing makes (asked for every saved tensor).
-    query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-    return query() if query is not None else torch.cuda.is_current_stream_capturing()
 
 
 def capturing(device):

@@ -168,6 +168,7 @@ class Offloads:
         direct = collections.OrderedDict()    # device -> [(handle, tensor, hint)]
         torch = torch_module()
         plain, strided = torch.Tensor, torch.strided
+        direct_possible = None  # _direct_possible(), asked once (at the first CUDA tensor)
         for tensor, hint in zip(tensors, hints):
             # Every tensor is checked before anything is submitted. (A plain strided tensor
             # passes without a call: this loop runs for every saved activation.)
@@ -186,7 +187,9 @@ class Offloads:
             if device_type == "cpu":
                 staged.append((handle, t, hint, None))
                 continue
-            if self._direct_possible():
+            if direct_possible is None:
+                direct_possible = self._direct_possible()
+            if direct_possible:
                 direct.setdefault(t.device, []).append((handle, t, hint))
             else:
                 staged.append((handle, t, hint, streams_of_device(streams, t.device)))
@@ -230,7 +233,8 @@ class Offloads:
         registered = self._session.register_devices([(src.data_ptr(), handle.nbytes)
                                                      for handle, _, src, _ in items])
         for i, ((handle, t, src, hint), ids) in enumerate(zip(items, registered)):
-            ids = self._registered(ids)
+            if type(ids) is not tuple or self.device_direct is not True:
+                ids = self._registered(ids)  # (a registered range, once known: no call)
             if ids is None:
                 fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
                 break
@@ -280,10 +284,14 @@ class Offloads:
                 newest = h
         if newest is None:
             return 0
-        # GPU-side wait (no host round trip); from here on the stream is ordered after every
-        # copy of `todo`.
-        self.stream_wait_offload(newest.job.id, stream, device)
-        with self._session.lock:
+        if stream is None:
+            stream = torch_module().cuda.current_stream()
+        refuse_in_capture(device if device is not None else getattr(stream, "device", None),
+                          "stream_wait_offload()")
+        with self._session.checked():
+            # GPU-side wait (no host round trip); from here on the stream is ordered after every
+            # copy of `todo`. (stream_wait_offload's work, in the same hold of the lock.)
+            self._session.jobs.stream_wait_offload(newest.job.id, stream_ptr(stream))
             for h in todo:
                 job = h.job
                 if job.status is None:

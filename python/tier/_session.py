@@ -282,10 +282,11 @@ class Session:
         # close() waits for calls like this one before it closes the session.
         try:
             register = self.lib.tier_buffer_register_device_range
+            # (Plain ints: the argtypes convert them; the out-pointers made once for all.)
+            id_out, offset_out = ctypes.byref(buffer_id), ctypes.byref(offset)
             for device_ptr, nbytes in ranges:
-                status = register(session, ctypes.c_void_p(int(device_ptr)),
-                                  ctypes.c_uint64(0 if nbytes is None else int(nbytes)),
-                                  ctypes.byref(buffer_id), ctypes.byref(offset))
+                status = register(session, int(device_ptr), 0 if nbytes is None else int(nbytes),
+                                  id_out, offset_out)
                 if status == errors.OK:
                     out.append((buffer_id.value, offset.value))
                     continue

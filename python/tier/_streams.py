@@ -26,15 +26,20 @@ def stream_ptr(stream):
     return int(ptr)
 
 
+_raw_stream = None  # torch._C._cuda_getCurrentRawStream, once looked up (False: torch lacks it)
+
+
 def current_stream_ptr(device):
     """The cudaStream_t (an int) of CUDA `device`'s current stream, without making a
     torch.cuda.Stream object (the hooks ask it for every saved tensor)."""
-    torch = torch_module()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    global _raw_stream
+    raw = _raw_stream
+    if raw is None:
+        raw = _raw_stream = getattr(torch_module()._C, "_cuda_getCurrentRawStream", None) or False
     index = device.index
-    if raw is not None and index is not None:
+    if raw and index is not None:
         return raw(index)
-    return torch.cuda.current_stream(device).cuda_stream
+    return torch_module().cuda.current_stream(device).cuda_stream
 
 
 def wait_stream(cur, stream):
