@@ -198,3 +198,25 @@ def test_reloads_due_close_together_start_as_one_batch():
     # Bounded by bytes: two per batch.
     assert reload_triggers(sites, sites, sim, window_s=1e-3, batch_bytes=2000) == {
         3: [3, 2], 2: [1, 0]}
+
+
+def test_release_points_close_together_are_one_point_at_the_latest():
+    # Sites produced every 0.2 ms, each copy done 0.1 ms after its save: each would have a point
+    # of its own at the next save. Within the 1 ms group, they share one, at the group's last
+    # (never earlier than a copy allows), so the host flushes and waits once per group.
+    us = 1e-6
+    sites = [Site(i, 1 << 20, 200 * us * i, 1.0) for i in range(12)]
+    link = Link(20 * GB, 20 * GB)
+    sim = simulate(sites, 12 * 200 * us, link, barrier=True)
+    ungrouped, _ = release_points(sites, sites, sim, link, group_s=0.0)
+    assert len(ungrouped) == 11
+    points, barrier = release_points(sites, sites, sim, link)
+    assert len(points) < len(ungrouped) / 3
+    released = sorted(i for group in points.values() for i in group)
+    assert released + barrier == list(range(12))  # each site once
+    when = {s.index: s.produced for s in sites}
+    for point, group in points.items():
+        for i in group:
+            assert when[point] >= sim.offload_done[i]       # never before its copy is done
+            ready = min(p for p, g in ungrouped.items() if i in g)
+            assert when[point] - when[ready] <= 1e-3 + 1e-12  # at most the group's span later

@@ -157,16 +157,26 @@ def reload_triggers(sites, chosen, sim, window_s=0.0, batch_bytes=0):
     return triggers
 
 
-def release_points(sites, chosen, sim, link, margin=0.1, margin_s=100e-6):
+# Release points closer together than this are one point, the latest of them: each point costs
+# the host a flush of the pending offloads and a stream wait (about 175 us and 17 us on an H100's
+# host), and with a busy link nearly every save had one of its own (9 of 10 in the hook bench's
+# planned mode), which held batches to 4-5 saves. A source then goes back at most this much later
+# than its copy could allow, well inside forward, where the activation peak is not.
+RELEASE_GROUP_S = 1e-3
+
+
+def release_points(sites, chosen, sim, link, margin=0.1, margin_s=100e-6,
+                   group_s=RELEASE_GROUP_S):
     """Where in forward each offloaded site's memory goes back to the allocator: at the first
     saved tensor produced after its copy is predicted to be done (with a margin of ``margin``
     of the copy's own time plus ``margin_s``), the compute stream waits there on the GPU for the
     copy (already done, if the prediction holds) and the source is released in stream order.
-    Returns ({pack site: [offloaded sites released there]}, [sites left for the barrier at the
-    end of forward]), each list in offload order."""
+    Points within ``group_s`` of a group's first are one, at the group's last. Returns ({pack
+    site: [offloaded sites released there]}, [sites left for the barrier at the end of
+    forward]), each list in offload order."""
     packs = sorted(sites, key=lambda s: (s.produced, s.index))
     produced = [s.produced for s in packs]
-    points = {}
+    at = {}        # position in packs -> [offloaded sites released there]
     barrier = []
     for s in sorted(chosen, key=lambda s: (s.produced, s.index)):
         ready = sim.offload_done[s.index] + margin * s.nbytes / link.d2h + margin_s
@@ -178,9 +188,23 @@ def release_points(sites, chosen, sim, link, margin=0.1, margin_s=100e-6):
             else:
                 hi = mid
         if lo < len(packs) and packs[lo].index != s.index:
-            points.setdefault(packs[lo].index, []).append(s.index)
+            at.setdefault(lo, []).append(s.index)
         else:
             barrier.append(s.index)
+    points = {}
+    group, first = [], None
+    for pos in sorted(at):
+        if first is not None and produced[pos] - produced[first] > group_s:
+            points[packs[last].index] = group
+            group, first = [], None
+        if first is None:
+            first = pos
+        group = group + at[pos]
+        last = pos
+    if group:
+        # A later point is never a site released there (the source's own save): `last` is the
+        # pack after each of its sites' ready times, so after each of those sites' saves.
+        points[packs[last].index] = group
     return points, barrier
 
 
