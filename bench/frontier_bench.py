@@ -91,7 +91,9 @@ SHAPES = {
 BASE_MODES = ("none", "recompute", "selective", "light", "inprocess", "tierd-budget",
               "tierd-at-rc")
 REFERENCE_MODES = ("recompute", "selective", "light", "inprocess", "tierd-budget", "tierd-at-rc")
-PLANNER_WARMUP = 4  # warm-up, calibration (saved tensors, then timing), the first planned step
+# Warm-up, calibration (saved tensors, then timing), the first planned step, and the second, on
+# which the planner clocks the host's cost per offloaded storage and plans again with it.
+PLANNER_WARMUP = 5
 
 
 def log(*parts):
@@ -303,6 +305,7 @@ def profile_summary(profile):
                        "offloadable": sum(1 for t in mp.sites if t.offloadable and t.nbytes)}
     return {"modes": modes, "pre_ms": 1e3 * profile.pre_s, "post_ms": 1e3 * profile.post_s,
             "tail_ms": 1e3 * profile.tail_s, "measured_peak_model": profile.measured(),
+            "offload_host_us": 1e6 * getattr(profile, "offload_host_s", 0.0),
             "forward_peak_mib": (profile.forward_peak or 0) / MiB,
             "work_mib": {m: w / MiB for m, w in ((profile.work or {}).get(sig) or {}).items()}}
 
@@ -946,15 +949,18 @@ def report_probes(run):
                         fmt(v.get("host_fwd_ms"), "%.2f"), fmt(v.get("host_bwd_ms"), "%.2f"),
                         fmt(v.get("block_mib"), "%.0f")) for m, v in prof["modes"].items()) +
                 "; pre %s post %s tail %s ms" % (fmt(prof.get("pre_ms")), fmt(prof.get("post_ms")),
-                                                 fmt(prof.get("tail_ms"))))
+                                                 fmt(prof.get("tail_ms"))) +
+                "; host per offloaded storage %s us" % fmt(prof.get("offload_host_us"), "%.0f"))
         st = r.get("planner_stats") or {}
         pr = r.get("predicted") or {}
         base = r.get("baseline_predicted") or {}
         log("    %-14s predicted %.1f ms timed (%.3fx its baseline %.1f), planner measured %.1f "
-            "ms; peak predicted %.0f MiB (early reloads %.0f), measured %s MiB" % (
+            "ms (host's share %.1f ms, %d offloads); peak predicted %.0f MiB (early reloads "
+            "%.0f), measured %s MiB" % (
                 r["label"], 1e3 * pr.get("timed_s", 0), pr.get("step_s", 0) /
                 max(base.get("step_s", 1), 1e-9), 1e3 * base.get("timed_s", 0),
-                1e3 * st.get("measured_step_s", 0), pr.get("peak_bytes", 0) / MiB,
+                1e3 * st.get("measured_step_s", 0), 1e3 * (pr.get("host_s") or 0),
+                pr.get("offloaded_sites", 0), pr.get("peak_bytes", 0) / MiB,
                 pr.get("early_reload_bytes", 0) / MiB, fmt(r.get("act_peak_mib"), "%.0f")))
 
 

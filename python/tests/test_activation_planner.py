@@ -268,3 +268,51 @@ def test_candidates_between_blocks_are_numbered_after_their_block_and_never_offl
     assert not gap_indices & {s.index for s in lay.sites}
     jp = ap.choose(prof, LINK, max_overhead=0.0)
     assert not gap_indices & set(jp.step_plan.offloaded)
+
+
+def _with_host(prof, host_fwd, cost_s):
+    """prof with a host that issues a keep block in `host_fwd` s (its GPU: 3 ms) and spends
+    `cost_s` per offloaded storage (measured, as a planned step would)."""
+    prof.host = {"L": {m: (p.fwd_s, p.bwd_s, host_fwd, 1e-3) for m, p in prof.modes["L"].items()}}
+    prof.offload_host_s = cost_s
+    return prof
+
+
+def test_the_hosts_cost_per_offload_is_unseen_until_measured():
+    plain = ap.evaluate(llama_like(), ("keep",) * 16, LINK)
+    measured_zero = ap.evaluate(_with_host(llama_like(), 1.5e-3, 0.0), ("keep",) * 16, LINK)
+    assert plain.host_s == measured_zero.host_s == 0.0
+    assert [s.index for s in plain.chosen] == [s.index for s in measured_zero.chosen]
+
+
+def test_offloads_the_host_cannot_issue_in_time_count_and_are_trimmed():
+    # Blocks of 10 tensors of 90 MB: the GPU takes 3 ms, the host 1.5 ms, and 300 us per
+    # offloaded storage (an H100 host's per-storage cost, before release grouping): 5 offloads
+    # a block use the host's lead up; the link would take about 1.8 per block.
+    prof = _with_host(llama_like(), 1.5e-3, 300e-6)
+    lay = ap.Layout(prof, ("keep",) * 16)
+    chosen = [s for s in lay.sites if lay.block_of(s.index) < 2]  # 20 offloads in 2 blocks
+    bunched = ap.evaluate(prof, ("keep",) * 16, LINK, chosen=chosen)
+    # Host: 2 x (1.5 + 10 x 0.3) = 9 ms for the first two blocks against the GPU's 6 ms: the GPU
+    # waits 3 ms, and a wait is never won back (the host's later lead only keeps the GPU fed).
+    assert bunched.host_s == pytest.approx(3e-3, rel=1e-6)
+    nothing = ap.evaluate(prof, ("keep",) * 16, LINK, chosen=[])
+    assert bunched.step_s == pytest.approx(nothing.step_s + bunched.overhead_s + 3e-3)
+    # The planner's own choice keeps the host's extra within the tolerance, where the same
+    # choice without the host's cost would have taken more.
+    tol = 0.005 * nothing.step_s
+    filled = ap.evaluate(prof, ("keep",) * 16, LINK, tolerance_s=tol)
+    assert 0 < filled.host_s <= tol
+    unmeasured = ap.evaluate(llama_like(), ("keep",) * 16, LINK, tolerance_s=tol)
+    assert 0 < len(filled.chosen) < len(unmeasured.chosen)
+    # No block offloads more than its host lead and the tolerance pay for: 5 of 0.3 ms in a
+    # lead of 1.5 ms, plus at most the tolerance's 2.
+    assert max(ap.offloads_by_block(filled.layout, filled.chosen)) <= 5 + int(tol / 300e-6)
+
+
+def test_a_host_bound_block_runs_at_the_hosts_pace():
+    prof = _with_host(llama_like(n=2), 4e-3, 0.0)  # the host slower than the GPU's 3 ms
+    ends = ap._forward_pipeline(prof, ("keep", "keep"), [0, 0])
+    assert ends == pytest.approx([4e-3, 8e-3])
+    prof.offload_host_s = 1e-3
+    assert ap.host_extra_s(prof, ("keep", "keep"), [2, 0]) == pytest.approx(2e-3)

@@ -68,7 +68,14 @@ def force_modes(monkeypatch, modes):
 
     def forced(profile, link, **kwargs):
         jp = real(profile, link, **kwargs)
-        jp.best = ap.evaluate(profile, tuple(modes), link, offload=kwargs.get("offload", True))
+        # (Every offload the link hides, whatever the host's measured cost per offload: on the
+        # host engine each one is host work, and the planner would rightly take none.)
+        host, profile.offload_host_s = profile.offload_host_s, 0.0
+        try:
+            jp.best = ap.evaluate(profile, tuple(modes), link,
+                                  offload=kwargs.get("offload", True))
+        finally:
+            profile.offload_host_s = host
         jp.step_plan = ap.step_plan(jp.best, link)
         jp.met_target = jp.within_budget = True
         return jp
@@ -121,6 +128,25 @@ def test_planned_steps_bit_identical_to_the_same_recompute_without_tierd(client,
     s = plan.offloader.stats
     assert s.offloaded_storages > 0  # the kept blocks' tensors and recomputed blocks' inputs
     assert s.reloads + s.prefetches + s.source_hits == s.offloaded_storages
+
+
+@needs_sac
+def test_the_hosts_cost_per_offload_is_measured_on_the_second_planned_step(client, monkeypatch):
+    # The first planned step pays once for registrations: the second is clocked, the cost per
+    # offloaded storage comes from what the offloading blocks took beyond calibration, and the
+    # plan is made again with it, once (a replan, not a new calibration).
+    modes = ["keep", "keep", "selective", "full", "keep", "full"]
+    # (A step's end is seen when the next begins: 5 steps have seen the first planned one end.)
+    got, want, _, plan = _run_planned(client, modes, monkeypatch, steps=5)
+    assert plan.stats.planned_steps == 1 and plan.stats.replans == 0
+    assert plan.profile.offload_host_s == 0.0
+    got, want, _, plan = _run_planned(client, modes, monkeypatch, steps=7)
+    _assert_identical(got, want)
+    assert plan.stats.plans == 1 and plan.stats.replans == 1
+    assert plan.stats.calibration_steps == 2
+    assert plan.profile.offload_host_s > 0  # the host engine: every offload is host work
+    assert "cost per offloaded storage" in plan.summary()
+    assert plan.plan.best.host_s >= 0
 
 
 @needs_sac

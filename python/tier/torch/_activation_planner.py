@@ -107,6 +107,13 @@ class StepProfile:
         self.forward_peak = forward_peak
         self.misc = list(misc) if misc is not None else None
         self.work = work
+        # {signature: {mode: (GPU forward, GPU backward, host forward, host backward) seconds}}
+        # (the calibration's; empty: the blocks' own times stand for both).
+        self.host = {}
+        # Host seconds a planned forward spends per offloaded storage (the hooks, the batch it
+        # joins, its release): measured on a planned step (tier/torch/_plan_activations.py);
+        # 0 until then.
+        self.offload_host_s = 0.0
         self._calib_kept = None
 
     def measured(self):
@@ -144,13 +151,14 @@ class Evaluation:
 
     __slots__ = ("modes", "step_s", "peak_bytes", "offloaded_bytes", "overhead_s", "count",
                  "sites", "chosen", "members", "sim", "forward_end", "timed_s", "triggers",
-                 "early", "layout", "block_bytes", "how")
+                 "early", "layout", "block_bytes", "how", "host_s")
 
     def as_dict(self):
         return {"modes": list(self.modes), "step_s": self.step_s, "peak_bytes": self.peak_bytes,
                 "offloaded_bytes": self.offloaded_bytes, "overhead_s": self.overhead_s,
                 "offloaded_sites": len(self.chosen), "how": self.how,
                 "timed_s": self.timed_s, "early_reload_bytes": max(self.early or [0]),
+                "host_s": self.host_s,
                 "block_bytes": list(self.block_bytes)}
 
 
@@ -261,6 +269,10 @@ def evaluate(profile, modes, link, offload=True, tolerance_s=0.0, chosen=None, h
         while chosen and sim.overhead > tolerance_s:
             chosen = sorted(chosen, key=lambda s: (s.produced, s.index))[:-1]
             sim = op.simulate(chosen, lay.forward_end, link, barrier=True)
+        trimmed = _host_trim(profile, lay, modes, chosen, tolerance_s)
+        if len(trimmed) != len(chosen):
+            chosen = trimmed
+            sim = op.simulate(chosen, lay.forward_end, link, barrier=True)
     else:
         sim = op.simulate(chosen, lay.forward_end, link, barrier=True)
     return _finish(profile, lay, modes, chosen, sim, how or ("fill" if offload else "none"))
@@ -281,6 +293,10 @@ def _finish(profile, lay, modes, chosen, sim, how):
     # What the planned step's timer measures: from the first block's forward to the end of its
     # backward.
     e.timed_s = lay.blocks_end - profile.pre_s + sim.overhead
+    # The host's own time for the offloads, where it outruns the GPU's lead in forward.
+    e.host_s = host_extra_s(profile, modes, offloads_by_block(lay, chosen))
+    e.step_s += e.host_s
+    e.timed_s += e.host_s
     e.offloaded_bytes = sum(s.nbytes for s in chosen)
     e.how = how
     n = len(modes)
@@ -308,6 +324,71 @@ def _finish(profile, lay, modes, chosen, sim, how):
     e.block_bytes = lay.block_bytes
     e.peak_bytes = lay.peak(by_block, profile.peak_offset, early)
     return e
+
+
+def offloads_by_block(lay, chosen):
+    """Per block: how many storages of `chosen` it offloads."""
+    counts = [0] * len(lay.modes)
+    for s in chosen:
+        b = lay.block_of(s.index)
+        if b >= 0:
+            counts[b] += 1
+    return counts
+
+
+def _forward_pipeline(profile, modes, offloads):
+    """Per block, when the GPU ends its forward (seconds from the first block's start): the
+    host issues each block's work in its calibrated host time plus ``offloads[b]`` times the
+    profile's host cost per offloaded storage (it never waits for the GPU in forward), and the
+    GPU runs each block in its GPU time, not before the host has issued it."""
+    c = profile.offload_host_s
+    host_t = gpu_t = 0.0
+    ends = []
+    for b, (sig, mode) in enumerate(zip(profile.blocks, modes)):
+        times = profile.host.get(sig, {}).get(mode)
+        if times is not None:
+            gpu_f, host_f = times[0], times[2]
+        else:
+            gpu_f = host_f = profile.modes[sig][mode].fwd_s  # (host clock: one and the same)
+        host_t += host_f + offloads[b] * c
+        gpu_t = max(gpu_t + gpu_f, host_t)
+        ends.append(gpu_t)
+    return ends
+
+
+def host_extra_s(profile, modes, offloads):
+    """Seconds the forward runs longer for the host time the offloads take (``offloads``: per
+    block, the storages it offloads): the pipeline of host and GPU with them, less without. 0
+    before the host's cost per offload was measured (StepProfile.offload_host_s)."""
+    if profile.offload_host_s <= 0 or not any(offloads):
+        return 0.0
+    with_them = _forward_pipeline(profile, modes, offloads)
+    without = _forward_pipeline(profile, modes, [0] * len(offloads))
+    return max(0.0, with_them[-1] - without[-1])
+
+
+def _host_trim(profile, lay, modes, chosen, tolerance_s):
+    """`chosen` less what the host cannot issue in time: while the host's extra exceeds
+    ``tolerance_s``, the smallest offload saved no later than the last block where the GPU falls
+    further behind the host goes (the host's time is additive: any offload before that point
+    delays it alike, and the smallest frees the least memory)."""
+    if profile.offload_host_s <= 0 or not chosen:
+        return chosen
+    chosen = list(chosen)
+    counts = offloads_by_block(lay, chosen)
+    base = _forward_pipeline(profile, modes, [0] * len(counts))
+    while chosen and host_extra_s(profile, modes, counts) > tolerance_s:
+        ends = _forward_pipeline(profile, modes, counts)
+        delay = [e - b for e, b in zip(ends, base)]
+        last = max((b for b in range(len(delay))
+                    if delay[b] - (delay[b - 1] if b else 0.0) > 1e-12), default=-1)
+        victim = min((s for s in chosen if lay.block_of(s.index) <= last),
+                     key=lambda s: (s.nbytes, -s.produced), default=None)
+        if victim is None:
+            break
+        chosen.remove(victim)
+        counts[lay.block_of(victim.index)] -= 1
+    return chosen
 
 
 def _bisect_right(a, x):

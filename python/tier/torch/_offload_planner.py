@@ -165,15 +165,17 @@ def reload_triggers(sites, chosen, sim, window_s=0.0, batch_bytes=0):
 RELEASE_GROUP_S = 1e-3
 
 
-def release_points(sites, chosen, sim, link, margin=0.1, margin_s=100e-6,
-                   group_s=RELEASE_GROUP_S):
+def release_points(sites, chosen, sim, link, margin=0.1, margin_s=100e-6, group_s=None):
     """Where in forward each offloaded site's memory goes back to the allocator: at the first
     saved tensor produced after its copy is predicted to be done (with a margin of ``margin``
     of the copy's own time plus ``margin_s``), the compute stream waits there on the GPU for the
     copy (already done, if the prediction holds) and the source is released in stream order.
-    Points within ``group_s`` of a group's first are one, at the group's last. Returns ({pack
+    Points within ``group_s`` (default RELEASE_GROUP_S) of a group's first are one, at the
+    group's last. Returns ({pack
     site: [offloaded sites released there]}, [sites left for the barrier at the end of
     forward]), each list in offload order."""
+    if group_s is None:
+        group_s = RELEASE_GROUP_S
     packs = sorted(sites, key=lambda s: (s.produced, s.index))
     produced = [s.produced for s in packs]
     at = {}        # position in packs -> [offloaded sites released there]

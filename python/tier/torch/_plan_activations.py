@@ -41,6 +41,15 @@ their copies should be done, the rest at the end of the last block's forward (th
 and the step is timed by two CUDA events, at the first block's forward and at the end of its
 backward. A block that saves other tensors than in calibration is seen at its end: the planner
 calibrates again (twice: it keeps the modes and stops offloading).
+
+The host's own time: offloading costs the host time per storage (the hooks, the batch the
+storage joins, its release), and in forward the host has little lead on the GPU to hide it in.
+The second planned step (``HOST_PROBE_STEP``) of the first plan that offloads clocks each block's
+forward on the host; what the offloading blocks took beyond their calibrated times, over the
+storages they offloaded, is that cost, and the plan is made again with it once (``stats.replans``):
+the planner then counts the forward at the host's pace where the offloads make the host the
+slower of the two, and trims offloads the host cannot issue in time
+(tier/torch/_activation_planner.host_extra_s).
 """
 
 import functools
@@ -66,6 +75,10 @@ try:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 except ImportError:  # torch < 2.4: no selective checkpointing
     CheckpointPolicy = create_selective_checkpoint_contexts = None
+
+# The planned step (1: the first) on which the host's cost per offloaded storage is measured:
+# not the first, which pays once for registering the allocator's memory with tierd.
+HOST_PROBE_STEP = 2
 
 _SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution",
               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -401,6 +414,9 @@ class ActivationPlanner:
         self._mismatches = 0
         self._device = None
         self._warmup_left = int(warmup_steps)
+        self._plan_steps = 0         # planned steps run under the plan followed
+        self._host_marks = None      # per block [host forward start, end] on the probe step
+        self._host_measured = False  # the host's cost per offloaded storage is measured
         self.stats = PlannerStats()
 
     # -- public --
@@ -483,6 +499,9 @@ class ActivationPlanner:
             self._set_modes(self.plan.best.modes)
             self._timer = ob.StepTimer()
             self._mismatch = False
+            if (not self._host_measured and self._step_plan.offloaded and
+                    self._plan_steps + 1 == HOST_PROBE_STEP):
+                self._host_marks = [[None, None] for _ in self._signatures]
             return self._running
         if self._pending is not None:
             # The same modes again, without hooks: the blocks' times as a plan runs them.
@@ -524,6 +543,8 @@ class ActivationPlanner:
     def block_begins(self, b, mode, args, kwargs):
         now = self._now
         if now == "planned":
+            if self._host_marks is not None:
+                self._host_marks[b][0] = time.perf_counter()
             plan = self._running
             regions = plan.regions
             device = self._device
@@ -581,6 +602,8 @@ class ActivationPlanner:
             self._close_region()
             if b == len(self._signatures) - 1 and self._running.regions.barrier:
                 self._offloader.barrier(self._device)
+            if self._host_marks is not None:
+                self._host_marks[b][1] = time.perf_counter()
             return
         c = self._calib
         if c is None:
@@ -654,7 +677,7 @@ class ActivationPlanner:
         self._profile = build_profile(self._signatures, self._measured, sites, c)
         self._choose()
 
-    def _choose(self):
+    def _choose(self, replan=False):
         if self._link is None:
             if self.offload:
                 self._link, self._link_source = ob.measure_link(self._offloader.client,
@@ -664,8 +687,12 @@ class ActivationPlanner:
         jp = ap.choose(self._profile, op.planning_link(self._link),
                        target_bytes=self.target_bytes, max_overhead=self.max_overhead,
                        modes=self.allowed, offload=self.offload)
+        host = []
+        if self._host_measured:
+            host = ["the host's cost per offloaded storage: %.0f us (measured on a planned step)"
+                    % (1e6 * self._profile.offload_host_s)]
         jp.notes = self.notes + ["link from %s, planned at %d%% of it" % (
-            self._link_source, round(100 * op.PLAN_LINK_SHARE))] + jp.notes
+            self._link_source, round(100 * op.PLAN_LINK_SHARE))] + host + jp.notes
         if not _sac_op_output() and "selective" in self.allowed:
             jp.notes.append("selective checkpointing's kept bytes measured as the allocator's "
                             "growth (this torch gives the policy no op output)")
@@ -675,7 +702,11 @@ class ActivationPlanner:
         self._step_plan = jp.step_plan
         self._timers.clear()  # steps timed under another plan
         self._mismatches = 0
-        self.stats.plans += 1
+        self._plan_steps = 0
+        if replan:
+            self.stats.replans += 1
+        else:
+            self.stats.plans += 1
         self.stats.predicted_step_s = jp.best.timed_s
         self.stats.predicted_peak_bytes = jp.best.peak_bytes
         self._set_modes(jp.best.modes)
@@ -688,6 +719,7 @@ class ActivationPlanner:
     def _planned_step_done(self):
         timer, self._timer = self._timer, None
         if self._mismatch:
+            self._host_marks = None
             self._mismatches += 1
             if self._mismatches > 1:
                 # The model saves differently from step to step: keep the modes, offload
@@ -703,6 +735,10 @@ class ActivationPlanner:
             self._profile = None
             return
         self.stats.planned_steps += 1
+        self._plan_steps += 1
+        if self._host_marks is not None:
+            self._measure_host()
+            return  # (the plan was made again: this step's timer measured the one before)
         if timer is not None:
             self._timers.append(timer)
         while self._timers and self._timers[0].ready():
@@ -713,6 +749,28 @@ class ActivationPlanner:
             predicted = self._predicted_timing_s()
             if predicted:
                 self.stats.measured_overhead = step / predicted - 1.0
+
+    def _measure_host(self):
+        """The host's cost per offloaded storage, from the probe step's blocks: what each
+        offloading block's forward took the host beyond its calibrated (hook-free) time, over
+        the storages it offloaded. Then the plan is made again with it (once)."""
+        marks, self._host_marks = self._host_marks, None
+        best = self.plan.best
+        counts = ap.offloads_by_block(best.layout, best.chosen)
+        host = self._profile.host
+        extra, n = 0.0, 0
+        for b, (sig, mode) in enumerate(zip(self._signatures, best.modes)):
+            calibrated = host.get(sig, {}).get(mode)
+            start, end = marks[b]
+            if counts[b] == 0 or calibrated is None or start is None or end is None:
+                continue
+            extra += (end - start) - calibrated[2]
+            n += counts[b]
+        if n == 0:
+            return
+        self._host_measured = True
+        self._profile.offload_host_s = max(0.0, extra / n)
+        self._choose(replan=True)
 
     def _predicted_timing_s(self):
         """The planned step's predicted time from its first block's forward to the end of that
