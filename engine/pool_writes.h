@@ -6,12 +6,12 @@
 // waits on the GPU for the writer lane's completion word: a wait for a tierd copy already issued,
 // the one kind of GPU wait the rule of engine/stream_engine.h allows.
 //
-// Every GPU's ring poller and worker registers and ends writes, several times per job. Behind one
-// lock, a flood of small jobs on one GPU kept that lock (and its line) busy and every other GPU's
-// jobs waited on it (issue 26). The writes are kept in shards by pool address instead: the pool
-// is cut into 256 KiB regions, region r belongs to shard r % kShards, and a write is registered
-// in the shard of every region it covers (all of them for a write of 32 MiB or more). A reload then looks only in the shards of its own bytes,
-// where every write overlapping them is; jobs on different pool bytes (different objects, so
+// Every GPU's ring poller and worker registers and ends writes, several times per job; behind one
+// lock, a flood of small jobs on one GPU would hold every other GPU's jobs (issue 26). So the
+// writes are kept in shards by pool address: the pool is cut into 256 KiB regions, region r
+// belongs to shard r % kShards, and a write is registered in the shard of every region it covers
+// (all of them for a write of 32 MiB or more). A reload looks only in the shards of its own
+// bytes, where every write overlapping them is; jobs on different pool bytes (different objects, so
 // different GPUs' jobs unless they are the same object's) mostly take different locks. Each shard
 // numbers its writes in the order registered there; a reload remembers, per shard of its bytes,
 // the number of the newest write registered before it (Before).

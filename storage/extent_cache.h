@@ -1,10 +1,10 @@
 // Free extents that one GPU's threads gave back to a pool part, kept for that GPU's next
-// allocations of the same size. Every GPU's ring poller allocated and freed extents of one part
-// under the part's lock on every offload (one part for all GPUs on a machine of one NUMA node),
-// so a flood of small jobs on one GPU kept that lock and the allocator's tree busy and every other
-// GPU's offload waited (issue 26). A job's extent comes back to the GPU that took it (the free
-// job runs on its session's poller), so a GPU repeating its sizes takes and gives extents through
-// its own cache, under its own lock, and reaches the part's allocator only on a miss.
+// allocations of the same size. Every offload allocates and frees an extent; through the part's
+// lock alone (one part for all GPUs on a machine of one NUMA node), a flood of small jobs on one
+// GPU would hold every other GPU's offloads (issue 26). A job's extent comes back to the GPU that
+// took it (the free job runs on its session's poller), so a GPU repeating its sizes takes and
+// gives extents through its own cache, under its own lock, and reaches the part's allocator only
+// on a miss.
 //
 // Bounded: extents up to kMaxExtentBytes, at most kMaxExtents of them and `cap_bytes` in all; one
 // that does not fit pushes the oldest out (back to the allocator). The part counts cached bytes as

@@ -1,6 +1,6 @@
 // Numbers offloads in the order tierd accepted them (Object::seq: the spiller spills the oldest
-// unhinted object first) without a counter that every GPU's ring poller adds to (issue 26: one
-// shared atomic per job cost every GPU a cache miss while another GPU flooded tierd with jobs).
+// unhinted object first) without a counter that every GPU's ring poller adds to (one shared
+// atomic per job is a cache miss for every GPU while another floods tierd with jobs: issue 26).
 // Each session shard (daemon/metrics/metric_shards.h) numbers its offloads by the monotonic clock
 // in nanoseconds, raised past its own last number; the shard is folded into the low bits. So
 // numbers are unique, grow with each offload of a shard, and across shards follow the clock.

@@ -1,10 +1,10 @@
 // Daemon-wide job counts with no daemon-wide cache line on the job path. Every job adds to a few
 // counts (jobs in flight, totals, bandwidth, latency histograms) from the thread that runs it:
-// the ring poller and the device worker of its GPU. Kept in one atomic each, the lines holding
-// them moved between the cores of every GPU's threads, so a flood of small jobs on one GPU made
-// every other GPU's job pay a cache miss on each count (issue 26). Each count is kept in shards
-// instead, a cache line each, picked by the job's session: the same shard at a job's start and at
-// its end, and different sessions (GPUs) on different lines. Reading sums (or takes the latest
+// the ring poller and the device worker of its GPU. In one atomic each, those lines would move
+// between the cores of every GPU's threads, and a flood of small jobs on one GPU would cost every
+// other GPU's job a cache miss per count (issue 26). So each count is kept in shards, a cache line
+// each, picked by the job's session: the same shard at a job's start and at its end, and
+// different sessions (GPUs) on different lines. Reading sums (or takes the latest
 // of) the shards: a snapshot that may miss a job counted meanwhile, which every reader tolerates.
 #ifndef TIER_DAEMON_METRICS_METRIC_SHARDS_H_
 #define TIER_DAEMON_METRICS_METRIC_SHARDS_H_
