@@ -83,7 +83,8 @@ double Flood(const std::atomic<bool>& stop) {
         in_flight[d].push_back(k);
       }
       // Reap what finished (a query, as a polling worker would; no blocking wait).
-      while (!in_flight[d].empty() && cudaEventQuery(events[d][in_flight[d].front()]) == cudaSuccess) {
+      while (!in_flight[d].empty() &&
+             cudaEventQuery(events[d][in_flight[d].front()]) == cudaSuccess) {
         in_flight[d].pop_front();
         bytes += kFloodBytes;
       }

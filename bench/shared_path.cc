@@ -126,7 +126,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--seconds=", 0) == 0) seconds = std::atof(a.c_str() + 10);
-    else if (a.rfind("--flood-threads=", 0) == 0) flood_threads = std::max(1, std::atoi(a.c_str() + 16));
+    else if (a.rfind("--flood-threads=", 0) == 0)
+      flood_threads = std::max(1, std::atoi(a.c_str() + 16));
     else if (a.rfind("--gap-us=", 0) == 0) gap_us = std::max(0, std::atoi(a.c_str() + 9));
     else {
       std::fprintf(stderr, "usage: %s [--seconds=S] [--flood-threads=N] [--gap-us=N]\n", argv[0]);

@@ -91,7 +91,8 @@ uint64_t JobMetrics::completed(JobKind kind, int status_code) const {
   if (status_code < 0 || status_code >= kStatusCodes) return 0;
   uint64_t sum = 0;
   for (int i = 0; i < kMetricShards; ++i) {
-    sum += shards_[i].completed[static_cast<int>(kind)][status_code].load(std::memory_order_relaxed);
+    const auto& count = shards_[i].completed[static_cast<int>(kind)][status_code];
+    sum += count.load(std::memory_order_relaxed);
   }
   return sum;
 }

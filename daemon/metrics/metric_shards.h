@@ -56,7 +56,9 @@ class ShardedLatest {
   }
   uint64_t Latest() const {
     uint64_t latest = 0;
-    for (const Shard& s : shards_) latest = std::max(latest, s.value.load(std::memory_order_relaxed));
+    for (const Shard& s : shards_) {
+      latest = std::max(latest, s.value.load(std::memory_order_relaxed));
+    }
     return latest;
   }
 
