@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/thread_gpu.h"
 #include "common/thread_role.h"
 #include "engine/engine_clock.h"
 
@@ -62,6 +63,7 @@ std::vector<std::shared_ptr<Lane>> DeviceWorker::Active() {
 
 void DeviceWorker::Run() {
   SetThreadRole(ThreadRole::kDeviceWorker);
+  SetThreadGpu(device_);  // what its jobs' completions free goes to its GPU's extent caches
   // Sleeps of a few microseconds must be that short: the default timer slack is 50 us.
   (void)::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   if (absl::Status s = runtime_.SetDevice(device_); !s.ok()) {

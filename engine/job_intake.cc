@@ -124,7 +124,7 @@ QueuedJob JobIntake::Accept(Lane& lane, CopyJob job, bool host) {
   if (job.direction == Direction::kToPool && job.len > 0) {
     q.pool_write = pool_writes_.Add(job.pool, job.len);
   } else if (job.direction == Direction::kFromPool) {
-    q.writes_before = pool_writes_.Newest();
+    q.writes_before = pool_writes_.Newest(job.pool, job.len);
   }
   if (job.feed != nullptr && job.direction == Direction::kFromPool && job.len > 0) {
     auto progress = std::make_shared<FeedProgress>();

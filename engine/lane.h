@@ -77,7 +77,7 @@ struct Lane {
 
   // Taken by Submit (the ring poller), the worker, Abandon and diagnostics. Under it: the pool
   // writes, the GPU's link meter and a job's feed (leaves). Never held while a job's callback runs.
-  mutable Mutex mu ABSL_ACQUIRED_BEFORE(PoolWrites::mu_, LinkMeter::mu_, SourceFeed::mu_);
+  mutable Mutex mu ABSL_ACQUIRED_BEFORE(PoolWrites::Shard::mu, LinkMeter::mu_, SourceFeed::mu_);
   // The client's ticket counter of this lane in the session's ticket page (host memory, written
   // by the client's GPU stream, untrusted) and the done counter beside it (written by this
   // lane's stream, at done_addr as the GPU addresses it). Unset until the session bound its

@@ -15,6 +15,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "engine/copy_engine.h"
+#include "engine/pool_writes.h"
 #include "engine/source_feed.h"
 
 namespace tier::engine {
@@ -36,7 +37,7 @@ struct QueuedJob {
   CopyJob job;
   bool host = false;             // host-to-host: copied by the runtime's host-function thread
   uint64_t pool_write = 0;       // kToPool: id of its entry in the engine's pool writes
-  uint64_t writes_before = 0;    // kFromPool: newest pool write registered before it
+  PoolWrites::Before writes_before;  // kFromPool: the pool writes registered before it
   std::vector<GpuWait> gpu_waits;  // kFromPool: the pool writes it was ordered after
   uint64_t eligible_ns = 0;      // delay injection: when its ticket was first seen
   bool started = false;          // fed: its first chunk (and the pool waits) are issued

@@ -2,6 +2,7 @@
 // that owns it; the sessions, for shutdown and diagnostics.
 #include "engine/stream_engine.h"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <utility>
@@ -59,7 +60,7 @@ class StreamEngine final : public CopyEngine {
       const EngineSessionInfo& info) override {
     auto state = std::make_shared<SessionState>(info);
     MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("copy engine is shut down");
+    if (Stopping()) return absl::UnavailableError("copy engine is shut down");
     std::erase_if(sessions_, [](const std::weak_ptr<SessionState>& s) { return s.expired(); });
     sessions_.push_back(state);
     return std::make_unique<GpuSession>(intake_, std::move(state));
@@ -108,10 +109,8 @@ class StreamEngine final : public CopyEngine {
   uint64_t UnticketedBehindClients() const override;
 
  private:
-  bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_) {
-    MutexLock lock(&mu_);
-    return stopping_;
-  }
+  // Read on every Submit, by every GPU's ring poller: an atomic, not the engine's lock (issue 26).
+  bool Stopping() const { return stopping_.load(std::memory_order_acquire); }
   std::vector<std::shared_ptr<SessionState>> Sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   // Lanes of `device` with work that their worker is not looking at. There should be none (Submit
   // wakes the worker); the worker checks now and then and logs any it finds.
@@ -133,14 +132,15 @@ class StreamEngine final : public CopyEngine {
   // Nothing is locked under it; a session's lock would be taken after it, never before.
   mutable Mutex mu_ ABSL_ACQUIRED_BEFORE(SessionState::mu);
   std::vector<std::weak_ptr<SessionState>> sessions_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once, under mu_, so that a session opened under mu_ either sees it or is in sessions_
+  // when Shutdown looks; read without mu_ by Submit.
+  std::atomic<bool> stopping_{false};
 };
 
 void StreamEngine::Shutdown() {
   {
     MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
+    if (stopping_.exchange(true, std::memory_order_acq_rel)) return;
   }
   auto grace = std::chrono::milliseconds(options_.shutdown_grace_ms);
   if (gpus_.WaitIdle(grace)) return;

@@ -23,7 +23,7 @@
 // the order ABSL_ACQUIRED_BEFORE declares):
 //   StreamEngine::mu_ -> SessionState::mu -> Lane::mu
 //   GpuSet::mu_ -> DeviceWorker::mu_ -> Lane::mu
-//   Lane::mu -> PoolWrites::mu_, LinkMeter::mu_, SourceFeed::mu_ (leaves)
+//   Lane::mu -> a PoolWrites shard's mu, LinkMeter::mu_, SourceFeed::mu_ (leaves)
 //   SessionState::pin_mu, HostWordPool::mu_, ReleaseThread::mu_: held alone.
 // No lock is held while a job's callback runs or while a release call is made.
 //

@@ -175,10 +175,10 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   AddJobKinds(metrics_.jobs, response);
   response->set_sessions(static_cast<uint32_t>(registry_.size()));
   response->set_jobs_in_flight(metrics_.jobs_in_flight.value());
-  response->set_jobs_completed(metrics_.totals.jobs_completed.load(std::memory_order_relaxed));
-  response->set_jobs_failed(metrics_.totals.jobs_failed.load(std::memory_order_relaxed));
-  response->set_bytes_offloaded(metrics_.totals.bytes_offloaded.load(std::memory_order_relaxed));
-  response->set_bytes_reloaded(metrics_.totals.bytes_reloaded.load(std::memory_order_relaxed));
+  response->set_jobs_completed(metrics_.totals.jobs_completed.Sum());
+  response->set_jobs_failed(metrics_.totals.jobs_failed.Sum());
+  response->set_bytes_offloaded(metrics_.totals.bytes_offloaded.Sum());
+  response->set_bytes_reloaded(metrics_.totals.bytes_reloaded.Sum());
   response->set_recent_bandwidth_bytes_per_s(metrics_.bandwidth.BytesPerSecond(now));
   response->set_pool_locked(pool_.locked() || pool_.registered());
   const storage::PoolSetup& setup = pool_.setup();

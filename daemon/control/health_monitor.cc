@@ -14,8 +14,8 @@ absl::Status HealthMonitor::Check(uint64_t now_ms) const {
         absl::StrCat("a ring poller has not gone round for ", now_ms - heartbeat, " ms"));
   }
   if (stall_ms_ == 0) return absl::OkStatus();
-  const uint64_t in_flight = metrics_.unticketed_in_flight.load(std::memory_order_relaxed);
-  const uint64_t progress = metrics_.last_progress_ms.load(std::memory_order_relaxed);
+  const uint64_t in_flight = metrics_.unticketed_in_flight.Sum();
+  const uint64_t progress = metrics_.last_progress_ms.Latest();
   if (in_flight == 0 || now_ms <= progress || now_ms - progress <= stall_ms_) {
     return absl::OkStatus();
   }

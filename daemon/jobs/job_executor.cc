@@ -14,7 +14,7 @@ using ring::Opcode;
 void JobExecutor::Start(const std::shared_ptr<Session>& session,
                         const ring::SubmissionEntry& entry) {
   if (!session->BeginJob()) return;  // closing: the client is gone or going
-  CountStart(entry);
+  CountStart(session->id(), entry);
   metrics_.jobs.Started(session->id(), entry);
   absl::Status status = ValidateEntry(entry);
   if (!status.ok()) {
@@ -43,16 +43,16 @@ void JobExecutor::Start(const std::shared_ptr<Session>& session,
 void JobExecutor::Reject(const std::shared_ptr<Session>& session,
                          const ring::SubmissionEntry& entry, absl::Status status) {
   if (!session->BeginJob()) return;
-  CountStart(entry);
+  CountStart(session->id(), entry);
   Fail(session, entry, std::move(status));
 }
 
-void JobExecutor::CountStart(const ring::SubmissionEntry& entry) {
-  if (metrics_.jobs_in_flight.Add()) {
+void JobExecutor::CountStart(uint64_t session_id, const ring::SubmissionEntry& entry) {
+  if (metrics_.jobs_in_flight.Add(session_id)) {
     // The stall clock of health starts no earlier than the work: an idle daemon has not stalled.
-    metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
+    metrics_.last_progress_ms.Store(session_id, MonotonicMs());
   }
-  if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_add(1, std::memory_order_relaxed);
+  if (entry.sync == 0) metrics_.unticketed_in_flight.Add(session_id);
 }
 
 void JobExecutor::Fail(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
@@ -116,7 +116,7 @@ absl::Status JobExecutor::Offload(const std::shared_ptr<Session>& session,
   ObjectSlot slot = session->Resolve(e.object_id);
   absl::StatusOr<std::shared_ptr<Object>> object =
       slot.table->Create(slot.id, e.len, e.hint,
-                         next_seq_.fetch_add(1, std::memory_order_relaxed), tiers_.Charge(e.len));
+                         offload_order_.Next(session->id()), tiers_.Charge(e.len));
   if (!object.ok()) return object.status();
   // The object exists from here on (jobs naming it queue behind its fill); the copy starts once
   // it has host memory: now, or once the spiller made room, or never (no room can come).
@@ -321,11 +321,13 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
   c.status = StatusCodeToInt(status);
   c.object_id = entry.object_id;
   c.len = entry.len;
-  metrics_.jobs.Completed(session.id(), entry, c.status);
+  const uint64_t id = session.id();  // the shard of every daemon-wide count (metric_shards.h)
+  metrics_.jobs.Completed(id, entry, c.status);
   JobCounters& counters = session.counters();
+  const uint64_t now_ms = MonotonicMs();
   if (status.ok()) {
     counters.jobs_completed.fetch_add(1, std::memory_order_relaxed);
-    metrics_.totals.jobs_completed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.totals.jobs_completed.Add(id);
     auto opcode = static_cast<Opcode>(entry.opcode);
     if (opcode == Opcode::kOffload || opcode == Opcode::kReload) {
       auto& session_bytes =
@@ -333,19 +335,19 @@ void JobExecutor::Complete(Session& session, const ring::SubmissionEntry& entry,
       auto& total_bytes = opcode == Opcode::kOffload ? metrics_.totals.bytes_offloaded
                                                      : metrics_.totals.bytes_reloaded;
       session_bytes.fetch_add(entry.len, std::memory_order_relaxed);
-      total_bytes.fetch_add(entry.len, std::memory_order_relaxed);
-      metrics_.bandwidth.Add(entry.len, MonotonicMs());
+      total_bytes.Add(id, entry.len);
+      metrics_.bandwidth.Add(entry.len, now_ms, id);
     }
   } else {
     counters.jobs_failed.fetch_add(1, std::memory_order_relaxed);
-    metrics_.totals.jobs_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.totals.jobs_failed.Add(id);
   }
   // Progress is noted before the client can see the completion, so that a client that asks for
   // health right after its job completed never finds that job still counted as stuck.
-  metrics_.last_progress_ms.store(MonotonicMs(), std::memory_order_relaxed);
-  if (entry.sync == 0) metrics_.unticketed_in_flight.fetch_sub(1, std::memory_order_relaxed);
+  metrics_.last_progress_ms.Store(id, now_ms);
+  if (entry.sync == 0) metrics_.unticketed_in_flight.Sub(id);
   session.PostCompletion(c);
-  metrics_.jobs_in_flight.Sub();
+  metrics_.jobs_in_flight.Sub(id);
   session.EndJob();
 }
 

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/jobs/offload_order.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/persistent/persistent_store.h"
 #include "daemon/sessions/session.h"
@@ -100,14 +101,14 @@ class JobExecutor {
   void FailOnDevice(const std::shared_ptr<Session>& session, const ring::SubmissionEntry& entry,
                     absl::Status status, int device);
   void Complete(Session& session, const ring::SubmissionEntry& entry, const absl::Status& status);
-  // The daemon-wide counts of a job accepted (Complete undoes them).
-  void CountStart(const ring::SubmissionEntry& entry);
+  // The daemon-wide counts of a job of session `session_id` accepted (Complete undoes them).
+  void CountStart(uint64_t session_id, const ring::SubmissionEntry& entry);
 
   TierManager& tiers_;
   engine::CopyEngine& engine_;
   DaemonMetrics& metrics_;
   PersistentStore* const persistent_;
-  std::atomic<uint64_t> next_seq_{1};
+  OffloadOrder offload_order_;  // each object's seq
 };
 
 }  // namespace tier::daemon

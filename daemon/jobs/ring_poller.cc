@@ -1,3 +1,4 @@
+#include "common/thread_gpu.h"
 #include "common/thread_role.h"
 #include "daemon/jobs/ring_poller.h"
 
@@ -288,6 +289,7 @@ void RingPoller::Sleep(bool any_blocked) {
 
 void RingPoller::Run() {
   SetThreadRole(ThreadRole::kRingPoller);
+  SetThreadGpu(place_.device);  // its GPU's extent caches (storage/extent_cache.h); -1: none
   uint64_t generation = ~uint64_t{0};
   uint64_t last_work_ns = MonotonicNs();
   while (!stop_.load(std::memory_order_acquire)) {

@@ -51,8 +51,11 @@ std::string_view SizeClassName(int size_class) {
   return size_class >= 0 && size_class < kSizeClasses ? kNames[size_class] : "none";
 }
 
+JobMetrics::JobMetrics() : shards_(std::make_unique<Shard[]>(kMetricShards)) {}
+
 void JobMetrics::Started(uint64_t session_id, const ring::SubmissionEntry& entry) {
-  started_[static_cast<int>(JobKindOf(entry.opcode))].fetch_add(1, std::memory_order_relaxed);
+  Shard& shard = shards_[MetricShardOf(session_id)];
+  shard.started[static_cast<int>(JobKindOf(entry.opcode))].fetch_add(1, std::memory_order_relaxed);
   submit_times_.Record(session_id, entry.job_id, MonotonicNs());
 }
 
@@ -61,13 +64,14 @@ void JobMetrics::Completed(uint64_t session_id, const ring::SubmissionEntry& ent
   const JobKind kind = JobKindOf(entry.opcode);
   const int k = static_cast<int>(kind);
   if (status_code < 0 || status_code >= kStatusCodes) status_code = 2;  // UNKNOWN
-  completed_[k][status_code].fetch_add(1, std::memory_order_relaxed);
+  Shard& shard = shards_[MetricShardOf(session_id)];
+  shard.completed[k][status_code].fetch_add(1, std::memory_order_relaxed);
   std::optional<uint64_t> ns = submit_times_.Elapsed(session_id, entry.job_id, MonotonicNs());
   if (!ns) {
-    unmeasured_.fetch_add(1, std::memory_order_relaxed);
+    shard.unmeasured.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Histogram& histogram = latency_[k][SizeClassOf(kind, entry.len)];
+  Histogram& histogram = shard.latency[k][SizeClassOf(kind, entry.len)];
   // The first bucket whose bound is >= the latency (Prometheus' "le"); past the last: +Inf.
   const auto bucket = std::lower_bound(kLatencyBoundsNs.begin(), kLatencyBoundsNs.end(), *ns) -
                       kLatencyBoundsNs.begin();
@@ -76,25 +80,45 @@ void JobMetrics::Completed(uint64_t session_id, const ring::SubmissionEntry& ent
 }
 
 uint64_t JobMetrics::started(JobKind kind) const {
-  return started_[static_cast<int>(kind)].load(std::memory_order_relaxed);
+  uint64_t sum = 0;
+  for (int i = 0; i < kMetricShards; ++i) {
+    sum += shards_[i].started[static_cast<int>(kind)].load(std::memory_order_relaxed);
+  }
+  return sum;
 }
 
 uint64_t JobMetrics::completed(JobKind kind, int status_code) const {
   if (status_code < 0 || status_code >= kStatusCodes) return 0;
-  return completed_[static_cast<int>(kind)][status_code].load(std::memory_order_relaxed);
+  uint64_t sum = 0;
+  for (int i = 0; i < kMetricShards; ++i) {
+    const auto& count = shards_[i].completed[static_cast<int>(kind)][status_code];
+    sum += count.load(std::memory_order_relaxed);
+  }
+  return sum;
+}
+
+uint64_t JobMetrics::unmeasured() const {
+  uint64_t sum = 0;
+  for (int i = 0; i < kMetricShards; ++i) {
+    sum += shards_[i].unmeasured.load(std::memory_order_relaxed);
+  }
+  return sum;
 }
 
 LatencySnapshot JobMetrics::latency(JobKind kind, int size_class) const {
   LatencySnapshot out;
   if (size_class < 0 || size_class >= kSizeClasses) return out;
-  const Histogram& histogram = latency_[static_cast<int>(kind)][size_class];
   // Read without stopping writers: sum and buckets may disagree by the jobs that completed
   // meanwhile, which a scrape tolerates (the next one catches up).
-  for (int i = 0; i < kLatencyBuckets; ++i) {
-    out.buckets[i] = histogram.buckets[i].load(std::memory_order_relaxed);
-    out.count += out.buckets[i];
+  for (int s = 0; s < kMetricShards; ++s) {
+    const Histogram& histogram = shards_[s].latency[static_cast<int>(kind)][size_class];
+    for (int i = 0; i < kLatencyBuckets; ++i) {
+      const uint64_t n = histogram.buckets[i].load(std::memory_order_relaxed);
+      out.buckets[i] += n;
+      out.count += n;
+    }
+    out.sum_ns += histogram.sum_ns.load(std::memory_order_relaxed);
   }
-  out.sum_ns = histogram.sum_ns.load(std::memory_order_relaxed);
   return out;
 }
 

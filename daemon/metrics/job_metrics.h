@@ -4,15 +4,19 @@
 //
 // The job path calls Started() and Completed() once per job (JobExecutor::Start and ::Complete).
 // Each costs a clock read and a few relaxed atomic adds into fixed arrays: no lock, no allocation,
-// no map. The submit time waits in SubmitTimes (a fixed table) between the two.
+// no map. The submit time waits in SubmitTimes (a fixed table) between the two. The arrays are
+// kept once per session shard (daemon/metrics/metric_shards.h), so the threads of different GPUs
+// add to different cache lines; reading sums the shards.
 #ifndef TIER_DAEMON_METRICS_JOB_METRICS_H_
 #define TIER_DAEMON_METRICS_JOB_METRICS_H_
 
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
+#include "daemon/metrics/metric_shards.h"
 #include "daemon/metrics/submit_times.h"
 #include "tier/ring.h"
 
@@ -52,6 +56,8 @@ struct LatencySnapshot {
 
 class JobMetrics {
  public:
+  JobMetrics();
+
   // A job taken from a session's ring and started (not one refused while draining).
   void Started(uint64_t session_id, const ring::SubmissionEntry& entry);
   // A job ended with `status_code` (its completion entry's), started or refused.
@@ -62,18 +68,22 @@ class JobMetrics {
   LatencySnapshot latency(JobKind kind, int size_class) const;
   // Completions not in any histogram: refused before they started, or their submit time was
   // overwritten (more than SubmitTimes::kSlots jobs of a session in flight at once).
-  uint64_t unmeasured() const { return unmeasured_.load(std::memory_order_relaxed); }
+  uint64_t unmeasured() const;
 
  private:
   struct alignas(64) Histogram {
     std::array<std::atomic<uint64_t>, kLatencyBuckets> buckets{};
     std::atomic<uint64_t> sum_ns{0};
   };
+  // Every count of the sessions of one shard.
+  struct alignas(64) Shard {
+    std::array<std::array<Histogram, kSizeClasses>, kJobKinds> latency{};
+    std::array<std::array<std::atomic<uint64_t>, kStatusCodes>, kJobKinds> completed{};
+    std::array<std::atomic<uint64_t>, kJobKinds> started{};
+    std::atomic<uint64_t> unmeasured{0};
+  };
 
-  std::array<std::array<Histogram, kSizeClasses>, kJobKinds> latency_{};
-  std::array<std::array<std::atomic<uint64_t>, kStatusCodes>, kJobKinds> completed_{};
-  std::array<std::atomic<uint64_t>, kJobKinds> started_{};
-  std::atomic<uint64_t> unmeasured_{0};
+  const std::unique_ptr<Shard[]> shards_;  // kMetricShards of them (~100 KiB: on the heap)
   SubmitTimes submit_times_;
 };
 

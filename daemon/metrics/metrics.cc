@@ -4,9 +4,9 @@
 
 namespace tier::daemon {
 
-void BandwidthMeter::Add(uint64_t bytes, uint64_t now_ms) {
+void BandwidthMeter::Add(uint64_t bytes, uint64_t now_ms, uint64_t session_id) {
   uint64_t epoch = now_ms / 100;
-  Bucket& bucket = buckets_[epoch % kBuckets];
+  Bucket& bucket = shards_[MetricShardOf(session_id)].buckets[epoch % kBuckets];
   uint64_t seen = bucket.epoch.load(std::memory_order_relaxed);
   // The first writer of a new epoch resets the bucket; a racing Add may lose a few bytes to the
   // reset, which a bandwidth readout tolerates.
@@ -19,10 +19,12 @@ void BandwidthMeter::Add(uint64_t bytes, uint64_t now_ms) {
 double BandwidthMeter::BytesPerSecond(uint64_t now_ms) const {
   uint64_t now_epoch = now_ms / 100;
   uint64_t total = 0;
-  for (const Bucket& bucket : buckets_) {
-    uint64_t epoch = bucket.epoch.load(std::memory_order_relaxed);
-    if (epoch + kBuckets > now_epoch && epoch <= now_epoch) {
-      total += bucket.bytes.load(std::memory_order_relaxed);
+  for (const Shard& shard : shards_) {
+    for (const Bucket& bucket : shard.buckets) {
+      uint64_t epoch = bucket.epoch.load(std::memory_order_relaxed);
+      if (epoch + kBuckets > now_epoch && epoch <= now_epoch) {
+        total += bucket.bytes.load(std::memory_order_relaxed);
+      }
     }
   }
   return static_cast<double>(total) / (kBuckets / 10.0);

@@ -37,8 +37,8 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
 
   const DaemonMetrics& m = sources_.metrics;
   s.jobs_in_flight = m.jobs_in_flight.value();
-  s.bytes_offloaded = m.totals.bytes_offloaded.load(std::memory_order_relaxed);
-  s.bytes_reloaded = m.totals.bytes_reloaded.load(std::memory_order_relaxed);
+  s.bytes_offloaded = m.totals.bytes_offloaded.Sum();
+  s.bytes_reloaded = m.totals.bytes_reloaded.Sum();
   for (int k = 0; k < kJobKinds; ++k) {
     const auto kind = static_cast<JobKind>(k);
     s.jobs_started[k] = m.jobs.started(kind);

@@ -162,6 +162,7 @@ void Spiller::Spilled(const std::shared_ptr<ObjectTable>& table,
                       const std::shared_ptr<Object>& object) {
   MutexLock lock(&mu_);
   spilled_.Add(NextUseOf(*object), Candidate{table, object});
+  NoteSpilled();
 }
 
 void Spiller::Prefetch() {
@@ -171,6 +172,7 @@ void Spiller::Prefetch() {
       MutexLock lock(&mu_);
       if (stopping_ || admission_.HasWaiters()) return;  // waiting jobs need the room more
       candidate = spilled_.TakeUsedSoonest();
+      NoteSpilled();
     }
     if (!candidate) return;
     std::shared_ptr<ObjectTable> table = candidate->table.lock();
@@ -179,6 +181,7 @@ void Spiller::Prefetch() {
     if (!policy_.MayPrefetch(pool_.Usage(), object->len())) {
       MutexLock own(&mu_);
       spilled_.Add(NextUseOf(*object), std::move(*candidate));
+      NoteSpilled();
       return;
     }
     // Fetched by a reload meanwhile (or freed): nothing to prefetch.
@@ -190,6 +193,7 @@ void Spiller::Prefetch() {
       Release unpinned = table->Unpin(*object);
       MutexLock own(&mu_);
       spilled_.Add(NextUseOf(*object), std::move(*candidate));
+      NoteSpilled();
       return;
     }
     // In host memory meanwhile, a reload's read running, or freed: nothing to read (its pin went
@@ -213,10 +217,13 @@ void Spiller::CopyEnded() {
 }
 
 void Spiller::NotifyFreed() {
-  last_change_ms_.store(MonotonicMs());
+  // Stored only when the millisecond changed, and the lock taken only when the spiller has
+  // something to do with the room: every GPU's threads call this on every job's end (issue 26).
+  const uint64_t now = MonotonicMs();
+  if (last_change_ms_.load(std::memory_order_relaxed) != now) last_change_ms_.store(now);
+  if (!admission_.HasWaiters() && !prefetchable_.load(std::memory_order_acquire)) return;
   {
     MutexLock lock(&mu_);
-    if (!admission_.HasWaiters() && (spilled_.empty() || max_prefetches_ == 0)) return;
     kicked_ = true;
   }
   cv_.Signal();

@@ -95,6 +95,10 @@ class Spiller : public NvmeEvents {
   // Starts prefetch reads of the spilled objects used soonest while the pool has room.
   void Prefetch();
   static NextUse NextUseOf(const Object& object) { return {object.hint(), object.seq()}; }
+  // After spilled_ changed: whether memory coming free may start a prefetch.
+  void NoteSpilled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    prefetchable_.store(!spilled_.empty() && max_prefetches_ > 0, std::memory_order_release);
+  }
 
   NvmeTransfers& transfers_;
   storage::HostPool& pool_;
@@ -111,6 +115,9 @@ class Spiller : public NvmeEvents {
   // Kick).
   std::atomic<bool> draining_{false};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // !spilled_.empty() && max_prefetches_ > 0, for NotifyFreed without mu_: every job's end and
+  // every free call it, from every GPU's threads (issue 26).
+  std::atomic<bool> prefetchable_{false};
   std::atomic<uint32_t> prefetches_in_flight_{0};
   std::atomic<uint64_t> copies_in_flight_{0};  // see CopyStarted
   const uint32_t stall_ms_;

@@ -1,5 +1,7 @@
 tier_add_test(extent_allocator_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/extent_allocator_test.cc LIBS tier_storage)
+tier_add_test(extent_cache_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/extent_cache_test.cc LIBS tier_storage)
 tier_add_test(host_pool_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/host_pool_test.cc LIBS tier_storage)
 tier_add_test(ring_test LABEL unit

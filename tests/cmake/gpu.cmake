@@ -10,6 +10,9 @@ endif()
 tier_add_test(stream_engine_test LABEL unit
   SOURCES gpu/stream_engine_test.cc
   LIBS tier_engine tier_common)
+tier_add_test(pool_writes_test LABEL unit
+  SOURCES unit/pool_writes_test.cc
+  LIBS tier_engine tier_common)
 tier_add_test(link_meter_test LABEL unit
   SOURCES unit/link_meter_test.cc
   LIBS tier_engine tier_common)

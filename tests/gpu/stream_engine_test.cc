@@ -126,17 +126,18 @@ class FakeRuntime;
 
 class FakeMapping final : public DeviceMapping {
  public:
-  FakeMapping(FakeRuntime& runtime, char* base, uint64_t bytes)
-      : runtime_(runtime), base_(base), bytes_(bytes) {}
+  FakeMapping(FakeRuntime& runtime, char* base, uint64_t bytes, int device)
+      : runtime_(runtime), base_(base), bytes_(bytes), device_(device) {}
   ~FakeMapping() override;  // closing client memory synchronizes implicitly (see FakeRuntime)
   char* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
-  int device() const override { return 0; }
+  int device() const override { return device_; }
 
  private:
   FakeRuntime& runtime_;
   char* base_;
   uint64_t bytes_;
+  int device_;  // the GPU the import named (the fake has as many as asked for)
 };
 
 // "Device" memory is host memory; an IPC handle carries the pointer.
@@ -254,14 +255,14 @@ class FakeRuntime final : public GpuRuntime {
   absl::StatusOr<int> FindDevice(const BufferImport& import) override {
     Call call(*this, GpuCallClass::kSetup, "FindDevice");
     if (import.device_uuid[0] == 0xFF) return absl::FailedPreconditionError("no such GPU");
-    return 0;
+    return import.device;
   }
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(BufferImport& import) override {
     Call call(*this, GpuCallClass::kSetup, "Open");
     char* base = nullptr;
     std::memcpy(&base, import.ipc_handle.data(), sizeof(base));
     if (base == nullptr) return absl::InvalidArgumentError("bad fake handle");
-    return std::make_unique<FakeMapping>(*this, base, import.bytes);
+    return std::make_unique<FakeMapping>(*this, base, import.bytes, import.device);
   }
 
   // As cudaIpcCloseMemHandle on the H100: takes the driver lock exclusively and waits until every
@@ -366,7 +367,7 @@ class StreamEngineTest : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(Open(a_, 7));
   }
 
-  void Open(FakeClient& c, uint64_t id, bool semaphores = true) {
+  void Open(FakeClient& c, uint64_t id, bool semaphores = true, int device = 0) {
     EngineSessionInfo info;
     info.id = id;
     info.label = absl::StrCat("session ", id);
@@ -380,7 +381,7 @@ class StreamEngineTest : public ::testing::Test {
     for (auto& m : c.memory) {
       m.assign(kLen, 0);
       absl::StatusOr<std::unique_ptr<ImportedBuffer>> b =
-          Import(c, wire::BufferKind::kCudaIpc, m.data(), kLen);
+          Import(c, wire::BufferKind::kCudaIpc, m.data(), kLen, device);
       ASSERT_TRUE(b.ok()) << b.status();
       c.buffers.push_back(*std::move(b));
     }
@@ -453,10 +454,11 @@ class StreamEngineTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<ImportedBuffer>> Import(FakeClient& c, wire::BufferKind kind,
-                                                         char* base, uint64_t bytes) {
+                                                         char* base, uint64_t bytes,
+                                                         int device = 0) {
     BufferImport import;
     import.kind = kind;
-    import.device = 0;
+    import.device = device;
     import.bytes = bytes;
     std::memcpy(import.ipc_handle.data(), &base, sizeof(base));
     return engine_->Import(c.session.get(), std::move(import));
@@ -858,6 +860,36 @@ TEST_F(StreamEngineTest, ReloadWaitsForAHeldOffloadIntoSamePoolBytes) {
   EXPECT_EQ(a_.memory[1][0], 0x33);
   EXPECT_EQ(a_.memory[1][kLen - 1], 0x33);
   ASSERT_TRUE(first.Ready(5000));
+}
+
+// Issue 26, item 3: GPUs share one engine, never a wait. A session on GPU 0 whose client stopped
+// (its offloads and a reload of their pool bytes wait in GPU 0's lanes for tickets that do not
+// come) does not hold a session on GPU 1: its offload and the reload right behind it, into and out
+// of the same pool bytes, complete (each within a deadline, no sleep). GPU 0's jobs then go on
+// once their tickets arrive.
+TEST_F(StreamEngineTest, AStalledSessionOnOneGpuDoesNotHoldAnotherGpusJobs) {
+  Start();
+  std::vector<Completion> stalled(3);
+  Submit(Job(a_, Direction::kToPool, 0, 0, 1, stalled[0]));
+  Submit(Job(a_, Direction::kToPool, 1, 1, 2, stalled[1]));
+  Submit(Job(a_, Direction::kFromPool, 2, 0, 1, stalled[2]));  // behind offload 0's pool bytes
+  ASSERT_NO_FATAL_FAILURE(Open(b_, 8, /*semaphores=*/false, /*device=*/1));
+  std::memset(b_.memory[0].data(), 0x5A, kLen);
+  for (int round = 0; round < 20; ++round) {
+    Completion offload, reload;
+    Submit(Job(b_, Direction::kToPool, 0, 3, 0, offload));
+    Submit(Job(b_, Direction::kFromPool, 1, 3, 0, reload));
+    ASSERT_TRUE(offload.Ready(5000)) << "GPU 1's offload waited for GPU 0's stalled lanes";
+    ASSERT_TRUE(reload.Ready(5000)) << "GPU 1's reload waited for GPU 0's stalled lanes";
+    EXPECT_TRUE(offload.future.get().ok());
+    EXPECT_TRUE(reload.future.get().ok());
+  }
+  EXPECT_EQ(b_.memory[1][0], 0x5A);
+  EXPECT_EQ(b_.memory[1][kLen - 1], 0x5A);
+  for (Completion& c : stalled) EXPECT_FALSE(c.Ready(0)) << "GPU 0's jobs did not wait";
+  a_.SetTicket(Direction::kToPool, 2);
+  a_.SetTicket(Direction::kFromPool, 1);
+  for (Completion& c : stalled) ASSERT_TRUE(c.Ready(5000));
 }
 
 // Delay injection: the copy is issued copy_delay_us after its ticket arrived, so a client that

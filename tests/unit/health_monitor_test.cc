@@ -10,16 +10,16 @@ namespace {
 TEST(HealthMonitor, ServingWhileJobsMove) {
   DaemonMetrics metrics;
   HealthMonitor health(metrics, [] { return uint64_t{100000}; }, 1000);
-  metrics.unticketed_in_flight = 3;
-  metrics.last_progress_ms = 99500;
+  metrics.unticketed_in_flight.Add(/*session_id=*/1, 3);
+  metrics.last_progress_ms.Store(/*session_id=*/1, 99500);
   EXPECT_TRUE(health.Check(100000).ok());
 }
 
 TEST(HealthMonitor, NotServingWhenJobsWithoutATicketStall) {
   DaemonMetrics metrics;
   HealthMonitor health(metrics, [] { return uint64_t{100000}; }, 1000);
-  metrics.unticketed_in_flight = 3;
-  metrics.last_progress_ms = 90000;
+  metrics.unticketed_in_flight.Add(/*session_id=*/1, 3);
+  metrics.last_progress_ms.Store(/*session_id=*/1, 90000);
   EXPECT_EQ(health.Check(100000).code(), absl::StatusCode::kUnavailable);
 }
 
@@ -36,10 +36,23 @@ TEST(HealthMonitor, JobsAClientHoldsBehindItsTicketDoNotCount) {
   DaemonMetrics metrics;
   uint64_t held = 2;
   HealthMonitor health(metrics, [] { return uint64_t{100000}; }, 1000, [&] { return held; });
-  metrics.unticketed_in_flight = 2;
-  metrics.last_progress_ms = 90000;
+  metrics.unticketed_in_flight.Add(/*session_id=*/1, 2);
+  metrics.last_progress_ms.Store(/*session_id=*/1, 90000);
   EXPECT_TRUE(health.Check(100000).ok());
   held = 1;  // one of them is stuck in tierd itself
+  EXPECT_EQ(health.Check(100000).code(), absl::StatusCode::kUnavailable);
+}
+
+// The counts are kept per session shard: a job of one session completing is progress for all.
+TEST(HealthMonitor, ProgressOfAnySessionCounts) {
+  DaemonMetrics metrics;
+  HealthMonitor health(metrics, [] { return uint64_t{100000}; }, 1000);
+  metrics.unticketed_in_flight.Add(/*session_id=*/1, 2);
+  metrics.unticketed_in_flight.Add(/*session_id=*/2, 1);
+  metrics.last_progress_ms.Store(/*session_id=*/1, 90000);
+  metrics.last_progress_ms.Store(/*session_id=*/2, 99500);
+  EXPECT_TRUE(health.Check(100000).ok());
+  metrics.last_progress_ms.Store(/*session_id=*/2, 90000);
   EXPECT_EQ(health.Check(100000).code(), absl::StatusCode::kUnavailable);
 }
 

@@ -18,13 +18,13 @@ using std::chrono::seconds;
 
 TEST(JobGauge, CountsAndSaysWhenItRoseFromZero) {
   JobGauge gauge;
-  EXPECT_TRUE(gauge.Add());
-  EXPECT_FALSE(gauge.Add());
+  EXPECT_TRUE(gauge.Add(1));
+  EXPECT_FALSE(gauge.Add(1));
   EXPECT_EQ(gauge.value(), 2u);
-  gauge.Sub();
-  gauge.Sub();
+  gauge.Sub(1);
+  gauge.Sub(1);
   EXPECT_EQ(gauge.value(), 0u);
-  EXPECT_TRUE(gauge.Add());
+  EXPECT_TRUE(gauge.Add(1));
 }
 
 TEST(JobGauge, AwaitZeroReturnsAtOnceWhenIdle) {
@@ -36,11 +36,11 @@ TEST(JobGauge, AwaitZeroReturnsAtOnceWhenIdle) {
 
 TEST(JobGauge, AwaitZeroWakesWhenTheLastJobEnds) {
   JobGauge gauge;
-  for (int i = 0; i < 3; ++i) gauge.Add();
+  for (int i = 0; i < 3; ++i) gauge.Add(1);
   std::thread jobs([&] {
     for (int i = 0; i < 3; ++i) {
       std::this_thread::sleep_for(milliseconds(50));
-      gauge.Sub();
+      gauge.Sub(1);
     }
   });
   const auto start = Clock::now();
@@ -53,8 +53,8 @@ TEST(JobGauge, AwaitZeroWakesWhenTheLastJobEnds) {
 
 TEST(JobGauge, AwaitZeroGivesUpAtTheDeadlineWithTheJobsLeft) {
   JobGauge gauge;
-  gauge.Add();
-  gauge.Add();
+  gauge.Add(1);
+  gauge.Add(1);
   const auto start = Clock::now();
   EXPECT_EQ(gauge.AwaitZero(start + milliseconds(100)), 2u);
   const auto waited = Clock::now() - start;
@@ -69,12 +69,46 @@ TEST(JobGauge, NoWakeUpIsLostWhenTheLastJobEndsAsTheWaitBegins) {
   JobGauge gauge;
   const auto start = Clock::now();
   for (int round = 0; round < 2000; ++round) {
-    gauge.Add();
-    std::thread job([&] { gauge.Sub(); });
+    gauge.Add(1);
+    std::thread job([&] { gauge.Sub(1); });
     ASSERT_EQ(gauge.AwaitZero(Clock::now() + seconds(20)), 0u) << "round " << round;
     job.join();
   }
   EXPECT_LT(Clock::now() - start, seconds(20));
+}
+
+// Sessions of different GPUs count on different shards (no cache line every GPU's threads write):
+// each session's shard rises from zero on its own, and the gauge is their sum.
+TEST(JobGauge, SessionsCountOnTheirOwnShards) {
+  JobGauge gauge;
+  EXPECT_TRUE(gauge.Add(1));
+  EXPECT_TRUE(gauge.Add(2));  // session 1's job does not make session 2's shard busy
+  EXPECT_FALSE(gauge.Add(2));
+  EXPECT_EQ(gauge.value(), 3u);
+  gauge.Sub(2);
+  gauge.Sub(2);
+  EXPECT_EQ(gauge.value(), 1u);
+  EXPECT_TRUE(gauge.Add(2));
+  gauge.Sub(2);
+  gauge.Sub(1);
+  EXPECT_EQ(gauge.value(), 0u);
+}
+
+// The last job of one shard ends while another shard still has one: the wait goes on until both
+// ended, and ends with the second.
+TEST(JobGauge, AwaitZeroWaitsForEveryShard) {
+  JobGauge gauge;
+  gauge.Add(1);
+  gauge.Add(2);
+  std::thread jobs([&] {
+    gauge.Sub(1);
+    std::this_thread::sleep_for(milliseconds(50));
+    gauge.Sub(2);
+  });
+  const auto start = Clock::now();
+  EXPECT_EQ(gauge.AwaitZero(start + seconds(30)), 0u);
+  jobs.join();
+  EXPECT_LT(Clock::now() - start, seconds(5));
 }
 
 }  // namespace

@@ -144,5 +144,22 @@ TEST(JobMetrics, ConcurrentCompletionsAllCount) {
   EXPECT_EQ(metrics.unmeasured(), 0u);
 }
 
+// Each session counts into its own shard (the threads of different GPUs write different cache
+// lines); every reading is the sum over the shards.
+TEST(JobMetrics, SessionsCountInTheirShardsAndReadingsSumThem) {
+  JobMetrics metrics;
+  for (uint64_t session = 1; session <= 2 * kMetricShards; ++session) {
+    ring::SubmissionEntry reload = Entry(ring::Opcode::kReload, session, 4096);
+    metrics.Started(session, reload);
+    metrics.Completed(session, reload, session % 2 == 0 ? 0 : 5);
+  }
+  EXPECT_NE(MetricShardOf(1), MetricShardOf(2));
+  EXPECT_EQ(metrics.started(JobKind::kReload), 2u * kMetricShards);
+  EXPECT_EQ(metrics.completed(JobKind::kReload, 0), 1u * kMetricShards);
+  EXPECT_EQ(metrics.completed(JobKind::kReload, 5), 1u * kMetricShards);
+  EXPECT_EQ(metrics.latency(JobKind::kReload, 0).count, 2u * kMetricShards);
+  EXPECT_EQ(metrics.unmeasured(), 0u);
+}
+
 }  // namespace
 }  // namespace tier::daemon
