@@ -516,6 +516,9 @@ def test_tierd_killed_during_a_weight_offloaded_forward_raises_never_a_wrong_out
             w = tt.offload_module_weights(model, client=c)
             with torch.no_grad():
                 assert torch.equal(model(x), want)  # (registrations; and a plain check)
+                # Every offload landed: a weight whose offload is still in flight is used from
+                # its source, so without this the next forward would reload nothing.
+                c.synchronize()
                 killer = threading.Timer(0.1, d.proc.kill)
                 killer.start()
                 raised = None
