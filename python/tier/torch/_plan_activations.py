@@ -65,6 +65,7 @@ from . import _offload_planner as op
 from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
 from ._calibration import Calibration, build_profile, calibration_modes, rest_mode, signature
 from ._counters import Counters
+from ._host_probe import HOST_PROBE_STEP, HostProbe
 from ._weights import find_blocks
 
 try:
@@ -75,10 +76,6 @@ try:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 except ImportError:  # torch < 2.4: no selective checkpointing
     CheckpointPolicy = create_selective_checkpoint_contexts = None
-
-# The planned step (1: the first) on which the host's cost per offloaded storage is measured:
-# not the first, which pays once for registering the allocator's memory with tierd.
-HOST_PROBE_STEP = 2
 
 _SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution",
               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -340,6 +337,32 @@ class _JointPolicy:
         return self._p.stats
 
 
+def _check_recompute(recompute):
+    unknown = set(recompute or ()) - {"light", "selective", "full"}
+    if unknown:
+        raise ValueError("recompute= takes 'light', 'selective' and/or 'full', not %s" %
+                         ", ".join(sorted(unknown)))
+
+
+def _allowed_modes(recompute, block_modes, notes):
+    """keep, and the modes of `recompute` that apply to these blocks (BlockModes, or None: no
+    blocks) with this torch; why one does not, in `notes`."""
+    recompute = tuple(recompute or ())
+    if "selective" in recompute and not selective_available():
+        recompute = tuple(m for m in recompute if m != "selective")
+        notes.append("selective checkpointing needs torch >= 2.4 "
+                     "(create_selective_checkpoint_contexts); torch %s: not used" %
+                     torch.__version__)
+    if block_modes is None:
+        recompute = ()
+        notes.append("no blocks found (pass blocks=): offload only")
+    elif "light" in recompute and not all(block_modes.light_blocks):
+        recompute = tuple(m for m in recompute if m != "light")
+        notes.append("light recompute needs a gated MLP (gate_proj, up_proj, down_proj, "
+                     "act_fn) in every block: not used")
+    return ("keep",) + tuple(m for m in ("light", "selective", "full") if m in recompute)
+
+
 def _goal(target_bytes, max_overhead):
     """The planner's goal, checked: (target_bytes, max_overhead); neither given: 5% of the
     step."""
@@ -361,35 +384,16 @@ class ActivationPlanner:
                  selective_policy=None, min_bytes=1 << 20, client=None, link=None,
                  verbose=True, prefetch=2, warmup_steps=1):
         target_bytes, max_overhead = _goal(target_bytes, max_overhead)
-        recompute = tuple(recompute or ())
-        unknown = set(recompute) - {"light", "selective", "full"}
-        if unknown:
-            raise ValueError("recompute= takes 'light', 'selective' and/or 'full', not %s" %
-                             ", ".join(sorted(unknown)))
         self.target_bytes = target_bytes
         self.max_overhead = max_overhead
         self.offload = bool(offload)
         self.verbose = verbose
         self.notes = []
-        if "selective" in recompute and not selective_available():
-            recompute = tuple(m for m in recompute if m != "selective")
-            self.notes.append("selective checkpointing needs torch >= 2.4 "
-                              "(create_selective_checkpoint_contexts); torch %s: not used" %
-                              torch.__version__)
+        _check_recompute(recompute)
         blocks = list(blocks) if blocks is not None else find_blocks(model)
         blocks = [b for b in blocks if isinstance(b, torch.nn.Module)]
-        if not blocks:
-            recompute = ()
-            self.notes.append("no blocks found (pass blocks=): offload only")
         self._blocks = BlockModes(blocks, selective_policy) if blocks else None
-        if "light" in recompute and (self._blocks is None or
-                                     not all(self._blocks.light_blocks)):
-            recompute = tuple(m for m in recompute if m != "light")
-            if blocks:
-                self.notes.append("light recompute needs a gated MLP (gate_proj, up_proj, "
-                                  "down_proj, act_fn) in every block: not used")
-        self.allowed = ("keep",) + tuple(m for m in ("light", "selective", "full")
-                                         if m in recompute)
+        self.allowed = _allowed_modes(recompute, self._blocks, self.notes)
         if self._blocks is not None:
             self._blocks.observer = self
         self._signatures = [signature(b) for b in blocks]
@@ -415,7 +419,7 @@ class ActivationPlanner:
         self._device = None
         self._warmup_left = int(warmup_steps)
         self._plan_steps = 0         # planned steps run under the plan followed
-        self._host_marks = None      # per block [host forward start, end] on the probe step
+        self._host_probe = None      # the HostProbe of the step clocked now
         self._host_measured = False  # the host's cost per offloaded storage is measured
         self.stats = PlannerStats()
 
@@ -501,7 +505,7 @@ class ActivationPlanner:
             self._mismatch = False
             if (not self._host_measured and self._step_plan.offloaded and
                     self._plan_steps + 1 == HOST_PROBE_STEP):
-                self._host_marks = [[None, None] for _ in self._signatures]
+                self._host_probe = HostProbe(len(self._signatures))
             return self._running
         if self._pending is not None:
             # The same modes again, without hooks: the blocks' times as a plan runs them.
@@ -543,8 +547,8 @@ class ActivationPlanner:
     def block_begins(self, b, mode, args, kwargs):
         now = self._now
         if now == "planned":
-            if self._host_marks is not None:
-                self._host_marks[b][0] = time.perf_counter()
+            if self._host_probe is not None:
+                self._host_probe.begins(b)
             plan = self._running
             regions = plan.regions
             device = self._device
@@ -602,8 +606,8 @@ class ActivationPlanner:
             self._close_region()
             if b == len(self._signatures) - 1 and self._running.regions.barrier:
                 self._offloader.barrier(self._device)
-            if self._host_marks is not None:
-                self._host_marks[b][1] = time.perf_counter()
+            if self._host_probe is not None:
+                self._host_probe.ends(b)
             return
         c = self._calib
         if c is None:
@@ -719,7 +723,7 @@ class ActivationPlanner:
     def _planned_step_done(self):
         timer, self._timer = self._timer, None
         if self._mismatch:
-            self._host_marks = None
+            self._host_probe = None
             self._mismatches += 1
             if self._mismatches > 1:
                 # The model saves differently from step to step: keep the modes, offload
@@ -736,9 +740,14 @@ class ActivationPlanner:
             return
         self.stats.planned_steps += 1
         self._plan_steps += 1
-        if self._host_marks is not None:
-            self._measure_host()
-            return  # (the plan was made again: this step's timer measured the one before)
+        if self._host_probe is not None:
+            probe, self._host_probe = self._host_probe, None
+            cost = probe.cost_s(self.plan.best, self._profile, self._signatures)
+            if cost is not None:
+                self._host_measured = True
+                self._profile.offload_host_s = cost
+                self._choose(replan=True)  # (this step's timer measured the plan before)
+                return
         if timer is not None:
             self._timers.append(timer)
         while self._timers and self._timers[0].ready():
@@ -749,28 +758,6 @@ class ActivationPlanner:
             predicted = self._predicted_timing_s()
             if predicted:
                 self.stats.measured_overhead = step / predicted - 1.0
-
-    def _measure_host(self):
-        """The host's cost per offloaded storage, from the probe step's blocks: what each
-        offloading block's forward took the host beyond its calibrated (hook-free) time, over
-        the storages it offloaded. Then the plan is made again with it (once)."""
-        marks, self._host_marks = self._host_marks, None
-        best = self.plan.best
-        counts = ap.offloads_by_block(best.layout, best.chosen)
-        host = self._profile.host
-        extra, n = 0.0, 0
-        for b, (sig, mode) in enumerate(zip(self._signatures, best.modes)):
-            calibrated = host.get(sig, {}).get(mode)
-            start, end = marks[b]
-            if counts[b] == 0 or calibrated is None or start is None or end is None:
-                continue
-            extra += (end - start) - calibrated[2]
-            n += counts[b]
-        if n == 0:
-            return
-        self._host_measured = True
-        self._profile.offload_host_s = max(0.0, extra / n)
-        self._choose(replan=True)
 
     def _predicted_timing_s(self):
         """The planned step's predicted time from its first block's forward to the end of that
