@@ -202,6 +202,26 @@ tier_status tier_buffer_register_device(tier_session* session, const void* devic
   return tier_buffer_register_device_range(session, device_ptr, 0, id, offset);
 }
 
+tier_status tier_buffer_register_device_ranges(tier_session* session, size_t count,
+                                               const void* const* device_ptrs,
+                                               const uint64_t* lens, tier_buffer_id* ids,
+                                               uint64_t* offsets, tier_status* statuses) {
+  if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");
+  if (count > 0 && (device_ptrs == nullptr || lens == nullptr || ids == nullptr ||
+                    offsets == nullptr || statuses == nullptr)) {
+    return Fail(TIER_INVALID_ARGUMENT, "NULL array");
+  }
+  // Each range exactly as tier_buffer_register_device_range registers it (its own holds and
+  // errors): one call from the caller's side for a batch, not one per range.
+  for (size_t i = 0; i < count; ++i) {
+    ids[i] = 0;
+    offsets[i] = 0;
+    statuses[i] =
+        tier_buffer_register_device_range(session, device_ptrs[i], lens[i], &ids[i], &offsets[i]);
+  }
+  return TIER_OK;
+}
+
 tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
   return Guard([&] {
     if (session == nullptr) return Fail(TIER_INVALID_ARGUMENT, "NULL session");

@@ -162,6 +162,17 @@ TIER_API tier_status tier_buffer_register_device(tier_session* session, const vo
 TIER_API tier_status tier_buffer_register_device_range(tier_session* session,
                                                        const void* device_ptr, uint64_t len,
                                                        tier_buffer_id* id, uint64_t* offset);
+/* tier_buffer_register_device_range for `count` ranges in one call (a batch of jobs registers
+ * every range it names so): range i is [device_ptrs[i], +lens[i]), its id and offset go to ids[i]
+ * and offsets[i], and statuses[i] is what tier_buffer_register_device_range would have returned
+ * for it (its ids[i] / offsets[i] are 0 unless TIER_OK). Each range is registered as that call
+ * would register it, with the same lifetime rules. Returns TIER_OK once every range was tried
+ * (the last error names the last range that failed), TIER_INVALID_ARGUMENT for a NULL array
+ * with count > 0. Since 0.2. */
+TIER_API tier_status tier_buffer_register_device_ranges(tier_session* session, size_t count,
+                                                        const void* const* device_ptrs,
+                                                        const uint64_t* lens, tier_buffer_id* ids,
+                                                        uint64_t* offsets, tier_status* statuses);
 /* Waits for jobs that use the buffer, then drops it (the daemon closes its mapping). */
 TIER_API tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id);
 

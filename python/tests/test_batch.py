@@ -451,3 +451,36 @@ def test_activation_prefetch_of_one_is_not_batched(client, counted):
     count = counted(client)
     _tiny_gpt_steps(client, prefetch=1, steps=1)
     assert count.sizes["tier_reload_batch"] == []  # one at a time: plain tier_reload
+
+
+def test_device_ranges_register_in_one_call_as_one_by_one(client):
+    """tier_buffer_register_device_ranges: per range the status tier_buffer_register_device_range
+    gives (here, tierd's host engine: every range refused with the single call's error), and
+    Session.register_devices answers for a batch what it answers range by range."""
+    lib = _lib.load()
+    session = client._session
+    ptrs = [0x7f0000001000, 0x7f0000100000, 0x7f0000200000]
+    n = len(ptrs)
+    ids = (_lib.c_buffer_id * n)(*[7] * n)
+    offsets = (ctypes.c_uint64 * n)(*[7] * n)
+    statuses = (_lib.c_status * n)()
+    assert lib.tier_buffer_register_device_ranges(
+        session.c_session, n, (ctypes.c_void_p * n)(*ptrs), (ctypes.c_uint64 * n)(*[4096] * n),
+        ids, offsets, statuses) == errors.OK
+    one = lib.tier_buffer_register_device_range(session.c_session, ptrs[0], 4096,
+                                                ctypes.byref(_lib.c_buffer_id()),
+                                                ctypes.byref(ctypes.c_uint64()))
+    assert one != errors.OK
+    assert list(statuses) == [one] * n and list(ids) == [0] * n and list(offsets) == [0] * n
+    assert lib.tier_buffer_register_device_ranges(session.c_session, 2, None, None, None, None,
+                                                  None) == errors.INVALID_ARGUMENT
+    assert lib.tier_buffer_register_device_ranges(None, 0, None, None, None, None,
+                                                  None) == errors.INVALID_ARGUMENT
+    assert lib.tier_buffer_register_device_ranges(session.c_session, 0, None, None, None, None,
+                                                  None) == errors.OK
+
+    many = session.register_devices([(p, 4096) for p in ptrs])
+    alone = [session.register_devices([(p, 4096)])[0] for p in ptrs]
+    assert [type(e) for e in many] == [type(e) for e in alone]
+    assert all(isinstance(e, errors.TierError) for e in many)
+    assert [str(e) for e in many] == [str(e) for e in alone]

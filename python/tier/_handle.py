@@ -72,7 +72,7 @@ class Handle:
         """True once the offload completed (successfully or not). Never blocks."""
         if self.job is None or self.job.status is not None:
             return True
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.reap()
         return self.job.status is not None
 
@@ -80,14 +80,14 @@ class Handle:
         """Waits for the offload's result without raising it (see wait(), failed)."""
         if self.job is None or self.job.status is not None:
             return
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.wait(self.job, timeout_ms)
 
     def wait(self, timeout_ms=-1):
         """Waits for the offload (and reloads still in flight on the GPU); raises the first error
         (tier.ResourceExhausted when the quota or the pool is full, ...)."""
         jobs = self._session.jobs
-        with self._session.checked():
+        with self._session.checked:
             if self.job is not None:
                 jobs.wait(self.job, timeout_ms)
             reloads, self.reloads = self.reloads, []
@@ -136,7 +136,7 @@ class Handle:
         if self.job.status is not None:
             return self.fallback
         # (reap=False reads the records only: the lock, without a call's checks.)
-        with self._session.checked() if reap else self._session.lock:
+        with self._session.checked if reap else self._session.lock:
             if reap:
                 self._session.jobs.reap()
             keep = self.job.keep

@@ -63,6 +63,8 @@ def offload_options(stream_ptrs, hint):
     return options, streams
 
 
+_BATCH_JOB_SIZE = ctypes.sizeof(_lib.BatchJob)  # every job of a batch array carries it
+
 # in_use(): finished jobs are dropped from the list once it holds this many.
 IN_USE_PRUNE_AT = 4096
 
@@ -159,12 +161,10 @@ class JobTable:
             return [self.offload(buffer_id, offset, length, stream_ptrs, hint, keeps[0],
                                  on_dones[0], user)]
         options, _streams = offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
-        jobs = _lib.new_batch(n)
-        for job, (buffer_id, offset, length, hint) in zip(jobs, rows):
-            job.buffer = int(buffer_id)
-            job.offset = int(offset)
-            job.len = int(length)
-            job.next_use_hint = int(hint)
+        size = _BATCH_JOB_SIZE
+        # The array made whole from tuples (each struct filled in C: no attribute set per field).
+        jobs = (_lib.BatchJob * n)(*[(size, 0, buffer_id, offset, length, hint)
+                                     for buffer_id, offset, length, hint in rows])
         _lib.check(s.lib.tier_offload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d offloads" % n)
         records = self._submitted(jobs, "offload", keeps, on_dones, user)
@@ -186,13 +186,10 @@ class JobTable:
         options = _lib.new_struct(_lib.ReloadOptions)
         options.consumer_stream = stream_ptr
         options.flags = _lib.TIER_RELOAD_DEFER_WAIT if defer else 0
-        jobs = _lib.new_batch(n)
-        for job, (object_id, buffer_id, offset, length, free_after) in zip(jobs, rows):
-            job.object = int(object_id)
-            job.buffer = int(buffer_id)
-            job.offset = int(offset)
-            job.len = int(length)
-            job.flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
+        size, free = _BATCH_JOB_SIZE, _lib.TIER_RELOAD_FREE_AFTER
+        jobs = (_lib.BatchJob * n)(*[
+            (size, free if free_after else 0, buffer_id, offset, length, 0, object_id)
+            for object_id, buffer_id, offset, length, free_after in rows])
         _lib.check(s.lib.tier_reload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d reloads" % n)
         return self._submitted(jobs, "reload", keeps, on_dones, user)
@@ -248,11 +245,16 @@ class JobTable:
         count = ctypes.c_size_t()
         while True:
             _lib.check(s.lib.tier_poll(s.c_session, batch, POLL_BATCH, ctypes.byref(count)))
+            inflight = self._inflight
             for i in range(count.value):
                 c = batch[i]
-                job = self._inflight.pop(c.job, None)
+                job = inflight.pop(c.job, None)
                 if job is not None:
                     status = c.status
+                    if status == errors.OK and job.on_done is None and not job.user:
+                        job.status = errors.OK  # (_finish's work for the common case: no call)
+                        job.keep = None
+                        continue
                     self._finish(job, status, "" if status == errors.OK else
                                  "%s from tierd for job %d" % (errors.code_name(status), c.job))
             if count.value < POLL_BATCH:

@@ -157,6 +157,9 @@ _SIGNATURES = {
     "tier_buffer_register_device_range": (c_status, [ctypes.c_void_p, ctypes.c_void_p,
                                                       ctypes.c_uint64, _P(c_buffer_id),
                                                       _P(ctypes.c_uint64)]),
+    "tier_buffer_register_device_ranges": (c_status, [
+        ctypes.c_void_p, ctypes.c_size_t, _P(ctypes.c_void_p), _P(ctypes.c_uint64),
+        _P(c_buffer_id), _P(ctypes.c_uint64), _P(c_status)]),
     "tier_buffer_unregister": (c_status, [ctypes.c_void_p, c_buffer_id]),
     "tier_offload_options_init": (None, [_P(OffloadOptions)]),
     "tier_reload_options_init": (None, [_P(ReloadOptions)]),

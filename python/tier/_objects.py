@@ -21,7 +21,7 @@ class PersistentObjects:
         if not isinstance(buffer, HostBuffer):
             refuse_in_capture(None, "offload_persistent() of device memory")
         ptrs = [stream_ptr(s) for s in producer_streams] if producer_streams else None
-        with self._session.checked():
+        with self._session.checked:
             obj, job = self._session.jobs.offload_persistent(name, buffer_id, offset, length,
                                                              ptrs, keep)
         return obj, job.id
@@ -30,7 +30,7 @@ class PersistentObjects:
         s = self._session
         obj = _lib.c_object_id()
         length = ctypes.c_uint64()
-        with s.checked():
+        with s.checked:
             _lib.check(s.lib.tier_object_open(s.c_session, name.encode(), ctypes.byref(obj),
                                               ctypes.byref(length)),
                        "open of persistent object %r" % name)
@@ -38,7 +38,7 @@ class PersistentObjects:
 
     def delete(self, name, uid):
         s = self._session
-        with s.checked():
+        with s.checked:
             _lib.check(s.lib.tier_object_delete(s.c_session, name.encode(),
                                                 0xFFFFFFFF if uid is None else int(uid)),
                        "delete of persistent object %r" % name)
@@ -46,7 +46,7 @@ class PersistentObjects:
     def info(self, name):
         s = self._session
         info = _lib.new_struct(_lib.ObjectInfo)
-        with s.checked():
+        with s.checked:
             _lib.check(s.lib.tier_object_stat(s.c_session, name.encode(), ctypes.byref(info)),
                        "stat of persistent object %r" % name)
         return ObjectInfo(info.len, bool(info.flags & _lib.TIER_OBJECT_READY),
@@ -55,6 +55,6 @@ class PersistentObjects:
 
     def release(self, object_id):
         s = self._session
-        with s.checked():
+        with s.checked:
             _lib.check(s.lib.tier_object_release(s.c_session, int(object_id)),
                        "release of object id %d" % object_id)

@@ -30,16 +30,23 @@ def batch_hints(hints, count):
     return hints
 
 
-def _cuda_offload_done(handle, src, retain_on_failure):
-    """The completion callback of a GPU-engine offload."""
-    weak_handle = weakref.ref(handle)
+def _retain_cuda_source(job):
+    """The completion callback of a GPU-engine offload asked to retain its source on failure:
+    its job keeps (source, tensor, weakref to the handle). One function for every such job (no
+    closure per offload)."""
+    if job.status != errors.OK:
+        keep = job.keep
+        h = keep[2]() if keep is not None else None
+        if h is not None:
+            h.fallback = keep[0]  # intact: nothing else writes it (autograd saved it)
 
-    def done(job):
-        if retain_on_failure and job.status != errors.OK:
-            h = weak_handle()
-            if h is not None:
-                h.fallback = src  # intact: nothing else writes it (autograd saved it)
-    return done
+
+def _cuda_keep(handle, src, t, retain_on_failure):
+    """(keep, on_done) of a GPU-engine offload's job: the job keeps the source (and the tensor it
+    came from) alive until the daemon's copy completed."""
+    if retain_on_failure:
+        return (src, t, weakref.ref(handle)), _retain_cuda_source
+    return (src, t), None
 
 
 class Offloads:
@@ -149,14 +156,14 @@ class Offloads:
             return True
         buffer_id, offset = ids
         ptrs = [stream_ptr(s) for s in producers]
-        done = _cuda_offload_done(handle, src, retain_on_failure)
+        keep, done = _cuda_keep(handle, src, t, retain_on_failure)
         session = self._session
-        with session.checked():
+        with session.checked:
             session.jobs.reap()
             # The job keeps the source (and the tensor it came from) alive until the daemon's copy
             # completed: dropping the tensor and the handle meanwhile cannot free memory under it.
             handle.object_id, handle.job = session.jobs.offload(
-                buffer_id, offset, handle.nbytes, ptrs, hint, (src, t), done)
+                buffer_id, offset, handle.nbytes, ptrs, hint, keep, done)
             handle.direct = True
         return True
 
@@ -250,13 +257,18 @@ class Offloads:
         ptrs = [stream_ptr(s) for s in producers]
         # Each job keeps its source (and the tensor it came from) alive until the daemon's copy
         # completed: dropping tensors and handles meanwhile cannot free memory under it.
-        keeps = [(src, t) for _, t, src in batch]
-        dones = [_cuda_offload_done(handle, src, retain_on_failure) for handle, _, src in batch]
+        if retain_on_failure:
+            keeps = [(src, t, weakref.ref(handle)) for handle, t, src in batch]
+            dones = [_retain_cuda_source] * len(batch)
+        else:
+            keeps = [(src, t) for _, t, src in batch]
+            dones = None
         jobs = self._session.jobs
-        with self._session.checked():
+        with self._session.checked:
             jobs.reap()
             for lo, hi in jobs.chunks(len(rows)):
-                submitted = jobs.offload_batch(rows[lo:hi], ptrs, keeps[lo:hi], dones[lo:hi])
+                submitted = jobs.offload_batch(rows[lo:hi], ptrs, keeps[lo:hi],
+                                               dones[lo:hi] if dones else None)
                 for (handle, _, _), (obj, job) in zip(batch[lo:hi], submitted):
                     handle.object_id, handle.job = obj, job
                     handle.direct = True
@@ -269,7 +281,7 @@ class Offloads:
             stream = torch_module().cuda.current_stream()
         refuse_in_capture(device if device is not None else getattr(stream, "device", None),
                           "stream_wait_offload()")
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.stream_wait_offload(job_id, stream_ptr(stream))
 
     def release_sources(self, handles, stream, device=None):
@@ -288,7 +300,7 @@ class Offloads:
             stream = torch_module().cuda.current_stream()
         refuse_in_capture(device if device is not None else getattr(stream, "device", None),
                           "stream_wait_offload()")
-        with self._session.checked():
+        with self._session.checked:
             # GPU-side wait (no host round trip); from here on the stream is ordered after every
             # copy of `todo`. (stream_wait_offload's work, in the same hold of the lock.)
             self._session.jobs.stream_wait_offload(newest.job.id, stream_ptr(stream))

@@ -55,7 +55,7 @@ class ReloadCheck:
             self._since = session.jobs.noted
 
     def __call__(self):
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.verify_in_use(self._since)
 
 
@@ -152,7 +152,7 @@ class StagedReload:
         if self._tensor is not None:
             return self._tensor
         h = self._handle
-        with self._session.checked():
+        with self._session.checked:
             jobs = self._session.jobs
             if self._job.status is None:
                 # One poll takes the results of every job done by now (a batch's reloads complete
@@ -319,7 +319,7 @@ class Reloads:
         ptr = stream_ptr(stream)
         submitted = []
         jobs = session.jobs
-        with session.checked():
+        with session.checked:
             jobs.reap()
             for lo, hi in jobs.chunks(len(rows)):
                 batch = jobs.reload_batch(rows[lo:hi], ptr, defer=defer)
@@ -343,7 +343,7 @@ class Reloads:
         jobs = self._session.jobs
         try:
             self._pool.take_many([h.nbytes for h in handles], stagings)
-            with self._session.checked():
+            with self._session.checked:
                 for lo, hi in jobs.chunks(len(handles)):
                     rows = [(h.object_id, staging.id, 0, h.nbytes, free)
                             for h, staging in zip(handles[lo:hi], stagings[lo:hi])]

@@ -33,6 +33,20 @@ from ._jobs import JobTable
 _getpid = os.getpid
 _monotonic = time.monotonic
 
+# Whether this process is a fork (a session's pid is then asked on every call: the parent's
+# session is not ours). In the process that opened it, no getpid() per call.
+_forked = [False]
+
+
+def _after_fork():
+    _forked[0] = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+else:  # pragma: no cover - every POSIX Python 3.7+
+    _forked[0] = True
+
 
 class Session:
     """See the module docstring."""
@@ -63,9 +77,11 @@ class Session:
         self._unlocked_done = threading.Condition(self.lock)
         self._deferred = collections.deque()  # callables queued by finalizers (run under the lock)
         self._resets = []
-        self._checked = _Checked(self)
+        # A context: the lock, taken, and check() done (every call of the client starts so).
+        # An attribute, not a method: `with session.checked:` (this is on every call's path).
+        self.checked = _Checked(self)
         self.jobs = JobTable(self)
-        with self.checked():
+        with self.checked:
             self._learn_info()
 
     def _open(self, connect_timeout_ms, daemon_wait_ms):
@@ -126,10 +142,6 @@ class Session:
                 fn()
             except errors.TierError:
                 pass
-
-    def checked(self):
-        """A context: the lock, taken, and check() done (every call of the client starts so)."""
-        return self._checked
 
     def run_or_defer(self, fn):
         """For finalizers: runs fn under the lock if it is free, else queues it. Never blocks."""
@@ -218,7 +230,7 @@ class Session:
         """tier_link_rate of this process's GPU `device`: (d2h, h2d) bytes/s, or None."""
         d2h = ctypes.c_double()
         h2d = ctypes.c_double()
-        with self.checked():
+        with self.checked:
             status = self.lib.tier_link_rate(self.c_session, int(device), ctypes.byref(d2h),
                                              ctypes.byref(h2d))
         if status == errors.NOT_FOUND:
@@ -231,7 +243,7 @@ class Session:
     def register_fd(self, fd, nbytes):
         """tier_buffer_register_fd; returns the buffer id."""
         buffer_id = _lib.c_buffer_id()
-        with self.checked():
+        with self.checked:
             _lib.check(self.lib.tier_buffer_register_fd(self.c_session, int(fd), int(nbytes),
                                                         ctypes.byref(buffer_id)),
                        "registering fd %d" % fd)
@@ -256,7 +268,7 @@ class Session:
 
     def unregister(self, buf):
         """unregister_locked, taking the lock."""
-        with self.checked():
+        with self.checked:
             self.unregister_locked(buf)
 
     def register_device(self, device_ptr, nbytes=None):
@@ -274,13 +286,15 @@ class Session:
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
         out = []
-        with self.checked():
+        with self.checked:
             session = self.c_session
             self._unlocked_calls += 1
         # Outside the lock: the library is thread-safe, and a registration may take a round trip
         # to tierd (export, IPC open there) that other threads of this client need not wait for.
         # close() waits for calls like this one before it closes the session.
         try:
+            if len(ranges) > 1:
+                return self._register_many(session, ranges)
             register = self.lib.tier_buffer_register_device_range
             # (Plain ints: the argtypes convert them; the out-pointers made once for all.)
             id_out, offset_out = ctypes.byref(buffer_id), ctypes.byref(offset)
@@ -301,9 +315,44 @@ class Session:
         # The library owns the registrations (it unregisters them at close).
         return out
 
+    def _register_many(self, session, ranges):
+        """register_devices' work in one library call (tier_buffer_register_device_ranges):
+        the arrays are made whole from lists, and read back whole."""
+        n = len(ranges)
+        ptrs = (ctypes.c_void_p * n)(*[r[0] for r in ranges])
+        lens = (ctypes.c_uint64 * n)(*[0 if r[1] is None else r[1] for r in ranges])
+        ids = (_lib.c_buffer_id * n)()
+        offsets = (ctypes.c_uint64 * n)()
+        statuses = (_lib.c_status * n)()
+        _lib.check(self.lib.tier_buffer_register_device_ranges(session, n, ptrs, lens, ids,
+                                                               offsets, statuses),
+                   "registering %d device ranges" % n)
+        out = list(zip(ids, offsets))
+        for i, status in enumerate(statuses):
+            if status != errors.OK:
+                # (Rare: its own message, from the one-range call; it registers the range if it
+                # can now, as a first try would have.)
+                out[i] = self._register_one(session, ranges[i])
+        return out
+
+    def _register_one(self, session, device_range):
+        device_ptr, nbytes = device_range
+        buffer_id = _lib.c_buffer_id()
+        offset = ctypes.c_uint64()
+        status = self.lib.tier_buffer_register_device_range(
+            session, int(device_ptr), 0 if nbytes is None else int(nbytes),
+            ctypes.byref(buffer_id), ctypes.byref(offset))
+        if status == errors.OK:
+            return (buffer_id.value, offset.value)
+        try:
+            _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+        except errors.TierError as e:
+            return e
+
 
 class _Checked:
-    """Session.checked(): a plain class, not a generator (this is on every call's path)."""
+    """Session.checked: a plain class, not a generator (this is on every call's path).
+    (Callable too, returning itself: ``with session.checked:`` reads as it did.)"""
 
     __slots__ = ("_session",)
 
@@ -315,7 +364,8 @@ class _Checked:
         session.lock.acquire()
         try:
             # check()'s common case inline (one Python call less on every call of the client).
-            if (session.closed or _getpid() != session.pid or session._deferred or
+            if (session.closed or (_forked[0] and _getpid() != session.pid) or
+                    session._deferred or
                     (session.reconnect_enabled and session.c_session is not None
                      and _monotonic() >= session._next_reconnect
                      and session.lib.tier_session_flags(session.c_session)
@@ -327,3 +377,6 @@ class _Checked:
 
     def __exit__(self, *exc):
         self._session.lock.release()
+
+    def __call__(self):
+        return self

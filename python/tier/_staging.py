@@ -73,7 +73,7 @@ class StagingPool:
         """acquire, under the lock; reaps first (completed jobs give their buffers back) when no
         idle buffer of the size class is at hand."""
         size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
-        with self._session.checked():
+        with self._session.checked:
             bufs = self._by_size.get(size)
             if bufs:  # (_pop_idle inline: this runs for every staged tensor)
                 buf = bufs.pop()
@@ -86,7 +86,7 @@ class StagingPool:
     def take_many(self, sizes, out):
         """take for each of `sizes` (bytes), under one hold of the lock, appended to `out` as
         they are taken (on an error, the caller gives back those there)."""
-        with self._session.checked():
+        with self._session.checked:
             reaped = False
             for nbytes in sizes:
                 size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
@@ -213,29 +213,30 @@ class StagedOffloads:
             raise
         return staging
 
-    def _done(self, handle, staging, retain_on_failure):
-        """The completion callback of a staged offload."""
-        weak_handle = weakref.ref(handle)
-        pool = self._pool
+    def _keep(self, handle, staging, retain_on_failure):
+        """What a staged offload's job keeps: its staging buffer, and a weak reference to its
+        handle when the data must stay there should the offload fail (see _staged_done)."""
+        return (staging, weakref.ref(handle) if retain_on_failure else None)
 
-        def done(job):
-            # The staging buffer was the job's until now; it goes back to the pool, or stays with
-            # the handle as the only copy of the data if the offload failed and that was asked.
-            h = weak_handle() if retain_on_failure and job.status != errors.OK else None
-            if h is not None:
-                h.fallback = staging
-            else:
-                pool.release(staging)
-        return done
+    def _staged_done(self, job):
+        """The completion callback of every staged offload (one bound method, no closure per
+        job): the staging buffer was the job's until now; it goes back to the pool, or stays
+        with the handle as the only copy of the data if the offload failed and that was asked."""
+        staging, weak_handle = job.keep
+        h = weak_handle() if weak_handle is not None and job.status != errors.OK else None
+        if h is not None:
+            h.fallback = staging
+        else:
+            self._pool.release(staging)
 
     def offload(self, handle, t, hint, retain_on_failure, streams):
         """One tensor, staged and submitted."""
         staging = self.stage(handle, t, streams)
-        done = self._done(handle, staging, retain_on_failure)
+        keep = self._keep(handle, staging, retain_on_failure)
         try:
-            with self._session.checked():
+            with self._session.checked:
                 handle.object_id, handle.job = self._session.jobs.offload(
-                    staging.id, 0, handle.nbytes, None, hint, staging, done)
+                    staging.id, 0, handle.nbytes, None, hint, keep, self._staged_done)
         except BaseException:
             self._pool.give_back(staging)
             raise
@@ -252,10 +253,11 @@ class StagedOffloads:
                     stagings.append(self.stage(handle, t, streams))
                 rows = [(staging.id, 0, handle.nbytes, hint)
                         for (handle, _, hint, _), staging in zip(chunk, stagings)]
-                dones = [self._done(handle, staging, retain_on_failure)
+                keeps = [self._keep(handle, staging, retain_on_failure)
                          for (handle, _, _, _), staging in zip(chunk, stagings)]
-                with self._session.checked():
-                    submitted = jobs.offload_batch(rows, None, stagings, dones)
+                with self._session.checked:
+                    submitted = jobs.offload_batch(rows, None, keeps,
+                                                   [self._staged_done] * len(rows))
             except BaseException:
                 for staging in stagings:  # none was submitted: they are still ours
                     self._pool.give_back(staging)
@@ -301,11 +303,14 @@ class StagedOffloads:
         if not items:
             return
         rows = [(staging.id, 0, handle.nbytes, 0) for handle, staging in items]
-        stagings = [staging for _, staging in items]
-        dones = [self._done(handle, staging, retain_on_failure) for handle, staging in items]
+        if retain_on_failure:
+            keeps = [(staging, weakref.ref(handle)) for handle, staging in items]
+        else:
+            keeps = [(staging, None) for _, staging in items]
+        dones = [self._staged_done] * len(rows)
         jobs = self._session.jobs
-        with self._session.checked():
+        with self._session.checked:
             for lo, hi in jobs.chunks(len(rows)):
-                submitted = jobs.offload_batch(rows[lo:hi], None, stagings[lo:hi], dones[lo:hi])
+                submitted = jobs.offload_batch(rows[lo:hi], None, keeps[lo:hi], dones[lo:hi])
                 for (handle, _), (obj, job) in zip(items[lo:hi], submitted):
                     handle.object_id, handle.job = obj, job

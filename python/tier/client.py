@@ -149,7 +149,7 @@ class Client:
 
     def info(self):
         """The session's state (tier_session_get_info): a :class:`SessionInfo`."""
-        with self._session.checked():
+        with self._session.checked:
             return self._session.info_locked()
 
     def link_bandwidth(self, device):
@@ -162,7 +162,7 @@ class Client:
 
     def alloc_host_buffer(self, nbytes):
         """Host memory shared with the daemon, registered (tier_buffer_alloc_host)."""
-        with self._session.checked():
+        with self._session.checked:
             return self._session.alloc_host_locked(nbytes)
 
     def register_fd(self, fd, nbytes):
@@ -194,7 +194,7 @@ class Client:
         (object id, job id); wait for the job before changing the bytes."""
         buffer_id = _buffer_id(buffer, "offload_buffer() of device memory")
         ptrs = [stream_ptr(s) for s in producer_streams] if producer_streams else None
-        with self._session.checked():
+        with self._session.checked:
             obj, job = self._session.jobs.offload(buffer_id, offset, length, ptrs,
                                                   next_use_hint, None, user=True)
         return obj, job.id
@@ -204,7 +204,7 @@ class Client:
         """tier_reload: copies the object (length must equal its length) into buffer at offset.
         Returns the job id."""
         buffer_id = _buffer_id(buffer, "reload_buffer() into device memory")
-        with self._session.checked():
+        with self._session.checked:
             return self._session.jobs.reload(object_id, buffer_id, offset, length,
                                              stream_ptr(consumer_stream), free_after,
                                              user=True).id
@@ -297,13 +297,13 @@ class Client:
 
     def free(self, object_id):
         """tier_free: drops the object once jobs using it finish. Returns the job id."""
-        with self._session.checked():
+        with self._session.checked:
             return self._session.jobs.free(object_id, user=True).id
 
     def wait(self, job_id, timeout_ms=-1):
         """Waits for a job submitted with the low-level API and raises its error, if it failed
         (tier_job_wait). A result can be taken once (here or from poll())."""
-        with self._session.checked():
+        with self._session.checked:
             job = self._session.jobs.take(job_id, timeout_ms)
         err = job.error()
         if err is not None:
@@ -311,7 +311,7 @@ class Client:
 
     def poll(self, max_completions=POLL_BATCH):
         """Low-level jobs that finished and were not waited for, without blocking (tier_poll)."""
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.reap()
             return [Completion(job.id, job.object, job.length, job.status)
                     for job in self._session.jobs.take_finished(max_completions)]
@@ -319,12 +319,12 @@ class Client:
     def collect(self):
         """Reaps finished jobs (releasing their sources and staging buffers) and runs work queued
         by finalizers (frees of dropped handles). Never blocks on the daemon."""
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.reap()
 
     def synchronize(self):
         """Waits for every job this client has in flight (their errors go to their owners)."""
-        with self._session.checked():
+        with self._session.checked:
             self._session.jobs.wait_all()
             self._session.check()  # run what the callbacks queued (frees of dropped handles)
             self._session.jobs.wait_all()
@@ -469,7 +469,7 @@ def _in_batches(session, rows, submit):
     """rows submitted by submit(part) in calls of at most batch_limit; see
     Client.offload_buffer_batch for what a later batch's error carries."""
     out = []
-    with session.checked():
+    with session.checked:
         for lo, hi in session.jobs.chunks(len(rows)):
             try:
                 submitted = submit(rows[lo:hi])
