@@ -139,6 +139,8 @@ class DeferredReload:
 class StagedReload:
     """A reload into a staging buffer: result() waits for the job and copies out."""
 
+    _staging = None  # (read by __del__ even if __init__ did not run to its end)
+
     def __init__(self, session, pool, handle, staging, job, stream):
         self._session = session
         self._pool = pool
@@ -191,7 +193,7 @@ class StagedReload:
         return out
 
     def __del__(self):
-        staging = getattr(self, "_staging", None)
+        staging = self._staging
         if staging is None:
             return
         pool = self._pool
@@ -244,11 +246,11 @@ class Reloads:
             if h.freed:
                 raise errors.FailedPrecondition(errors.FAILED_PRECONDITION,
                                                 "reload of a freed handle")
-            if free and id(h) in seen:
+            if free and h in seen:  # (handles hash by identity)
                 raise ValueError("reload_batch(free=True): a handle appears twice")
             if h.generation != generation and h.lost():
                 h.raise_lost()
-            seen.add(id(h))
+            seen.add(h)
             if stream is not None and h.device.type == "cuda":
                 consumer_stream(stream, h.device)  # refuses a stream of another device
         for h in handles:

@@ -13,6 +13,7 @@ import ctypes
 import weakref
 
 from . import errors
+from ._handle import Handle
 from ._host_buffer import staging_view
 from ._streams import torch_module, wait_stream
 
@@ -90,13 +91,17 @@ class StagingPool:
             reaped = False
             for nbytes in sizes:
                 size = MIN_STAGING_BYTES if nbytes <= MIN_STAGING_BYTES else staging_class(nbytes)
-                buf = self._pop_idle(size)
-                if buf is None:
-                    if not reaped:
-                        self._session.jobs.reap()
-                        reaped = True
-                    buf = self.acquire(nbytes)
-                out.append(buf)
+                bufs = self._by_size.get(size)
+                if bufs:  # (_pop_idle inline)
+                    buf = bufs.pop()
+                    del self._idle[buf.id]
+                    self._idle_bytes -= size
+                    out.append(buf)
+                    continue
+                if not reaped:
+                    self._session.jobs.reap()
+                    reaped = True
+                out.append(self.acquire(nbytes))
 
     def give_back(self, buf):
         """release, under the lock."""
@@ -154,36 +159,17 @@ class StagingPool:
             yield chunk
 
 
-class _StorageBytes:
-    """What Client._new_handle reads of a tensor, for the bytes of a CPU storage (as the flat
-    uint8 tensor over it would answer)."""
-
-    __slots__ = ("shape", "dtype", "device", "_nbytes")
-
-    def __init__(self, nbytes, device):
-        self._nbytes = nbytes
-        self.shape = (nbytes,)
-        self.dtype = torch_module().uint8
-        self.device = device
-
-    def numel(self):
-        return self._nbytes
-
-    def element_size(self):
-        return 1
-
-
 class StagedOffloads:
     """Offloads through staging buffers: the bytes are copied into a buffer now (the tensor may
     change right after), and the job copies them into tierd. CUDA tensors (no GPU engine) are
     copied on the current stream after the producer streams; copy_ into pageable memory returns
     once the bytes are on the host."""
 
-    def __init__(self, session, pool, new_handle):
+    def __init__(self, client, session, pool):
+        self._client = client
         self._session = session
         self._pool = pool
-        self._new_handle = new_handle  # (tensor) -> an empty Handle for it
-        self._storage_specs = {}  # nbytes -> _StorageBytes (CPU storages staged by size)
+        self._uint8 = None  # torch.uint8, once a storage was staged
 
     def stage(self, handle, t, streams):
         """A staging buffer holding t's bytes."""
@@ -266,28 +252,24 @@ class StagedOffloads:
                 handle.object_id, handle.job = obj, job
 
     def stage_offload(self, tensor):
-        """See Client.stage_offload."""
-        if type(tensor).__name__ == "UntypedStorage":  # (torch.UntypedStorage, without a call)
-            return self._stage_storage(tensor)
-        t = tensor.detach() if tensor.requires_grad else tensor  # (the same bytes)
-        handle = self._new_handle(t)
-        if handle.nbytes == 0:
-            return handle, None
-        return handle, self.stage(handle, t, None)
-
-    def _stage_storage(self, storage):
-        """stage_offload of a CPU storage: its bytes as a flat uint8 tensor over it would be
-        staged, without making that tensor (activation offload stages every saved CPU storage
-        so)."""
-        if storage.device.type != "cpu":
-            raise TypeError("stage_offload() stages CPU storages, not %s" % storage.device.type)
+        """See Client.stage_offload. A CPU storage's bytes are staged as a flat uint8 tensor over
+        it would be, without making that tensor (activation offload stages every saved CPU
+        storage so: the handle is made here, without the calls that ask a tensor)."""
+        if type(tensor).__name__ != "UntypedStorage":  # (torch.UntypedStorage, without a call)
+            t = tensor.detach() if tensor.requires_grad else tensor  # (the same bytes)
+            handle = self._client._new_handle(t)
+            if handle.nbytes == 0:
+                return handle, None
+            return handle, self.stage(handle, t, None)
+        storage = tensor
+        device = storage.device
+        if device.type != "cpu":
+            raise TypeError("stage_offload() stages CPU storages, not %s" % device.type)
         nbytes = storage.nbytes()
-        spec = self._storage_specs.get(nbytes)
-        if spec is None:
-            if len(self._storage_specs) >= 256:
-                self._storage_specs.clear()
-            spec = self._storage_specs[nbytes] = _StorageBytes(nbytes, storage.device)
-        handle = self._new_handle(spec)
+        uint8 = self._uint8
+        if uint8 is None:
+            uint8 = self._uint8 = torch_module().uint8
+        handle = Handle(self._client, self._session, self._pool, (nbytes,), uint8, device, nbytes)
         if nbytes == 0:
             return handle, None
         staging = self._pool.take(nbytes)

@@ -83,7 +83,7 @@ class Client:
         self._session = Session(socket, name, quota_bytes, ring_entries, connect_timeout_ms,
                                 reconnect, reconnect_interval_s, daemon_wait_ms)
         self._staging = StagingPool(self._session, staging_cache_bytes)
-        self._staged = StagedOffloads(self._session, self._staging, self._new_handle)
+        self._staged = StagedOffloads(self, self._session, self._staging)
         self._offloads = Offloads(self._session, self._staged, self._new_handle)
         self._reloads = Reloads(self, self._session, self._staging)
         self._objects = PersistentObjects(self._session)

@@ -20,7 +20,7 @@ from ._module_selection import ModuleSelection
 from ._backward_reloads import BackwardReloads
 from ._offload_budget import OffloadBudget
 from ._save_batches import SaveBatches
-from ._saved import KeptSite, Saved, StorageIndex, StorageRecord, untyped_storage, view_of
+from ._saved import KeptSite, Saved, StorageIndex, StorageRecord, untyped_storage
 
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
@@ -339,7 +339,22 @@ class ActivationOffloader(_compile.Followed):
             if record is not None and not record.same_storage(nbytes, tensor._version):
                 record = None
             if record is None:
-                record = self._offload_storage(tensor, storage, nbytes)
+                # The whole storage, once, however many saved views share it. CUDA: the daemon's
+                # copy waits for the current stream (which produced it); the job keeps the flat
+                # bytes (so the storage) alive until the copy completed, or until a plan's
+                # release point hands it back.
+                record = StorageRecord(None, self._next_index, tensor.device, nbytes, storage,
+                                       tensor._version)
+                self._next_index += 1
+                if self._budget is None:  # the order count-based prefetch walks (a plan: triggers)
+                    self._reloads.note(record)
+                if not tensor.is_cuda and not self._defer_cpu:
+                    # CPU: the storage's bytes are staged now (as saved), the job goes with the
+                    # next batch.
+                    self._batches.add_staged(record, storage)
+                else:
+                    self._batches.add(record, _empty(0, dtype=_uint8, device=tensor.device).set_(
+                        storage), tensor)
                 self._by_storage.remember(key, record)
                 if site is not None:
                     self._held.append(weakref.ref(record))
@@ -349,21 +364,6 @@ class ActivationOffloader(_compile.Followed):
             if site is not None:
                 self._site_records[site] = weakref.ref(record)
         return Saved(record, tensor, site)
-
-    def _offload_storage(self, t, storage, nbytes):
-        # The whole storage, once, however many saved views share it. CUDA: the daemon's copy
-        # waits for the current stream (which produced t); the job keeps `flat` (so the storage)
-        # alive until the copy completed, or until a plan's release point hands it back.
-        record = StorageRecord(None, self._next_index, t.device, nbytes, storage, t._version)
-        self._next_index += 1
-        if self._budget is None:  # the order count-based prefetch walks (a plan has triggers)
-            self._reloads.note(record)
-        if not t.is_cuda and not self._defer_cpu:
-            # CPU: the storage's bytes are staged now (as saved), the job goes with the next batch.
-            self._batches.add_staged(record, storage)
-        else:
-            self._batches.add(record, _empty(0, dtype=_uint8, device=t.device).set_(storage), t)
-        return record
 
     def release_sites(self, sites, device):
         """The planned offloads of `sites` whose sources are still held go back in stream
@@ -419,9 +419,12 @@ class ActivationOffloader(_compile.Followed):
         if cls is not Saved:
             return saved
         record = saved.record
-        planned = saved.site is not None
+        site = saved.site
+        planned = site is not None
         if planned:
-            self._on_use(saved.site, record.device)
+            plan = self._plan
+            if plan is None or site == plan.timing_site or site in plan.triggers:
+                self._on_use(site, record.device)  # (else nothing to do there: no call)
         if not self._reloads.check_queued:
             self._reloads.check_at_end_of_backward()
         with self._lock:
@@ -438,9 +441,12 @@ class ActivationOffloader(_compile.Followed):
             if not planned:
                 self._reloads.prefetch_before(record, self.prefetch)
             flat = record.tensor
-            if flat is None:
-                flat = self._reloads.take(record)
-        return view_of(flat, saved.dtype, saved.size, saved.stride, saved.offset)
+            if flat is None:  # the reload's result, taken once
+                pending, record.pending = record.pending, None
+                flat = record.tensor = pending.result()
+        # (view_of, inline)
+        return _empty(0, dtype=saved.dtype, device=flat.device).set_(
+            untyped_storage(flat), saved.offset, saved.size, saved.stride)
 
     def _on_use(self, site, device):
         """Backward uses a wrapped site: the calibration's stamp, the timed step's end, or the

@@ -5,7 +5,7 @@ order of offload (the order backward needs them) are started with it, and a plan
 at its triggers instead. The reloads of one device go as batches (at most CHUNK_BYTES each, in the
 order given), through Client.start_reloads: on CUDA allocated on the consumer (current) stream,
 also when prefetching, so they come from that stream's allocator pool; a prefetch's wait is put
-where the tensor is first used (:meth:`BackwardReloads.take`), so the copies overlap the backward
+where the tensor is first used (the offloader's unpack takes its result), so the copies overlap the backward
 work queued in between (tier/_reloads.py). Each object is freed by its reload (a record is reloaded
 once: the bytes stay with it for every later unpack), not by a separate free. A CUDA storage whose
 offload is still in flight never left the GPU: its source is used as it is.
@@ -79,9 +79,9 @@ class BackwardReloads:
         client = self._off.client
         reaped = False
         for record in records:
-            if record.tensor is not None or record.pending is not None or id(record) in seen:
+            if record.tensor is not None or record.pending is not None or record in seen:
                 continue
-            seen.add(id(record))
+            seen.add(record)  # (records hash by identity)
             if record.handle is None:
                 self._batches.flush()
             if not reaped:
@@ -146,13 +146,6 @@ class BackwardReloads:
         except RuntimeError:
             return  # not inside a backward (an unpack called directly): nothing to end
         self.check_queued = True
-
-    def take(self, record):
-        """The record's bytes (a flat uint8 tensor), its reload's result on first use."""
-        if record.tensor is None:
-            pending, record.pending = record.pending, None
-            record.tensor = pending.result()
-        return record.tensor
 
     def prefetch_before(self, record, count):
         """Starts the next `count` records before `record` in pack order, as one batch."""

@@ -61,8 +61,10 @@ class SaveBatches:
     def add_staged(self, record, storage):
         """A CPU storage: its bytes are staged now (as a flat uint8 tensor over it would be, but
         without making one), its job goes with the next batch."""
+        off = self._off
         try:
-            staged = self._off.client.stage_offload(storage)
+            # (The offloader's client as it holds it once known: no descriptor call per save.)
+            staged = (off._client or off.client).stage_offload(storage)
         except _errors.TierError as e:
             # No staging memory from tierd (it went away or drains): the bytes stay where they
             # are and backward uses them, as for a batch refused in flush().
@@ -71,7 +73,9 @@ class SaveBatches:
             self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
             return
         self.deferred.append((weakref.ref(record), None, None, staged))
-        self._added(record.nbytes)
+        self._pending_bytes += record.nbytes  # (_added, inline: this runs for every save)
+        if len(self.deferred) >= off.BATCH_TENSORS or self._pending_bytes >= off.BATCH_BYTES:
+            self.flush()
 
     def add(self, record, flat, t):
         """Defers record's storage (`flat`, of tensor t) for the next batch, unstaged."""
