@@ -76,13 +76,12 @@ class DeferredBatch:
     made to wait for them. One ticket per chunk of the batch, so waiting on each chunk's last job
     waits for all of its copies."""
 
-    __slots__ = ("_session", "_jobs", "allocating", "allocating_ptr", "_waited", "__weakref__")
+    __slots__ = ("_session", "_jobs", "allocating_ptr", "_waited", "__weakref__")
 
-    def __init__(self, session, jobs, allocating_stream):
+    def __init__(self, session, jobs, allocating_ptr):
         self._session = session
         self._jobs = jobs
-        self.allocating = allocating_stream
-        self.allocating_ptr = stream_ptr(allocating_stream)
+        self.allocating_ptr = allocating_ptr  # the cudaStream_t the destinations came from
         self._waited = set()  # stream pointers
 
     def wait_on(self, stream):
@@ -131,7 +130,7 @@ class DeferredReload:
         batch = self._batch
         if batch is not None and not batch.waited():
             try:
-                batch.wait_on(batch.allocating)
+                batch.wait_on_ptr(batch.allocating_ptr)
             except Exception:  # noqa: BLE001  (a closed or dead session has no copy in flight)
                 pass
 
@@ -164,7 +163,7 @@ class StagedReload:
             if self._job.status == errors.OK and h.device.type == "cpu":
                 # The common case in one lock hold: copied out, the buffer given back.
                 staging, self._staging = self._staging, None
-                out = torch_module().empty(h.shape, dtype=h.dtype)
+                out = (_empty_fn or _torch_empty())(h.shape, dtype=h.dtype)
                 if not staging._valid:
                     staging.check_valid()  # raises
                 ctypes.memmove(out.data_ptr(), staging.address, h.nbytes)  # (no tensor op)
@@ -208,6 +207,16 @@ class StagedReload:
             self._session.run_or_defer(release)
         except Exception:
             pass
+
+
+_empty_fn = None  # torch.empty, once looked up
+
+
+def _torch_empty():
+    global _empty_fn
+    if _empty_fn is None:
+        _empty_fn = torch_module().empty
+    return _empty_fn
 
 
 def staged_reload_bytes(h):
@@ -289,9 +298,9 @@ class Reloads:
             else:
                 staged.append(i)
         for device, indices in direct.items():
-            dsts, jobs, consumer = self._start_cuda([handles[i] for i in indices], device,
-                                                    stream, free, prefetch)
-            batch = DeferredBatch(self._session, jobs, consumer) if prefetch else None
+            dsts, jobs, consumer_ptr = self._start_cuda([handles[i] for i in indices], device,
+                                                        stream, free, prefetch)
+            batch = DeferredBatch(self._session, jobs, consumer_ptr) if prefetch else None
             for i, dst in zip(indices, dsts):
                 started[i] = DeferredReload(batch, dst) if prefetch else Ready(dst)
         if staged:
@@ -302,23 +311,31 @@ class Reloads:
 
     def _start_cuda(self, handles, device, stream, free, defer):
         """One GPU's handles as one batch (split at batch_limit). Returns (destinations, the
-        jobs, the consumer stream)."""
+        jobs, the consumer stream's cudaStream_t)."""
         torch = torch_module()
         session = self._session
-        stream = consumer_stream(stream, device)
         # Every destination is allocated on the consumer stream before the batch's ticket is
-        # taken on it (module docstring); when tier_reload_batch returns, `stream` waits (on the
-        # GPU) for every copy of the batch unless deferred, and a destination dropped early is
-        # reused only by work ordered after them.
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            dsts = [torch.empty(h.shape, dtype=h.dtype, device=h.device) for h in handles]
+        # taken on it (module docstring); when tier_reload_batch returns, that stream waits (on
+        # the GPU) for every copy of the batch unless deferred, and a destination dropped early
+        # is reused only by work ordered after them.
+        empty = torch.empty
+        if stream is None:
+            # The device's current stream: torch.empty on `device` allocates from that stream's
+            # pool already (the allocator asks the current stream of the tensor's device), so no
+            # stream object and no device or stream context per batch.
+            ptr = current_stream_ptr(device)
+            dsts = [empty(h.shape, dtype=h.dtype, device=device) for h in handles]
+        else:
+            stream = consumer_stream(stream, device)
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                dsts = [empty(h.shape, dtype=h.dtype, device=device) for h in handles]
+            ptr = stream_ptr(stream)
         ids = session.register_devices([(dst.data_ptr(), h.nbytes)
                                         for h, dst in zip(handles, dsts)])
         for i in ids:
-            if isinstance(i, errors.TierError):
+            if type(i) is not tuple:
                 raise i
         rows = [(h.object_id, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
-        ptr = stream_ptr(stream)
         submitted = []
         jobs = session.jobs
         with session.checked:
@@ -333,8 +350,8 @@ class Reloads:
                     if free:
                         h.freed = True
             if not defer:
-                jobs.in_use(submitted)  # `stream` waits on them now
-        return dsts, submitted, stream
+                jobs.in_use(submitted)  # the consumer stream waits on them now
+        return dsts, submitted, ptr
 
     def _start_staged(self, handles, stream, free):
         """Staged handles as batches of host jobs: a StagedReload each."""

@@ -355,7 +355,10 @@ class ActivationOffloader(_compile.Followed):
                 else:
                     self._batches.add(record, _empty(0, dtype=_uint8, device=tensor.device).set_(
                         storage), tensor)
-                self._by_storage.remember(key, record)
+                by_storage = self._by_storage
+                by_storage[key] = weakref.ref(record)  # (StorageIndex.remember, inline)
+                if len(by_storage) >= by_storage.compact_at:
+                    by_storage.compact()
                 if site is not None:
                     self._held.append(weakref.ref(record))
             else:

@@ -79,9 +79,9 @@ class BackwardReloads:
         client = self._off.client
         reaped = False
         for record in records:
-            if record.tensor is not None or record.pending is not None or record in seen:
+            if record.tensor is not None or record.pending is not None or id(record) in seen:
                 continue
-            seen.add(record)  # (records hash by identity)
+            seen.add(id(record))
             if record.handle is None:
                 self._batches.flush()
             if not reaped:

@@ -571,22 +571,23 @@ def note_hooked_save():
     torchtitan compiles, that lowers the peak between blocks.)"""
     if "hooks" in _RUNTIME._warned or _RUNTIME.op_calls != _RUNTIME.op_calls_at_enter:
         return  # (a rewritten graph ran in this context: its ops ran before its saves came)
-    if saved_by_compiled_graph():
-        warn_compiled_saves_once()
-
-
-def saved_by_compiled_graph():
-    """Whether the saved tensor being packed now comes from an AOTAutograd compiled function
-    (its forward ran as one graph, so the hooks see its tensors only after it returned)."""
-    frame = sys._getframe(3)
+    if "torch._dynamo" not in _MODULES:
+        return  # nothing was compiled in this process (torch.compile loads dynamo)
+    # Whether the saved tensor being packed now comes from an AOTAutograd compiled function (its
+    # forward ran as one graph, so the hooks see its tensors only after it returned). (Inline:
+    # this runs for every offloaded save.)
+    frame = sys._getframe(2)
     for _ in range(6):
         if frame is None:
-            return False
+            return
         name = frame.f_code.co_filename
         if "_aot_autograd" in name or "_functorch" in name:
-            return True
+            warn_compiled_saves_once()
+            return
         frame = frame.f_back
-    return False
+
+
+_MODULES = sys.modules
 
 
 def warn_compiled_saves_once():

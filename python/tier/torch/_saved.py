@@ -86,19 +86,23 @@ class StorageIndex(dict):
     WeakValueDictionary's work without its Python-level calls on every saved tensor (get is
     dict's own); dead entries are dropped as it grows."""
 
-    __slots__ = ("_compact_at",)
+    __slots__ = ("compact_at",)
 
     def __init__(self):
         super().__init__()
-        self._compact_at = 1024
+        self.compact_at = 1024
 
     def remember(self, key, record):
         self[key] = weakref.ref(record)
-        if len(self) >= self._compact_at:
-            live = [(k, r) for k, r in self.items() if r() is not None]
-            self.clear()
-            self.update(live)
-            self._compact_at = max(1024, 2 * len(self))
+        if len(self) >= self.compact_at:
+            self.compact()
+
+    def compact(self):
+        """Drops the entries whose records are gone (the caller adds while len >= compact_at)."""
+        live = [(k, r) for k, r in self.items() if r() is not None]
+        self.clear()
+        self.update(live)
+        self.compact_at = max(1024, 2 * len(self))
 
 
 class Saved:
