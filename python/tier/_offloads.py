@@ -14,6 +14,7 @@ import warnings
 import weakref
 
 from . import errors
+from ._handle import Handle
 from ._streams import (refuse_dtensor, refuse_in_capture, stream_ptr, streams_of_device,
                        torch_module, wait_stream)
 
@@ -54,10 +55,11 @@ class Offloads:
     ``device_direct``: None until a CUDA tensor was tried, then whether the GPU engine takes them
     (forgotten at a reconnect: the next tierd may differ)."""
 
-    def __init__(self, session, staged, new_handle):
+    def __init__(self, client, session, staged):
+        self._client = client
         self._session = session
         self._staged = staged
-        self._new_handle = new_handle  # (tensor) -> an empty Handle for it
+        self._new_handle = client._new_handle  # (tensor) -> an empty Handle for it
         self.device_direct = None
         self._warned_kept = False
         session.on_reset(self._forget)
@@ -176,18 +178,21 @@ class Offloads:
         torch = torch_module()
         plain, strided = torch.Tensor, torch.strided
         direct_possible = None  # _direct_possible(), asked once (at the first CUDA tensor)
+        client, session, pool = self._client, self._session, self._client._staging
         for tensor, hint in zip(tensors, hints):
             # Every tensor is checked before anything is submitted. (A plain strided tensor
             # passes without a call: this loop runs for every saved activation.)
             if type(tensor) is not plain or tensor.layout is not strided:
                 self._check_tensor(tensor, "offload_batch()")
                 refuse_dtensor(tensor, "offload_batch()")
-            device_type = tensor.device.type
+            device = tensor.device
+            device_type = device.type
             if device_type != "cpu" and device_type != "cuda":
                 raise TypeError("offload_batch() supports cpu and cuda tensors, not %s" %
                                 device_type)
             t = tensor.detach() if tensor.requires_grad else tensor  # (the same bytes)
-            handle = self._new_handle(t)
+            # (Client._new_handle's work, without its calls: this runs for every saved tensor.)
+            handle = Handle(client, session, pool, t.shape, t.dtype, device, t.nbytes)
             handles.append(handle)
             if handle.nbytes == 0:
                 continue
@@ -197,9 +202,9 @@ class Offloads:
             if direct_possible is None:
                 direct_possible = self._direct_possible()
             if direct_possible:
-                direct.setdefault(t.device, []).append((handle, t, hint))
+                direct.setdefault(device, []).append((handle, t, hint))
             else:
-                staged.append((handle, t, hint, streams_of_device(streams, t.device)))
+                staged.append((handle, t, hint, streams_of_device(streams, device)))
         for device in set(direct) | {t.device for _, t, _, _ in staged}:
             refuse_in_capture(device, "offload_batch()")  # once per device: it costs us
         producers = {device: streams_of_device(streams, device) for device in direct}

@@ -84,14 +84,13 @@ class Client:
                                 reconnect, reconnect_interval_s, daemon_wait_ms)
         self._staging = StagingPool(self._session, staging_cache_bytes)
         self._staged = StagedOffloads(self, self._session, self._staging)
-        self._offloads = Offloads(self._session, self._staged, self._new_handle)
+        self._offloads = Offloads(self, self._session, self._staged)
         self._reloads = Reloads(self, self._session, self._staging)
         self._objects = PersistentObjects(self._session)
 
     def _new_handle(self, t):
         """An empty Handle for (detached) tensor t: nothing submitted yet."""
-        return Handle(self, self._session, self._staging, t.shape, t.dtype, t.device,
-                      t.numel() * t.element_size())
+        return Handle(self, self._session, self._staging, t.shape, t.dtype, t.device, t.nbytes)
 
     # ---- the session ------------------------------------------------------------------------
 

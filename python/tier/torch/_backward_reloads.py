@@ -151,13 +151,26 @@ class BackwardReloads:
         """Starts the next `count` records before `record` in pack order, as one batch."""
         if count == 0:
             return
+        order = self._order
         pos = bisect.bisect_left(self._order_index, record.index)
         ahead = []
+        need = count
         j = pos - 1
-        while j >= 0 and len(ahead) < count:
-            other = self._order[j]()
+        dead_top = None  # the top of the run of gone records the walk is in
+        while j >= 0 and need:
+            other = order[j]()
+            if other is None:  # its backward already ran
+                if dead_top is None:
+                    dead_top = j
+            else:
+                dead_top = None
+                ahead.append(other)
+                need -= 1
             j -= 1
-            if other is None:
-                continue  # its backward already ran
-            ahead.append(other)
+        if j < 0 and dead_top is not None:
+            # Every record at or below dead_top is gone (earlier steps' records, once their
+            # backward ran): dropped, so that no later walk steps over them again (they were
+            # walked at every unpack near the start of each step's pack order).
+            del order[:dead_top + 1]
+            del self._order_index[:dead_top + 1]
         self.start(ahead, prefetch=True)  # those not started yet, as one batch

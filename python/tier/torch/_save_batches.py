@@ -30,6 +30,8 @@ from ._offload_planner import OFFLOAD as _OFFLOAD
 
 _empty = torch.empty
 _uint8 = torch.uint8
+# What current_stream_ptr asks (tier/_streams.py), without its Python call per saved tensor.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class SaveBatches:
@@ -73,7 +75,7 @@ class SaveBatches:
             self._warn_once("tier: saved activations stay in memory: %s" % e, 3)
             return
         self.deferred.append((weakref.ref(record), None, None, staged))
-        self._pending_bytes += record.nbytes  # (_added, inline: this runs for every save)
+        self._pending_bytes += record.nbytes  # (this runs for every save: no call)
         if len(self.deferred) >= off.BATCH_TENSORS or self._pending_bytes >= off.BATCH_BYTES:
             self.flush()
 
@@ -81,14 +83,15 @@ class SaveBatches:
         """Defers record's storage (`flat`, of tensor t) for the next batch, unstaged."""
         # The producer is the current stream now (it may be another by the time of the batch),
         # as its cudaStream_t (an int: no stream object per saved tensor).
-        stream = current_stream_ptr(t.device) if t.is_cuda else None
+        stream = None
+        if t.is_cuda:
+            raw = _RAW_STREAM
+            index = t.device.index
+            stream = raw(index) if raw and index is not None else current_stream_ptr(t.device)
         self.deferred.append((weakref.ref(record), flat, stream, None))
-        self._added(record.nbytes)
-
-    def _added(self, nbytes):
-        self._pending_bytes += nbytes
-        if (len(self.deferred) >= self._off.BATCH_TENSORS
-                or self._pending_bytes >= self._off.BATCH_BYTES):
+        self._pending_bytes += record.nbytes
+        off = self._off
+        if len(self.deferred) >= off.BATCH_TENSORS or self._pending_bytes >= off.BATCH_BYTES:
             self.flush()
 
     def after_planned(self, actions, site):
