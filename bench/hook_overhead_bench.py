@@ -108,9 +108,11 @@ SECTIONS = (
     ("  batch flush", "tier.torch._save_batches", "SaveBatches", "flush"),
     ("    Client.offload_batch", "tier.client", "Client", "offload_batch"),
     ("    Client.stage_offload", "tier.client", "Client", "stage_offload"),
+    ("    Client.submit_staged", "tier.client", "Client", "submit_staged"),
     ("  reloads started", "tier.torch._backward_reloads", "BackwardReloads", "start"),
     ("    Client.start_reloads", "tier.client", "Client", "start_reloads"),
-    ("  reload taken", "tier.torch._backward_reloads", "BackwardReloads", "take"),
+    ("  reload taken", "tier.torch._backward_reloads", "BackwardReloads", "take"),  # (older)
+    ("  staged reload results", "tier._reloads", "StagedReload", "result"),
     ("  release_sources", "tier.client", "Client", "release_sources"),
     ("  capture checks", "tier._cuda_graphs", "CaptureGuard", "keep"),
     ("  GPU offload batches", "tier._offloads", "Offloads", "_offload_batch_cuda"),
