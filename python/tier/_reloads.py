@@ -34,7 +34,7 @@ their job completed (:class:`StagedReload`).
 import collections
 import ctypes
 
-from . import errors
+from . import _streams, errors
 from ._handle import Handle
 from ._host_buffer import HostBuffer, staging_view
 from ._streams import (consumer_stream, current_stream_ptr, refuse_in_capture, stream_ptr,
@@ -117,9 +117,16 @@ class DeferredReload:
 
     def result(self):
         device = self._tensor.device
-        ptr = current_stream_ptr(device)  # (a raw pointer: no stream object per tensor)
-        self._batch.wait_on_ptr(ptr)
-        if ptr != self._batch.allocating_ptr:
+        raw = _streams._raw_stream
+        if raw is None:
+            raw = _streams.raw_stream_fn()
+        # (A raw pointer: no stream object per tensor.)
+        ptr = raw(device.index) if raw and device.index is not None else \
+            current_stream_ptr(device)
+        batch = self._batch
+        if ptr not in batch._waited:  # (wait_on_ptr's own check: a call only to wait)
+            batch.wait_on_ptr(ptr)
+        if ptr != batch.allocating_ptr:
             # allocator lifetime only: the wait orders
             self._tensor.record_stream(torch_module().cuda.current_stream(device))
         return self._tensor

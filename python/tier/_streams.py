@@ -29,13 +29,22 @@ def stream_ptr(stream):
 _raw_stream = None  # torch._C._cuda_getCurrentRawStream, once looked up (False: torch lacks it)
 
 
-def current_stream_ptr(device):
-    """The cudaStream_t (an int) of CUDA `device`'s current stream, without making a
-    torch.cuda.Stream object (the hooks ask it for every saved tensor)."""
+def raw_stream_fn():
+    """torch._C._cuda_getCurrentRawStream (device index -> cudaStream_t), or False where torch
+    lacks it (then current_stream_ptr asks torch.cuda.current_stream)."""
     global _raw_stream
     raw = _raw_stream
     if raw is None:
         raw = _raw_stream = getattr(torch_module()._C, "_cuda_getCurrentRawStream", None) or False
+    return raw
+
+
+def current_stream_ptr(device):
+    """The cudaStream_t (an int) of CUDA `device`'s current stream, without making a
+    torch.cuda.Stream object (the hooks ask it for every saved tensor)."""
+    raw = _raw_stream
+    if raw is None:
+        raw = raw_stream_fn()
     index = device.index
     if raw and index is not None:
         return raw(index)

@@ -90,8 +90,11 @@ class BackwardReloads:
             job = record.handle.job
             if job is not None and job.status is not None and job.status != _errors.OK:
                 stats.fallbacks += 1  # the offload failed (handle.failed): it kept the data
-            if record.device.type == "cuda":
-                source = record.handle.pending_source(reap=False)
+            handle = record.handle
+            if record.device.type == "cuda" and handle.direct and job is not None and (
+                    job.status is None or handle.fallback is not None):
+                # (Else pending_source has nothing to give: no call.)
+                source = handle.pending_source(reap=False)
                 if source is not None:
                     # The offload is still in flight, so the bytes never left the GPU: use them.
                     record.tensor = source
