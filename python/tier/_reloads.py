@@ -135,7 +135,7 @@ class DeferredReload:
         # Never taken: the allocating stream must still wait for the copy before the memory goes
         # back to its pool, or a later allocation there could be overwritten by the copy.
         batch = self._batch
-        if batch is not None and not batch.waited():
+        if batch is not None and not batch._waited:  # (waited(), without its call)
             try:
                 batch.wait_on_ptr(batch.allocating_ptr)
             except Exception:  # noqa: BLE001  (a closed or dead session has no copy in flight)

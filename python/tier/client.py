@@ -90,7 +90,8 @@ class Client:
 
     def _new_handle(self, t):
         """An empty Handle for (detached) tensor t: nothing submitted yet."""
-        return Handle(self, self._session, self._staging, t.shape, t.dtype, t.device, t.nbytes)
+        return Handle(self, self._session, self._staging, t.shape, t.dtype, t.device,
+                      t.numel() * t.element_size())
 
     # ---- the session ------------------------------------------------------------------------
 

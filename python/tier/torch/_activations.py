@@ -233,32 +233,6 @@ class ActivationOffloader(_compile.Followed):
 
     # -- pack (forward) --
 
-    def _should_offload(self, t):
-        if not self._serving:
-            return False
-        if type(t) is not _Tensor:
-            return False  # nn.Parameter, and tensor subclasses we cannot rebuild
-        if self._selection is not None and not self._selection.active():
-            return False  # saved outside the selected modules
-        if t.numel() * t.element_size() < self.min_bytes:
-            return False
-        if t.layout != _strided or t.is_quantized or not (t.is_cuda or t.is_cpu):
-            return False
-        # Parameters and buffers (and their views: weight.t(), saved by linear; a view is judged
-        # by its base, and views made in no-grad mode, inside a custom Function's forward, look
-        # like leaves) are leaves: they stay resident anyway. Activations that require grad are
-        # not, and skip the lookups below.
-        base = t._base
-        if base is None:
-            base = t
-        if not base.is_leaf:
-            return True
-        if base.requires_grad or isinstance(base, _Parameter):
-            return False
-        if self._skip and (t.device, untyped_storage(t).data_ptr()) in self._skip:
-            return False  # a registered parameter or buffer of `module`
-        return True
-
     @property
     def budget(self):
         """With max_overhead or target_bytes: what the policy chose and how it went
@@ -273,7 +247,7 @@ class ActivationOffloader(_compile.Followed):
     def _pack(self, tensor):
         stats = self.stats
         stats.saved += 1
-        if not self._should_offload(tensor):
+        if not _should_offload(self, tensor):
             stats.kept += 1
             return tensor
         # Inside a CUDA graph capture nothing is offloaded, released or stamped
@@ -385,7 +359,11 @@ class ActivationOffloader(_compile.Followed):
         """Releases every planned offload of this step still held (the barrier). Called with
         self._lock held."""
         held, self._held = self._held, []
-        records = [r for r in (ref() for ref in held) if r is not None and not r.released]
+        records = []
+        for ref in held:  # (a loop: a generator would resume once per record)
+            r = ref()
+            if r is not None and not r.released:
+                records.append(r)
         if records:
             self._release(records, device if device is not None else records[-1].device)
 
@@ -410,7 +388,11 @@ class ActivationOffloader(_compile.Followed):
             r.released = True
         if released:
             self.stats.released_storages += released
-            self.stats.released_bytes += sum(h.nbytes for h in handles if h.released)
+            released_bytes = 0
+            for h in handles:  # (a loop: a generator would resume once per handle)
+                if h.released:
+                    released_bytes += h.nbytes
+            self.stats.released_bytes += released_bytes
 
     # -- unpack (backward) --
 
@@ -472,6 +454,34 @@ class ActivationOffloader(_compile.Followed):
                 with self._lock:
                     self._reloads.start(ahead, prefetch=True)  # as one batch
                 self.stats.planned_prefetches += len(ahead)
+
+
+def _should_offload(off, t):
+    """ActivationOffloader's test of a saved tensor (a function: the class stays small)."""
+    if not off._serving:
+        return False
+    if type(t) is not _Tensor:
+        return False  # nn.Parameter, and tensor subclasses we cannot rebuild
+    if off._selection is not None and not off._selection.active():
+        return False  # saved outside the selected modules
+    if t.numel() * t.element_size() < off.min_bytes:  # (not nbytes: sparse has none)
+        return False
+    if t.layout != _strided or t.is_quantized or not (t.is_cuda or t.is_cpu):
+        return False
+    # Parameters and buffers (and their views: weight.t(), saved by linear; a view is judged
+    # by its base, and views made in no-grad mode, inside a custom Function's forward, look
+    # like leaves) are leaves: they stay resident anyway. Activations that require grad are
+    # not, and skip the lookups below.
+    base = t._base
+    if base is None:
+        base = t
+    if not base.is_leaf:
+        return True
+    if base.requires_grad or isinstance(base, _Parameter):
+        return False
+    if off._skip and (t.device, untyped_storage(t).data_ptr()) in off._skip:
+        return False  # a registered parameter or buffer of `module`
+    return True
 
 
 def offload_activations(min_bytes=DEFAULT_MIN_BYTES, prefetch=2, client=None, module=None,
