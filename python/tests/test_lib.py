@@ -115,3 +115,16 @@ def test_no_daemon_is_unavailable_after_the_wait(tmp_path):
     with pytest.raises(tier.Unavailable, match="tried [0-9]+ times in"):
         tier.Client(socket=str(tmp_path / "none.sock"), daemon_wait_ms=600)
     assert 0.55 <= time.monotonic() - t0 < 5.0
+
+
+def test_batch_arrays_pack_and_read_back_by_field():
+    """pack_batch / unpack_batch (a batch's array built and read whole) agree with BatchJob's
+    fields, and a field out of range is refused before any call."""
+    jobs = _lib.pack_batch([(1, 2, 3, 4, 5, 6), (0, 7, 8, 9, 10, 11)])
+    assert [(j.struct_size, j.flags, j.buffer, j.offset, j.len, j.next_use_hint, j.object, j.job)
+            for j in jobs] == [(ctypes.sizeof(_lib.BatchJob), 1, 2, 3, 4, 5, 6, 0),
+                               (ctypes.sizeof(_lib.BatchJob), 0, 7, 8, 9, 10, 11, 0)]
+    jobs[0].job, jobs[1].job, jobs[1].object = 99, 100, 77
+    assert _lib.unpack_batch(jobs) == [(99, 6, 4), (100, 77, 9)]
+    with pytest.raises(errors.InvalidArgument):
+        _lib.pack_batch([(0, -1, 0, 0, 0, 0)])

@@ -63,8 +63,6 @@ def offload_options(stream_ptrs, hint):
     return options, streams
 
 
-_BATCH_JOB_SIZE = ctypes.sizeof(_lib.BatchJob)  # every job of a batch array carries it
-
 # in_use(): finished jobs are dropped from the list once it holds this many.
 IN_USE_PRUNE_AT = 4096
 
@@ -161,10 +159,9 @@ class JobTable:
             return [self.offload(buffer_id, offset, length, stream_ptrs, hint, keeps[0],
                                  on_dones[0], user)]
         options, _streams = offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
-        size = _BATCH_JOB_SIZE
-        # The array made whole from tuples (each struct filled in C: no attribute set per field).
-        jobs = (_lib.BatchJob * n)(*[(size, 0, buffer_id, offset, length, hint)
-                                     for buffer_id, offset, length, hint in rows])
+        # The array packed whole from the rows (no ctypes attribute set per field).
+        jobs = _lib.pack_batch([(0, buffer_id, offset, length, hint, 0)
+                                for buffer_id, offset, length, hint in rows])
         _lib.check(s.lib.tier_offload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d offloads" % n)
         records = self._submitted(jobs, "offload", keeps, on_dones, user)
@@ -186,10 +183,10 @@ class JobTable:
         options = _lib.new_struct(_lib.ReloadOptions)
         options.consumer_stream = stream_ptr
         options.flags = _lib.TIER_RELOAD_DEFER_WAIT if defer else 0
-        size, free = _BATCH_JOB_SIZE, _lib.TIER_RELOAD_FREE_AFTER
-        jobs = (_lib.BatchJob * n)(*[
-            (size, free if free_after else 0, buffer_id, offset, length, 0, object_id)
-            for object_id, buffer_id, offset, length, free_after in rows])
+        free = _lib.TIER_RELOAD_FREE_AFTER
+        jobs = _lib.pack_batch([(free if free_after else 0, buffer_id, offset, length, 0,
+                                 object_id)
+                                for object_id, buffer_id, offset, length, free_after in rows])
         _lib.check(s.lib.tier_reload_batch(s.c_session, jobs, n, ctypes.byref(options)),
                    "batch of %d reloads" % n)
         return self._submitted(jobs, "reload", keeps, on_dones, user)
@@ -199,8 +196,7 @@ class JobTable:
         n = len(jobs)
         out = []
         inflight = self._inflight
-        for i, job in enumerate(jobs):
-            job_id, obj, length = job.job, job.object, job.len
+        for i, (job_id, obj, length) in enumerate(_lib.unpack_batch(jobs)):
             record = Job(job_id, ("%s of object %d (%d bytes, job %d, in a batch of %d)",
                                   (kind, obj, length, job_id, n)), keeps[i], on_dones[i], user,
                          obj, length)

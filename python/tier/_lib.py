@@ -19,7 +19,9 @@ Where the library is found, first match wins:
 import ctypes
 import ctypes.util
 import glob
+import itertools
 import os
+import struct
 import sys
 import threading
 
@@ -123,6 +125,41 @@ def new_struct(cls):
     s = cls()
     s.struct_size = ctypes.sizeof(cls)
     return s
+
+
+# tier_batch_job as bytes (native order, no padding: BatchJob's layout, checked below): a
+# batch's array packed from rows and read back whole, without a ctypes attribute per field.
+_BATCH_JOB = struct.Struct("=IIQQQQQQ")
+_chain = itertools.chain
+assert _BATCH_JOB.size == ctypes.sizeof(BatchJob) and BatchJob.job.offset == 48
+
+
+_BATCH_ARRAYS = {}  # job count -> struct.Struct of that many tier_batch_job
+
+
+def pack_batch(rows):
+    """A tier_batch_job array from rows of (flags, buffer, offset, len, next_use_hint, object):
+    struct_size set in each, the job ids 0. (One pack for the whole array: no call per job.)"""
+    n = len(rows)
+    layout = _BATCH_ARRAYS.get(n)
+    if layout is None:
+        if len(_BATCH_ARRAYS) >= 64:
+            _BATCH_ARRAYS.clear()
+        layout = _BATCH_ARRAYS[n] = struct.Struct("=" + "IIQQQQQQ" * n)
+    size = _BATCH_JOB.size
+    try:
+        data = layout.pack(*_chain.from_iterable(
+            [(size, flags, buffer, offset, length, hint, obj, 0)
+             for flags, buffer, offset, length, hint, obj in rows]))
+    except struct.error as e:  # a negative or too large field
+        raise errors.InvalidArgument(errors.INVALID_ARGUMENT, "a batch job's field: %s" % e)
+    return (BatchJob * n).from_buffer_copy(data)
+
+
+def unpack_batch(jobs):
+    """(job id, object, len) of each element of a tier_batch_job array, read back whole."""
+    return [(job, obj, length) for _, _, _, _, length, _, obj, job
+            in _BATCH_JOB.iter_unpack(bytes(jobs))]
 
 
 def new_batch(count):
