@@ -20,9 +20,9 @@ OPS = 64
 NBYTES = 4096
 # Calls per offloaded storage (pack, batch, stage, reload, unpack): 201 before issue 24's
 # trimming, 125-127 after its first pass, 115 after its second (CPU storages staged without a
-# flat tensor, no flush at CPU release points), 88 after its third (no closure or _finish per
+# flat tensor, no flush at CPU release points), 85 after its third (no closure or _finish per
 # job, handles made where staged, unpack inline; torch 2.13, CPU, tierd's host engine).
-MAX_CALLS_PER_OFFLOADED_STORAGE = 92
+MAX_CALLS_PER_OFFLOADED_STORAGE = 90
 # Extra host time per offloaded storage, in units of one op of the step without hooks (sin
 # forward and backward, about 6 us here): about 4.5 now, 6.5 before. Loose: a loaded machine.
 MAX_TIME_PER_OFFLOADED_STORAGE = 15.0

@@ -38,7 +38,8 @@ class StagingPool:
         self._session = session
         self.cache_bytes = cache_bytes
         self._idle = collections.OrderedDict()  # buffer id -> HostBuffer, least recently used first
-        self._by_size = {}  # size class -> [HostBuffer] idle, most recently released last
+        # size class -> [HostBuffer] idle, most recently released last
+        self._by_size = collections.defaultdict(list)
         self._idle_bytes = 0
         self._all = {}
         session.on_reset(self.invalidate_all)  # the buffers were the old session's
@@ -67,7 +68,7 @@ class StagingPool:
         if buf.id not in self._all or not buf._valid or buf.id in self._idle:
             return
         self._idle[buf.id] = buf
-        self._by_size.setdefault(buf.nbytes, []).append(buf)
+        self._by_size[buf.nbytes].append(buf)
         self._idle_bytes += buf.nbytes
 
     def take(self, nbytes):

@@ -79,9 +79,10 @@ class BackwardReloads:
         client = self._off.client
         reaped = False
         for record in records:
-            if record.tensor is not None or record.pending is not None or id(record) in seen:
+            key = id(record)
+            if record.tensor is not None or record.pending is not None or key in seen:
                 continue
-            seen.add(id(record))
+            seen.add(key)
             if record.handle is None:
                 self._batches.flush()
             if not reaped:
