@@ -750,6 +750,23 @@ TEST(DaemonGpuVmmPages, JobsCrossPagesOfOneReservation) {
   DeviceMemory plain(Alloc::kCudaMalloc, kMiB);
   EXPECT_EQ(tier_buffer_register_device_range(session.get(), plain.get(), 2 * kMiB, &buffer, &at),
             TIER_OUT_OF_RANGE);
+  // The same ranges in one call (tier_buffer_register_device_ranges): per range, what the
+  // one-range call answers, ids and offsets included.
+  const void* ptrs[] = {base + start, base + start, plain.get(), base + 4096};
+  const uint64_t lens[] = {len, total, 2 * kMiB, 4096};
+  tier_buffer_id ids[4];
+  uint64_t offsets[4];
+  tier_status statuses[4];
+  ASSERT_EQ(tier_buffer_register_device_ranges(session.get(), 4, ptrs, lens, ids, offsets,
+                                               statuses),
+            TIER_OK);
+  EXPECT_EQ(statuses[0], TIER_OK);
+  EXPECT_EQ(ids[0], buffer);
+  EXPECT_EQ(offsets[0], start);
+  EXPECT_EQ(statuses[1], TIER_OUT_OF_RANGE);
+  EXPECT_EQ(statuses[2], TIER_OUT_OF_RANGE);
+  EXPECT_EQ(statuses[3], TIER_OK);
+  EXPECT_EQ(offsets[3], first_offset);
   cudaStreamDestroy(stream);
   }
   offset = 0;
