@@ -5,8 +5,8 @@ order of offload (the order backward needs them) are started with it, and a plan
 at its triggers instead. The reloads of one device go as batches (at most CHUNK_BYTES each, in the
 order given), through Client.start_reloads: on CUDA allocated on the consumer (current) stream,
 also when prefetching, so they come from that stream's allocator pool; a prefetch's wait is put
-where the tensor is first used (the offloader's unpack takes its result), so the copies overlap the backward
-work queued in between (tier/_reloads.py). Each object is freed by its reload (a record is reloaded
+where the tensor is first used (the offloader's unpack takes its result), so the copies overlap
+the backward work queued in between (tier/_reloads.py). Each object is freed by its reload (a record is reloaded
 once: the bytes stay with it for every later unpack), not by a separate free. A CUDA storage whose
 offload is still in flight never left the GPU: its source is used as it is.
 
