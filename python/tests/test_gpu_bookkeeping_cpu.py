@@ -1,9 +1,11 @@
-"""The deferred GPU reload's ordering bookkeeping (tier/_reloads.py: DeferredBatch,
-DeferredReload), on fakes: no GPU here, and these are the rules the GPU path relies on. The
+"""The GPU path's bookkeeping, on fakes (no GPU here; these are the rules it relies on).
+
+The deferred GPU reload's ordering (tier/_reloads.py: DeferredBatch, DeferredReload): the
 stream a result is taken on waits for its batch once (a wait per batch and stream), the batch's
 jobs are noted in use at its first wait (the reload check after a daemon's death must see every
 GPU reload a stream waited on), a tensor used on another stream than the allocating one is
-record_stream'ed there, and a prefetch never taken still makes the allocating stream wait."""
+record_stream'ed there, and a prefetch never taken still makes the allocating stream wait. And
+the GPU-engine offload's completion: retain_on_failure keeps the source in the handle."""
 
 import threading
 import types
@@ -78,3 +80,24 @@ def test_a_prefetch_never_taken_makes_the_allocating_stream_wait():
     del reload
     assert session.jobs.waits == [(6, 0x300)]
     assert session.jobs.noted == jobs
+
+
+def test_a_failed_gpu_offload_leaves_its_source_in_its_handle_and_a_done_one_lets_it_go():
+    """The GPU-engine offload's job keeps (source, tensor, weak handle) and one shared callback
+    (tier/_offloads.py): on failure the handle gets the source (retain_on_failure), on success
+    nothing; either way the job drops what it kept once finished (JobTable._finish)."""
+    from tier import _jobs, _offloads, errors
+
+    class _Handle:
+        fallback = None
+
+    table = _jobs.JobTable(None)
+    for status, kept in ((errors.RESOURCE_EXHAUSTED, True), (errors.OK, False)):
+        handle, src, t = _Handle(), object(), object()
+        keep, done = _offloads._cuda_keep(handle, src, t, retain_on_failure=True)
+        job = _jobs.Job(1, "offload", keep, done)
+        table._finish(job, status, "")
+        assert (handle.fallback is src) == kept
+        assert job.keep is None and job.on_done is None
+    keep, done = _offloads._cuda_keep(_Handle(), object(), object(), retain_on_failure=False)
+    assert done is None and len(keep) == 2
