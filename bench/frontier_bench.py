@@ -282,6 +282,9 @@ class Planned(TierdMode):
             out["summary"] = p.summary()
             out["references_predicted"] = {k: v.as_dict() for k, v in p.references.items()}
         out["profile"] = profile_summary(self.planner.profile)
+        # The host probe's blocks: (mode, offloads, host ms beyond calibration).
+        out["host_probe"] = [(m, n, None if x is None else 1e3 * x)
+                             for m, n, x in (self.planner.host_probe or [])]
         return out
 
 
@@ -951,6 +954,10 @@ def report_probes(run):
                 "; pre %s post %s tail %s ms" % (fmt(prof.get("pre_ms")), fmt(prof.get("post_ms")),
                                                  fmt(prof.get("tail_ms"))) +
                 "; host per offloaded storage %s us" % fmt(prof.get("offload_host_us"), "%.0f"))
+            probe = r.get("host_probe") or []
+            if probe:
+                log("  host probe (per block: mode, offloads, host ms beyond calibration): " +
+                    " ".join("%s/%d/%s" % (m[:1], n, fmt(x, "%.2f")) for m, n, x in probe))
         st = r.get("planner_stats") or {}
         pr = r.get("predicted") or {}
         base = r.get("baseline_predicted") or {}

@@ -316,3 +316,24 @@ def test_a_host_bound_block_runs_at_the_hosts_pace():
     assert ends == pytest.approx([4e-3, 8e-3])
     prof.offload_host_s = 1e-3
     assert ap.host_extra_s(prof, ("keep", "keep"), [2, 0]) == pytest.approx(2e-3)
+
+
+def test_the_host_probe_takes_the_median_blocks_cost_per_offload():
+    from tier.torch._host_probe import HostProbe
+
+    prof = _with_host(llama_like(n=4), 1.5e-3, 0.0)
+    lay = ap.Layout(prof, ("keep",) * 4)
+    # Two offloads in each of blocks 0-2, none in block 3.
+    chosen = [s for s in lay.sites if lay.block_of(s.index) < 3 and
+              s.index - lay.starts[lay.block_of(s.index)] < 2]
+    e = ap.evaluate(prof, ("keep",) * 4, LINK, chosen=chosen)
+    probe = HostProbe(4)
+    # Host forward per block: 1.5 ms calibrated, plus 0.2, 0.3 and (held up) 9 ms; block 3: +0.1.
+    for b, extra in enumerate((0.2e-3, 0.3e-3, 9e-3, 0.1e-3)):
+        probe._marks[b] = [10.0 * b, 10.0 * b + 1.5e-3 + extra]
+    cost = probe.cost_s(e, prof, prof.blocks)
+    assert cost == pytest.approx(0.3e-3 / 2)  # the median block's 0.15 ms an offload, not 1.58
+    assert [n for _, n, _ in probe.blocks] == [2, 2, 2, 0]
+    assert probe.blocks[3][2] == pytest.approx(0.1e-3)  # a hooked block without offloads shows too
+    empty = HostProbe(4)
+    assert empty.cost_s(e, prof, prof.blocks) is None  # nothing clocked

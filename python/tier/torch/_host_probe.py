@@ -1,6 +1,6 @@
 """The host's cost per offloaded storage, clocked on one planned step (HOST_PROBE_STEP of the first
 plan that offloads): what each offloading block's forward took the host beyond its calibrated,
-hook-free time, over the storages it offloaded. The joint planner plans again with it
+hook-free time, over the storages it offloaded (the median block's). The joint planner plans again with it
 (tier/torch/_activation_planner.host_extra_s)."""
 
 import time
@@ -13,12 +13,16 @@ HOST_PROBE_STEP = 2
 
 
 class HostProbe:
-    """Per block, when its forward began and ended on the host, on the one step clocked."""
+    """Per block, when its forward began and ended on the host, on the one step clocked.
+    ``blocks`` (after cost_s): per block, (mode, offloads, host seconds beyond calibration or
+    None): what the cost came from (a block with no offload shows what the hooks and releases
+    alone cost there)."""
 
-    __slots__ = ("_marks",)
+    __slots__ = ("_marks", "blocks")
 
     def __init__(self, blocks):
         self._marks = [[None, None] for _ in range(blocks)]
+        self.blocks = []
 
     def begins(self, b):
         self._marks[b][0] = time.perf_counter()
@@ -30,12 +34,25 @@ class HostProbe:
         """Seconds per offloaded storage under `evaluation` (the plan followed); None where no
         offloading block was clocked against a calibrated host time."""
         counts = ap.offloads_by_block(evaluation.layout, evaluation.chosen)
-        extra, n = 0.0, 0
+        per_offload = []
+        self.blocks = []
         for b, (sig, mode) in enumerate(zip(signatures, evaluation.modes)):
             calibrated = profile.host.get(sig, {}).get(mode)
             start, end = self._marks[b]
-            if counts[b] == 0 or calibrated is None or start is None or end is None:
+            if calibrated is None or start is None or end is None:
+                self.blocks.append((mode, counts[b], None))
                 continue
-            extra += (end - start) - calibrated[2]
-            n += counts[b]
-        return max(0.0, extra / n) if n else None
+            extra = (end - start) - calibrated[2]
+            self.blocks.append((mode, counts[b], extra))
+            if counts[b]:
+                per_offload.append(extra / counts[b])
+        if not per_offload:
+            return None
+        # The median block's: one step is clocked, and one block held up by something else (the
+        # last one's barrier, the allocator, another process on the host) must not set the cost
+        # for all of them.
+        per_offload.sort()
+        mid = len(per_offload) // 2
+        median = (per_offload[mid] if len(per_offload) % 2 else
+                  (per_offload[mid - 1] + per_offload[mid]) / 2)
+        return max(0.0, median)

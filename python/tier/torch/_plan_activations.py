@@ -421,6 +421,7 @@ class ActivationPlanner:
         self._plan_steps = 0         # planned steps run under the plan followed
         self._host_probe = None      # the HostProbe of the step clocked now
         self._host_measured = False  # the host's cost per offloaded storage is measured
+        self.host_probe = None       # HostProbe.blocks of the step clocked
         self.stats = PlannerStats()
 
     # -- public --
@@ -743,6 +744,7 @@ class ActivationPlanner:
         if self._host_probe is not None:
             probe, self._host_probe = self._host_probe, None
             cost = probe.cost_s(self.plan.best, self._profile, self._signatures)
+            self.host_probe = probe.blocks
             if cost is not None:
                 self._host_measured = True
                 self._profile.offload_host_s = cost
