@@ -45,8 +45,8 @@ calibrates again (twice: it keeps the modes and stops offloading).
 The host's own time: offloading costs the host time per storage (the hooks, the batch the
 storage joins, its release), and in forward the host has little lead on the GPU to hide it in.
 The second planned step (``HOST_PROBE_STEP``) of the first plan that offloads clocks each block's
-forward on the host; what the offloading blocks took beyond their calibrated times, over the
-storages they offloaded, is that cost, and the plan is made again with it once (``stats.replans``):
+forward on the host; what an offloading block took beyond its calibrated time, per storage it
+offloaded (the median block's), is that cost (each block's figure: ``host_probe``), and the plan is made again with it once (``stats.replans``):
 the planner then counts the forward at the host's pace where the offloads make the host the
 slower of the two, and trims offloads the host cannot issue in time
 (tier/torch/_activation_planner.host_extra_s).
