@@ -1,7 +1,7 @@
 """The host's cost per offloaded storage, clocked on one planned step (HOST_PROBE_STEP of the first
 plan that offloads): what each offloading block's forward took the host beyond its calibrated,
-hook-free time, over the storages it offloaded (the median block's). The joint planner plans again with it
-(tier/torch/_activation_planner.host_extra_s)."""
+hook-free time, over the storages it offloaded (the median block's). The joint planner plans
+again with it (tier/torch/_activation_planner.host_extra_s)."""
 
 import time
 
