@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "fake_buffer.h"
 #include "gtest/gtest.h"
 #include "spill_test_util.h"
 #include "storage/faulty_io_queue.h"
@@ -33,17 +34,7 @@ constexpr uint64_t kObject = 64 * 1024;
 constexpr uint64_t kSlots = 4;
 
 // `device`: the GPU it stands for (the scripted engine copies host memory all the same).
-class HostBuffer : public engine::ImportedBuffer {
- public:
-  explicit HostBuffer(uint64_t bytes, int device = -1) : bytes_(bytes), device_(device) {}
-  char* base() const override { return bytes_.data(); }
-  uint64_t bytes() const override { return bytes_.size(); }
-  int device() const override { return device_; }
-
- private:
-  mutable std::vector<char> bytes_;
-  const int device_;
-};
+using HostBuffer = FakeBuffer;
 
 // A copy engine whose jobs run when the test says: Step() runs the oldest (a real memcpy, or the
 // failure given), so the test can hold a fill while other jobs arrive.

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "fake_buffer.h"
 #include "gtest/gtest.h"
 
 namespace tier::daemon {
@@ -35,17 +36,7 @@ using std::chrono::seconds;
 
 constexpr uint64_t kJobBytes = 4096;
 
-class DeviceBuffer : public engine::ImportedBuffer {
- public:
-  DeviceBuffer(uint64_t bytes, int device) : bytes_(bytes, 0x5a), device_(device) {}
-  char* base() const override { return bytes_.data(); }
-  uint64_t bytes() const override { return bytes_.size(); }
-  int device() const override { return device_; }
-
- private:
-  mutable std::vector<char> bytes_;
-  const int device_;
-};
+using DeviceBuffer = FakeBuffer;
 
 // Copies on the submitting thread and completes at once. Per GPU, a copy may cost time (a sleep:
 // the poller that submits it is busy meanwhile, as one is with a slow GPU's engine) or wait at a
@@ -299,7 +290,7 @@ class RingPollersTest : public ::testing::Test {
     return *clients_.back();
   }
   void AddBuffer(Client& client, int device) {
-    client.buffer = std::make_shared<DeviceBuffer>(4 * kJobBytes, device);
+    client.buffer = std::make_shared<DeviceBuffer>(4 * kJobBytes, device, 0x5a);
     engine_.Track(*client.buffer);
     const int home = client.session().home_device();
     client.buffer_id = client.session().AddBuffer(client.buffer);
