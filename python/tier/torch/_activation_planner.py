@@ -377,8 +377,10 @@ def _host_trim(profile, lay, modes, chosen, tolerance_s):
     chosen = list(chosen)
     counts = offloads_by_block(lay, chosen)
     base = _forward_pipeline(profile, modes, [0] * len(counts))
-    while chosen and host_extra_s(profile, modes, counts) > tolerance_s:
+    while chosen:
         ends = _forward_pipeline(profile, modes, counts)
+        if ends[-1] - base[-1] <= tolerance_s:  # (host_extra_s, without recomputing the base)
+            break
         delay = [e - b for e, b in zip(ends, base)]
         last = max((b for b in range(len(delay))
                     if delay[b] - (delay[b - 1] if b else 0.0) > 1e-12), default=-1)

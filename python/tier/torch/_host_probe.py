@@ -3,6 +3,7 @@ plan that offloads): what each offloading block's forward took the host beyond i
 hook-free time, over the storages it offloaded (the median block's). The joint planner plans
 again with it (tier/torch/_activation_planner.host_extra_s)."""
 
+import statistics
 import time
 
 from . import _activation_planner as ap
@@ -51,8 +52,4 @@ class HostProbe:
         # The median block's: one step is clocked, and one block held up by something else (the
         # last one's barrier, the allocator, another process on the host) must not set the cost
         # for all of them.
-        per_offload.sort()
-        mid = len(per_offload) // 2
-        median = (per_offload[mid] if len(per_offload) % 2 else
-                  (per_offload[mid - 1] + per_offload[mid]) / 2)
-        return max(0.0, median)
+        return max(0.0, statistics.median(per_offload))
