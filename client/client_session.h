@@ -37,7 +37,7 @@ struct SessionOptions {
   int connect_timeout_ms = 5000;
   // How long Open waits for a tierd that is not listening yet or turns sessions away for a moment
   // (starting, restarting, draining); 0: one attempt.
-  int daemon_wait_ms = 15000;
+  int daemon_wait_ms = 60000;
   uint64_t spin_ns = 50000;  // how long a waiter polls the ring before it sleeps
   // A call that has waited this long for tierd says so on stderr, once, with what it waits for
   // (0: never). $TIER_WAIT_WARN_MS overrides the default.

@@ -75,7 +75,7 @@ typedef struct tier_session_options {
   /* Since 0.2 (structs that end before it are accepted, with the default): how long the open
    * waits for a tierd that is not listening yet or turns sessions away for a moment (one that is
    * starting, restarting or draining before its successor starts). It tries again every few
-   * milliseconds until then, and fails with TIER_UNAVAILABLE after. 0: 15000; < 0: no wait (one
+   * milliseconds until then, and fails with TIER_UNAVAILABLE after. 0: 60000; < 0: no wait (one
    * attempt, as a reconnect from a running trainer wants). */
   int32_t daemon_wait_ms;
 } tier_session_options;

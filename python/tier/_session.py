@@ -86,7 +86,7 @@ class Session:
 
     def _open(self, connect_timeout_ms, daemon_wait_ms):
         """A session with tierd. daemon_wait_ms: how long to wait for a tierd that is starting
-        (0: the library's 15 s; < 0: one attempt, what a reconnect from a running trainer wants)."""
+        (0: the library's 60 s; < 0: one attempt, what a reconnect from a running trainer wants)."""
         options = _lib.new_struct(_lib.SessionOptions)
         options.socket_path = self._socket_bytes
         options.name = self._name_bytes

@@ -61,7 +61,7 @@ class Client:
     ``name``: shown by ``tierctl clients``. ``quota_bytes``: 0 takes the daemon's default.
     ``staging_cache_bytes``: idle staging memory kept for reuse (CPU tensors).
     ``daemon_wait_ms``: how long the constructor waits for a tierd that is not serving yet
-    (starting, restarting, draining before its successor starts; 0: 15000, < 0: no wait), so a
+    (starting, restarting, draining before its successor starts; 0: 60000, < 0: no wait), so a
     trainer started during ``systemctl restart tierd`` opens its session instead of failing.
 
     Thread-safe. Use as a context manager or call :meth:`close`.

@@ -204,6 +204,7 @@ TEST(Protocol, NoDaemonIsAClearUnavailable) {
   tier_session_options_init(&options);
   options.socket_path = "/nonexistent/tierd.sock";
   options.connect_timeout_ms = 500;
+  options.daemon_wait_ms = 1000;  // (the default waits a minute for a tierd that is starting)
   tier_session* session = nullptr;
   EXPECT_EQ(tier_session_open(&options, &session), TIER_UNAVAILABLE);
   EXPECT_EQ(session, nullptr);

@@ -12,6 +12,9 @@ gradient exchange, so nothing but the node's shared parts couples the ranks) in 
                offloader (pinned host tensors, side stream), SGD: what moving the same bytes
                over every link at once costs the node (CUDA only)
   activations  tier.torch.offload_activations (min_bytes 1 MiB, prefetch 2), SGD
+  inprocess-opt  AdamW whose state the trainer itself copies to pinned host tensors after each
+               step and back before the next (non-blocking copies): what moving the optimizer's
+               bytes over every link at once costs the node (CUDA only)
   optimizer    AdamW with its state in tierd between steps (tier.torch.offload_optimizer_state)
 and in each mode two phases: each rank alone in turn (the others wait), then every rank at once
 (each keeps stepping until every rank has measured its steps, so the load never thins out under a
@@ -20,8 +23,8 @@ names the worst. Step time: forward + backward + optimizer step until every copy
 (torch.cuda.synchronize and client.synchronize()), median of --steps after --warmup.
 
 Target: a rank's step with every rank at once within 3% of its step alone, in each tierd mode.
-The plain and inprocess rows show what the node itself adds (inprocess: for the same bytes moved
-without tierd, plain for the optimizer); where that alone exceeds 3%, it is the bound, and tierd
+The plain and in-process rows show what the node itself adds (inprocess for the activations'
+bytes, inprocess-opt for the optimizer's, moved without tierd; plain where those did not run); where that alone exceeds 3%, it is the bound, and tierd
 meets it when its ratio is within 3% of the reference's (tierd's own share).
 Prints a table and `tierctl pools` (which part each GPU's offloads took), writes JSON. With one GPU
 it measures rank 0 alone and says that the comparison needs 2 GPUs.
@@ -42,7 +45,8 @@ from rank_launcher import log, torch  # noqa: E402
 
 CFG_CUDA = dict(vocab=8192, d_model=1024, heads=16, layers=8, seq=1024, batch=4)
 CFG_CPU = dict(vocab=256, d_model=64, heads=4, layers=2, seq=64, batch=2)
-MODES = ("plain", "inprocess", "activations", "optimizer")
+MODES = ("plain", "inprocess", "activations", "inprocess-opt", "optimizer")
+REFERENCES = {"activations": "inprocess", "optimizer": "inprocess-opt"}
 TARGET = 1.03
 
 
@@ -60,6 +64,7 @@ class Trainer:
         self.act = None
         self.state = None
         self.inprocess = None
+        self.mirrors = None  # inprocess-opt: [(state tensor on the GPU, its pinned host copy)]
         if mode == "inprocess":
             sys.path.insert(0, os.path.join(rl.REPO_ROOT, "bench"))
             import torch_offload_bench as tob
@@ -68,9 +73,12 @@ class Trainer:
             self.model.head_region = tob.keep_saved_tensors
             self.inprocess = lambda: tob.InProcessOffloader(args.min_bytes, 2, 5, skip,
                                                             tob.Moved())
-        if mode == "optimizer":
+        if mode in ("optimizer", "inprocess-opt"):
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        if mode == "optimizer":
             self.state = tt.offload_optimizer_state(self.opt, client=client)
+        elif mode == "inprocess-opt":
+            self.mirrors = []
         else:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
         if mode == "activations":
@@ -92,7 +100,16 @@ class Trainer:
         else:
             loss = rl.loss_of(self.model, idx, target)
         loss.backward()
+        for on_gpu, on_host in self.mirrors or ():
+            on_gpu.copy_(on_host, non_blocking=True)
         self.opt.step()
+        if self.mirrors is not None:
+            if not self.mirrors:
+                self.mirrors = [(v, torch.empty_like(v, device="cpu").pin_memory())
+                                for st in self.opt.state.values() for v in st.values()
+                                if torch.is_tensor(v) and v.device.type == "cuda"]
+            for on_gpu, on_host in self.mirrors:
+                on_host.copy_(on_gpu, non_blocking=True)
         if self.dev.type == "cuda":
             torch.cuda.synchronize(self.dev)
         self.client.synchronize()
@@ -101,7 +118,7 @@ class Trainer:
     def close(self):
         if self.state is not None:
             self.state.remove()
-        del self.model, self.opt, self.act, self.state, self.inprocess
+        del self.model, self.opt, self.act, self.state, self.inprocess, self.mirrors
         if self.dev.type == "cuda":
             torch.cuda.synchronize(self.dev)
             torch.cuda.empty_cache()
@@ -152,8 +169,8 @@ def main():
     p.add_argument("--json", default="")
     args = p.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
-    if args.device == "cpu" and "inprocess" in args.modes:
-        args.modes.remove("inprocess")  # pinned memory and side streams: CUDA only
+    if args.device == "cpu":  # pinned memory and side streams: CUDA only
+        args.modes = [m for m in args.modes if not m.startswith("inprocess")]
     if args.device == "cuda":
         gpus = rl.gpu_count()
         if gpus == 0:
@@ -186,7 +203,7 @@ def main():
         "median of %d steps after %d" % (ranks, "s" if ranks > 1 else "", cfg["layers"],
                                           cfg["d_model"], cfg["seq"], cfg["batch"], args.steps,
                                           args.warmup))
-    log("%-12s | %9s %9s | %7s %7s | %s" % ("mode", "alone ms", "all ms", "mean", "worst",
+    log("%-13s | %9s %9s | %7s %7s | %s" % ("mode", "alone ms", "all ms", "mean", "worst",
                                              "per rank: alone / all at once (ms)"))
     rows = {}
     for mode in args.modes:
@@ -196,18 +213,18 @@ def main():
         mean = statistics.mean(ratios)
         rows[mode] = dict(alone_ms=alone, together_ms=together, ratios=ratios, ratio=mean,
                           worst=max(ratios), worst_rank=ratios.index(max(ratios)))
-        log("%-12s | %9.1f %9.1f | %7.3f %7.3f | %s" % (
+        log("%-13s | %9.1f %9.1f | %7.3f %7.3f | %s" % (
             mode, statistics.mean(alone), statistics.mean(together), mean, max(ratios),
             "  ".join("%d: %.1f/%.1f" % (i, a, t) for i, (a, t) in
                       enumerate(zip(alone, together)))))
     verdicts = []
     for mode in args.modes:
-        if mode in ("plain", "inprocess"):
+        if mode == "plain" or mode.startswith("inprocess"):
             continue
         ratio = rows[mode]["ratio"]
-        # What the node adds without tierd for the same kind of work: the in-process offloader
-        # for activations (same bytes), plain for the optimizer.
-        ref = "inprocess" if mode == "activations" and "inprocess" in rows else "plain"
+        # What the node adds without tierd for the same kind of work: the same bytes moved by
+        # the trainer itself (plain where that did not run).
+        ref = REFERENCES[mode] if REFERENCES[mode] in rows else "plain"
         beyond = ratio / rows[ref]["ratio"] if ref in rows else ratio
         verdicts.append("%s %+.1f%% mean, worst rank %d %+.1f%% (%+.1f%% beyond %s's)" % (
             mode, 100 * (ratio - 1), rows[mode]["worst_rank"], 100 * (rows[mode]["worst"] - 1),
@@ -217,7 +234,8 @@ def main():
         rows[mode]["beyond_" + ref] = beyond
     passed = all(rows[m].get("pass", True) for m in rows)
     log("(ratio: a rank's step with every rank at once / alone, mean over ranks and the worst; "
-        "plain: no offload; inprocess: activation offload without tierd)")
+        "plain: no offload; inprocess / inprocess-opt: activations / optimizer state moved "
+        "without tierd)")
     if ranks < 2:
         log("TARGET a rank's step with N ranks sharing tierd within %.0f%% of alone: needs 2 GPUs "
             "or more (this machine: %d): not measured" % (100 * (TARGET - 1), ranks))
