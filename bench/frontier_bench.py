@@ -94,6 +94,9 @@ REFERENCE_MODES = ("recompute", "selective", "light", "inprocess", "tierd-budget
 # Warm-up, calibration (saved tensors, then timing), the first planned step, and the second, on
 # which the planner clocks the host's cost per offloaded storage and plans again with it.
 PLANNER_WARMUP = 5
+# Steps a mode that is still settling may add to its warm-up (the planner's overhead check: a
+# verdict per CORRECTION_STEPS timed steps, up to MAX_CORRECTIONS plans again).
+SETTLE_STEPS = 12
 
 
 def log(*parts):
@@ -146,6 +149,10 @@ class Mode:
 
     def details(self):
         return {}
+
+    def settling(self):
+        """Whether the mode may still change what it does by itself (the planner)."""
+        return False
 
 
 class Recompute(Mode):
@@ -240,6 +247,9 @@ class TierdBudget(TierdMode):
     def context(self):
         return self.off
 
+    def settling(self):
+        return self.off.settling
+
     def own_offloaded(self):
         return self.off.stats.offloaded_bytes
 
@@ -266,6 +276,9 @@ class Planned(TierdMode):
     def context(self):
         return self.planner
 
+    def settling(self):
+        return self.planner.settling
+
     def own_offloaded(self):
         return self.planner.offloader.stats.offloaded_bytes
 
@@ -279,6 +292,7 @@ class Planned(TierdMode):
             out["baseline_predicted"] = p.baseline.as_dict()
             out["met_target"] = p.met_target
             out["within_budget"] = p.within_budget
+            out["planned_overhead"] = p.max_overhead
             out["summary"] = p.summary()
             out["references_predicted"] = {k: v.as_dict() for k, v in p.references.items()}
         out["profile"] = profile_summary(self.planner.profile)
@@ -479,10 +493,13 @@ def run_mode(mode, model, ids, args, warmup):
     cuda = args.device == "cuda"
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     samples = []
-    before = None
-    for step in range(warmup + args.steps):
-        if step == warmup:
-            before = mode.counters()
+    # The warm-up, longer while the mode settles (the planner's host probe and overhead check
+    # may plan again), up to SETTLE_STEPS more.
+    while len(samples) < warmup or (mode.settling() and len(samples) < warmup + SETTLE_STEPS):
+        samples.append(train_step(model, opt, ids, mode, cuda))
+    warmup = len(samples)
+    before = mode.counters()
+    for _ in range(args.steps):
         samples.append(train_step(model, opt, ids, mode, cuda))
     after = mode.counters()
     measured = samples[warmup:]
@@ -968,7 +985,10 @@ def report_probes(run):
                 max(base.get("step_s", 1), 1e-9), 1e3 * base.get("timed_s", 0),
                 1e3 * st.get("measured_step_s", 0), 1e3 * (pr.get("host_s") or 0),
                 pr.get("offloaded_sites", 0), pr.get("peak_bytes", 0) / MiB,
-                pr.get("early_reload_bytes", 0) / MiB, fmt(r.get("act_peak_mib"), "%.0f")))
+                pr.get("early_reload_bytes", 0) / MiB, fmt(r.get("act_peak_mib"), "%.0f")) +
+            ("; replans %d, overhead corrections %d (planned within %.1f%%)" % (
+                st.get("replans", 0), st.get("corrections", 0),
+                100 * (r.get("planned_overhead") or 0)) if "goal" in r else ""))
 
 
 def draw(runs, path):

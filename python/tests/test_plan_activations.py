@@ -3,6 +3,7 @@ followed, and results bit-identical to the same recompute without tierd (a deter
 eager attention, fp32), also under delay injection."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -454,3 +455,41 @@ def test_what_runs_between_blocks_is_numbered_outside_them(client, monkeypatch):
     assert seen[3:] == [modes] * 3
     assert plan.stats.plans == 1 and plan.stats.planned_steps >= 2  # no mismatch, no recalibration
     assert plan.offloader.stats.offloaded_storages > 0
+
+
+def test_a_plan_slower_than_predicted_is_made_again_within_a_tighter_budget(client, monkeypatch):
+    # Planned steps 20 ms slower than the calibration says (a sleep before the third block once
+    # the plan is followed: inside the timed part of the step): the measured overhead is far over the 5% budget, so the planner plans
+    # again with its budget scaled by the plan's own error, twice at most, then settles.
+    torch.manual_seed(0)
+    model = Net()
+    budgets = []
+    real = ap.choose
+
+    def recording(profile, link, **kwargs):
+        budgets.append(kwargs.get("max_overhead"))
+        return real(profile, link, **kwargs)
+    monkeypatch.setattr(ap, "choose", recording)
+    force_modes(monkeypatch, ["full"] * 6)
+    # (A link of 1 byte/s: nothing offloaded, no host probe; the recompute is the overhead.)
+    plan = tt.plan_activations(model, max_overhead=0.05, client=client, min_bytes=0,
+                               link=(1.0, 1.0), verbose=False)
+    slow = model.layers[2].register_forward_pre_hook(
+        lambda *_: time.sleep(0.02) if plan.plan is not None else None)
+    steps = 0
+    try:
+        for x in _batches(16):
+            with plan:
+                _step(model, x)
+            steps += 1
+            if not plan.settling:
+                break
+    finally:
+        slow.remove()
+    assert not plan.settling, "still settling after %d steps: %r" % (steps, plan.stats)
+    assert plan.stats.corrections == 2 and plan.stats.plans == 1
+    # (The host probe's replan, where the plan offloads, keeps the user's budget.)
+    assert budgets[:-2] == [0.05] * (len(budgets) - 2)
+    assert 0 < budgets[-1] <= budgets[-2] < 0.05
+    assert "planned within" in plan.summary()
+    assert plan.plan.max_overhead == budgets[-1]

@@ -234,6 +234,11 @@ class ActivationOffloader(_compile.Followed):
     # -- pack (forward) --
 
     @property
+    def settling(self):
+        """Whether a budget's plan may still change by itself (tier/torch/_offload_budget.py)."""
+        return bool(getattr(self._budget, "settling", False))
+
+    @property
     def budget(self):
         """With max_overhead or target_bytes: what the policy chose and how it went
         (:class:`~tier.torch._offload_budget.BudgetStats`); else None."""

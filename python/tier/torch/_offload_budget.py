@@ -250,6 +250,7 @@ class OffloadBudget:
         self._groups = {}         # storage key -> first site with it (calibration)
         self._settle = SETTLE_STEPS
         self._slow = 0
+        self._judged = 0          # the plan's steps judged so far
         self.stats = BudgetStats()
         if self._given_link is not None:
             self.stats.link_source = "given"
@@ -257,6 +258,12 @@ class OffloadBudget:
     @property
     def plan(self):
         return self._plan
+
+    @property
+    def settling(self):
+        """Whether the plan may still change by itself: calibrating, or fewer than SLOW_STEPS
+        of its steps judged (slow ones re-plan)."""
+        return self._plan is None or self._timing is not None or self._judged < SLOW_STEPS
 
     # -- the offloader's calls --
 
@@ -384,6 +391,7 @@ class OffloadBudget:
             if self._settle > 0:
                 self._settle -= 1
                 continue
+            self._judged += 1
             slow = (self.max_overhead is not None and self._plan.offloaded_bytes > 0 and
                     self.stats.measured_overhead > max(2 * self.max_overhead,
                                                        self.max_overhead + 0.02))
@@ -417,6 +425,7 @@ class OffloadBudget:
         self.stats.plans += 1
         self._settle = SETTLE_STEPS
         self._slow = 0
+        self._judged = 0
         self.stats.sites = len(self._sites)
         self.stats.chosen_sites = len(p.indices)
         self.stats.planned_bytes = p.offloaded_bytes

@@ -50,6 +50,11 @@ offloaded (the median block's), is that cost (each block's figure: ``host_probe`
 the planner then counts the forward at the host's pace where the offloads make the host the
 slower of the two, and trims offloads the host cannot issue in time
 (tier/torch/_activation_planner.host_extra_s).
+
+The clock has the last word on an overhead budget: a plan made for ``max_overhead`` whose timed
+steps run over it is made again within a budget scaled by its own error, twice at most per goal
+(tier/torch/_overhead_check.py; ``stats.corrections``). ``planner.settling`` is True while the plan
+may still change by itself (calibration, the host probe, this check).
 """
 
 import functools
@@ -66,6 +71,7 @@ from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
 from ._calibration import Calibration, build_profile, calibration_modes, rest_mode, signature
 from ._counters import Counters
 from ._host_probe import HOST_PROBE_STEP, HostProbe
+from ._overhead_check import OverheadCheck
 from ._weights import find_blocks
 
 try:
@@ -297,11 +303,13 @@ class PlannerStats(Counters):
     ``planned_steps`` run under a plan; ``predicted_step_s`` / ``measured_step_s`` (the latest,
     from the first block's forward to the end of its backward: ``measured_overhead`` compares
     them); ``predicted_peak_bytes``; ``calibration_peak_bytes`` (CUDA: the activation peak
-    measured in the last calibration step); ``replans``."""
+    measured in the last calibration step); ``replans`` (with the host's measured cost);
+    ``corrections`` (plans made again because a plan's measured step was over the overhead
+    budget: tier/torch/_overhead_check.py)."""
 
     __slots__ = ("calibration_steps", "plans", "planned_steps", "predicted_step_s",
                  "measured_step_s", "measured_overhead", "predicted_peak_bytes",
-                 "calibration_peak_bytes", "replans")
+                 "calibration_peak_bytes", "replans", "corrections")
 
     def __repr__(self):
         return "PlannerStats(%s)" % ", ".join("%s=%s" % kv for kv in self.as_dict().items())
@@ -422,6 +430,7 @@ class ActivationPlanner:
         self._host_probe = None      # the HostProbe of the step clocked now
         self._host_measured = False  # the host's cost per offloaded storage is measured
         self.host_probe = None       # HostProbe.blocks of the step clocked
+        self._overhead = OverheadCheck()  # the budget checked against the planned steps' clock
         self.stats = PlannerStats()
 
     # -- public --
@@ -440,6 +449,13 @@ class ActivationPlanner:
         """What the calibration measured (tier.torch._activation_planner.StepProfile), or None."""
         return self._profile
 
+    @property
+    def settling(self):
+        """Whether the plan may still change by itself (calibration, the host probe, the
+        overhead check)."""
+        return (self.plan is None or (self._step_plan.offloaded and not self._host_measured)
+                or not self._overhead.settled)
+
     def summary(self):
         if self.plan is None:
             return "tier.torch.plan_activations: calibrating (%d step(s) so far)" % (
@@ -452,6 +468,7 @@ class ActivationPlanner:
         the new :class:`~tier.torch._activation_planner.JointPlan` (or None)."""
         target_bytes, max_overhead = _goal(target_bytes, max_overhead)
         self.target_bytes, self.max_overhead = target_bytes, max_overhead
+        self._overhead.reset_goal()
         if self._profile is None:
             return None
         self._choose()
@@ -682,7 +699,7 @@ class ActivationPlanner:
         self._profile = build_profile(self._signatures, self._measured, sites, c)
         self._choose()
 
-    def _choose(self, replan=False):
+    def _choose(self, why=None):
         if self._link is None:
             if self.offload:
                 self._link, self._link_source = ob.measure_link(self._offloader.client,
@@ -690,17 +707,10 @@ class ActivationPlanner:
             else:
                 self._link, self._link_source = op.Link(1e12, 1e12), "unused"
         jp = ap.choose(self._profile, op.planning_link(self._link),
-                       target_bytes=self.target_bytes, max_overhead=self.max_overhead,
+                       target_bytes=self.target_bytes,
+                       max_overhead=self._overhead.budget(self.max_overhead),
                        modes=self.allowed, offload=self.offload)
-        host = []
-        if self._host_measured:
-            host = ["the host's cost per offloaded storage: %.0f us (measured on a planned step)"
-                    % (1e6 * self._profile.offload_host_s)]
-        jp.notes = self.notes + ["link from %s, planned at %d%% of it" % (
-            self._link_source, round(100 * op.PLAN_LINK_SHARE))] + host + jp.notes
-        if not _sac_op_output() and "selective" in self.allowed:
-            jp.notes.append("selective checkpointing's kept bytes measured as the allocator's "
-                            "growth (this torch gives the policy no op output)")
+        jp.notes = _plan_notes(self, jp)
         if self._now == "planned":
             self._now = None  # the step in progress followed the plan replaced here
         self.plan = jp
@@ -708,8 +718,11 @@ class ActivationPlanner:
         self._timers.clear()  # steps timed under another plan
         self._mismatches = 0
         self._plan_steps = 0
-        if replan:
+        self._overhead.new_plan()
+        if why == "host":
             self.stats.replans += 1
+        elif why == "overhead":
+            self.stats.corrections += 1
         else:
             self.stats.plans += 1
         self.stats.predicted_step_s = jp.best.timed_s
@@ -748,7 +761,7 @@ class ActivationPlanner:
             if cost is not None:
                 self._host_measured = True
                 self._profile.offload_host_s = cost
-                self._choose(replan=True)  # (this step's timer measured the plan before)
+                self._choose("host")  # (this step's timer measured the plan before)
                 return
         if timer is not None:
             self._timers.append(timer)
@@ -760,6 +773,9 @@ class ActivationPlanner:
             predicted = self._predicted_timing_s()
             if predicted:
                 self.stats.measured_overhead = step / predicted - 1.0
+            if self._overhead.observe(step, self.plan, self.max_overhead):
+                self._choose("overhead")
+                return
 
     def _predicted_timing_s(self):
         """The planned step's predicted time from its first block's forward to the end of that
@@ -767,6 +783,21 @@ class ActivationPlanner:
         if self.plan is None:
             return None
         return self.plan.best.timed_s
+
+
+def _plan_notes(planner, jp):
+    """A new plan's notes: the planner's own, where the link and the host's cost came from, the
+    overhead check's correction, then the plan's."""
+    notes = planner.notes + ["link from %s, planned at %d%% of it" % (
+        planner._link_source, round(100 * op.PLAN_LINK_SHARE))]
+    if planner._host_measured:
+        notes.append("the host's cost per offloaded storage: %.0f us (measured on a planned "
+                     "step)" % (1e6 * planner._profile.offload_host_s))
+    notes += planner._overhead.notes(jp.max_overhead, planner.max_overhead) + jp.notes
+    if not _sac_op_output() and "selective" in planner.allowed:
+        notes.append("selective checkpointing's kept bytes measured as the allocator's growth "
+                     "(this torch gives the policy no op output)")
+    return notes
 
 
 def plan_activations(model, target_bytes=None, max_overhead=None,
