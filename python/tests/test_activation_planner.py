@@ -337,3 +337,30 @@ def test_the_host_probe_takes_the_median_blocks_cost_per_offload():
     assert probe.blocks[3][2] == pytest.approx(0.1e-3)  # a hooked block without offloads shows too
     empty = HostProbe(4)
     assert empty.cost_s(e, prof, prof.blocks) is None  # nothing clocked
+
+
+def test_a_price_per_offload_learned_from_the_clock_makes_offloads_pay_their_way():
+    # With offloads free, at full recompute's peak the plan mixes offload into recompute; once
+    # the planned steps showed each offload costs the step 3 ms beyond the model (more than a
+    # block's recompute frees per offload), the same goal is met without them, and every
+    # prediction carries the price.
+    prof = llama_like()
+    full = ap.evaluate(prof, ("full",) * 16, LINK, offload=False)
+    free = ap.choose(prof, LINK, target_bytes=full.peak_bytes).best
+    assert free.chosen
+    prof.offload_step_s = 3e-3
+    priced = ap.choose(prof, LINK, target_bytes=full.peak_bytes).best
+    assert priced.peak_bytes <= full.peak_bytes
+    assert len(priced.chosen) < len(free.chosen)
+    assert priced.step_s <= full.step_s + 1e-12
+    again = ap.evaluate(prof, free.modes, LINK, chosen=free.chosen)
+    assert again.step_s == pytest.approx(free.step_s + 3e-3 * len(free.chosen))
+
+
+def test_a_28_block_search_with_a_price_per_offload_is_quick():
+    import time
+    prof = llama_like(n=28)
+    prof.offload_step_s = 2e-4
+    t0 = time.perf_counter()
+    ap.choose(prof, LINK, target_bytes=2 << 30)
+    assert time.perf_counter() - t0 < 20

@@ -1,5 +1,6 @@
-"""The overhead check (tier/torch/_overhead_check.py): a plan made for max_overhead is judged by
-its measured steps, and planned again with a tighter budget where it ran over."""
+"""The plan checked against the clock (tier/torch/_overhead_check.py): a plan's measured steps
+against its prediction; offloads that cost more than modelled get a price, and a plan made for
+max_overhead that runs over its budget is made again within a tighter one."""
 
 from types import SimpleNamespace
 
@@ -8,76 +9,104 @@ import pytest
 from tier.torch import _overhead_check as oc
 
 
-def _plan(base_s=0.100, predicted_s=0.104):
-    """A JointPlan's parts the check reads: the baseline's step (and the timed part of it) and
-    the plan's timed step."""
+def _plan(base_s=0.100, predicted_s=0.104, offloads=0):
+    """A JointPlan's parts the check reads: the baseline's step (and the timed part of it), the
+    plan's timed step and its offloads."""
     return SimpleNamespace(baseline=SimpleNamespace(step_s=base_s, timed_s=base_s),
-                           best=SimpleNamespace(timed_s=predicted_s))
+                           best=SimpleNamespace(timed_s=predicted_s, chosen=[None] * offloads))
 
 
 def _observe(check, plan, steps, max_overhead=0.05):
     return [check.observe(s, plan, max_overhead) for s in steps]
 
 
-def test_a_plan_within_its_budget_is_left_alone():
+N = oc.CORRECTION_STEPS
+
+
+def test_a_plan_as_predicted_and_within_its_budget_is_left_alone():
     check = oc.OverheadCheck()
-    assert _observe(check, _plan(), [0.1045] * oc.CORRECTION_STEPS) == \
-        [False] * oc.CORRECTION_STEPS
-    assert check.settled and check.scale == 1.0 and check.corrections == 0
-    assert check.budget(0.05) == 0.05 and check.notes(0.05, 0.05) == []
+    assert _observe(check, _plan(offloads=8), [0.1042] * N) == [False] * N
+    assert check.settled and check.scale == 1.0 and check.offload_step_s == 0.0
+    assert check.corrections == 0 and check.budget(0.05) == 0.05
+    assert check.notes(0.05, 0.05) == []
     assert check.observe(0.5, _plan(), 0.05) is False  # settled: later steps change nothing
 
 
 def test_no_verdict_before_enough_steps_and_the_median_decides():
     check = oc.OverheadCheck()
-    # One slow step among fast ones is noise, not the plan.
-    steps = [0.103, 0.140, 0.103][:oc.CORRECTION_STEPS]
-    verdicts = _observe(check, _plan(), steps)
-    assert verdicts[:-1] == [False] * (len(steps) - 1)
-    assert verdicts[-1] is False and check.settled
+    # One slow step among steps as predicted is noise, not the plan.
+    steps = ([0.104] * (N - 1) + [0.140])[-N:]
+    steps[0], steps[-1] = steps[-1], steps[0]
+    verdicts = _observe(check, _plan(offloads=8), steps)
+    assert verdicts == [False] * N and check.settled and check.offload_step_s == 0.0
 
 
-def test_a_plan_over_its_budget_tightens_the_budget_by_its_own_error():
+def test_offloads_slower_than_predicted_get_a_price_per_offload():
     check = oc.OverheadCheck()
-    # Predicted 4 ms of overhead, measured 8: the next plan may predict 0.95 * 5 * 4/8 ms.
-    verdicts = _observe(check, _plan(predicted_s=0.104), [0.108] * oc.CORRECTION_STEPS)
+    # Predicted 4 ms of overhead with 10 offloads, measured 8: 0.4 ms per offload beyond the
+    # model, whatever the budget.
+    verdicts = _observe(check, _plan(predicted_s=0.104, offloads=10), [0.108] * N, None)
+    assert verdicts[-1] is True and not check.settled
+    assert check.offload_step_s == pytest.approx(0.0004)
+    assert check.scale == 1.0 and check.corrections == 1
+    note, = check.notes(None, None)
+    assert "8.0 ms" in note and "4.0 were predicted" in note and "400 us" in note
+    # The next plan (fewer offloads) runs as predicted: settled, the price kept.
+    check.new_plan()
+    assert _observe(check, _plan(predicted_s=0.106, offloads=4), [0.106] * N, None)[-1] is False
+    assert check.settled and check.offload_step_s == pytest.approx(0.0004)
+
+
+def test_an_error_within_noise_is_not_priced():
+    check = oc.OverheadCheck()
+    slower = 0.104 + 0.100 * oc.NOISE / 2
+    assert _observe(check, _plan(offloads=10), [slower] * N)[-1] is False
+    assert check.offload_step_s == 0.0 and check.settled
+
+
+def test_a_plan_over_its_budget_without_offloads_tightens_the_budget_by_its_own_error():
+    check = oc.OverheadCheck()
+    # Predicted 4 ms of overhead (recompute), measured 8: the next plan may predict
+    # 0.95 * 5 * 4/8 ms.
+    verdicts = _observe(check, _plan(predicted_s=0.104), [0.108] * N)
     assert verdicts[-1] is True and not check.settled
     assert check.scale == pytest.approx(oc.CORRECTION_MARGIN * 0.004 / 0.008)
     assert check.budget(0.05) == pytest.approx(0.05 * check.scale)
-    assert check.corrections == 1
+    assert check.corrections == 1 and check.offload_step_s == 0.0
     note, = check.notes(check.budget(0.05), 0.05)
-    assert "8.0 ms" in note and "4.0 were predicted" in note and "budget of 5.0%" in note
+    assert "planned within" in note and "budget of 5.0%" in note
 
 
-def test_within_noise_of_the_budget_counts_as_within():
+def test_the_budget_is_strict():
     check = oc.OverheadCheck()
-    over = 0.100 * (1.05 + oc.NOISE / 2)
-    assert _observe(check, _plan(), [over] * oc.CORRECTION_STEPS)[-1] is False
+    assert _observe(check, _plan(predicted_s=0.104), [0.1051] * N)[-1] is True
 
 
 def test_corrections_are_bounded_per_goal_and_never_loosen():
     check = oc.OverheadCheck()
-    scales = []
+    scales, prices = [], []
     for _ in range(oc.MAX_CORRECTIONS + 2):
         check.new_plan()
-        _observe(check, _plan(predicted_s=0.104), [0.120] * oc.CORRECTION_STEPS)
+        _observe(check, _plan(predicted_s=0.104, offloads=4), [0.120] * N)
         scales.append(check.scale)
+        prices.append(check.offload_step_s)
     assert check.corrections == oc.MAX_CORRECTIONS and check.settled
     assert all(b <= a for a, b in zip(scales, scales[1:]))
-    # A plan measured under its prediction does not loosen the budget learned.
+    assert all(b >= a for a, b in zip(prices, prices[1:]))
+    # A plan measured under its prediction loosens neither.
     check.reset_goal()
-    _observe(check, _plan(predicted_s=0.104), [0.101] * oc.CORRECTION_STEPS)
-    assert check.scale == scales[-1] and check.settled
+    _observe(check, _plan(predicted_s=0.104, offloads=4), [0.101] * N)
+    assert (check.scale, check.offload_step_s) == (scales[-1], prices[-1]) and check.settled
     # A new goal may be corrected again.
     check.reset_goal()
-    assert _observe(check, _plan(predicted_s=0.104), [0.120] * oc.CORRECTION_STEPS)[-1]
+    assert _observe(check, _plan(predicted_s=0.104, offloads=4), [0.120] * N)[-1]
 
 
-def test_a_goal_without_a_budget_or_a_plan_without_overhead_settles_at_once():
+def test_a_plan_without_overhead_or_budget_settles_after_its_steps():
     check = oc.OverheadCheck()
-    assert check.observe(0.5, _plan(), None) is False and check.settled
+    assert _observe(check, _plan(), [0.5] * N, None) == [False] * N and check.settled
     assert check.budget(None) is None
     check = oc.OverheadCheck()
-    # A plan that predicts no overhead (the baseline itself): nothing of its own to scale.
-    assert _observe(check, _plan(predicted_s=0.100), [0.2] * oc.CORRECTION_STEPS)[-1] is False
+    # A plan that predicts no overhead and offloads nothing: nothing to scale or price.
+    assert _observe(check, _plan(predicted_s=0.100), [0.2] * N)[-1] is False
     assert check.settled and check.scale == 1.0

@@ -114,6 +114,10 @@ class StepProfile:
         # joins, its release): measured on a planned step (tier/torch/_plan_activations.py);
         # 0 until then.
         self.offload_host_s = 0.0
+        # Step seconds per offloaded storage that the rest of the model does not explain
+        # (copies slowing the kernels beside them, reloads landing late): learned from planned
+        # steps' clocks (tier/torch/_overhead_check.py); 0 until then.
+        self.offload_step_s = 0.0
         self._calib_kept = None
 
     def measured(self):
@@ -295,8 +299,8 @@ def _finish(profile, lay, modes, chosen, sim, how):
     e.timed_s = lay.blocks_end - profile.pre_s + sim.overhead
     # The host's own time for the offloads, where it outruns the GPU's lead in forward.
     e.host_s = host_extra_s(profile, modes, offloads_by_block(lay, chosen))
-    e.step_s += e.host_s
-    e.timed_s += e.host_s
+    e.step_s += e.host_s + len(chosen) * profile.offload_step_s
+    e.timed_s += e.host_s + len(chosen) * profile.offload_step_s
     e.offloaded_bytes = sum(s.nbytes for s in chosen)
     e.how = how
     n = len(modes)
@@ -476,8 +480,12 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     keep_all = tuple(["keep"] * n)
     baseline = evaluate(profile, keep_all, link, offload=False, how="none")
     tol = tolerance * baseline.step_s
-    evaluated = [evaluate(profile, m, link, offload=offload, tolerance_s=tol)
-                 for m in candidates(n, allowed)]
+    evaluated = []
+    for m in candidates(n, allowed):
+        e = evaluate(profile, m, link, offload=offload, tolerance_s=tol)
+        evaluated.append(e)
+        if e.chosen and profile.offload_step_s > 0:
+            evaluated.extend(_fewer_offloads(profile, e, link))
     notes = []
     if offload:
         # The budget's offload-only plans (they may stall the step to reach a target): over
@@ -544,6 +552,14 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     jp.notes = notes
     jp.step_plan = step_plan(best, link)
     return jp
+
+
+def _fewer_offloads(profile, e, link):
+    """Where offloads cost the step time of their own (``offload_step_s``): the same modes with
+    the largest half of ``e``'s offloads, and with none (the bytes per offload pay the price)."""
+    biggest = sorted(e.chosen, key=lambda s: (-s.nbytes, s.index))
+    return [evaluate(profile, e.modes, link, chosen=sorted(biggest[:k], key=lambda s: s.index))
+            for k in sorted({len(biggest) // 2, 0}, reverse=True)]
 
 
 def _site_target(profile, lay, target_bytes):

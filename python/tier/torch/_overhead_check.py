@@ -1,47 +1,52 @@
-"""The overhead budget, checked against the clock: a plan made for ``max_overhead`` predicts its
-step from calibrated parts (the blocks' times per mode, the link, the host's cost per offload),
-and what it leaves out (copies slowing the kernels beside them, a reload that lands late, the
-allocator) shows up only when the plan runs. Once a plan has run CORRECTION_STEPS timed steps,
-their median is compared with the budget; where it is over, the planner plans again with the
-budget scaled by how far its predicted overhead fell short of the measured one (the plan's own
-error, applied to the next plan), at most MAX_CORRECTIONS times per goal. A plan within its
-budget is left alone: the check never loosens a budget (a plan measured under its prediction
-keeps its margin; a looser one might not)."""
+"""The plan checked against the clock. A plan predicts its step from calibrated parts (the blocks'
+times per mode, the link, the host's cost per offload); what those leave out (copies slowing the
+kernels beside them, reloads landing late, the allocator) shows up only when the plan runs. Once
+a plan has run CORRECTION_STEPS timed steps, their median is compared with the prediction:
+
+- where the plan offloads and ran slower than predicted, the difference per offloaded storage
+  becomes part of every later prediction (the profile's ``offload_step_s``), and the plan is
+  made again: offloads that do not pay at that price give way to recompute or to keeping;
+- where a plan made for ``max_overhead`` still runs over the budget (nothing offloaded to
+  blame, or the corrections spent), the budget is scaled by how far the plan's predicted
+  overhead fell short of the measured one.
+
+At most MAX_CORRECTIONS per goal; the learned cost and scale stay across goals (they are the
+model's error, not the goal's), and neither is ever loosened."""
 
 import statistics
 
-# Timed steps of a plan before its overhead is judged (their median).
+# Timed steps of a plan before it is judged (their median).
 CORRECTION_STEPS = 3
-# Plans made again per goal, at most, when the measured overhead is over the budget.
+# Plans made again per goal, at most.
 MAX_CORRECTIONS = 2
-# The next plan aims this far inside the corrected budget.
+# The next plan aims this far inside a corrected budget.
 CORRECTION_MARGIN = 0.95
-# Measured overhead within this fraction of the step over the budget counts as within it.
+# A step this fraction of the baseline slower than predicted is the model's error, not noise.
 NOISE = 0.005
 
 
 class OverheadCheck:
-    """``scale``: the fraction of the user's budget the planner plans with (1.0 until a plan
-    measured over it); ``corrections``: the plans made again for this goal; ``settled``: no
-    correction can come for the plan followed (it is measured within its budget, the goal has
-    no budget, or the corrections are spent)."""
+    """``offload_step_s``: step seconds per offloaded storage learned beyond the model;
+    ``scale``: the fraction of the user's budget the planner plans with; ``corrections``: the
+    plans made again for this goal; ``settled``: no correction can come for the plan followed;
+    ``last``: (kind, measured overhead s, predicted overhead s, offloads) of the last one."""
 
-    __slots__ = ("scale", "corrections", "samples", "settled", "last")
+    __slots__ = ("offload_step_s", "scale", "corrections", "samples", "settled", "last")
 
     def __init__(self):
+        self.offload_step_s = 0.0
         self.scale = 1.0
         self.reset_goal()
 
     def reset_goal(self):
-        """A new goal: corrections may come again (the scale learned stays: the model's error
-        does not depend on the goal)."""
+        """A new goal: corrections may come again."""
         self.corrections = 0
         self.new_plan()
 
     def new_plan(self):
         self.samples = []
         self.settled = False
-        self.last = None  # (measured overhead, predicted overhead) of the last correction, s
+        self.last = None
 
     def budget(self, max_overhead):
         """The budget to plan with for the user's ``max_overhead`` (None: none)."""
@@ -51,33 +56,43 @@ class OverheadCheck:
         """What the last correction did, for the plan made with it."""
         if self.last is None:
             return []
-        return ["a plan's step ran %.1f ms over its baseline where %.1f were predicted: planned "
-                "within %.1f%% for the budget of %.1f%%" % (
-                    1e3 * self.last[0], 1e3 * self.last[1], 100 * planned, 100 * max_overhead)]
+        kind, measured, predicted, offloads = self.last
+        said = "a plan's step ran %.1f ms over its baseline where %.1f were predicted" % (
+            1e3 * measured, 1e3 * predicted)
+        if kind == "cost":
+            return [said + " (%d offloads): each offload costs the step %.0f us beyond the "
+                    "model" % (offloads, 1e6 * self.offload_step_s)]
+        return [said + ": planned within %.1f%% for the budget of %.1f%%" % (
+            100 * planned, 100 * max_overhead)]
 
     def observe(self, step_s, plan, max_overhead):
         """One timed step (first block's forward to the end of its backward) of ``plan`` (a
-        JointPlan made for ``max_overhead``). True when the plan must be made again (with
-        :meth:`budget`, which has tightened)."""
+        JointPlan; ``max_overhead``: the user's budget or None). True when the plan must be
+        made again (with :attr:`offload_step_s` and :meth:`budget`, one of which has moved)."""
         if self.settled or plan is None:
-            return False
-        if max_overhead is None:
-            self.settled = True
             return False
         self.samples.append(step_s)
         if len(self.samples) < CORRECTION_STEPS:
             return False
-        base = plan.baseline
-        allowed = max_overhead * base.step_s
+        base, best = plan.baseline, plan.best
         measured = statistics.median(self.samples[-CORRECTION_STEPS:]) - base.timed_s
-        predicted = plan.best.timed_s - base.timed_s
-        if (measured <= allowed + NOISE * base.timed_s or predicted <= 0 or
-                self.corrections >= MAX_CORRECTIONS):
-            self.settled = True
-            return False
-        # The plan's overhead ran measured/predicted times its prediction; the next one must
-        # predict at most allowed / that ratio (with a margin) to land within the budget.
-        self.scale = min(self.scale, CORRECTION_MARGIN * predicted / measured)
+        predicted = best.timed_s - base.timed_s
+        offloads = len(best.chosen or ())
+        if self.corrections < MAX_CORRECTIONS:
+            error = measured - predicted
+            if offloads and error > NOISE * base.timed_s:
+                self.offload_step_s += error / offloads
+                return self._corrected("cost", measured, predicted, offloads)
+            if (max_overhead is not None and predicted > 0 and
+                    measured > max_overhead * base.step_s):
+                # The plan's overhead ran measured/predicted times its prediction: the next one
+                # must predict at most the budget over that ratio (with a margin).
+                self.scale = min(self.scale, CORRECTION_MARGIN * predicted / measured)
+                return self._corrected("budget", measured, predicted, offloads)
+        self.settled = True
+        return False
+
+    def _corrected(self, kind, measured, predicted, offloads):
         self.corrections += 1
-        self.last = (measured, predicted)
+        self.last = (kind, measured, predicted, offloads)
         return True

@@ -51,8 +51,9 @@ the planner then counts the forward at the host's pace where the offloads make t
 slower of the two, and trims offloads the host cannot issue in time
 (tier/torch/_activation_planner.host_extra_s).
 
-The clock has the last word on an overhead budget: a plan made for ``max_overhead`` whose timed
-steps run over it is made again within a budget scaled by its own error, twice at most per goal
+The clock has the last word: a plan whose timed steps run slower than predicted is made again,
+with the difference priced per offloaded storage where it offloads, else (over a
+``max_overhead``) within a budget scaled by its own error, twice at most per goal
 (tier/torch/_overhead_check.py; ``stats.corrections``). ``planner.settling`` is True while the plan
 may still change by itself (calibration, the host probe, this check).
 """
@@ -706,6 +707,7 @@ class ActivationPlanner:
                                                                 self._device)
             else:
                 self._link, self._link_source = op.Link(1e12, 1e12), "unused"
+        self._profile.offload_step_s = self._overhead.offload_step_s
         jp = ap.choose(self._profile, op.planning_link(self._link),
                        target_bytes=self.target_bytes,
                        max_overhead=self._overhead.budget(self.max_overhead),
