@@ -1,5 +1,5 @@
-"""The benchmarks' CPU smoke modes (bench/frontier_bench.py --smoke, bench/hook_overhead_bench.py
-and bench/weight_offload_bench.py --device cpu): their logic end to end against a tierd of this
+"""The benchmarks' CPU smoke modes (bench/frontier_bench.py --smoke, bench/plan_profile.py --smoke,
+bench/hook_overhead_bench.py and bench/weight_offload_bench.py --device cpu): their logic end to end against a tierd of this
 build (host engine), in seconds."""
 
 import json
@@ -43,6 +43,21 @@ def test_frontier_bench_smoke(tmp_path):
     assert all(row["x_none"] > 0 for row in run["results"])
     assert (tmp_path / "frontier.png").stat().st_size > 0
     assert "tier.torch.plan_activations:" in r.stderr  # the planner's printed summary
+
+
+def test_plan_profile_smoke(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    r = _run([os.path.join(BENCH, "plan_profile.py"), "--smoke", "--goal", "overhead=0.05",
+              "--out-dir", str(tmp_path)], timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    with open(tmp_path / "plan_profile.json") as f:
+        out = json.load(f)
+    for step in ("none", "plan"):
+        assert out[step]["wall_ms"] > 0 and out[step]["host_top"], out[step]
+    assert out["plan_step_ms"] > 0 and out["none_step_ms"] > 0
+    assert len(out["planner"]["modes"]) == 6 and out["planner"]["stats"]["plans"] == 1
+    assert "== plan: wall" in r.stdout
 
 
 def test_hook_overhead_bench_cpu(tmp_path):

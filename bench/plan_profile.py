@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Where a planned step's time goes: one transformers Llama step under a plan of
+tier.torch.plan_activations, profiled (torch.profiler, host and GPU) next to the same step without
+a plan, so the difference per offloaded storage can be split into host work, GPU work and GPU
+idle time (issue 24: planned steps that offload ran 4-50 ms over their prediction on H100 and
+H200, plans that only recompute within 0.3%).
+
+    python3 bench/plan_profile.py --build-dir .device --shape 3b --seq 4096 --goal rc-peak
+    python3 bench/plan_profile.py --smoke            # tiny Llama on the CPU
+
+Goals: ``rc-peak`` (full recompute's measured peak), ``overhead=F`` (max_overhead), ``mib=N``
+(target_bytes). Prints, for both steps: wall time, GPU busy time on every stream and on the
+compute stream, the CUDA runtime and driver calls that can stall the host (synchronizations,
+allocator calls, stream waits) with their count and host time, the host functions with the most
+self time, and the planner's figures; writes JSON (and a gzipped Chrome trace per step with
+--trace).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import frontier_bench as fb  # noqa: E402
+
+MiB = 2**20
+STALL_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
+               "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaHostRegister",
+               "cudaStreamWaitEvent", "cuStreamWaitValue32", "cuStreamWaitValue64",
+               "cuStreamWriteValue32", "cuStreamWriteValue64", "cudaEventRecord",
+               "cudaEventQuery", "cudaMemcpyAsync", "cudaLaunchHostFunc", "cudaIpcGetMemHandle",
+               "cuMemGetAddressRange", "cudaPointerGetAttributes")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="1b", choices=sorted(fb.SHAPES))
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--goal", default="rc-peak")
+    p.add_argument("--settle-steps", type=int, default=24)
+    p.add_argument("--build-dir", default=os.environ.get("TIER_BUILD_DIR", "build"))
+    p.add_argument("--socket", default=None)
+    p.add_argument("--min-bytes", type=int, default=1 << 20)
+    p.add_argument("--out-dir", default="/tmp/tier-plan-profile")
+    p.add_argument("--trace", action="store_true", help="write gzipped Chrome traces")
+    p.add_argument("--smoke", action="store_true", help="tiny Llama on the CPU")
+    args = p.parse_args(argv)
+    args.device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        args.shape, args.seq, args.min_bytes = "tiny", 128, 0
+    return args
+
+
+def _device_time(evt):
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(evt, name, None)
+        if value is not None:
+            return value
+    return 0
+
+
+def busy_ms(prof):
+    """GPU busy time (union of kernel and copy intervals) over every stream and per stream."""
+    spans = {}
+    for e in prof.events():
+        kind = str(getattr(e, "device_type", ""))
+        if "CUDA" not in kind or e.time_range.elapsed_us() <= 0:
+            continue
+        stream = getattr(e, "device_resource_id", None)
+        spans.setdefault(stream, []).append((e.time_range.start, e.time_range.end))
+
+    def union(intervals):
+        total, end = 0, None
+        for a, b in sorted(intervals):
+            if end is None or a > end:
+                total += b - a
+                end = b
+            elif b > end:
+                total += b - end
+                end = b
+        return total / 1e3
+    every = union([s for v in spans.values() for s in v])
+    per_stream = {str(k): union(v) for k, v in spans.items()}
+    return every, per_stream
+
+
+def summarize(prof, wall_ms):
+    averages = prof.key_averages()
+    calls = {}
+    for e in averages:
+        if any(e.key.startswith(name) for name in STALL_CALLS):
+            calls[e.key] = {"count": e.count, "host_ms": e.self_cpu_time_total / 1e3}
+    host = sorted(((e.self_cpu_time_total / 1e3, e.count, e.key) for e in averages),
+                  reverse=True)[:20]
+    device = sorted(((_device_time(e) / 1e3, e.count, e.key) for e in averages),
+                    reverse=True)[:12]
+    every, per_stream = busy_ms(prof)
+    compute = max(per_stream.values()) if per_stream else 0.0
+    return {"wall_ms": wall_ms, "gpu_busy_ms": every, "busiest_stream_ms": compute,
+            "per_stream_ms": per_stream, "calls": calls,
+            "host_top": [{"ms": ms, "count": n, "name": k} for ms, n, k in host],
+            "device_top": [{"ms": ms, "count": n, "name": k} for ms, n, k in device]}
+
+
+def profiled_step(model, opt, ids, mode, cuda, path=None):
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fb.train_step(model, opt, ids, mode, cuda)
+        wall = (time.perf_counter() - t0) * 1e3
+    if path:
+        raw = path + ".json"
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as f, gzip.open(path + ".json.gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.remove(raw)
+    return summarize(prof, wall)
+
+
+def print_summary(name, s):
+    fb.log("== %s: wall %.1f ms, GPU busy %.1f ms (busiest stream %.1f ms)" % (
+        name, s["wall_ms"], s["gpu_busy_ms"], s["busiest_stream_ms"]))
+    fb.log("   streams: " + ", ".join("%s %.1f" % kv for kv in sorted(s["per_stream_ms"].items())))
+    fb.log("   calls that can stall (count, host ms): " + ", ".join(
+        "%s %d/%.2f" % (k, v["count"], v["host_ms"]) for k, v in sorted(s["calls"].items())))
+    fb.log("   host self time, top: " + "; ".join(
+        "%s x%d %.2f" % (r["name"][:48], r["count"], r["ms"]) for r in s["host_top"][:14]))
+    fb.log("   GPU time, top: " + "; ".join(
+        "%s x%d %.2f" % (r["name"][:40], r["count"], r["ms"]) for r in s["device_top"][:8]))
+
+
+def goal_of(text, rc_peak):
+    if text == "rc-peak":
+        return dict(target_bytes=int(rc_peak))
+    key, _, value = text.partition("=")
+    if key == "overhead":
+        return dict(max_overhead=float(value))
+    if key == "mib":
+        return dict(target_bytes=int(float(value) * MiB))
+    raise SystemExit("--goal: rc-peak, overhead=F or mib=N")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available (--smoke runs on the CPU)")
+    os.makedirs(args.out_dir, exist_ok=True)
+    import torch_offload_bench as tob
+    import tier.torch as tt
+    from _tierd import TierdProcess
+    os.environ.setdefault("TIER_BUILD_DIR", args.build_dir)
+    daemon = None
+    if args.socket is None:
+        daemon = TierdProcess(args.build_dir, "48G" if cuda else "1G")
+        daemon.connect("plan_profile").close()
+        args.socket = daemon.socket
+    try:
+        return _run(args, cuda, tob, tt)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+def _run(args, cuda, tob, tt):
+    session = tob.TierdSession(args.socket, args.build_dir)
+    cfg = dict(fb.SHAPES[args.shape], seq=args.seq, vocab=32000 if cuda else 256, attn="sdpa")
+    model = fb.make_model(cfg, args.device)
+    ids = fb.make_batch(cfg, args.device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    out = {"shape": args.shape, "seq": args.seq, "goal": args.goal,
+           "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    try:
+        none = fb.Mode()
+        for _ in range(3):
+            fb.train_step(model, opt, ids, none, cuda)
+        none_steps = [fb.train_step(model, opt, ids, none, cuda)["step_s"] for _ in range(3)]
+        trace = os.path.join(args.out_dir, "none") if args.trace else None
+        out["none"] = profiled_step(model, opt, ids, none, cuda, trace)
+        rc = fb.Recompute(model)
+        rc_peak = max(fb.train_step(model, opt, ids, rc, cuda)["act_peak"] or 0
+                      for _ in range(3)) if cuda else 1 << 20
+        rc.remove()
+        planner = tt.plan_activations(model, client=session.client, min_bytes=args.min_bytes,
+                                      verbose=True, **goal_of(args.goal, rc_peak))
+        mode = fb.Planned(planner, session, {}, "plan")
+        steps = 0
+        while steps < 6 or (planner.settling and steps < 6 + args.settle_steps):
+            fb.train_step(model, opt, ids, mode, cuda)
+            steps += 1
+        planned = [fb.train_step(model, opt, ids, mode, cuda)["step_s"] for _ in range(3)]
+        trace = os.path.join(args.out_dir, "plan") if args.trace else None
+        out["plan"] = profiled_step(model, opt, ids, mode, cuda, trace)
+        if planner.plan is None:
+            raise SystemExit("no plan after %d steps: %r" % (steps, planner.stats))
+        best = planner.plan.best
+        out["planner"] = {"steps_to_settle": steps, "stats": planner.stats.as_dict(),
+                          "modes": best.modes, "offloads": len(best.chosen),
+                          "offloaded_mib": best.offloaded_bytes / MiB,
+                          "predicted_step_ms": 1e3 * best.step_s,
+                          "baseline_step_ms": 1e3 * planner.plan.baseline.step_s,
+                          "offload_step_us": 1e6 * planner.profile.offload_step_s,
+                          "offload_host_us": 1e6 * planner.profile.offload_host_s,
+                          "summary": planner.summary()}
+        planner.remove()
+    finally:
+        session.close()
+    out["none_step_ms"] = 1e3 * statistics.median(none_steps)
+    out["plan_step_ms"] = 1e3 * statistics.median(planned)
+    fb.log("%s seq %d, %s, goal %s: none %.1f ms, plan %.1f ms (%.3fx); settled after %d steps"
+           % (args.shape, args.seq, out["device"], args.goal, out["none_step_ms"],
+              out["plan_step_ms"], out["plan_step_ms"] / out["none_step_ms"], steps))
+    fb.log(out["planner"]["summary"])
+    fb.log("offloads %d (%.0f MiB), price per offload %.0f us of step, host %.0f us" % (
+        out["planner"]["offloads"], out["planner"]["offloaded_mib"],
+        out["planner"]["offload_step_us"], out["planner"]["offload_host_us"]))
+    print_summary("none", out["none"])
+    print_summary("plan", out["plan"])
+    path = os.path.join(args.out_dir, "plan_profile.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    fb.log("wrote %s" % path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
