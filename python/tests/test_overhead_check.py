@@ -110,3 +110,30 @@ def test_a_plan_without_overhead_or_budget_settles_after_its_steps():
     # A plan that predicts no overhead and offloads nothing: nothing to scale or price.
     assert _observe(check, _plan(predicted_s=0.100), [0.2] * N)[-1] is False
     assert check.settled and check.scale == 1.0
+
+
+def test_step_windows_judge_the_whole_step_less_what_lay_outside_the_blocks(monkeypatch):
+    import torch
+    from tier.torch import _offload_budget as ob
+    clock = iter([10.0, 10.030,           # the calibration's timing step: 30 ms in all
+                  20.0, 20.050,           # a planned step: 50 ms
+                  30.0, 30.041,           # another: 41 ms
+                  40.0])
+    monkeypatch.setattr(ob.time, "perf_counter", lambda: next(clock))
+    cpu = torch.device("cpu")
+    w = oc.StepWindows()
+    w.enter("warmup", cpu)  # not a step that is measured
+    w.exit()
+    w.enter("timing", cpu)
+    w.exit()
+    assert w.ready() == [] and w.outside_s is None
+    w.calibrate(0.025)      # the model puts 25 ms in that step's blocks: 5 lay outside them
+    assert w.outside_s == pytest.approx(0.005)
+    for _ in range(2):
+        w.enter("planned", cpu)
+        w.exit()
+    assert w.ready() == pytest.approx([0.045, 0.036])
+    assert w.ready() == []
+    w.enter("planned", cpu)  # a step under a plan replaced before it is read
+    w.clear()
+    assert w.ready() == [] and w._open is not None

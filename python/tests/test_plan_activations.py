@@ -457,24 +457,28 @@ def test_what_runs_between_blocks_is_numbered_outside_them(client, monkeypatch):
     assert plan.offloader.stats.offloaded_storages > 0
 
 
-def test_a_plan_slower_than_predicted_is_made_again_within_a_tighter_budget(client, monkeypatch):
-    # Planned steps 20 ms slower than the calibration says (a sleep before the third block once
-    # the plan is followed: inside the timed part of the step): the measured overhead is far over the 5% budget, so the planner plans
-    # again with its budget scaled by the plan's own error, twice at most, then settles.
+def _slow_planned_steps(client, monkeypatch, module_of):
+    """(planner, max_overhead budgets planned with) of a run whose planned steps sleep 20 ms
+    before module_of(model) (nothing before the plan is followed), stopped once it settles."""
     torch.manual_seed(0)
     model = Net()
     budgets = []
+    force_modes(monkeypatch, ["full"] * 6)
     real = ap.choose
 
     def recording(profile, link, **kwargs):
         budgets.append(kwargs.get("max_overhead"))
-        return real(profile, link, **kwargs)
+        jp = real(profile, link, **kwargs)
+        # Predictions of 1 ms, 10% over it: the host's timing noise (other work on a shared
+        # CPU can slow a calibration step several times) cannot hide the 20 ms.
+        jp.baseline.timed_s = jp.baseline.step_s = 1e-3
+        jp.best.timed_s = jp.best.step_s = 1.1e-3
+        return jp
     monkeypatch.setattr(ap, "choose", recording)
-    force_modes(monkeypatch, ["full"] * 6)
     # (A link of 1 byte/s: nothing offloaded, no host probe; the recompute is the overhead.)
     plan = tt.plan_activations(model, max_overhead=0.05, client=client, min_bytes=0,
                                link=(1.0, 1.0), verbose=False)
-    slow = model.layers[2].register_forward_pre_hook(
+    slow = module_of(model).register_forward_pre_hook(
         lambda *_: time.sleep(0.02) if plan.plan is not None else None)
     steps = 0
     try:
@@ -487,9 +491,27 @@ def test_a_plan_slower_than_predicted_is_made_again_within_a_tighter_budget(clie
     finally:
         slow.remove()
     assert not plan.settling, "still settling after %d steps: %r" % (steps, plan.stats)
+    return plan, budgets
+
+
+def test_a_plan_slower_than_predicted_is_made_again_within_a_tighter_budget(client, monkeypatch):
+    # Planned steps 20 ms slower than the calibration says (a sleep before the third block):
+    # the measured overhead is far over the 5% budget, so the planner plans again with its
+    # budget scaled by the plan's own error, twice at most, then settles.
+    plan, budgets = _slow_planned_steps(client, monkeypatch, lambda m: m.layers[2])
     assert plan.stats.corrections == 2 and plan.stats.plans == 1
     # (The host probe's replan, where the plan offloads, keeps the user's budget.)
     assert budgets[:-2] == [0.05] * (len(budgets) - 2)
     assert 0 < budgets[-1] <= budgets[-2] < 0.05
-    assert "planned within" in plan.summary()
+    assert "planned within" in " ".join(plan.plan.notes)
     assert plan.plan.max_overhead == budgets[-1]
+
+
+def test_what_a_plan_costs_outside_its_blocks_is_judged_too(client, monkeypatch):
+    # The sleep before the first block (in the model's input layer): outside the block timer's
+    # window, inside the planner's context. The whole step, less what lay outside the blocks in
+    # calibration, is what the check judges: the plan is made again.
+    plan, budgets = _slow_planned_steps(client, monkeypatch, lambda m: m.inp)
+    assert plan.stats.corrections == 2
+    assert 0 < budgets[-1] < 0.05
+    assert plan._windows.outside_s is not None

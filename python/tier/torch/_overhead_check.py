@@ -15,6 +15,8 @@ model's error, not the goal's), and neither is ever loosened."""
 
 import statistics
 
+from ._offload_budget import StepTimer
+
 # Timed steps of a plan before it is judged (their median).
 CORRECTION_STEPS = 3
 # Plans made again per goal, at most.
@@ -96,3 +98,62 @@ class OverheadCheck:
         self.corrections += 1
         self.last = (kind, measured, predicted, offloads)
         return True
+
+
+class StepWindows:
+    """The whole planned step as the planner's context sees it, from entering it to leaving it
+    after backward (CUDA events on the current stream, or the host's clock): what a plan costs
+    outside its blocks (the offloader's work at the step's ends, a wait there) is seen here and
+    not by the block timer. ``outside_s``: the calibration's timing step's window less the
+    model's prediction of that step's blocks (what lies outside the blocks without a plan);
+    :meth:`ready` gives planned windows less that, comparable with a plan's ``timed_s``."""
+
+    __slots__ = ("outside_s", "_open", "_timing", "_planned")
+
+    def __init__(self):
+        self.outside_s = None
+        self._open = None      # (kind, timer, device) of the step in progress
+        self._timing = None    # the last calibration timing step's window
+        self._planned = []     # planned steps' windows, oldest first
+
+    def enter(self, kind, device):
+        self._open = None
+        if kind in ("timing", "planned") and device is not None:
+            timer = StepTimer()
+            timer.start(device)
+            self._open = (kind, timer, device)
+
+    def exit(self):
+        if self._open is None:
+            return
+        (kind, timer, device), self._open = self._open, None
+        timer.end(device)
+        if kind == "timing":
+            self._timing = timer
+        else:
+            self._planned.append(timer)
+
+    def calibrate(self, predicted_timed_s):
+        """After the calibration's last timing step: what lay outside its blocks (a host wait
+        for that step's GPU work, once)."""
+        timer, self._timing = self._timing, None
+        if timer is None:
+            return
+        timer.wait()
+        step = timer.step_s()
+        if step is not None:
+            self.outside_s = max(0.0, step - predicted_timed_s)
+
+    def clear(self):
+        """A new plan: windows of steps under the old one are not its."""
+        self._planned.clear()
+
+    def ready(self):
+        """The planned windows whose GPU work is done, oldest first, less ``outside_s`` (none
+        until it is known)."""
+        out = []
+        while self._planned and self._planned[0].ready():
+            step = self._planned.pop(0).step_s()
+            if step is not None and self.outside_s is not None:
+                out.append(step - self.outside_s)
+        return out

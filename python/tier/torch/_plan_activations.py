@@ -51,7 +51,9 @@ the planner then counts the forward at the host's pace where the offloads make t
 slower of the two, and trims offloads the host cannot issue in time
 (tier/torch/_activation_planner.host_extra_s).
 
-The clock has the last word: a plan whose timed steps run slower than predicted is made again,
+The clock has the last word: a plan whose steps (measured whole, from entering the context to
+leaving it, less what lay outside the blocks in calibration) run slower than predicted is made
+again,
 with the difference priced per offloaded storage where it offloads, else (over a
 ``max_overhead``) within a budget scaled by its own error, twice at most per goal
 (tier/torch/_overhead_check.py; ``stats.corrections``). ``planner.settling`` is True while the plan
@@ -72,7 +74,7 @@ from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
 from ._calibration import Calibration, build_profile, calibration_modes, rest_mode, signature
 from ._counters import Counters
 from ._host_probe import HOST_PROBE_STEP, HostProbe
-from ._overhead_check import OverheadCheck
+from ._overhead_check import OverheadCheck, StepWindows
 from ._weights import find_blocks
 
 try:
@@ -431,7 +433,8 @@ class ActivationPlanner:
         self._host_probe = None      # the HostProbe of the step clocked now
         self._host_measured = False  # the host's cost per offloaded storage is measured
         self.host_probe = None       # HostProbe.blocks of the step clocked
-        self._overhead = OverheadCheck()  # the budget checked against the planned steps' clock
+        self._overhead = OverheadCheck()  # the plan checked against the planned steps' clock
+        self._windows = StepWindows()     # the whole steps it is checked on
         self.stats = PlannerStats()
 
     # -- public --
@@ -490,6 +493,7 @@ class ActivationPlanner:
             if self._blocks is not None:
                 self._blocks.active = False
             raise
+        self._windows.enter(self._now, self._device)
         return self
 
     def __exit__(self, *exc):
@@ -497,6 +501,7 @@ class ActivationPlanner:
             self._close_region()  # a forward that ended without its last block
             return self._offloader.__exit__(*exc)
         finally:
+            self._windows.exit()
             if self._blocks is not None:
                 self._blocks.active = False
             if self._calib is not None:
@@ -698,6 +703,8 @@ class ActivationPlanner:
                for m in self.allowed):
             return  # another calibration round measures the modes still missing
         self._profile = build_profile(self._signatures, self._measured, sites, c)
+        self._windows.calibrate(ap.evaluate(self._profile, sites.modes, op.Link(1e12, 1e12),
+                                            offload=False).timed_s)
         self._choose()
 
     def _choose(self, why=None):
@@ -718,6 +725,7 @@ class ActivationPlanner:
         self.plan = jp
         self._step_plan = jp.step_plan
         self._timers.clear()  # steps timed under another plan
+        self._windows.clear()
         self._mismatches = 0
         self._plan_steps = 0
         self._overhead.new_plan()
@@ -739,20 +747,7 @@ class ActivationPlanner:
     def _planned_step_done(self):
         timer, self._timer = self._timer, None
         if self._mismatch:
-            self._host_probe = None
-            self._mismatches += 1
-            if self._mismatches > 1:
-                # The model saves differently from step to step: keep the modes, offload
-                # nothing (a plan by position would offload the wrong tensors), and say so.
-                if self._step_plan.offloaded:
-                    warnings.warn("tier.torch.plan_activations: the blocks saved other tensors "
-                                  "than in calibration, twice: offload is off, the recompute "
-                                  "plan stays", RuntimeWarning, stacklevel=4)
-                self._step_plan = self._unhooked()
-                return
-            self.plan = self._step_plan = None
-            self._measured.clear()
-            self._profile = None
+            _mismatched(self)
             return
         self.stats.planned_steps += 1
         self._plan_steps += 1
@@ -771,20 +766,41 @@ class ActivationPlanner:
             step = self._timers.pop(0).step_s()
             if step is None:
                 continue
+            # (The plan's predicted time from its first block's forward to the end of that
+            # block's backward: what the timer measures.)
             self.stats.measured_step_s = step
-            predicted = self._predicted_timing_s()
-            if predicted:
-                self.stats.measured_overhead = step / predicted - 1.0
-            if self._overhead.observe(step, self.plan, self.max_overhead):
-                self._choose("overhead")
+            self.stats.measured_overhead = step / self.plan.best.timed_s - 1.0
+            if self._windows.outside_s is None and self._judged(step):
+                return
+        # The whole step where it is known (what the plan costs outside its blocks too).
+        for step in self._windows.ready():
+            if self._judged(step):
                 return
 
-    def _predicted_timing_s(self):
-        """The planned step's predicted time from its first block's forward to the end of that
-        block's backward (what the timer measures)."""
-        if self.plan is None:
-            return None
-        return self.plan.best.timed_s
+    def _judged(self, step):
+        """Whether the overhead check made the plan again after this step."""
+        if self._overhead.observe(step, self.plan, self.max_overhead):
+            self._choose("overhead")
+            return True
+        return False
+
+
+def _mismatched(planner):
+    """A planned step whose blocks saved other tensors than in calibration: calibrate again;
+    the second time, keep the modes and offload nothing (a plan by position would offload the
+    wrong tensors), and say so."""
+    planner._host_probe = None
+    planner._mismatches += 1
+    if planner._mismatches > 1:
+        if planner._step_plan.offloaded:
+            warnings.warn("tier.torch.plan_activations: the blocks saved other tensors than in "
+                          "calibration, twice: offload is off, the recompute plan stays",
+                          RuntimeWarning, stacklevel=5)
+        planner._step_plan = planner._unhooked()
+        return
+    planner.plan = planner._step_plan = None
+    planner._measured.clear()
+    planner._profile = None
 
 
 def _plan_notes(planner, jp):
