@@ -53,8 +53,7 @@ slower of the two, and trims offloads the host cannot issue in time
 
 The clock has the last word: a plan whose steps (measured whole, from entering the context to
 leaving it, less what lay outside the blocks in calibration) run slower than predicted is made
-again,
-with the difference priced per offloaded storage where it offloads, else (over a
+again, with the difference priced per offloaded storage where it offloads, else (over a
 ``max_overhead``) within a budget scaled by its own error, twice at most per goal
 (tier/torch/_overhead_check.py; ``stats.corrections``). ``planner.settling`` is True while the plan
 may still change by itself (calibration, the host probe, this check).
