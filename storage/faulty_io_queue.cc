@@ -12,6 +12,7 @@ namespace tier::storage {
 namespace {
 
 std::string Describe(const IoRequest& r) {
+  if (r.op == IoOp::kSync) return absl::StrCat("injected fault: fdatasync of file ", r.file);
   return absl::StrCat("injected fault: ", r.op == IoOp::kRead ? "read" : "write", " of ", r.len,
                       " bytes at offset ", r.offset, " of file ", r.file);
 }
@@ -26,7 +27,7 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec) {
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
           absl::StrCat("fault rule '", std::string(text), "': ", std::string(why),
-                       " (expected OP:FAULT[:SKIP[:TIMES]], OP read|write, "
+                       " (expected OP:FAULT[:SKIP[:TIMES]], OP read|write|sync, "
                        "FAULT eio|enospc|short|corrupt)"));
     };
     if (parts.size() < 2 || parts.size() > 4) return bad("wrong number of fields");
@@ -35,6 +36,8 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec) {
       rule.op = IoOp::kRead;
     } else if (parts[0] == "write") {
       rule.op = IoOp::kWrite;
+    } else if (parts[0] == "sync") {
+      rule.op = IoOp::kSync;
     } else {
       return bad("unknown op");
     }
@@ -42,7 +45,7 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec) {
       rule.error = EIO;
     } else if (parts[1] == "enospc") {
       rule.error = ENOSPC;
-    } else if (parts[1] == "short") {
+    } else if (parts[1] == "short" && rule.op != IoOp::kSync) {
       rule.action = FaultRule::Action::kShort;
     } else if (parts[1] == "corrupt" && rule.op == IoOp::kRead) {
       rule.action = FaultRule::Action::kCorrupt;
@@ -90,6 +93,8 @@ absl::Status FaultyIoQueue::RegisterBuffers(absl::Span<const IoBuffer> buffers) 
 
 absl::StatusOr<int> FaultyIoQueue::RegisterFile(int fd) { return inner_->RegisterFile(fd); }
 
+absl::Status FaultyIoQueue::UnregisterFile(int index) { return inner_->UnregisterFile(index); }
+
 uint32_t FaultyIoQueue::outstanding() const {
   return inner_->outstanding() + static_cast<uint32_t>(ready_.size());
 }
@@ -100,7 +105,8 @@ int FaultyIoQueue::Match(const IoRequest& request, FaultRule* fired) {
     const FaultRule& rule = r.rule;
     if (r.times_left == 0 || rule.op != request.op) continue;
     if (rule.file >= 0 && rule.file != request.file) continue;
-    if (request.offset >= rule.offset_end || request.offset + request.len <= rule.offset_begin) {
+    if (request.op != IoOp::kSync &&
+        (request.offset >= rule.offset_end || request.offset + request.len <= rule.offset_begin)) {
       continue;
     }
     if (r.skip_left > 0) {
@@ -120,9 +126,7 @@ absl::Status FaultyIoQueue::Enqueue(const IoRequest& request) {
   if (outstanding() >= depth()) {
     return absl::ResourceExhaustedError(absl::StrCat(name_, " queue full (depth ", depth(), ")"));
   }
-  if (request.buf == nullptr || request.len == 0) {
-    return absl::InvalidArgumentError("I/O request needs a buffer and len > 0");
-  }
+  if (absl::Status s = CheckBuffer(request); !s.ok()) return s;
   FaultRule rule;
   int fired;
   {

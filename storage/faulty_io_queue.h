@@ -4,7 +4,8 @@
 //             `error`: what a queue reports when a short transfer's remainder fails;
 //   kCorrupt  a read succeeds, then one bit of the data it delivered is flipped (a bad disk or
 //             cable that the checksum has to catch).
-// A rule matches requests by op, file and overlap with [offset_begin, offset_end); it lets `skip`
+// A rule matches requests by op, file and overlap with [offset_begin, offset_end) (a kSync by op
+// and file alone); it lets `skip`
 // matching requests through first ("fail the 3rd write": skip = 2) and then fires `times` times
 // (-1: forever). The first rule that fires decides. Rules may be added or cleared from any thread
 // while the queue runs (the owner thread's calls see them at the next Enqueue or completion).
@@ -43,7 +44,8 @@ struct FaultRule {
 };
 
 // Rules from text (tierd's test-only `spill_inject_faults` setting): comma-separated
-// `OP:FAULT[:SKIP[:TIMES]]`, OP read|write, FAULT eio|enospc|short|corrupt (corrupt: reads only),
+// `OP:FAULT[:SKIP[:TIMES]]`, OP read|write|sync, FAULT eio|enospc|short|corrupt (corrupt: reads
+// only; short: not sync),
 // SKIP matching requests let through first (default 0), TIMES firings (default 1; -1: forever).
 // "write:enospc:2:1,read:corrupt" fails the third write with ENOSPC and corrupts the first read.
 absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec);
@@ -61,6 +63,7 @@ class FaultyIoQueue final : public IoQueue {
 
   absl::Status RegisterBuffers(absl::Span<const IoBuffer> buffers) override;
   absl::StatusOr<int> RegisterFile(int fd) override;
+  absl::Status UnregisterFile(int index) override;
   absl::Status Enqueue(const IoRequest& request) override;
   int Submit() override;
   int Poll(std::vector<IoCompletion>* out, bool wait) override;

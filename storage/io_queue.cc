@@ -7,6 +7,13 @@
 
 namespace tier::storage {
 
+absl::Status CheckBuffer(const IoRequest& request) {
+  if (request.op != IoOp::kSync && (request.buf == nullptr || request.len == 0)) {
+    return absl::InvalidArgumentError("I/O request needs a buffer and len > 0");
+  }
+  return absl::OkStatus();
+}
+
 bool ParseIoQueueKind(std::string_view text, IoQueueKind* out) {
   if (text == "auto") {
     *out = IoQueueKind::kAuto;

@@ -31,7 +31,9 @@
 
 namespace tier::storage {
 
-enum class IoOp : uint8_t { kRead, kWrite };
+// kSync: fdatasync of the file (buf and len unused): it covers the writes that completed before
+// it was enqueued, not those still in flight (the caller orders them).
+enum class IoOp : uint8_t { kRead, kWrite, kSync };
 
 // A region of memory the engine may pin once and then reference without per-request cost
 // (io_uring fixed buffers). Typically the whole pinned host pool.
@@ -48,7 +50,7 @@ struct IoRequest {
   int file = -1;        // an index returned by RegisterFile
   uint64_t offset = 0;  // bytes from the start of the file, or kCurrentPosition
   char* buf = nullptr;  // source (write) or destination (read); owned by the caller until completion
-  uint64_t len = 0;     // bytes, > 0
+  uint64_t len = 0;     // bytes, > 0 (kSync: 0)
   uint64_t user_data = 0;  // returned untouched in the completion
 };
 
@@ -57,6 +59,9 @@ struct IoCompletion {
   absl::Status status;  // OK: all `len` bytes transferred
   uint64_t bytes = 0;   // bytes transferred (== len when OK)
 };
+
+// INVALID_ARGUMENT for a read or write without a buffer or of len 0 (a kSync needs neither).
+absl::Status CheckBuffer(const IoRequest& request);
 
 class IoQueue {
  public:
@@ -70,9 +75,12 @@ class IoQueue {
   // Makes `fd` addressable by requests; returns its index. The caller keeps `fd` open for as long
   // as the queue lives.
   virtual absl::StatusOr<int> RegisterFile(int fd) = 0;
+  // Forgets a file no request of which is outstanding (its index may be handed out again; the
+  // queue holds no reference to the file after this).
+  virtual absl::Status UnregisterFile(int index) = 0;
 
-  // Queues a request locally (no system call). INVALID_ARGUMENT for an unknown file, a null buffer
-  // or len 0; RESOURCE_EXHAUSTED when depth() requests are already outstanding.
+  // Queues a request locally (no system call). INVALID_ARGUMENT for an unknown file, a read or
+  // write with a null buffer or len 0; RESOURCE_EXHAUSTED when depth() requests are already outstanding.
   virtual absl::Status Enqueue(const IoRequest& request) = 0;
 
   // Hands every queued request to the engine; returns how many it handed over. A transient

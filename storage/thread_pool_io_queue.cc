@@ -18,6 +18,7 @@ namespace {
 constexpr uint64_t kMaxPiece = uint64_t{1} << 30;
 
 std::string Describe(const IoRequest& r) {
+  if (r.op == IoOp::kSync) return absl::StrCat("fdatasync of file ", r.file);
   return absl::StrCat(r.op == IoOp::kRead ? "pread" : "pwrite", " of ", r.len, " bytes at offset ",
                       r.offset, " of file ", r.file);
 }
@@ -51,17 +52,30 @@ absl::Status ThreadPoolIoQueue::RegisterBuffers(absl::Span<const IoBuffer> buffe
 
 absl::StatusOr<int> ThreadPoolIoQueue::RegisterFile(int fd) {
   if (fd < 0) return absl::InvalidArgumentError("bad file descriptor");
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    if (fds_[i] < 0) {  // an unregistered file's index
+      fds_[i] = fd;
+      return static_cast<int>(i);
+    }
+  }
   fds_.push_back(fd);
   return static_cast<int>(fds_.size() - 1);
 }
 
+absl::Status ThreadPoolIoQueue::UnregisterFile(int index) {
+  if (index < 0 || static_cast<size_t>(index) >= fds_.size() || fds_[index] < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown file index ", index));
+  }
+  fds_[index] = -1;
+  return absl::OkStatus();
+}
+
 absl::Status ThreadPoolIoQueue::Enqueue(const IoRequest& request) {
-  if (request.file < 0 || static_cast<size_t>(request.file) >= fds_.size()) {
+  if (request.file < 0 || static_cast<size_t>(request.file) >= fds_.size() ||
+      fds_[request.file] < 0) {
     return absl::InvalidArgumentError(absl::StrCat("unknown file index ", request.file));
   }
-  if (request.buf == nullptr || request.len == 0) {
-    return absl::InvalidArgumentError("I/O request needs a buffer and len > 0");
-  }
+  if (absl::Status s = CheckBuffer(request); !s.ok()) return s;
   if (outstanding_ >= depth_) {
     return absl::ResourceExhaustedError(absl::StrCat("thread-pool queue full (depth ", depth_, ")"));
   }
@@ -132,6 +146,15 @@ std::optional<ThreadPoolIoQueue::Work> ThreadPoolIoQueue::NextWork() {
 IoCompletion ThreadPoolIoQueue::Execute(const Work& work) {
   const IoRequest& r = work.request;
   IoCompletion c{r.user_data, absl::OkStatus(), 0};
+  if (r.op == IoOp::kSync) {
+    while (::fdatasync(work.fd) != 0) {
+      if (errno != EINTR) {
+        c.status = ErrnoStatus(Describe(r));
+        break;
+      }
+    }
+    return c;
+  }
   while (c.bytes < r.len) {
     size_t len = static_cast<size_t>(std::min(kMaxPiece, r.len - c.bytes));
     off_t offset = static_cast<off_t>(r.offset + c.bytes);

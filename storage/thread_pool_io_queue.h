@@ -28,6 +28,7 @@ class ThreadPoolIoQueue final : public IoQueue {
 
   absl::Status RegisterBuffers(absl::Span<const IoBuffer> buffers) override;
   absl::StatusOr<int> RegisterFile(int fd) override;
+  absl::Status UnregisterFile(int index) override;
   absl::Status Enqueue(const IoRequest& request) override;
   int Submit() override;
   int Poll(std::vector<IoCompletion>* out, bool wait) override;

@@ -26,6 +26,7 @@ constexpr unsigned kFileTableSize = 64;
 constexpr uint32_t kMaxRetries = 8;
 
 std::string Describe(const IoRequest& r) {
+  if (r.op == IoOp::kSync) return absl::StrCat("io_uring fdatasync of file ", r.file);
   return absl::StrCat("io_uring ", r.op == IoOp::kRead ? "read" : "write", " of ", r.len,
                       " bytes at offset ", r.offset, " of file ", r.file);
 }
@@ -110,6 +111,9 @@ absl::Status UringIoQueue::RegisterBuffers(absl::Span<const IoBuffer> buffers) {
 absl::StatusOr<int> UringIoQueue::RegisterFile(int fd) {
   if (fd < 0) return absl::InvalidArgumentError("bad file descriptor");
   int index = static_cast<int>(files_.size());
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (files_[i].fd < 0) index = static_cast<int>(i);  // an unregistered file's index
+  }
   File file{fd, false};
   if (!file_table_ && files_.empty()) {
     // A sparse table, filled one slot per file, so files can be added while I/O runs.
@@ -121,8 +125,26 @@ absl::StatusOr<int> UringIoQueue::RegisterFile(int fd) {
     int ret = io_uring_register_files_update(&ring_, static_cast<unsigned>(index), &fd, 1);
     file.fixed = ret == 1;
   }
-  files_.push_back(file);
+  if (static_cast<size_t>(index) == files_.size()) {
+    files_.push_back(file);
+  } else {
+    files_[index] = file;
+  }
   return index;
+}
+
+absl::Status UringIoQueue::UnregisterFile(int index) {
+  if (index < 0 || static_cast<size_t>(index) >= files_.size() || files_[index].fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown file index ", index));
+  }
+  if (files_[index].fixed) {
+    // The ring's table holds a reference to the file until its slot is cleared.
+    int none = -1;
+    int ret = io_uring_register_files_update(&ring_, static_cast<unsigned>(index), &none, 1);
+    if (ret < 0) return ErrnoStatus("io_uring_register_files_update", -ret);
+  }
+  files_[index] = File{};
+  return absl::OkStatus();
 }
 
 bool UringIoQueue::file_registered(int index) const {
@@ -130,12 +152,11 @@ bool UringIoQueue::file_registered(int index) const {
 }
 
 absl::Status UringIoQueue::Enqueue(const IoRequest& request) {
-  if (request.file < 0 || static_cast<size_t>(request.file) >= files_.size()) {
+  if (request.file < 0 || static_cast<size_t>(request.file) >= files_.size() ||
+      files_[request.file].fd < 0) {
     return absl::InvalidArgumentError(absl::StrCat("unknown file index ", request.file));
   }
-  if (request.buf == nullptr || request.len == 0) {
-    return absl::InvalidArgumentError("I/O request needs a buffer and len > 0");
-  }
+  if (absl::Status s = CheckBuffer(request); !s.ok()) return s;
   if (free_slots_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("io_uring queue full (depth ", depth_, ")"));
   }
@@ -163,9 +184,11 @@ void UringIoQueue::PrepPiece(io_uring_sqe* sqe, uint32_t slot) {
   // io_uring reads an offset of -1 as "the current file position" (pipes, sockets).
   uint64_t offset = s.request.offset == kCurrentPosition ? kCurrentPosition : s.request.offset + s.done;
   int fd = file.fixed ? s.request.file : file.fd;
-  int buf_index = FindRegion(buf, len);
+  int buf_index = s.request.op == IoOp::kSync ? -1 : FindRegion(buf, len);
   bool read = s.request.op == IoOp::kRead;
-  if (buf_index >= 0) {
+  if (s.request.op == IoOp::kSync) {
+    io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+  } else if (buf_index >= 0) {
     if (read) {
       io_uring_prep_read_fixed(sqe, fd, buf, static_cast<unsigned>(len), offset, buf_index);
     } else {
@@ -239,6 +262,10 @@ void UringIoQueue::HandleCqe(uint64_t tag, int res, std::vector<IoCompletion>* o
       return;
     }
     Complete(slot, ErrnoStatus(Describe(s.request), -res), out);
+    return;
+  }
+  if (s.request.op == IoOp::kSync) {
+    Complete(slot, absl::OkStatus(), out);  // (res 0: synced)
     return;
   }
   if (res == 0) {

@@ -1,6 +1,7 @@
 // IoQueue on io_uring (liburing): one ring of `depth` requests, fixed (registered) buffers over the
 // host pool, registered files, IORING_OP_READ_FIXED/WRITE_FIXED when a buffer lies inside a
-// registered region and plain READ/WRITE otherwise. Every CQE is checked: res < 0 fails the request
+// registered region and plain READ/WRITE otherwise; kSync is IORING_OP_FSYNC with
+// IORING_FSYNC_DATASYNC. Every CQE is checked: res < 0 fails the request
 // (after a few retries of EAGAIN/EINTR), a short transfer is resubmitted for the remainder, and a
 // transfer of 0 bytes ends the request (end of file for a read, no progress for a write).
 //
@@ -32,6 +33,7 @@ class UringIoQueue final : public IoQueue {
 
   absl::Status RegisterBuffers(absl::Span<const IoBuffer> buffers) override;
   absl::StatusOr<int> RegisterFile(int fd) override;
+  absl::Status UnregisterFile(int index) override;
   absl::Status Enqueue(const IoRequest& request) override;
   int Submit() override;
   int Poll(std::vector<IoCompletion>* out, bool wait) override;
@@ -78,7 +80,7 @@ class UringIoQueue final : public IoQueue {
   std::vector<uint32_t> free_slots_;
   std::deque<uint32_t> to_submit_;  // slots whose next piece is not yet in the ring
   uint32_t in_ring_ = 0;            // pieces placed in the ring whose CQE has not been seen
-  std::vector<File> files_;
+  std::vector<File> files_;         // fd -1: unregistered, its index free for the next file
   bool file_table_ = false;  // a sparse registered-file table exists
   std::vector<Region> regions_;  // sorted by begin
   UniqueFd wake_fd_;  // eventfd

@@ -207,6 +207,39 @@ TEST_P(IoQueueTest, RefusesBadRequestsAndMoreThanDepth) {
   EXPECT_EQ(queue_->Poll(&out, true), 0);
 }
 
+// A sync (fdatasync) needs no buffer and completes OK; an unregistered file's index refuses
+// requests and is handed to the next file, whose requests reach that file and not the old one.
+TEST_P(IoQueueTest, SyncAndUnregisteredFiles) {
+  int old_fd = OpenFile("old", /*direct=*/true, 1 << 20);
+  absl::StatusOr<int> old_file = queue_->RegisterFile(old_fd);
+  ASSERT_TRUE(old_file.ok());
+  Extent e = Alloc(1 << 20);
+  char* buf = pool_->At(e);
+  FillPattern(buf, 4096, 3);
+  auto done = RunAll(queue_.get(), {{IoOp::kWrite, *old_file, 0, buf, 4096, 1},
+                                    {IoOp::kSync, *old_file, 0, nullptr, 0, 2}});
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status;
+  EXPECT_TRUE(done[2].status.ok()) << done[2].status;
+  ASSERT_TRUE(queue_->UnregisterFile(*old_file).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(queue_->UnregisterFile(*old_file)));
+  EXPECT_TRUE(absl::IsInvalidArgument(queue_->Enqueue({IoOp::kSync, *old_file, 0, nullptr, 0, 3})));
+  int new_fd = OpenFile("new", /*direct=*/true, 1 << 20);
+  absl::StatusOr<int> new_file = queue_->RegisterFile(new_fd);
+  ASSERT_TRUE(new_file.ok());
+  EXPECT_EQ(*new_file, *old_file);
+  FillPattern(buf, 4096, 4);
+  done = RunAll(queue_.get(), {{IoOp::kWrite, *new_file, 0, buf, 4096, 4},
+                               {IoOp::kSync, *new_file, 0, nullptr, 0, 5}});
+  EXPECT_TRUE(done[4].status.ok()) << done[4].status;
+  EXPECT_TRUE(done[5].status.ok()) << done[5].status;
+  char* old_bytes = buf + 4096;  // (aligned: the files may be O_DIRECT)
+  char* new_bytes = buf + 8192;
+  ASSERT_EQ(::pread(fds_[0].get(), old_bytes, 4096, 0), 4096);
+  ASSERT_EQ(::pread(fds_[1].get(), new_bytes, 4096, 0), 4096);
+  EXPECT_TRUE(testing::MatchesPattern(old_bytes, 4096, 3));
+  EXPECT_TRUE(testing::MatchesPattern(new_bytes, 4096, 4));
+}
+
 TEST_P(IoQueueTest, ShortReadAtEndOfFileIsContinuedThenReported) {
   int fd = OpenFile("short", /*direct=*/false);
   std::vector<char> data(10000);

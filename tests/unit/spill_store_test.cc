@@ -42,6 +42,7 @@ class CountingIoQueue final : public IoQueue {
     return inner_->RegisterBuffers(buffers);
   }
   absl::StatusOr<int> RegisterFile(int fd) override { return inner_->RegisterFile(fd); }
+  absl::Status UnregisterFile(int index) override { return inner_->UnregisterFile(index); }
   absl::Status Enqueue(const IoRequest& request) override {
     absl::Status s = inner_->Enqueue(request);
     if (s.ok() && request.file >= 0 && request.file < kFiles) {
