@@ -104,7 +104,10 @@ int FaultyIoQueue::Match(const IoRequest& request, FaultRule* fired) {
     RuleState& r = rules_[i];
     const FaultRule& rule = r.rule;
     if (r.times_left == 0 || rule.op != request.op) continue;
-    if (rule.file >= 0 && rule.file != request.file) continue;
+    if (rule.file >= 0 &&
+        (request.file < rule.file || request.file >= rule.file + rule.file_count)) {
+      continue;
+    }
     if (request.op != IoOp::kSync &&
         (request.offset >= rule.offset_end || request.offset + request.len <= rule.offset_begin)) {
       continue;

@@ -33,6 +33,7 @@ struct FaultRule {
   Action action = Action::kFail;
   int error = EIO;  // kFail, kShort: the errno reported
   int file = -1;    // -1: any file index
+  int file_count = 1;  // with file >= 0: the files file .. file + file_count - 1 match
   uint64_t offset_begin = 0;
   uint64_t offset_end = std::numeric_limits<uint64_t>::max();
   uint64_t skip = 0;

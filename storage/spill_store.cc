@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,31 +22,17 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "storage/crc32c.h"
+#include "storage/direct_io.h"
+#include "storage/spill_store_op.h"
 
 namespace tier::storage {
 namespace {
 
-constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment of buffers, offsets and lengths
+constexpr uint64_t kBlock = kDirectIoBlock;
 
 uint64_t RoundUp(uint64_t n) { return (n + kBlock - 1) & ~(kBlock - 1); }
 
 bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & (kBlock - 1)) == 0; }
-
-// One aligned block written and read back at offset 0: the only reliable test of whether this
-// filesystem does O_DIRECT (some accept the flag at open and refuse the I/O with EINVAL).
-absl::Status ProbeIo(int fd) {
-  void* block = std::aligned_alloc(kBlock, kBlock);
-  if (block == nullptr) return absl::ResourceExhaustedError("probe buffer");
-  std::memset(block, 0, kBlock);
-  absl::Status status;
-  if (::pwrite(fd, block, kBlock, 0) != static_cast<ssize_t>(kBlock)) {
-    status = ErrnoStatus("probe write", errno == 0 ? EIO : errno);
-  } else if (::pread(fd, block, kBlock, 0) != static_cast<ssize_t>(kBlock)) {
-    status = ErrnoStatus("probe read", errno == 0 ? EIO : errno);
-  }
-  std::free(block);
-  return status;
-}
 
 // Opens and locks `path`. Two daemons on one spill directory would overwrite each other's records:
 // the file is locked (flock) for the store's life. `opened` are the files this store holds already
@@ -113,25 +100,6 @@ struct SpillStore::File {
   SpillFileUsage usage;                     // the counters; sizes are filled in by Usage()
 };
 
-struct SpillStore::Op {
-  IoOp kind = IoOp::kWrite;
-  SpillRecord record;
-  char* buf = nullptr;
-  uint64_t io_len = 0;   // record.extent.bytes: whole blocks
-  uint64_t issued = 0;   // bytes of io_len handed to the queue
-  uint32_t in_flight = 0;
-  // Writes: the CRC of each chunk issued so far. Reads: the CRCs the chunks must match.
-  std::vector<uint32_t> chunk_crcs;
-  uint32_t crc_chunks = 0;       // writes: chunks checksummed; reads: chunks verified, in order
-  std::vector<bool> chunk_done;  // reads: which chunks arrived
-  bool checksum_failed = false;  // reads: a chunk did not match
-  absl::Status status;
-  WriteDone write_done;
-  ReadDone read_done;
-  ReadProgress progress;
-  std::list<std::unique_ptr<Op>>::iterator where;
-};
-
 // The spill file in `dir`: created or reused, locked (waiting up to lock_wait_ms for a killed
 // tierd's lock), preallocated to file_bytes, O_DIRECT where the filesystem takes it (and the
 // options allow); `opened` (the files opened so far) tells a directory named twice apart.
@@ -169,7 +137,7 @@ absl::StatusOr<std::unique_ptr<SpillStore::File>> SpillStore::OpenFile(
     return ErrnoStatus(absl::StrCat("ftruncate ", file->path));
   }
   if (direct) {
-    absl::Status probe = ProbeIo(file->fd.get());
+    absl::Status probe = ProbeDirectIo(file->fd.get());
     if (absl::IsInvalidArgument(probe)) {
       if (options.direct_io == DirectIo::kRequired) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -181,7 +149,7 @@ absl::StatusOr<std::unique_ptr<SpillStore::File>> SpillStore::OpenFile(
           OpenLocked(file->path, false, options.lock_wait_ms, opened);
       if (!buffered.ok()) return buffered.status();
       file->fd = std::move(*buffered);
-      probe = ProbeIo(file->fd.get());
+      probe = ProbeDirectIo(file->fd.get());
     }
     if (!probe.ok()) return probe;
   }
@@ -225,6 +193,15 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
                    .threads = options.io_threads});
   if (!queue.ok()) return queue.status();
   if (options.wrap_io_queue) *queue = options.wrap_io_queue(std::move(*queue));
+  char* staging = nullptr;
+  const uint64_t staging_bytes = RoundUp(options.staging_bytes);
+  if (staging_bytes > 0) {
+    void* mapped = ::mmap(nullptr, staging_bytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) return ErrnoStatus("mmap of the spill store's staging memory");
+    staging = static_cast<char*>(mapped);
+    options.registered_buffers.push_back(IoBuffer{staging, staging_bytes});
+  }
   if (!options.registered_buffers.empty()) {
     if (absl::Status s = (*queue)->RegisterBuffers(options.registered_buffers); !s.ok()) {
       LogWarning("spill: buffers not registered with the io queue (", s.message(),
@@ -233,20 +210,27 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Create(SpillStoreOptions
   }
   for (auto& file : files) {
     absl::StatusOr<int> index = (*queue)->RegisterFile(file->fd.get());
-    if (!index.ok()) return index.status();
+    if (!index.ok()) {
+      if (staging != nullptr) ::munmap(staging, staging_bytes);
+      return index.status();
+    }
     file->queue_index = *index;
     LogInfo("spill: ", file->path, ", ", file_bytes, " bytes, ",
             file->direct ? "O_DIRECT" : "buffered", ", ", std::string((*queue)->name()));
   }
   return std::unique_ptr<SpillStore>(new SpillStore(options.io_bytes, options.queue_depth,
-                                                    std::move(files), std::move(*queue)));
+                                                    std::move(files), std::move(*queue), staging,
+                                                    staging_bytes));
 }
 
 SpillStore::SpillStore(uint64_t io_bytes, uint32_t file_depth,
-                       std::vector<std::unique_ptr<File>> files, std::unique_ptr<IoQueue> queue)
+                       std::vector<std::unique_ptr<File>> files, std::unique_ptr<IoQueue> queue,
+                       char* staging, uint64_t staging_bytes)
     : io_bytes_(io_bytes), file_depth_(file_depth), files_(std::move(files)),
       queue_(std::move(queue)),
-      io_queue_name_(queue_->name()) {
+      io_queue_name_(queue_->name()),
+      staging_(staging),
+      staging_bytes_(staging_bytes) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -261,6 +245,7 @@ SpillStore::~SpillStore() {
   if (wake) queue_->Wake();
   thread_.join();
   queue_.reset();  // waits for nothing more: the I/O thread drained it
+  if (staging_ != nullptr) ::munmap(staging_, staging_bytes_);
 }
 
 const std::string& SpillStore::file_path(uint32_t file) const { return files_[file]->path; }
@@ -429,17 +414,18 @@ void SpillStore::Run() {
   std::vector<std::unique_ptr<Op>> incoming;
   std::vector<IoCompletion> completions;
   while (true) {
-    bool idle = reads_.empty() && writes_.empty();
+    bool idle = reads_.empty() && writes_.empty() && file_ops_.empty();
     bool stopping;
     {
       MutexLock lock(&mu_);
-      while (idle && !stopping_ && inbox_.empty()) cv_.Wait(&mu_);
+      while (idle && !stopping_ && inbox_.empty() && tasks_.empty()) cv_.Wait(&mu_);
       incoming.swap(inbox_);
       stopping = stopping_;
     }
+    RunTasks();
     if (idle && incoming.empty() && stopping) break;
     for (auto& op : incoming) {
-      auto& list = op->kind == IoOp::kRead ? reads_ : writes_;
+      auto& list = op->attached ? file_ops_ : op->kind == IoOp::kRead ? reads_ : writes_;
       Op* raw = op.get();
       list.push_back(std::move(op));
       raw->where = std::prev(list.end());
@@ -448,9 +434,9 @@ void SpillStore::Run() {
     if (stopping) {
       // Closing: what has not started is cancelled; what has chunks in flight completes.
       std::vector<Op*> cancel;
-      for (auto* list : {&reads_, &writes_}) {
+      for (auto* list : {&reads_, &writes_, &file_ops_}) {
         for (auto& op : *list) {
-          if (op->issued == 0) cancel.push_back(op.get());
+          if (op->issued == 0 && op->in_flight == 0) cancel.push_back(op.get());
         }
       }
       for (Op* op : cancel) {
@@ -465,7 +451,7 @@ void SpillStore::Run() {
     bool wait;
     {
       MutexLock lock(&mu_);
-      wait = inbox_.empty() && !stopping_;
+      wait = inbox_.empty() && tasks_.empty() && !stopping_;
       in_poll_ = wait;
     }
     if (stopping) wait = queue_->outstanding() > 0;  // draining: block on the device alone
@@ -481,7 +467,10 @@ void SpillStore::Run() {
 
 void SpillStore::Issue() {
   std::vector<Op*> failed;
-  for (auto* list : {&reads_, &writes_}) {  // reads first: a reload is what a job waits on
+  // Reads first (a reload is what a job waits on), then attached files' requests (a journal's
+  // durability is what a client waits on), then spill writes.
+  for (auto* list : {&reads_, &writes_}) {
+    if (list == &writes_ && !IssueFileOps(&failed)) break;
     for (auto& owned : *list) {
       Op* op = owned.get();
       File& f = *files_[op->record.file];
@@ -529,6 +518,11 @@ void SpillStore::HandleCompletion(const IoCompletion& c) {
   chunks_.erase(it);
   Op* op = ref.op;
   --op->in_flight;
+  if (op->attached) {
+    op->status = c.status;
+    Finish(op);
+    return;
+  }
   --files_[op->record.file]->in_flight;
   {
     MutexLock lock(&mu_);
@@ -567,6 +561,12 @@ void SpillStore::HandleCompletion(const IoCompletion& c) {
 }
 
 void SpillStore::Finish(Op* op) {
+  if (op->attached) {
+    std::unique_ptr<Op> owned = std::move(*op->where);
+    file_ops_.erase(op->where);
+    op->file_done(std::move(op->status));
+    return;
+  }
   std::unique_ptr<Op> owned = std::move(*op->where);
   (op->kind == IoOp::kRead ? reads_ : writes_).erase(op->where);
   File& f = *files_[op->record.file];

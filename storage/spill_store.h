@@ -33,6 +33,11 @@
 // which may be retried); other records and later operations are unaffected. A Read that reports
 // an error may have written partial or wrong bytes into `dst`: only an OK status hands data over.
 //
+// Attached files: a file besides the spill files (the persistent journal's) may be written, read
+// and flushed through the same queue and I/O thread (AttachFile, FileIo), its writes from the
+// store's staging memory (aligned, registered with the queue like the host pool). The caller
+// owns the file and its layout; the store only moves the requests, ahead of spill writes.
+//
 // Threading: Write, Read, Free, Usage and the *AndWait helpers are thread-safe. The store runs one
 // internal I/O thread that owns the IoQueue; every WriteDone/ReadDone callback runs on that thread,
 // exactly once for each Write/Read that returned OK, and must be short and must not call
@@ -96,6 +101,8 @@ struct SpillStoreOptions {
   // fails: a tierd killed a moment ago keeps its files until the kernel has torn down its io_uring,
   // which happens asynchronously after the process was reaped. 0: fail at once.
   uint32_t lock_wait_ms = 0;
+  // Aligned memory for attached files' writes, registered with the io queue (0: none).
+  uint64_t staging_bytes = 0;
   // Tests: wraps the io queue the store would use (e.g. in a FaultyIoQueue).
   std::function<std::unique_ptr<IoQueue>(std::unique_ptr<IoQueue>)> wrap_io_queue = nullptr;
 };
@@ -146,6 +153,23 @@ class SpillStore {
   absl::StatusOr<SpillRecord> WriteAndWait(const char* src, uint64_t len);
   absl::Status ReadAndWait(const SpillRecord& record, char* dst);
 
+  // ---- Attached files (see above). `fd` stays open until DetachFile returned; where it is
+  // O_DIRECT, requests' buffers, offsets and lengths are 4096-aligned. AttachFile and DetachFile
+  // wait for the I/O thread: never call them from a callback.
+  absl::StatusOr<uint32_t> AttachFile(int fd);
+  // No request of `file` may be outstanding.
+  absl::Status DetachFile(uint32_t file);
+  using FileDone = absl::AnyInvocable<void(absl::Status)>;
+  // One request of an attached file: a read or write of `len` bytes at `offset`, or a kSync
+  // (fdatasync; it covers the writes that completed before it was asked for, not those in
+  // flight: the caller waits for them first). OK: `done` runs once, on the I/O thread, with the
+  // result. Not OK (bad arguments, store closing): nothing started, `done` dropped.
+  absl::Status FileIo(uint32_t file, IoOp op, uint64_t offset, char* buf, uint64_t len,
+                      FileDone done);
+  // The staging memory (staging_bytes of SpillStoreOptions; null when 0), 4096-aligned.
+  char* staging() const { return staging_; }
+  uint64_t staging_bytes() const { return staging_bytes_; }
+
   std::vector<SpillFileUsage> Usage() const;
   std::string_view io_queue_name() const { return io_queue_name_; }
   uint64_t io_bytes() const { return io_bytes_; }
@@ -168,8 +192,13 @@ class SpillStore {
   };
 
   SpillStore(uint64_t io_bytes, uint32_t file_depth, std::vector<std::unique_ptr<File>> files,
-             std::unique_ptr<IoQueue> queue);
+             std::unique_ptr<IoQueue> queue, char* staging, uint64_t staging_bytes);
   void Post(std::unique_ptr<Op> op);
+  // Runs `task` on the I/O thread (it owns the queue) and waits for it.
+  absl::Status OnIoThread(absl::AnyInvocable<absl::Status()> task);
+  void RunTasks();
+  // Issues file ops; false when the queue is full.
+  bool IssueFileOps(std::vector<Op*>* failed);
   void Run();  // the I/O thread
   void Issue();
   void HandleCompletion(const IoCompletion& completion);
@@ -185,6 +214,7 @@ class SpillStore {
   mutable Mutex mu_;
   CondVar cv_;                 // the idle I/O thread waits for inbox_ or stopping_
   std::vector<std::unique_ptr<Op>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::AnyInvocable<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool in_poll_ ABSL_GUARDED_BY(mu_) = false;  // the I/O thread may block in Poll
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -192,6 +222,8 @@ class SpillStore {
   // I/O thread only.
   std::list<std::unique_ptr<Op>> reads_;
   std::list<std::unique_ptr<Op>> writes_;
+  std::list<std::unique_ptr<Op>> file_ops_;  // attached files' requests
+  std::vector<int> attached_;  // attached file -> queue index (-1: detached)
   struct ChunkRef {
     Op* op = nullptr;
     uint32_t chunk = 0;
@@ -199,6 +231,8 @@ class SpillStore {
   std::unordered_map<uint64_t, ChunkRef> chunks_;  // IoRequest user_data -> chunk
   uint64_t next_tag_ = 1;
 
+  char* const staging_;  // mmap'd; unmapped after the queue is gone
+  const uint64_t staging_bytes_;
   std::thread thread_;
 };
 

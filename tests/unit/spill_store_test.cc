@@ -617,6 +617,59 @@ TEST_P(SpillStoreTest, BufferedModeWorksWhereDirectIoIsNotWanted) {
   EXPECT_EQ(std::memcmp(out, src, 123456), 0);
 }
 
+// An attached file (the persistent journal's) is written, flushed and read through the store's
+// queue from its staging memory; once detached, requests for it are refused and its index goes
+// to the next file.
+TEST_P(SpillStoreTest, AttachedFilesGoThroughTheSameQueue) {
+  SpillStoreOptions o = Options(1 << 20);
+  o.staging_bytes = 1 << 20;
+  auto store = Make(o);
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(store->staging(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(store->staging()) % 4096, 0u);
+  const std::string path = dir_.File("attached");
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600));
+  ASSERT_TRUE(fd.valid());
+  absl::StatusOr<uint32_t> file = store->AttachFile(fd.get());
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto run = [&](IoOp op, uint64_t offset, char* buf, uint64_t len) {
+    Mutex mu;
+    CondVar cv;
+    std::optional<absl::Status> result;
+    absl::Status posted = store->FileIo(*file, op, offset, buf, len, [&](absl::Status s) {
+      MutexLock lock(&mu);
+      result = std::move(s);
+      cv.Signal();
+    });
+    if (!posted.ok()) return posted;
+    MutexLock lock(&mu);
+    while (!result.has_value()) cv.Wait(&mu);
+    return *result;
+  };
+  char* staging = store->staging();
+  FillPattern(staging, 8192, 5);
+  ASSERT_TRUE(run(IoOp::kWrite, 4096, staging, 8192).ok());
+  ASSERT_TRUE(run(IoOp::kSync, 0, nullptr, 0).ok());
+  char* back = Alloc(8192);
+  ASSERT_TRUE(run(IoOp::kRead, 4096, back, 8192).ok());
+  EXPECT_TRUE(testing::MatchesPattern(back, 8192, 5));
+  EXPECT_TRUE(absl::IsInvalidArgument(run(IoOp::kWrite, 0, nullptr, 4096)));
+  ASSERT_TRUE(store->DetachFile(*file).ok());
+  EXPECT_TRUE(absl::IsNotFound(run(IoOp::kSync, 0, nullptr, 0)));
+  EXPECT_TRUE(absl::IsNotFound(store->DetachFile(*file)));
+  absl::StatusOr<uint32_t> again = store->AttachFile(fd.get());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *file);
+  ASSERT_TRUE(store->DetachFile(*again).ok());
+  // The spill files work on beside it.
+  char* src = Alloc(4096);
+  FillPattern(src, 4096, 6);
+  absl::StatusOr<SpillRecord> record = store->WriteAndWait(src, 4096);
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_TRUE(store->ReadAndWait(*record, back).ok());
+  EXPECT_TRUE(testing::MatchesPattern(back, 4096, 6));
+}
+
 INSTANTIATE_TEST_SUITE_P(Queues, SpillStoreTest,
                          ::testing::Values(IoQueueKind::kUring, IoQueueKind::kThreadPool),
                          [](const auto& info) {
