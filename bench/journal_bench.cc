@@ -78,7 +78,7 @@ double JournalRun(const Options& o, uint64_t len, uint64_t count) {
     }
     seconds = Seconds(start);
   }
-  (void)!std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  (void)!std::system(absl::StrCat("rm -rf '", dir, "' '", dir, "-spill'").c_str());
   return seconds;
 }
 

@@ -155,12 +155,24 @@ storage::SpillStoreOptions SpillStoreOptionsOf(const Config& config, const stora
   // moment (their io_uring goes asynchronously): wait, bounded, rather than fail the restart.
   spill.lock_wait_ms = 30000;
   spill.registered_buffers = {storage::IoBuffer{pool.base(), pool.bytes()}};
+  // The persistent journal's writes go through the store (daemon/persistent/journal_file.h),
+  // from staging memory registered with its queue like the pool.
+  spill.staging_bytes = 16 << 20;
   if (!config.spill_inject_faults.rules.empty()) {
     LogWarning("TEST ONLY: spill I/O fault injection on: ", config.spill_inject_faults.text);
-    spill.wrap_io_queue = [rules = config.spill_inject_faults.rules](
+    // The spill files alone (registered first, one per directory): not the persistent journal,
+    // which writes through the same queue.
+    spill.wrap_io_queue = [rules = config.spill_inject_faults.rules,
+                           files = static_cast<int>(config.spill_dirs.size())](
                               std::unique_ptr<storage::IoQueue> inner) {
       auto faulty = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
-      for (const storage::FaultRule& rule : rules) faulty->AddRule(rule);
+      for (storage::FaultRule rule : rules) {
+        if (rule.file < 0) {
+          rule.file = 0;
+          rule.file_count = files;
+        }
+        faulty->AddRule(rule);
+      }
       return std::unique_ptr<storage::IoQueue>(std::move(faulty));
     };
   }
@@ -310,7 +322,8 @@ absl::Status Daemon::StartTiers(uint64_t capacity) {
                                     ? config_.persistent_journal_max_bytes
                                     : 2 * persistent_limits.max_bytes + (64 << 20);
     absl::StatusOr<std::unique_ptr<PersistentJournal>> journal =
-        PersistentJournal::Open(config_.spill_dirs.front() + "/persistent", journal_options);
+        PersistentJournal::Open(config_.spill_dirs.front() + "/persistent", *spill_store_,
+                                journal_options);
     if (!journal.ok()) return journal.status();
     journal_ = *std::move(journal);
   }

@@ -166,6 +166,17 @@ bool ValidRecordAfter(const Source& source, uint64_t from) {
   return false;
 }
 
+// Whether [from, size) is the zero padding of the file's last block: appends are written in whole
+// 4096-byte blocks (daemon/persistent/journal_file.h), and the bytes after the last record to its
+// block's end are zero.
+bool IsPadding(const Source& source, uint64_t from) {
+  const uint64_t size = source.size();
+  if (size % kBlockBytes != 0 || size - from >= kBlockBytes) return false;
+  std::string bytes(size - from, '\0');
+  if (!source.Read(from, bytes.size(), bytes.data()).ok()) return false;
+  return std::all_of(bytes.begin(), bytes.end(), [](char c) { return c == 0; });
+}
+
 }  // namespace
 
 absl::StatusOr<Scan> ScanJournal(const Source& source) {
@@ -180,6 +191,7 @@ absl::StatusOr<Scan> ScanJournal(const Source& source) {
   const uint64_t size = source.size();
   while (offset < size) {
     absl::StatusOr<RecordHead> head = HeadAt(source, offset);
+    if (!head.ok() && IsPadding(source, offset)) break;  // the end, padded
     if (!head.ok()) {
       const bool damaged = ValidRecordAfter(source, offset);
       scan.tail = damaged ? Scan::Tail::kDamaged : Scan::Tail::kTorn;

@@ -14,6 +14,9 @@
 // loaded (a damaged object is refused alone, by name). Replaying the records in order gives the
 // live objects: a put of a (uid, name) replaces an earlier one, a delete ends it.
 //
+// Appends are written in whole 4096-byte blocks: zero bytes from the end of the last record to
+// the end of its block (and of the file) are padding, the clean end of the file.
+//
 // Scanning stops at the first record that does not check out. If nothing valid follows, that is
 // a torn tail (a crash while appending): everything before it stands. If a valid record follows,
 // the file is damaged in the middle: what follows is not served, since a delete lost in the
@@ -39,6 +42,7 @@
 namespace tier::daemon::journal {
 
 inline constexpr size_t kFileHeaderBytes = 32;
+inline constexpr uint64_t kBlockBytes = 4096;  // appends' unit (padding: see above)
 inline constexpr size_t kRecordHeaderBytes = 40;
 inline constexpr size_t kMaxNameBytes = 127;
 inline constexpr uint32_t kRecordMagic = 0x4c52544a;  // "JTRL"

@@ -16,33 +16,21 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "storage/crc32c.h"
+#include "storage/direct_io.h"
 
 namespace tier::daemon {
 namespace {
 
 constexpr char kPrefix[] = "journal-";
-// How much of a record is written before its writeback is started (Append).
-constexpr uint64_t kWritebackPieceBytes = 8ull << 20;
+// A compaction copies records through a buffer of this size.
+constexpr uint64_t kCopyBytes = 8ull << 20;
 
 absl::Status SyncDir(const std::string& dir) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid() || ::fsync(fd.get()) != 0) return ErrnoStatus(absl::StrCat("fsync ", dir));
-  return absl::OkStatus();
-}
-
-absl::Status PwriteAll(int fd, const char* data, uint64_t len, uint64_t offset,
-                       const std::string& what) {
-  while (len > 0) {
-    ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(absl::StrCat("write ", what));
-    if (n == 0) return absl::DataLossError(absl::StrCat("write ", what, ": no progress"));
-    data += n;
-    len -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
   return absl::OkStatus();
 }
 
@@ -113,11 +101,18 @@ std::string PersistentJournal::PathOf(uint64_t generation) const {
 }
 
 absl::StatusOr<std::unique_ptr<PersistentJournal>> PersistentJournal::Open(
-    const std::string& dir, JournalOptions options) {
+    const std::string& dir, storage::SpillStore& io, JournalOptions options) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(absl::StrCat("mkdir ", dir));
   }
-  std::unique_ptr<PersistentJournal> journal(new PersistentJournal(dir, options));
+  std::unique_ptr<PersistentJournal> journal(new PersistentJournal(dir, io, options));
+  // O_DIRECT where the directory takes it, decided as for the spill files (storage/direct_io.h).
+  absl::StatusOr<bool> direct = storage::DirectIoWorks(dir);
+  if (!direct.ok()) return direct.status();
+  journal->direct_ = *direct;
+  if (!journal->direct_) {
+    LogWarning("persistent journal: ", dir, " refuses O_DIRECT (tmpfs?): buffered writes");
+  }
   if (absl::Status s = journal->OpenFiles(); !s.ok()) return s;
   if (absl::Status s = journal->ImportLegacy(); !s.ok()) return s;
   if (journal->set_aside_) {
@@ -156,15 +151,15 @@ absl::Status PersistentJournal::OpenFiles() {
 
   generation_ = generations.back();
   const std::string path = PathOf(generation_);
-  fd_.reset(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!fd_.valid()) return ErrnoStatus(absl::StrCat("open ", path));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(absl::StrCat("open ", path));
   struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path));
-  FileSource source(fd_.get(), static_cast<uint64_t>(st.st_size), path);
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path));
+  FileSource source(fd.get(), static_cast<uint64_t>(st.st_size), path);
   absl::StatusOr<journal::Scan> scan = journal::ScanJournal(source);
   if (!scan.ok()) {
     // Nothing of it is trusted: kept aside, reported, and a new generation begins.
-    fd_.reset();
+    fd.reset();
     ::rename(path.c_str(), (path + ".damaged").c_str());
     open_status_ = absl::DataLossError(absl::StrCat(
         path, ": ", scan.status().message(), "; set aside as ", kPrefix, generation_,
@@ -174,10 +169,8 @@ absl::Status PersistentJournal::OpenFiles() {
   for (auto& [key, record] : scan->live) live_.emplace(key, record);
   live_bytes_ = scan->live_bytes;
   next_seq_ = scan->next_seq;
-  end_ = scan->end;
-  synced_end_ = end_;
   if (scan->tail == journal::Scan::Tail::kTorn) {
-    if (::ftruncate(fd_.get(), static_cast<off_t>(end_)) != 0 || ::fsync(fd_.get()) != 0) {
+    if (::ftruncate(fd.get(), static_cast<off_t>(scan->end)) != 0 || ::fsync(fd.get()) != 0) {
       return ErrnoStatus(absl::StrCat("truncate ", path));
     }
     notes_.push_back(absl::StrCat(path, ": ", scan->problem, " (an append cut short)"));
@@ -187,21 +180,22 @@ absl::Status PersistentJournal::OpenFiles() {
         path, ": ", scan->problem, "; ", live_.size(),
         " objects before it served, the file kept as ", kPrefix, generation_, ".damaged"));
   }
+  fd.reset();
+  absl::StatusOr<std::unique_ptr<JournalFile>> file =
+      JournalFile::Open(io_, path, /*create=*/false, direct_, scan->end);
+  if (!file.ok()) return file.status();
+  file_ = *std::move(file);
   return absl::OkStatus();
 }
 
 absl::Status PersistentJournal::CreateGeneration() {
   generation_ = ++max_generation_;
-  const std::string path = PathOf(generation_);
-  fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd_.valid()) return ErrnoStatus(absl::StrCat("create ", path));
-  const std::string header = journal::EncodeFileHeader(generation_);
-  if (absl::Status s = PwriteAll(fd_.get(), header.data(), header.size(), 0, path); !s.ok()) {
-    return s;
-  }
-  if (::fsync(fd_.get()) != 0) return ErrnoStatus(absl::StrCat("fsync ", path));
-  end_ = header.size();
-  synced_end_ = end_;
+  absl::StatusOr<std::unique_ptr<JournalFile>> file =
+      JournalFile::Open(io_, PathOf(generation_), /*create=*/true, direct_, 0);
+  if (!file.ok()) return file.status();
+  file_ = *std::move(file);
+  if (absl::Status s = file_->Append({journal::EncodeFileHeader(generation_)}); !s.ok()) return s;
+  if (absl::Status s = file_->Sync(); !s.ok()) return s;
   return SyncDir(dir_);
 }
 
@@ -305,34 +299,10 @@ absl::Status PersistentJournal::Failed(absl::Status status) {
 }
 
 absl::Status PersistentJournal::Append(const std::string& head, const char* data, uint64_t len) {
-  // A record goes out in pieces, each handed to the disk as soon as it is in the page cache
-  // (sync_file_range starts its writeback and returns): the disk writes one piece while this
-  // thread copies the next, and Sync's fdatasync waits only for the last piece. One write, then
-  // one fdatasync of the whole batch, left the disk idle during every copy (1.3 GB/s durable on
-  // a disk that wrote 2.2 GB/s).
-  // The head goes with the first piece (its page is not handed to the disk twice).
-  const std::string path = PathOf(generation_);
-  uint64_t offset = end_;
-  absl::Status status = PwriteAll(fd_.get(), head.data(), head.size(), offset, path);
-  uint64_t piece_start = offset;
-  offset += head.size();
-  for (uint64_t done = 0; status.ok() && done < len;) {
-    const uint64_t take = std::min(len - done, kWritebackPieceBytes);
-    status = PwriteAll(fd_.get(), data + done, take, offset, path);
-    if (!status.ok()) break;
-    offset += take;
-    done += take;
-    (void)::sync_file_range(fd_.get(), static_cast<off_t>(piece_start),
-                            static_cast<off_t>(offset - piece_start),
-                            SYNC_FILE_RANGE_WRITE);  // a hint: fdatasync reports any failure
-    piece_start = offset;
-  }
-  if (!status.ok()) {
-    // Nothing partial stays behind: the next record goes where this one began.
-    (void)!::ftruncate(fd_.get(), static_cast<off_t>(end_));
-    return Failed(std::move(status));
-  }
-  end_ = offset;
+  // Through the spill path's queue, O_DIRECT from aligned staging (JournalFile): a failed append
+  // leaves nothing partial, and the next record goes where this one began.
+  absl::Status status = file_->Append({head, absl::string_view(data, len)});
+  if (!status.ok()) return Failed(std::move(status));
   return absl::OkStatus();
 }
 
@@ -345,17 +315,17 @@ absl::Status PersistentJournal::AppendPut(uid_t uid, absl::string_view name, con
   std::string head = journal::EncodeRecordHead(journal::RecordType::kPut, uid, name, len, crc,
                                                next_seq_);
   const uint64_t bytes = head.size() + len;
-  if (options_.max_bytes != 0 && end_ + bytes > options_.max_bytes) {
-    if (end_ > journal::kFileHeaderBytes + live_bytes_) {
+  if (options_.max_bytes != 0 && file_->SizeAfter(bytes) > options_.max_bytes) {
+    if (file_->end() > journal::kFileHeaderBytes + live_bytes_) {
       if (absl::Status s = Compact(); !s.ok()) return s;
     }
-    if (end_ + bytes > options_.max_bytes) {
+    if (file_->SizeAfter(bytes) > options_.max_bytes) {
       return Failed(absl::ResourceExhaustedError(absl::StrCat(
-          "persistent journal full: ", end_, " + ", bytes, " bytes > ", options_.max_bytes,
+          "persistent journal full: ", file_->end(), " + ", bytes, " bytes > ", options_.max_bytes,
           " (persistent_journal_max_bytes)")));
     }
   }
-  const uint64_t offset = end_;
+  const uint64_t offset = file_->end();
   if (absl::Status s = Append(head, data, len); !s.ok()) return s;
   ++next_seq_;
   journal::Key key{uid, std::string(name)};
@@ -385,43 +355,55 @@ absl::Status PersistentJournal::AppendDelete(uid_t uid, absl::string_view name) 
 }
 
 absl::Status PersistentJournal::Sync() {
-  if (::fdatasync(fd_.get()) != 0) {
-    return Failed(ErrnoStatus(absl::StrCat("fdatasync ", PathOf(generation_))));
-  }
-  // On the disk now, and read again only at a restart or a compaction: out of the page cache,
-  // so that checkpoints written through tierd do not push the node's other files out of it.
-  if (end_ > synced_end_) {
-    (void)::posix_fadvise(fd_.get(), static_cast<off_t>(synced_end_),
-                          static_cast<off_t>(end_ - synced_end_), POSIX_FADV_DONTNEED);
-  }
-  synced_end_ = end_;
+  if (absl::Status s = file_->Sync(); !s.ok()) return Failed(std::move(s));
   return absl::OkStatus();
 }
 
 absl::Status PersistentJournal::CompactIfDue(bool force) {
-  const uint64_t dead = end_ - journal::kFileHeaderBytes - live_bytes_;
+  const uint64_t dead = file_->end() - journal::kFileHeaderBytes - live_bytes_;
   const bool due = dead >= std::max(live_bytes_, options_.compact_min_dead_bytes);
   if (!force && !due) return absl::OkStatus();
   return Compact();
+}
+
+absl::Status PersistentJournal::CopyLive(JournalFile& to, const std::vector<Record*>& order,
+                                         std::vector<uint64_t>* offsets) const {
+  // Copied as they are, through the same writer as appends: their checksums travel with them.
+  std::string buffer(kCopyBytes, '\0');
+  const std::string from = file_->path();
+  for (const Record* record : order) {
+    offsets->push_back(to.end());
+    for (uint64_t done = 0; done < record->record_bytes();) {
+      const uint64_t n = std::min<uint64_t>(buffer.size(), record->record_bytes() - done);
+      if (absl::Status s = PreadAll(file_->fd(), buffer.data(), n, record->offset + done, from);
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = to.Append({absl::string_view(buffer.data(), n)}); !s.ok()) return s;
+      done += n;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PersistentJournal::Compact() {
   const uint64_t generation = max_generation_ + 1;
   const std::string path = PathOf(generation);
   const std::string temp = path + ".new";
-  UniqueFd fd(::open(temp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd.valid()) return Failed(ErrnoStatus(absl::StrCat("create ", temp)));
+  ::unlink(temp.c_str());  // (a leftover of a compaction cut short)
+  absl::StatusOr<std::unique_ptr<JournalFile>> created =
+      JournalFile::Open(io_, temp, /*create=*/true, direct_, 0);
+  if (!created.ok()) return Failed(created.status());
+  std::unique_ptr<JournalFile> file = *std::move(created);
   auto fail = [&](absl::Status status) {
-    fd.reset();
+    file.reset();
     ::unlink(temp.c_str());
     return Failed(std::move(status));
   };
-  const std::string header = journal::EncodeFileHeader(generation);
-  if (absl::Status s = PwriteAll(fd.get(), header.data(), header.size(), 0, temp); !s.ok()) {
+  if (absl::Status s = file->Append({journal::EncodeFileHeader(generation)}); !s.ok()) {
     return fail(s);
   }
-  // Live records in the order they were written (so that replay order stays the write order),
-  // copied as they are: their checksums travel with them.
+  // Live records in the order they were written (so that replay order stays the write order).
   std::vector<Record*> order;
   order.reserve(live_.size());
   for (auto& [key, record] : live_) order.push_back(&record);
@@ -429,31 +411,16 @@ absl::Status PersistentJournal::Compact() {
             [](const Record* a, const Record* b) { return a->offset < b->offset; });
   std::vector<uint64_t> offsets;
   offsets.reserve(order.size());
-  std::string buffer(1 << 20, '\0');
-  uint64_t end = header.size();
-  const std::string from = PathOf(generation_);
-  for (const Record* record : order) {
-    offsets.push_back(end);
-    for (uint64_t done = 0; done < record->record_bytes();) {
-      const uint64_t n = std::min<uint64_t>(buffer.size(), record->record_bytes() - done);
-      if (absl::Status s = PreadAll(fd_.get(), buffer.data(), n, record->offset + done, from);
-          !s.ok()) {
-        return fail(s);
-      }
-      if (absl::Status s = PwriteAll(fd.get(), buffer.data(), n, end, temp); !s.ok()) {
-        return fail(s);
-      }
-      done += n;
-      end += n;
-    }
-  }
-  if (::fdatasync(fd.get()) != 0) return fail(ErrnoStatus(absl::StrCat("fdatasync ", temp)));
+  if (absl::Status s = CopyLive(*file, order, &offsets); !s.ok()) return fail(s);
+  if (absl::Status s = file->Sync(); !s.ok()) return fail(s);
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     return fail(ErrnoStatus(absl::StrCat("rename to ", path)));
   }
+  file->Renamed(path);
   max_generation_ = generation;
   if (absl::Status s = SyncDir(dir_); !s.ok()) return Failed(s);
   // The new generation is whole and named: the old one goes (or is kept aside when damaged).
+  const std::string from = PathOf(generation_);
   if (set_aside_) {
     ::rename(from.c_str(), (from + ".damaged").c_str());
     set_aside_ = false;
@@ -462,10 +429,8 @@ absl::Status PersistentJournal::Compact() {
   }
   (void)SyncDir(dir_);
   for (size_t i = 0; i < order.size(); ++i) order[i]->offset = offsets[i];
-  fd_ = std::move(fd);
+  file_ = std::move(file);
   generation_ = generation;
-  end_ = end;
-  synced_end_ = end_;
   compactions_.fetch_add(1, std::memory_order_relaxed);
   Count();
   return absl::OkStatus();
@@ -473,7 +438,8 @@ absl::Status PersistentJournal::Compact() {
 
 absl::Status PersistentJournal::Load(const Record& record, char* out) const {
   const std::string path = PathOf(generation_);
-  if (absl::Status s = PreadAll(fd_.get(), out, record.len, record.data_offset(), path); !s.ok()) {
+  if (absl::Status s = PreadAll(file_->fd(), out, record.len, record.data_offset(), path);
+      !s.ok()) {
     return absl::DataLossError(s.message());
   }
   if (storage::Crc32c(out, record.len) != record.crc) {
@@ -484,7 +450,7 @@ absl::Status PersistentJournal::Load(const Record& record, char* out) const {
 }
 
 void PersistentJournal::Count() {
-  file_bytes_seen_.store(end_, std::memory_order_relaxed);
+  file_bytes_seen_.store(file_->end(), std::memory_order_relaxed);
   live_bytes_seen_.store(live_bytes_, std::memory_order_relaxed);
   live_records_seen_.store(live_.size(), std::memory_order_relaxed);
 }

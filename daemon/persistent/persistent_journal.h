@@ -4,7 +4,9 @@
 // generation): each put of an object appends a record with its bytes, each delete a small record
 // (format and checks: daemon/persistent/journal_format.h). Appends of many objects are made durable
 // together by one Sync (fdatasync), so the cost of durability is the bytes, not a rewrite per
-// object. When dead records (replaced or deleted) take as much room as the live ones, the live
+// object. Every write and flush of the journal goes through the NVMe spill path's mechanism (the
+// spill store's io queue and I/O thread, O_DIRECT where the directory takes it, as the spill
+// files: daemon/persistent/journal_file.h); reads (Open, Load, a compaction's copy) are plain. When dead records (replaced or deleted) take as much room as the live ones, the live
 // records are copied into a new generation: journal-<G+1>.new is written and synced, renamed to
 // journal-<G+1> (directory synced), and only then is journal-<G> removed. After a crash at any
 // point the newest whole generation holds every record that was synced, and at Open:
@@ -25,7 +27,8 @@
 // are checked against theirs when loaded (DATA_LOSS: that object is not served).
 //
 // Thread-compatible: the PersistentStore calls it at start (Open, Records, Load) and then from its
-// writer thread only; usage() may be read from any thread.
+// batch thread only (never from the spill store's I/O thread, which it waits for); usage() may be
+// read from any thread.
 #ifndef TIER_DAEMON_PERSISTENT_PERSISTENT_JOURNAL_H_
 #define TIER_DAEMON_PERSISTENT_PERSISTENT_JOURNAL_H_
 
@@ -42,8 +45,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/unique_fd.h"
+#include "daemon/persistent/journal_file.h"
 #include "daemon/persistent/journal_format.h"
+#include "storage/spill_store.h"
 
 namespace tier::daemon {
 
@@ -66,9 +70,11 @@ class PersistentJournal {
  public:
   using Record = journal::LiveRecord;
 
-  // Opens (creating) `dir` and reads its journal. Damage is not an error here: what was damaged
-  // is set aside and open_status() says what.
+  // Opens (creating) `dir` and reads its journal; its writes go through `io` (which outlives the
+  // journal). Damage is not an error here: what was damaged is set aside and open_status() says
+  // what.
   static absl::StatusOr<std::unique_ptr<PersistentJournal>> Open(const std::string& dir,
+                                                                 storage::SpillStore& io,
                                                                  JournalOptions options = {});
   ~PersistentJournal();
 
@@ -86,8 +92,11 @@ class PersistentJournal {
   absl::Status AppendPut(uid_t uid, absl::string_view name, const char* data, uint64_t len);
   // Appends the end of `name` of `uid` (nothing, and OK, when it is not live).
   absl::Status AppendDelete(uid_t uid, absl::string_view name);
-  // Every append so far is on the device when this returns OK.
+  // Every append so far is on the device when this returns OK (and not before: the flush is
+  // asked for only once every append's writes completed).
   absl::Status Sync();
+  // Whether the journal's file is written O_DIRECT (false: the directory refuses it).
+  bool direct_io() const { return direct_; }
   // Copies the live records into a new generation when the dead ones take at least as much room
   // (and compact_min_dead_bytes), or when `force`. Records' offsets change: Find them again.
   absl::Status CompactIfDue(bool force = false);
@@ -98,27 +107,30 @@ class PersistentJournal {
   JournalUsage usage() const;
 
  private:
-  PersistentJournal(std::string dir, JournalOptions options)
-      : dir_(std::move(dir)), options_(options) {}
+  PersistentJournal(std::string dir, storage::SpillStore& io, JournalOptions options)
+      : dir_(std::move(dir)), io_(io), options_(options) {}
   std::string PathOf(uint64_t generation) const;
   absl::Status OpenFiles();
   absl::Status CreateGeneration();
   absl::Status ImportLegacy();
   absl::Status Append(const std::string& head, const char* data, uint64_t len);
   absl::Status Compact();
+  // Copies the records `order` names into `to`, their new offsets into *offsets.
+  absl::Status CopyLive(JournalFile& to, const std::vector<Record*>& order,
+                        std::vector<uint64_t>* offsets) const;
   void Count();
   absl::Status Failed(absl::Status status);
 
   const std::string dir_;
+  storage::SpillStore& io_;
   const JournalOptions options_;
+  bool direct_ = false;
   absl::Status open_status_;
   std::vector<std::string> notes_;
-  UniqueFd fd_;
+  std::unique_ptr<JournalFile> file_;
   uint64_t generation_ = 0;
   uint64_t max_generation_ = 0;  // of every file seen, set-aside ones included
   bool set_aside_ = false;       // the current file is damaged: kept as .damaged when compacted
-  uint64_t end_ = 0;             // where the next record goes
-  uint64_t synced_end_ = 0;      // bytes before it are on the disk (fdatasync) and uncached
   uint64_t next_seq_ = 1;
   std::unordered_map<journal::Key, Record, journal::KeyHash> live_;
   uint64_t live_bytes_ = 0;

@@ -12,7 +12,7 @@
 namespace tier::daemon {
 namespace {
 
-// A writer batch: at most this many objects or bytes before the sync, so that a delete queued
+// A batch: at most this many objects or bytes before the sync, so that a delete queued
 // behind a flood of writes waits for one bounded batch, not the flood.
 constexpr size_t kBatchObjects = 4096;
 constexpr uint64_t kBatchBytes = 64ull << 20;
@@ -53,7 +53,7 @@ PersistentStore::PersistentStore(TierManager& tiers, PersistentLimits limits,
       node_quota_(std::make_shared<SharedQuota>(
           limits.max_bytes, "persistent objects of every uid (persistent_max_bytes)")),
       journal_(journal) {
-  if (journal_ != nullptr) writer_ = std::thread([this] { RunWriter(); });
+  if (journal_ != nullptr) batcher_ = std::thread([this] { RunBatcher(); });
 }
 
 PersistentStore::~PersistentStore() { DropAll(); }
@@ -343,7 +343,7 @@ void PersistentStore::Filled(const std::shared_ptr<ObjectTable>& table,
         entry.reserved_by = 0;
       }
       if (journal_ != nullptr && entry.written == Written::kNo) {
-        // Queued, not pinned: until the writer's turn comes it may be spilled like any object.
+        // Queued, not pinned: until the batcher's turn comes it may be spilled like any object.
         entry.written = Written::kQueued;
         Enqueue(JournalOp{it->first, entry.id, table, object, nullptr});
       }
@@ -408,19 +408,19 @@ PersistentUsage PersistentStore::usage() const {
     usage.objects = names_;
     for (const auto& [uid, space] : spaces_) usage.uids += space.names > 0 ? 1 : 0;
   }
-  MutexLock lock(&writer_mu_);
+  MutexLock lock(&batch_mu_);
   usage.writes_queued = queued_;
   return usage;
 }
 
 void PersistentStore::DropAll() {
-  if (writer_.joinable()) {
+  if (batcher_.joinable()) {
     {
-      MutexLock lock(&writer_mu_);
+      MutexLock lock(&batch_mu_);
       stop_ = true;
-      writer_cv_.SignalAll();
+      batch_cv_.SignalAll();
     }
-    writer_.join();
+    batcher_.join();
   }
   std::vector<Release> released;
   {
@@ -434,13 +434,13 @@ void PersistentStore::DropAll() {
   }
 }
 
-// ---- the journal's writer -----------------------------------------------------------------
+// ---- the journal's batch thread -----------------------------------------------------------
 
 void PersistentStore::Enqueue(JournalOp op) {
   Done refused;
   {
-    MutexLock lock(&writer_mu_);
-    if (writer_exited_ || journal_ == nullptr) {
+    MutexLock lock(&batch_mu_);
+    if (batcher_exited_ || journal_ == nullptr) {
       refused = std::move(op.done);  // (shut down: nothing will write it)
     } else {
       if (op.object == nullptr) {
@@ -451,22 +451,22 @@ void PersistentStore::Enqueue(JournalOp op) {
         queue.push_back(std::move(op));
       }
       ++queued_;
-      writer_cv_.SignalAll();
+      batch_cv_.SignalAll();
       return;
     }
   }
   if (refused) refused(absl::UnavailableError("tierd is stopping: the journal is closed"));
 }
 
-void PersistentStore::RunWriter() {
+void PersistentStore::RunBatcher() {
   for (;;) {
     std::vector<JournalOp> deletes;
     std::vector<JournalOp> puts;
     {
-      MutexLock lock(&writer_mu_);
-      while (queued_ == 0 && !stop_) writer_cv_.Wait(&writer_mu_);
+      MutexLock lock(&batch_mu_);
+      while (queued_ == 0 && !stop_) batch_cv_.Wait(&batch_mu_);
       if (queued_ == 0) {  // stopping, and everything queued is written
-        writer_exited_ = true;
+        batcher_exited_ = true;
         return;
       }
       while (!deletes_.empty()) {
@@ -495,7 +495,8 @@ void PersistentStore::RunWriter() {
 }
 
 void PersistentStore::WriteBatch(std::vector<JournalOp> deletes, std::vector<JournalOp> puts) {
-  // File I/O and fsync here, on this thread only: never on a job's or the listener's path.
+  // Journal work here, on this thread only (its writes and flushes run on the spill store's I/O
+  // thread, which this one waits for): never on a job's or the listener's path.
   std::vector<absl::Status> ended;
   ended.reserve(deletes.size());
   for (const JournalOp& op : deletes) {

@@ -21,15 +21,19 @@
 // frees of jobs), by session (its reservations). No operation scans another uid's names, and no
 // caller thread (session listener, ring poller, engine completions, reaper) does journal I/O.
 //
-// Durability, with a journal (daemon/persistent/persistent_journal.h): one writer thread does every journal
-// I/O. A filled object is queued (not pinned: it may be spilled meanwhile); the writer takes
-// batches, round robin over uids (one uid's flood does not hold another's object back), pins each
-// object only while it copies its bytes (from host memory, or read back from the spill store),
-// appends them, then syncs the batch once and marks its objects durable, in fill order per uid.
-// A delete or a job's free of an object whose record may be in the journal is answered only once
-// its delete record is synced (the caller's `done` runs on the writer thread then), so a crash
-// never brings back an object whose end was answered; one whose record was never started is
-// answered at once (its queued write is skipped).
+// Durability, with a journal (daemon/persistent/persistent_journal.h): one batch thread drives
+// every journal append, sync and compaction; the NVMe writes and flushes themselves run where the
+// spill path's do, on the spill store's I/O thread through its io_uring queue
+// (daemon/persistent/journal_file.h), so the batcher only copies and waits. A filled object is
+// queued (not pinned: it may be spilled meanwhile); the batcher takes batches, round robin over
+// uids (one uid's flood does not hold another's object back), pins each object only while it
+// copies its bytes (from host memory, or read back from the spill store) into the journal's
+// staging memory and their writes complete, then syncs the batch once and marks its objects
+// durable (only after that flush completed), in fill order per uid. A delete or a job's free of
+// an object whose record may be in the journal is answered only once its delete record is synced
+// (the caller's `done` runs on the batch thread then), so a crash never brings back an object
+// whose end was answered; one whose record was never started is answered at once (its queued
+// write is skipped).
 //
 // Lock order: the store's lock, then a table's (ObjectTable methods), then the pool's. Memory a
 // delete releases is given back to the tiers after the store's lock is dropped.
@@ -92,7 +96,7 @@ struct PersistentUsage {
   uint64_t objects = 0;  // names, reservations included
   uint64_t bytes = 0;    // charged to persistent_max_bytes
   uint64_t uids = 0;     // with at least one name
-  uint64_t writes_queued = 0;  // objects and deletes waiting for the journal's writer
+  uint64_t writes_queued = 0;  // objects and deletes waiting for the journal's batcher
   bool journaled = false;
   JournalUsage journal;
 };
@@ -100,7 +104,7 @@ struct PersistentUsage {
 class PersistentStore {
  public:
   static constexpr size_t kMaxNameBytes = journal::kMaxNameBytes;
-  // A delete's answer, once it is durable (runs on the writer thread; must be short).
+  // A delete's answer, once it is durable (runs on the batch thread; must be short).
   using Done = std::function<void(absl::Status)>;
 
   // `journal`: where objects are written through to NVMe so they survive a restart (null: host
@@ -170,8 +174,8 @@ class PersistentStore {
   using KeyHash = journal::KeyHash;
   enum class Written : uint8_t {
     kNo,       // no record of this object is in the journal, and none is being appended
-    kQueued,   // its put waits in the writer's queue (skipped if the name goes first)
-    kWriting,  // the writer appends it now
+    kQueued,   // its put waits in the batcher's queue (skipped if the name goes first)
+    kWriting,  // the batcher appends it now
     kYes,      // appended (durable once synced)
   };
   struct Entry {
@@ -187,7 +191,7 @@ class PersistentStore {
     std::shared_ptr<ObjectTable> table;
     uint32_t names = 0;
   };
-  // One job of the writer thread: write an object's bytes (object set) or end a name.
+  // One job of the batch thread: write an object's bytes (object set) or end a name.
   struct JournalOp {
     Key key;
     uint64_t id = 0;
@@ -216,8 +220,8 @@ class PersistentStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void Enqueue(JournalOp op);
-  void RunWriter();
-  // One batch of the writer: deletes first (each follows the put it ends, which was appended
+  void RunBatcher();
+  // One batch: deletes first (each follows the put it ends, which was appended
   // before it was queued), then puts round robin over uids.
   void WriteBatch(std::vector<JournalOp> deletes, std::vector<JournalOp> puts);
   // Appends an object's bytes wherever they are now. OK, or why not (NOT_FOUND: gone meanwhile).
@@ -239,15 +243,15 @@ class PersistentStore {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   PersistentJournal* const journal_;
-  mutable Mutex writer_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  CondVar writer_cv_;
-  std::deque<JournalOp> deletes_ ABSL_GUARDED_BY(writer_mu_);
-  std::unordered_map<uid_t, std::deque<JournalOp>> puts_ ABSL_GUARDED_BY(writer_mu_);
-  std::deque<uid_t> turns_ ABSL_GUARDED_BY(writer_mu_);  // uids with puts queued, in turn
-  uint64_t queued_ ABSL_GUARDED_BY(writer_mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(writer_mu_) = false;
-  bool writer_exited_ ABSL_GUARDED_BY(writer_mu_) = false;  // nothing queued from now is written
-  std::thread writer_;
+  mutable Mutex batch_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  CondVar batch_cv_;
+  std::deque<JournalOp> deletes_ ABSL_GUARDED_BY(batch_mu_);
+  std::unordered_map<uid_t, std::deque<JournalOp>> puts_ ABSL_GUARDED_BY(batch_mu_);
+  std::deque<uid_t> turns_ ABSL_GUARDED_BY(batch_mu_);  // uids with puts queued, in turn
+  uint64_t queued_ ABSL_GUARDED_BY(batch_mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(batch_mu_) = false;
+  bool batcher_exited_ ABSL_GUARDED_BY(batch_mu_) = false;  // nothing queued from now is written
+  std::thread batcher_;
 };
 
 }  // namespace tier::daemon

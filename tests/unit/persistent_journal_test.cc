@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "storage/crc32c.h"
+#include "storage/faulty_io_queue.h"
+#include "journal_io.h"
 
 namespace tier::daemon {
 namespace {
@@ -28,13 +30,16 @@ class PersistentJournalTest : public ::testing::Test {
     char pattern[] = "/tmp/tier-journal-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = std::string(pattern) + "/persistent";
+    io_ = testing::MakeJournalIo(pattern);
+    ASSERT_NE(io_, nullptr);
   }
   void TearDown() override {
+    io_.reset();
     std::string cmd = "rm -rf '" + dir_.substr(0, dir_.rfind('/')) + "'";
     (void)!std::system(cmd.c_str());
   }
   std::unique_ptr<PersistentJournal> Open(JournalOptions options = {}) {
-    auto journal = PersistentJournal::Open(dir_, options);
+    auto journal = PersistentJournal::Open(dir_, *io_, options);
     EXPECT_TRUE(journal.ok()) << journal.status();
     return journal.ok() ? *std::move(journal) : nullptr;
   }
@@ -72,6 +77,7 @@ class PersistentJournalTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::unique_ptr<storage::SpillStore> io_;  // what the journal writes through
 };
 
 std::vector<char> Bytes(size_t n, char seed) {
@@ -327,6 +333,7 @@ TEST_F(PersistentJournalTest, MaxBytesBoundsTheFileCompactingFirst) {
     absl::Status s = journal->AppendPut(1, "again", a.data(), a.size());
     ASSERT_TRUE(s.ok()) << i << ": " << s;
     EXPECT_LE(journal->usage().file_bytes, options.max_bytes);
+    EXPECT_LE(SizeOf(Current()), options.max_bytes);  // its padded last block too
   }
   EXPECT_GT(journal->usage().compactions, 0u);
   // Live objects that do not fit are refused, naming the setting.
@@ -362,6 +369,61 @@ TEST_F(PersistentJournalTest, AFailedAppendLeavesNothingPartial) {
   journal = Open();
   EXPECT_TRUE(journal->open_status().ok()) << journal->open_status();
   EXPECT_EQ(journal->Records().size(), 2u);
+}
+
+// Appends go out O_DIRECT (here: /tmp is a real filesystem) in whole blocks: the file ends on a
+// block boundary, the zero bytes after the last record are read as the clean end (not a torn
+// tail), and the next append writes the last block again with its old bytes in front.
+TEST_F(PersistentJournalTest, AppendsAreWholeBlocksAndThePaddingIsACleanEnd) {
+  std::vector<char> a = Bytes(1000, 16), b = Bytes(9000, 17);
+  {
+    auto journal = Open();
+    EXPECT_TRUE(journal->direct_io());
+    ASSERT_TRUE(journal->AppendPut(1, "a", a.data(), a.size()).ok());
+    ASSERT_TRUE(journal->Sync().ok());
+    EXPECT_EQ(SizeOf(Current()) % 4096, 0u);
+    EXPECT_LT(journal->usage().file_bytes, SizeOf(Current()));
+  }
+  {
+    auto journal = Open();
+    EXPECT_TRUE(journal->open_status().ok()) << journal->open_status();
+    EXPECT_TRUE(journal->open_notes().empty()) << journal->open_notes().front();
+    ASSERT_TRUE(journal->AppendPut(1, "b", b.data(), b.size()).ok());
+    ASSERT_TRUE(journal->Sync().ok());
+    EXPECT_EQ(SizeOf(Current()) % 4096, 0u);
+  }
+  auto journal = Open();
+  EXPECT_TRUE(journal->open_notes().empty()) << journal->open_notes().front();
+  absl::Status status;
+  EXPECT_EQ(LoadOf(*journal, 1, "a", &status), a);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(LoadOf(*journal, 1, "b", &status), b);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// A flush the device fails is reported (the records before it are not durable), counted, and
+// the journal goes on.
+TEST_F(PersistentJournalTest, AFailedFlushIsReported) {
+  io_.reset();
+  storage::FaultyIoQueue* faulty = nullptr;
+  io_ = testing::MakeJournalIo(dir_.substr(0, dir_.rfind('/')),
+                               [&faulty](std::unique_ptr<storage::IoQueue> inner) {
+                                 auto q = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
+                                 faulty = q.get();
+                                 return std::unique_ptr<storage::IoQueue>(std::move(q));
+                               });
+  ASSERT_NE(faulty, nullptr);
+  auto journal = Open();
+  std::vector<char> a = Bytes(5000, 18);
+  ASSERT_TRUE(journal->AppendPut(1, "a", a.data(), a.size()).ok());
+  storage::FaultRule rule;
+  rule.op = storage::IoOp::kSync;
+  faulty->AddRule(rule);
+  absl::Status synced = journal->Sync();
+  EXPECT_FALSE(synced.ok());
+  EXPECT_NE(synced.message().find("fdatasync"), std::string::npos) << synced;
+  EXPECT_EQ(journal->usage().errors, 1u);
+  EXPECT_TRUE(journal->Sync().ok());
 }
 
 TEST_F(PersistentJournalTest, TheIssue17LayoutIsImportedOnce) {

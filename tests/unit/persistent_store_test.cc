@@ -4,6 +4,7 @@
 // created and filled through their table's transitions, as the job executor would.
 #include "daemon/persistent/persistent_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "storage/host_pool.h"
+#include "gated_io_queue.h"
+#include "journal_io.h"
 
 namespace tier::daemon {
 namespace {
@@ -41,6 +44,7 @@ class PersistentStoreTest : public ::testing::Test {
   void TearDown() override {
     store_.reset();
     journal_.reset();
+    io_.reset();
     if (!dir_.empty()) (void)!std::system(("rm -rf '" + dir_ + "'").c_str());
   }
   // A store that writes through to a journal in a fresh directory.
@@ -49,7 +53,9 @@ class PersistentStoreTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = pattern;
     store_.reset();
-    auto journal = PersistentJournal::Open(dir_ + "/persistent");
+    if (io_ == nullptr) io_ = testing::MakeJournalIo(dir_, wrap_io_);
+    ASSERT_NE(io_, nullptr);
+    auto journal = PersistentJournal::Open(dir_ + "/persistent", *io_);
     ASSERT_TRUE(journal.ok()) << journal.status();
     journal_ = *std::move(journal);
     store_ = std::make_unique<PersistentStore>(*tiers_, limits, journal_.get());
@@ -83,6 +89,9 @@ class PersistentStoreTest : public ::testing::Test {
   std::unique_ptr<storage::HostPool> pool_;
   std::unique_ptr<TierManager> tiers_;
   std::string dir_;
+  // What the journal writes through (wrapped by wrap_io_ when set before UseJournal).
+  std::function<std::unique_ptr<storage::IoQueue>(std::unique_ptr<storage::IoQueue>)> wrap_io_;
+  std::unique_ptr<storage::SpillStore> io_;
   std::unique_ptr<PersistentJournal> journal_;
   std::unique_ptr<PersistentStore> store_;
 };
@@ -334,6 +343,63 @@ TEST_F(PersistentStoreTest, FilledObjectsBecomeDurableAndAreNotPinnedWhileQueued
   EXPECT_EQ(bytes, std::vector<char>(8192, 0x5c));
 }
 
+// An object is reported durable only once its record's writes completed and, after them, the
+// flush did: while the device holds its write back, it is not durable and no flush was asked for
+// (one asked for then would not cover the write: io_uring does not order requests); while the
+// flush is held back, it is not durable either.
+TEST_F(PersistentStoreTest, NotDurableBeforeItsWriteAndFlushCompleted) {
+  testing::GatedIoQueue* gate = nullptr;
+  wrap_io_ = [&gate](std::unique_ptr<storage::IoQueue> inner) {
+    // File 0 is the store's spill file; the journal's files are attached after it.
+    auto gated = std::make_unique<testing::GatedIoQueue>(std::move(inner), 1);
+    gate = gated.get();
+    return std::unique_ptr<storage::IoQueue>(std::move(gated));
+  };
+  UseJournal();
+  ASSERT_NE(gate, nullptr);
+  EXPECT_TRUE(journal_->direct_io());  // /tmp: a real filesystem here, not tmpfs
+  const size_t opened = gate->log().size();  // the new generation's header, written and synced
+  gate->Close();
+  auto slot = store_->Create(1, "held", 1, 64 << 10);
+  ASSERT_TRUE(slot.ok());
+  Fill(*slot, 64 << 10, 0x3d);
+  // Held for a while (once it came): in all that time nothing may call it durable.
+  auto not_durable_while_held = [&](const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (gate->held() == 0) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << what << " never came";
+      std::this_thread::yield();
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < until) {
+      ASSERT_FALSE(store_->Stat(1, "held")->durable) << "durable while its " << what << " is held";
+      std::this_thread::yield();
+    }
+  };
+  not_durable_while_held("write");
+  std::vector<std::string> log = gate->log();
+  EXPECT_EQ(std::count(log.begin() + opened, log.end(), "sync"), 0) << "flush before the write";
+  gate->OpenWrites();
+  not_durable_while_held("flush");
+  gate->Open();
+  ASSERT_TRUE(AwaitDurable(1, "held"));
+  // In order: every write of the record completed, then the flush was asked for and completed.
+  log = gate->log();
+  std::vector<std::string> after(log.begin() + opened, log.end());
+  std::vector<std::string> want(std::count(after.begin(), after.end(), "write"), "write");
+  want.insert(want.end(), want.size(), "written");
+  want.insert(want.end(), {"sync", "synced"});
+  std::vector<std::string> got = after;
+  std::stable_partition(got.begin(), got.end(), [](const std::string& e) { return e == "write"; });
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(after.end()[-2], "sync");
+  std::optional<PersistentJournal::Record> record = journal_->Find(1, "held");
+  ASSERT_TRUE(record.has_value());
+  std::vector<char> bytes(record->len);
+  ASSERT_TRUE(journal_->Load(*record, bytes.data()).ok());
+  EXPECT_EQ(bytes, std::vector<char>(64 << 10, 0x3d));
+}
+
 TEST_F(PersistentStoreTest, ADeleteIsAnsweredOnceItsRecordIsGone) {
   UseJournal();
   auto slot = store_->Create(1, "x", 1, 4096);
@@ -380,7 +446,7 @@ TEST_F(PersistentStoreTest, RestoreBringsBackWhatTheJournalHolds) {
   ASSERT_TRUE(store_->DeleteAndWait(101, "obj").ok());
   store_.reset();
   journal_.reset();
-  auto journal = PersistentJournal::Open(dir_ + "/persistent");
+  auto journal = PersistentJournal::Open(dir_ + "/persistent", *io_);
   ASSERT_TRUE(journal.ok());
   journal_ = *std::move(journal);
   store_ = std::make_unique<PersistentStore>(*tiers_, Limits(), journal_.get());
