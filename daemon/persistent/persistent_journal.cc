@@ -107,11 +107,18 @@ absl::StatusOr<std::unique_ptr<PersistentJournal>> PersistentJournal::Open(
   }
   std::unique_ptr<PersistentJournal> journal(new PersistentJournal(dir, io, options));
   // O_DIRECT where the directory takes it, decided as for the spill files (storage/direct_io.h).
-  absl::StatusOr<bool> direct = storage::DirectIoWorks(dir);
-  if (!direct.ok()) return direct.status();
-  journal->direct_ = *direct;
-  if (!journal->direct_) {
-    LogWarning("persistent journal: ", dir, " refuses O_DIRECT (tmpfs?): buffered writes");
+  if (options.direct_io != storage::DirectIo::kOff) {
+    absl::StatusOr<bool> direct = storage::DirectIoWorks(dir);
+    if (!direct.ok()) return direct.status();
+    journal->direct_ = *direct;
+    if (!journal->direct_ && options.direct_io == storage::DirectIo::kRequired) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("persistent journal directory ", dir, " does not support O_DIRECT"));
+    }
+    if (!journal->direct_) {
+      LogWarning("persistent journal: ", dir, " refuses O_DIRECT (tmpfs?): buffered writes, ",
+                 "through the page cache");
+    }
   }
   if (absl::Status s = journal->OpenFiles(); !s.ok()) return s;
   if (absl::Status s = journal->ImportLegacy(); !s.ok()) return s;

@@ -55,6 +55,9 @@ struct JournalOptions {
   uint64_t max_bytes = 0;  // the journal file may not grow past this (0: no bound)
   // Dead bytes below this never trigger a compaction (small journals are not rewritten often).
   uint64_t compact_min_dead_bytes = 16 << 20;
+  // As the spill files': O_DIRECT where the directory takes it (kAuto), always (kRequired: Open
+  // fails where it is refused) or never (kOff).
+  storage::DirectIo direct_io = storage::DirectIo::kAuto;
 };
 
 struct JournalUsage {
