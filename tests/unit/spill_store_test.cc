@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <random>
@@ -633,18 +634,11 @@ TEST_P(SpillStoreTest, AttachedFilesGoThroughTheSameQueue) {
   absl::StatusOr<uint32_t> file = store->AttachFile(fd.get());
   ASSERT_TRUE(file.ok()) << file.status();
   auto run = [&](IoOp op, uint64_t offset, char* buf, uint64_t len) {
-    Mutex mu;
-    CondVar cv;
-    std::optional<absl::Status> result;
-    absl::Status posted = store->FileIo(*file, op, offset, buf, len, [&](absl::Status s) {
-      MutexLock lock(&mu);
-      result = std::move(s);
-      cv.Signal();
-    });
-    if (!posted.ok()) return posted;
-    MutexLock lock(&mu);
-    while (!result.has_value()) cv.Wait(&mu);
-    return *result;
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    std::future<absl::Status> result = done->get_future();
+    absl::Status posted = store->FileIo(*file, op, offset, buf, len,
+                                        [done](absl::Status s) { done->set_value(std::move(s)); });
+    return posted.ok() ? result.get() : posted;
   };
   char* staging = store->staging();
   FillPattern(staging, 8192, 5);
