@@ -119,7 +119,7 @@ absl::Status JournalFile::AwaitAll() {
   return failed;
 }
 
-absl::Status JournalFile::Append(std::initializer_list<absl::string_view> pieces) {
+absl::Status JournalFile::Append(absl::Span<const absl::string_view> pieces) {
   // The stream from the start of end_'s block: the tail again, then the pieces.
   uint64_t offset = AlignDown(end_);
   char* chunk = NextChunk();

@@ -21,13 +21,13 @@
 #define TIER_DAEMON_PERSISTENT_JOURNAL_FILE_H_
 
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "storage/spill_store.h"
@@ -55,7 +55,7 @@ class JournalFile {
   bool direct() const { return direct_io_.valid(); }
 
   // Writes `pieces`, one after another, at end(); see above.
-  absl::Status Append(std::initializer_list<absl::string_view> pieces);
+  absl::Status Append(absl::Span<const absl::string_view> pieces);
   // Every Append so far is on the device when this returns OK.
   absl::Status Sync();
 

@@ -305,44 +305,74 @@ absl::Status PersistentJournal::Failed(absl::Status status) {
   return status;
 }
 
-absl::Status PersistentJournal::Append(const std::string& head, const char* data, uint64_t len) {
+absl::Status PersistentJournal::Append(absl::Span<const absl::string_view> pieces) {
   // Through the spill path's queue, O_DIRECT from aligned staging (JournalFile): a failed append
   // leaves nothing partial, and the next record goes where this one began.
-  absl::Status status = file_->Append({head, absl::string_view(data, len)});
+  absl::Status status = file_->Append(pieces);
   if (!status.ok()) return Failed(std::move(status));
+  return absl::OkStatus();
+}
+
+absl::Status PersistentJournal::MakeRoom(uint64_t bytes) {
+  if (options_.max_bytes == 0 || file_->SizeAfter(bytes) <= options_.max_bytes) {
+    return absl::OkStatus();
+  }
+  if (file_->end() > journal::kFileHeaderBytes + live_bytes_) {
+    if (absl::Status s = Compact(); !s.ok()) return s;
+  }
+  if (file_->SizeAfter(bytes) > options_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "persistent journal full: ", file_->end(), " + ", bytes, " bytes > ", options_.max_bytes,
+        " (persistent_journal_max_bytes)"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status PersistentJournal::AppendPut(uid_t uid, absl::string_view name, const char* data,
                                           uint64_t len) {
-  if (name.empty() || name.size() > journal::kMaxNameBytes) {
-    return absl::InvalidArgumentError("journal: bad name");
-  }
-  const uint32_t crc = storage::Crc32c(data, len);
-  std::string head = journal::EncodeRecordHead(journal::RecordType::kPut, uid, name, len, crc,
-                                               next_seq_);
-  const uint64_t bytes = head.size() + len;
-  if (options_.max_bytes != 0 && file_->SizeAfter(bytes) > options_.max_bytes) {
-    if (file_->end() > journal::kFileHeaderBytes + live_bytes_) {
-      if (absl::Status s = Compact(); !s.ok()) return s;
+  const Put put{uid, name, data, len};
+  return AppendPuts(absl::MakeConstSpan(&put, 1));
+}
+
+absl::Status PersistentJournal::AppendPuts(absl::Span<const Put> puts) {
+  std::vector<std::string> heads;
+  std::vector<uint32_t> crcs;
+  heads.reserve(puts.size());
+  crcs.reserve(puts.size());
+  uint64_t bytes = 0;
+  for (const Put& put : puts) {
+    if (put.name.empty() || put.name.size() > journal::kMaxNameBytes) {
+      return absl::InvalidArgumentError("journal: bad name");
     }
-    if (file_->SizeAfter(bytes) > options_.max_bytes) {
-      return Failed(absl::ResourceExhaustedError(absl::StrCat(
-          "persistent journal full: ", file_->end(), " + ", bytes, " bytes > ", options_.max_bytes,
-          " (persistent_journal_max_bytes)")));
+    crcs.push_back(storage::Crc32c(put.data, put.len));
+    heads.push_back(journal::EncodeRecordHead(journal::RecordType::kPut, put.uid, put.name,
+                                              put.len, crcs.back(), next_seq_ + heads.size()));
+    bytes += heads.back().size() + put.len;
+  }
+  if (absl::Status s = MakeRoom(bytes); !s.ok()) {
+    // (A group refused for room is not an error yet: its objects are tried one by one.)
+    return absl::IsResourceExhausted(s) && puts.size() > 1 ? s : Failed(std::move(s));
+  }
+  std::vector<absl::string_view> pieces;
+  pieces.reserve(2 * puts.size());
+  for (size_t i = 0; i < puts.size(); ++i) {
+    pieces.push_back(heads[i]);
+    pieces.push_back(absl::string_view(puts[i].data, puts[i].len));
+  }
+  uint64_t offset = file_->end();
+  if (absl::Status s = Append(pieces); !s.ok()) return s;
+  for (size_t i = 0; i < puts.size(); ++i) {
+    journal::Key key{puts[i].uid, std::string(puts[i].name)};
+    if (auto it = live_.find(key); it != live_.end()) {
+      live_bytes_ -= it->second.record_bytes();
+      live_.erase(it);
     }
+    Record record{puts[i].uid, key.name, puts[i].len, crcs[i], next_seq_++, offset,
+                  heads[i].size()};
+    offset += record.record_bytes();
+    live_bytes_ += record.record_bytes();
+    live_.emplace(std::move(key), std::move(record));
   }
-  const uint64_t offset = file_->end();
-  if (absl::Status s = Append(head, data, len); !s.ok()) return s;
-  ++next_seq_;
-  journal::Key key{uid, std::string(name)};
-  if (auto it = live_.find(key); it != live_.end()) {
-    live_bytes_ -= it->second.record_bytes();
-    live_.erase(it);
-  }
-  Record record{uid, std::string(name), len, crc, next_seq_ - 1, offset, head.size()};
-  live_bytes_ += record.record_bytes();
-  live_.emplace(std::move(key), std::move(record));
   Count();
   return absl::OkStatus();
 }
@@ -353,7 +383,7 @@ absl::Status PersistentJournal::AppendDelete(uid_t uid, absl::string_view name) 
   std::string head =
       journal::EncodeRecordHead(journal::RecordType::kDelete, uid, name, 0, 0, next_seq_);
   // (A delete is never refused for room: it is what makes room.)
-  if (absl::Status s = Append(head, nullptr, 0); !s.ok()) return s;
+  if (absl::Status s = Append({head}); !s.ok()) return s;
   ++next_seq_;
   live_bytes_ -= it->second.record_bytes();
   live_.erase(it);

@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "daemon/persistent/journal_file.h"
 #include "daemon/persistent/journal_format.h"
 #include "storage/spill_store.h"
@@ -93,6 +94,16 @@ class PersistentJournal {
   // Appends `len` bytes as the object `name` of `uid` (replacing one of that name). Durable after
   // the next Sync. RESOURCE_EXHAUSTED past max_bytes; an I/O error leaves the file as it was.
   absl::Status AppendPut(uid_t uid, absl::string_view name, const char* data, uint64_t len);
+  // Appends `puts` one after another, all or none (one wait for their writes: the batcher groups
+  // small objects so that each does not wait for the device alone). A group that does not fit is
+  // RESOURCE_EXHAUSTED without counting an error (its objects may be tried one by one).
+  struct Put {
+    uid_t uid = 0;
+    absl::string_view name;
+    const char* data = nullptr;
+    uint64_t len = 0;
+  };
+  absl::Status AppendPuts(absl::Span<const Put> puts);
   // Appends the end of `name` of `uid` (nothing, and OK, when it is not live).
   absl::Status AppendDelete(uid_t uid, absl::string_view name);
   // Every append so far is on the device when this returns OK (and not before: the flush is
@@ -116,7 +127,9 @@ class PersistentJournal {
   absl::Status OpenFiles();
   absl::Status CreateGeneration();
   absl::Status ImportLegacy();
-  absl::Status Append(const std::string& head, const char* data, uint64_t len);
+  absl::Status Append(absl::Span<const absl::string_view> pieces);
+  // Compacts when `bytes` more would pass max_bytes; RESOURCE_EXHAUSTED if that is not enough.
+  absl::Status MakeRoom(uint64_t bytes);
   absl::Status Compact();
   // Copies the records `order` names into `to`, their new offsets into *offsets.
   absl::Status CopyLive(JournalFile& to, const std::vector<Record*>& order,
