@@ -19,7 +19,7 @@ struct JournalHandle {
   std::unique_ptr<daemon::PersistentJournal> journal;
 };
 
-inline JournalHandle OpenJournal(const std::string& dir, uint64_t /*batch_bytes*/) {
+inline JournalHandle OpenJournal(const std::string& dir) {
   JournalHandle handle;
   const std::string spill_dir = dir + "-spill";
   ::mkdir(spill_dir.c_str(), 0700);

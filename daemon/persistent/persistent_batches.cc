@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,11 @@ namespace {
 // behind a flood of writes waits for one bounded batch, not the flood.
 constexpr size_t kBatchObjects = 4096;
 constexpr uint64_t kBatchBytes = 64ull << 20;
+// Objects up to kGroupObjectBytes in host memory are appended in groups of up to kGroupBytes: one
+// wait for the device per group, not per object (the journal's writes are direct: each append
+// waits until its bytes are on the device).
+constexpr uint64_t kGroupObjectBytes = 1ull << 20;
+constexpr uint64_t kGroupBytes = 8ull << 20;
 
 }  // namespace
 
@@ -93,17 +99,11 @@ void PersistentStore::WriteBatch(std::vector<JournalOp> deletes, std::vector<Jou
   std::vector<Appended> appended;
   size_t failed = 0;
   absl::Status first_failure;
-  for (const JournalOp& op : puts) {
-    {
-      MutexLock lock(&mu_);
-      auto it = entries_.find(op.key);
-      // Deleted (or replaced) while queued: not written; its delete needed no record.
-      if (it == entries_.end() || it->second.id != op.id || it->second.written != Written::kQueued) {
-        continue;
-      }
-      it->second.written = Written::kWriting;
-    }
-    absl::Status written = AppendObject(op);
+  std::vector<std::optional<absl::Status>> results = AppendPuts(puts);
+  for (size_t i = 0; i < puts.size(); ++i) {
+    if (!results[i].has_value()) continue;  // not written: deleted or replaced while queued
+    const JournalOp& op = puts[i];
+    const absl::Status& written = *results[i];
     MutexLock lock(&mu_);
     auto it = entries_.find(op.key);
     if (it != entries_.end() && it->second.id == op.id) {
@@ -145,6 +145,64 @@ void PersistentStore::WriteBatch(std::vector<JournalOp> deletes, std::vector<Jou
     LogError("persistent journal: compaction failed (the journal keeps growing until it "
              "succeeds): ", s.ToString());
   }
+}
+
+bool PersistentStore::Claim(const JournalOp& op) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(op.key);
+  // Deleted (or replaced) while queued: not written; its delete needed no record.
+  if (it == entries_.end() || it->second.id != op.id || it->second.written != Written::kQueued) {
+    return false;
+  }
+  it->second.written = Written::kWriting;
+  return true;
+}
+
+std::vector<std::optional<absl::Status>> PersistentStore::AppendPuts(
+    const std::vector<JournalOp>& puts) {
+  std::vector<std::optional<absl::Status>> results(puts.size());
+  // Small objects in host memory, pinned, waiting to go as one group (one wait for the device).
+  std::vector<size_t> group;
+  std::vector<PersistentJournal::Put> refs;
+  uint64_t group_bytes = 0;
+  auto flush = [&] {
+    if (group.empty()) return;
+    absl::Status status = journal_->AppendPuts(refs);
+    for (size_t k = 0; k < group.size(); ++k) {
+      // Refused for room as a group: one by one, so that those that fit get in.
+      results[group[k]] = absl::IsResourceExhausted(status) && group.size() > 1
+                              ? journal_->AppendPut(refs[k].uid, refs[k].name, refs[k].data,
+                                                    refs[k].len)
+                              : status;
+    }
+    for (size_t k : group) puts[k].table->Unpin(*puts[k].object);
+    group.clear();
+    refs.clear();
+    group_bytes = 0;
+  };
+  for (size_t i = 0; i < puts.size(); ++i) {
+    const JournalOp& op = puts[i];
+    if (!Claim(op)) continue;
+    const uint64_t len = op.object->len();
+    // Pinned while its bytes are copied: it cannot be spilled or freed under the copy.
+    absl::StatusOr<ObjectTable::CopySource> source = op.table->PinForCopy(*op.object);
+    if (!source.ok()) {
+      results[i] = absl::NotFoundError(source.status().message());
+      continue;
+    }
+    if (source->on_nvme || len > kGroupObjectBytes) {
+      op.table->Unpin(*op.object);
+      flush();  // (records keep the batch's order)
+      results[i] = AppendObject(op);
+      continue;
+    }
+    if (group_bytes + len > kGroupBytes) flush();
+    group.push_back(i);
+    refs.push_back({op.key.uid, op.key.name, tiers_.pool().At(source->extent), len});
+    group_bytes += len;
+  }
+  flush();
+  return results;
 }
 
 absl::Status PersistentStore::AppendObject(const JournalOp& op) {

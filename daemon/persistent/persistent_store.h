@@ -28,7 +28,8 @@
 // queued (not pinned: it may be spilled meanwhile); the batcher takes batches, round robin over
 // uids (one uid's flood does not hold another's object back), pins each object only while it
 // copies its bytes (from host memory, or read back from the spill store) into the journal's
-// staging memory and their writes complete, then syncs the batch once and marks its objects
+// staging memory and their writes complete (small objects in host memory in groups: one wait
+// for the device per group), then syncs the batch once and marks its objects
 // durable (only after that flush completed), in fill order per uid. A delete or a job's free of
 // an object whose record may be in the journal is answered only once its delete record is synced
 // (the caller's `done` runs on the batch thread then), so a crash never brings back an object
@@ -224,6 +225,11 @@ class PersistentStore {
   // One batch: deletes first (each follows the put it ends, which was appended
   // before it was queued), then puts round robin over uids.
   void WriteBatch(std::vector<JournalOp> deletes, std::vector<JournalOp> puts);
+  // Marks a queued put as being written; false when its name went (or moved on) meanwhile.
+  bool Claim(const JournalOp& op);
+  // Appends the batch's puts in order, small objects in host memory grouped; the result of each
+  // (none: not written, its name went meanwhile; NOT_FOUND: its object went).
+  std::vector<std::optional<absl::Status>> AppendPuts(const std::vector<JournalOp>& puts);
   // Appends an object's bytes wherever they are now. OK, or why not (NOT_FOUND: gone meanwhile).
   absl::Status AppendObject(const JournalOp& op);
   // Restore of one record: an object in the tiers, or left on NVMe, or refused.

@@ -428,6 +428,60 @@ TEST_F(PersistentJournalTest, BufferedWhereDirectIoIsNotWanted) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// A group of puts goes all or none: a write the device fails leaves none of them live and the
+// file as it was; a group that does not fit is refused without counting an error.
+TEST_F(PersistentJournalTest, AGroupOfPutsGoesAllOrNone) {
+  io_.reset();
+  storage::FaultyIoQueue* faulty = nullptr;
+  io_ = testing::MakeJournalIo(dir_.substr(0, dir_.rfind('/')),
+                               [&faulty](std::unique_ptr<storage::IoQueue> inner) {
+                                 auto q = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
+                                 faulty = q.get();
+                                 return std::unique_ptr<storage::IoQueue>(std::move(q));
+                               });
+  JournalOptions options;
+  options.max_bytes = 16 << 20;
+  auto journal = Open(options);
+  std::vector<char> a = Bytes(3000, 21), b = Bytes(200000, 22), c = Bytes(5000, 23);
+  using Put = PersistentJournal::Put;
+  const std::vector<Put> group = {{1, "a", a.data(), a.size()}, {1, "b", b.data(), b.size()},
+                                  {2, "c", c.data(), c.size()}};
+  ASSERT_TRUE(journal->AppendPuts(group).ok());
+  ASSERT_TRUE(journal->Sync().ok());
+  const uint64_t size = SizeOf(Current());
+  const uint64_t end = journal->usage().file_bytes;
+  // The second of the group's writes fails: nothing of the group stays.
+  storage::FaultRule rule;
+  rule.op = storage::IoOp::kWrite;
+  rule.file = 1;  // the journal's file (the store's spill file is 0)
+  rule.skip = 1;
+  faulty->AddRule(rule);
+  std::vector<char> big = Bytes(6 << 20, 24);  // more than one staging chunk: several writes
+  const std::vector<Put> failing = {{3, "x", a.data(), a.size()}, {3, "y", big.data(), big.size()}};
+  EXPECT_FALSE(journal->AppendPuts(failing).ok());
+  EXPECT_EQ(journal->usage().errors, 1u);
+  EXPECT_EQ(journal->usage().file_bytes, end);
+  EXPECT_EQ(SizeOf(Current()), size);
+  EXPECT_FALSE(journal->Find(3, "x").has_value());
+  // Too big for max_bytes together: refused, no error counted.
+  faulty->ClearRules();
+  const std::vector<Put> too_big = {{4, "p", big.data(), big.size()},
+                                    {4, "q", big.data(), big.size()},
+                                    {4, "r", big.data(), big.size()}};
+  absl::Status full = journal->AppendPuts(too_big);
+  EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_EQ(journal->usage().errors, 1u);
+  journal.reset();
+  journal = Open();
+  EXPECT_TRUE(journal->open_notes().empty()) << journal->open_notes().front();
+  absl::Status status;
+  EXPECT_EQ(LoadOf(*journal, 1, "a", &status), a);
+  EXPECT_EQ(LoadOf(*journal, 1, "b", &status), b);
+  EXPECT_EQ(LoadOf(*journal, 2, "c", &status), c);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(journal->Records().size(), 3u);
+}
+
 // A flush the device fails is reported (the records before it are not durable), counted, and
 // the journal goes on.
 TEST_F(PersistentJournalTest, AFailedFlushIsReported) {
