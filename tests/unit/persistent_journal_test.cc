@@ -76,6 +76,19 @@ class PersistentJournalTest : public ::testing::Test {
     ::close(fd);
   }
 
+  // The journal's writes through a store whose queue injects faults (rules: the returned queue).
+  storage::FaultyIoQueue* UseFaultyIo() {
+    io_.reset();
+    storage::FaultyIoQueue* faulty = nullptr;
+    io_ = testing::MakeJournalIo(dir_.substr(0, dir_.rfind('/')),
+                                 [&faulty](std::unique_ptr<storage::IoQueue> inner) {
+                                   auto q = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
+                                   faulty = q.get();
+                                   return std::unique_ptr<storage::IoQueue>(std::move(q));
+                                 });
+    return faulty;
+  }
+
   std::string dir_;
   std::unique_ptr<storage::SpillStore> io_;  // what the journal writes through
 };
@@ -431,14 +444,8 @@ TEST_F(PersistentJournalTest, BufferedWhereDirectIoIsNotWanted) {
 // A group of puts goes all or none: a write the device fails leaves none of them live and the
 // file as it was; a group that does not fit is refused without counting an error.
 TEST_F(PersistentJournalTest, AGroupOfPutsGoesAllOrNone) {
-  io_.reset();
-  storage::FaultyIoQueue* faulty = nullptr;
-  io_ = testing::MakeJournalIo(dir_.substr(0, dir_.rfind('/')),
-                               [&faulty](std::unique_ptr<storage::IoQueue> inner) {
-                                 auto q = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
-                                 faulty = q.get();
-                                 return std::unique_ptr<storage::IoQueue>(std::move(q));
-                               });
+  storage::FaultyIoQueue* faulty = UseFaultyIo();
+  ASSERT_NE(faulty, nullptr);
   JournalOptions options;
   options.max_bytes = 16 << 20;
   auto journal = Open(options);
@@ -485,14 +492,7 @@ TEST_F(PersistentJournalTest, AGroupOfPutsGoesAllOrNone) {
 // A flush the device fails is reported (the records before it are not durable), counted, and
 // the journal goes on.
 TEST_F(PersistentJournalTest, AFailedFlushIsReported) {
-  io_.reset();
-  storage::FaultyIoQueue* faulty = nullptr;
-  io_ = testing::MakeJournalIo(dir_.substr(0, dir_.rfind('/')),
-                               [&faulty](std::unique_ptr<storage::IoQueue> inner) {
-                                 auto q = std::make_unique<storage::FaultyIoQueue>(std::move(inner));
-                                 faulty = q.get();
-                                 return std::unique_ptr<storage::IoQueue>(std::move(q));
-                               });
+  storage::FaultyIoQueue* faulty = UseFaultyIo();
   ASSERT_NE(faulty, nullptr);
   auto journal = Open();
   std::vector<char> a = Bytes(5000, 18);

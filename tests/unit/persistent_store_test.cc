@@ -61,6 +61,20 @@ class PersistentStoreTest : public ::testing::Test {
     store_ = std::make_unique<PersistentStore>(*tiers_, limits, journal_.get());
   }
 
+  // UseJournal, the journal's I/O through a GatedIoQueue (returned).
+  testing::GatedIoQueue* UseGatedJournal(PersistentLimits limits = Limits()) {
+    testing::GatedIoQueue* gate = nullptr;
+    wrap_io_ = [&gate](std::unique_ptr<storage::IoQueue> inner) {
+      // File 0 is the store's spill file; the journal's files are attached after it.
+      auto gated = std::make_unique<testing::GatedIoQueue>(std::move(inner), 1);
+      gate = gated.get();
+      return std::unique_ptr<storage::IoQueue>(std::move(gated));
+    };
+    UseJournal(limits);
+    wrap_io_ = nullptr;  // (it points at this frame's `gate`)
+    return gate;
+  }
+
   // What an offload into the slot does: create the object, admit it, fill it, tell the store.
   std::shared_ptr<Object> Fill(const ObjectSlot& slot, uint64_t len, char byte = 0x11) {
     auto object = slot.table->Create(slot.id, len, 0, 1, tiers_->Charge(len));
@@ -348,14 +362,7 @@ TEST_F(PersistentStoreTest, FilledObjectsBecomeDurableAndAreNotPinnedWhileQueued
 // (one asked for then would not cover the write: io_uring does not order requests); while the
 // flush is held back, it is not durable either.
 TEST_F(PersistentStoreTest, NotDurableBeforeItsWriteAndFlushCompleted) {
-  testing::GatedIoQueue* gate = nullptr;
-  wrap_io_ = [&gate](std::unique_ptr<storage::IoQueue> inner) {
-    // File 0 is the store's spill file; the journal's files are attached after it.
-    auto gated = std::make_unique<testing::GatedIoQueue>(std::move(inner), 1);
-    gate = gated.get();
-    return std::unique_ptr<storage::IoQueue>(std::move(gated));
-  };
-  UseJournal();
+  testing::GatedIoQueue* gate = UseGatedJournal();
   ASSERT_NE(gate, nullptr);
   EXPECT_TRUE(journal_->direct_io());  // /tmp: a real filesystem here, not tmpfs
   const size_t opened = gate->log().size();  // the new generation's header, written and synced
@@ -403,13 +410,8 @@ TEST_F(PersistentStoreTest, NotDurableBeforeItsWriteAndFlushCompleted) {
 // Small objects in host memory go to the journal in groups (one wait for the device per group,
 // not per object): far fewer writes than objects, and every one durable and bit-identical.
 TEST_F(PersistentStoreTest, SmallObjectsAreAppendedInGroups) {
-  testing::GatedIoQueue* gate = nullptr;
-  wrap_io_ = [&gate](std::unique_ptr<storage::IoQueue> inner) {
-    auto gated = std::make_unique<testing::GatedIoQueue>(std::move(inner), 1);
-    gate = gated.get();
-    return std::unique_ptr<storage::IoQueue>(std::move(gated));
-  };
-  UseJournal(Limits(1 << 20, 1 << 20));
+  testing::GatedIoQueue* gate = UseGatedJournal(Limits(1 << 20, 1 << 20));
+  ASSERT_NE(gate, nullptr);
   const size_t opened = gate->log().size();
   constexpr int kObjects = 40;
   // Held back until all are queued, so that they meet in one batch.
