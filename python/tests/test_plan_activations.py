@@ -515,3 +515,20 @@ def test_what_a_plan_costs_outside_its_blocks_is_judged_too(client, monkeypatch)
     assert plan.stats.corrections == 2
     assert 0 < budgets[-1] < 0.05
     assert plan._windows.outside_s is not None
+
+
+def test_a_model_with_no_candidate_still_gets_a_plan(client):
+    # Every saved tensor under min_bytes: nothing to offload, but the calibration must still end
+    # (it ran most blocks in full recompute) and a plan be followed, or the steps would stay in
+    # calibration's modes for good.
+    torch.manual_seed(0)
+    model = Net()
+    plan = tt.plan_activations(model, max_overhead=0.05, client=client, min_bytes=1 << 40,
+                               verbose=False)
+    for x in _batches(10):
+        with plan:
+            _step(model, x)
+    assert plan.plan is not None, plan.stats
+    assert plan.stats.calibration_steps >= 2 and plan.stats.plans == 1
+    assert plan.plan.best.offloaded_bytes == 0
+    assert not plan._step_plan.offloaded

@@ -61,7 +61,10 @@ class Calibration:
             if k[0] == "u" and k[1] not in used:
                 used[k[1]] = v
         self.used = used
-        if not used or len(self.sizes) != count:
+        # (A step with no candidate at all, every saved tensor under min_bytes, still teaches
+        # the blocks' times once its backward ran: its plan keeps everything.)
+        ran_backward = any(k[0] == "be" for k in times)
+        if len(self.sizes) != count or not (used or (count == 0 and ran_backward)):
             return False
         if self.peak is None and self.device is not None and self.device.type == "cuda" and \
                 self.base is not None:
@@ -171,10 +174,12 @@ def build_profile(signatures, measured, last, last_timing):
     c = last
     t = c.times
     n = len(signatures)
-    first = min(c.produced.values())
+    # (Without a candidate: from the first block's forward to the last backward boundary.)
+    first = min(c.produced.values()) if c.produced else t.get(("fs", 0), 0.0)
     pre_sites = []
     post_sites = []
-    end = max(c.used.values())
+    end = max(c.used.values()) if c.used else \
+        max((v for k, v in t.items() if k[0] == "be"), default=first)
     block0_end = t.get(("be", 0), end)
     gaps = [[] for _ in range(n)]
     for site, window in enumerate(c.windows):
