@@ -296,9 +296,10 @@ class Planned(TierdMode):
             out["summary"] = p.summary()
             out["references_predicted"] = {k: v.as_dict() for k, v in p.references.items()}
         out["profile"] = profile_summary(self.planner.profile)
-        # The host probe's blocks: (mode, offloads, host ms beyond calibration).
-        out["host_probe"] = [(m, n, None if x is None else 1e3 * x)
-                             for m, n, x in (self.planner.host_probe or [])]
+        # The host probe's blocks: (mode, offloads, host ms beyond calibration, ms per call).
+        out["host_probe"] = [(m, n, None if x is None else 1e3 * x,
+                              {k: 1e3 * v for k, v in sections.items()})
+                             for m, n, x, sections in (self.planner.host_probe or [])]
         return out
 
 
@@ -973,8 +974,10 @@ def report_probes(run):
                 "; host per offloaded storage %s us" % fmt(prof.get("offload_host_us"), "%.0f"))
             probe = r.get("host_probe") or []
             if probe:
-                log("  host probe (per block: mode, offloads, host ms beyond calibration): " +
-                    " ".join("%s/%d/%s" % (m[:1], n, fmt(x, "%.2f")) for m, n, x in probe))
+                log("  host probe (per block: mode, offloads, host ms beyond calibration; "
+                    "[ms in releases r, hooks opening o and closing c, the barrier b]): " +
+                    " ".join("%s/%d/%s%s" % (m[:1], n, fmt(x, "%.2f"), _sections(rest))
+                             for m, n, x, *rest in probe))
         st = r.get("planner_stats") or {}
         pr = r.get("predicted") or {}
         base = r.get("baseline_predicted") or {}
@@ -989,6 +992,15 @@ def report_probes(run):
             ("; replans %d, overhead corrections %d (planned within %.1f%%)" % (
                 st.get("replans", 0), st.get("corrections", 0),
                 100 * (r.get("planned_overhead") or 0)) if "goal" in r else ""))
+
+
+def _sections(rest):
+    """A host probe block's offloader calls, "[r0.12 c0.40]" (none: "")."""
+    named = (("release_sites", "r"), ("region_enter", "o"), ("region_exit", "c"),
+             ("barrier", "b"))
+    sections = rest[0] if rest else {}
+    parts = ["%s%.2f" % (short, sections[k]) for k, short in named if sections.get(k)]
+    return "[%s]" % " ".join(parts) if parts else ""
 
 
 def draw(runs, path):

@@ -333,10 +333,42 @@ def test_the_host_probe_takes_the_median_blocks_cost_per_offload():
         probe._marks[b] = [10.0 * b, 10.0 * b + 1.5e-3 + extra]
     cost = probe.cost_s(e, prof, prof.blocks)
     assert cost == pytest.approx(0.3e-3 / 2)  # the median block's 0.15 ms an offload, not 1.58
-    assert [n for _, n, _ in probe.blocks] == [2, 2, 2, 0]
+    assert [n for _, n, _, _ in probe.blocks] == [2, 2, 2, 0]
     assert probe.blocks[3][2] == pytest.approx(0.1e-3)  # a hooked block without offloads shows too
     empty = HostProbe(4)
     assert empty.cost_s(e, prof, prof.blocks) is None  # nothing clocked
+
+
+def test_the_host_probe_says_where_a_blocks_host_time_went():
+    from tier.torch._host_probe import HostProbe
+
+    class Offloader:
+        def __init__(self):
+            self.calls = []
+
+        def region_exit(self, token):
+            self.calls.append(("exit", token))
+            return 7
+
+        def release_sites(self, due, device):
+            self.calls.append(("release", due))
+
+    prof = _with_host(llama_like(n=2), 1.5e-3, 0.0)
+    e = ap.evaluate(prof, ("keep",) * 2, LINK, chosen=[])
+    probe = HostProbe(2)
+    off = Offloader()
+    timed = probe.timing(off)
+    probe.begins(0)
+    timed.release_sites([1], None)
+    probe.begins(1)
+    assert timed.region_exit("t") == 7  # calls pass through, results come back
+    timed.region_exit("u")
+    probe.ends(1)
+    assert off.calls == [("release", [1]), ("exit", "t"), ("exit", "u")]
+    probe.cost_s(e, prof, prof.blocks)
+    assert set(probe.blocks[0][3]) == {"release_sites"}
+    assert set(probe.blocks[1][3]) == {"region_exit"}
+    assert all(v >= 0 for b in probe.blocks for v in b[3].values())
 
 
 def test_a_price_per_offload_learned_from_the_clock_makes_offloads_pay_their_way():

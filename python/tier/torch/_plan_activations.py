@@ -413,6 +413,7 @@ class ActivationPlanner:
         self._offloader = ActivationOffloader(min_bytes=min_bytes, prefetch=prefetch,
                                                   client=client, module=model,
                                                   policy=_JointPolicy(self))
+        self._ops = self._offloader  # (or, on the host probe's step, its timed view of it)
         self._measured = {}          # (signature, mode) -> [(block, sites calib, timing calib)]
         self._profile = None
         self.plan = None             # the JointPlan being followed
@@ -454,8 +455,7 @@ class ActivationPlanner:
 
     @property
     def settling(self):
-        """Whether the plan may still change by itself (calibration, the host probe, the
-        overhead check)."""
+        """Whether the plan may still change by itself (calibration, host probe, clock)."""
         return (self.plan is None or (self._step_plan.offloaded and not self._host_measured)
                 or not self._overhead.settled)
 
@@ -512,7 +512,7 @@ class ActivationPlanner:
         return op.StepPlan(0, regions=op.Regions.unhooked(len(self._signatures)))
 
     def _begin_step(self):
-        self._running = None
+        self._running, self._ops = None, self._offloader
         if self._warmup_left > 0:
             # Before calibrating: one step as calibration's "rest" runs (the least memory),
             # not measured (a first step pays for allocator growth, library setup, caches).
@@ -529,6 +529,7 @@ class ActivationPlanner:
             if (not self._host_measured and self._step_plan.offloaded and
                     self._plan_steps + 1 == HOST_PROBE_STEP):
                 self._host_probe = HostProbe(len(self._signatures))
+                self._ops = self._host_probe.timing(self._offloader)
             return self._running
         if self._pending is not None:
             # The same modes again, without hooks: the blocks' times as a plan runs them.
@@ -586,9 +587,9 @@ class ActivationPlanner:
             self._close_region()
             due = regions.releases[b]
             if due and device is not None:
-                self._offloader.release_sites(due, device)
+                self._ops.release_sites(due, device)
             if regions.hooked[b]:
-                self._region = (b, self._offloader.region_enter(regions.first[b]))
+                self._region = (b, self._ops.region_enter(regions.first[b]))
             return None
         c = self._calib
         if c is None:
@@ -618,7 +619,7 @@ class ActivationPlanner:
         if region is None:
             return
         b, token = region
-        end = self._offloader.region_exit(token)
+        end = self._ops.region_exit(token)
         plan = self._running
         if plan is not None and end - plan.regions.first[b] != plan.regions.count[b]:
             self._mismatch = True  # the block saved otherwise than it did in calibration
@@ -628,7 +629,7 @@ class ActivationPlanner:
         if now == "planned":
             self._close_region()
             if b == len(self._signatures) - 1 and self._running.regions.barrier:
-                self._offloader.barrier(self._device)
+                self._ops.barrier(self._device)
             if self._host_probe is not None:
                 self._host_probe.ends(b)
             return
