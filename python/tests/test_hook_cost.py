@@ -5,10 +5,10 @@ Timing alone cannot tell the old path from a faster one on a loaded 2-core CI ma
 strict bound is on work, which load does not change: the Python calls (functions and builtins,
 as sys.setprofile sees them) a step makes per offloaded storage beyond a step whose plan keeps
 everything. A loose bound on time, as a ratio to the same step without hooks measured in the same
-test (median of several steps), catches a path gone badly slow."""
+test (the least of several steps, taken in turn with the others), catches a path gone badly
+slow. CTest runs this file alone (RUN_SERIAL): a neighbour's load is what failed it in CI."""
 
 import gc
-import statistics
 import sys
 import time
 
@@ -71,13 +71,24 @@ def _calls(chain, ctx):
     return count[0], stats.offloaded_storages - before
 
 
-def _host_s(chain, ctx, steps=9):
-    samples = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        chain.step(ctx)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+def _host_times(chain, none, kept, planned, rounds=15):
+    """Host seconds of one step without hooks, with a plan that keeps everything and with one that
+    offloads every saved tensor: the least of `rounds` steps each, taken in turn so that a burst of
+    load from a neighbouring test (ctest -j2 on two cores) falls on all three alike. The least, not
+    the median: load only ever adds time. A planned step that offloaded less than the plan (the
+    budget calibrating again on a loaded machine) does other work and is not counted."""
+    best = {"none": float("inf"), "kept": float("inf"), "planned": float("inf")}
+    stats = planned.stats
+    for _ in range(rounds):
+        for name, ctx in (("none", none), ("kept", kept), ("planned", planned)):
+            before = stats.offloaded_storages
+            t0 = time.perf_counter()
+            chain.step(ctx)
+            took = time.perf_counter() - t0
+            if name == "planned" and stats.offloaded_storages - before < OPS - 2:
+                continue
+            best[name] = min(best[name], took)
+    return best["none"], best["kept"], best["planned"]
 
 
 def test_calls_and_time_per_offloaded_storage(client):
@@ -105,11 +116,14 @@ def test_calls_and_time_per_offloaded_storage(client):
 
     none = contextlib.nullcontext()
     chain.step(none)
-    t_none = _host_s(chain, none)
-    t_kept = _host_s(chain, kept)
-    t_planned = _host_s(chain, planned)
-    per_op = t_none / OPS
-    extra = (t_planned - t_kept) / (OPS - 1) / per_op
+    # Up to three tries: a machine busy through a whole try (two cores, other tests beside this
+    # one) says nothing about the path; a slow path fails all three.
+    for _ in range(3):
+        t_none, t_kept, t_planned = _host_times(chain, none, kept, planned)
+        per_op = t_none / OPS
+        extra = (t_planned - t_kept) / (OPS - 1) / per_op
+        if extra <= MAX_TIME_PER_OFFLOADED_STORAGE:
+            break
     assert extra <= MAX_TIME_PER_OFFLOADED_STORAGE, (
         "an offloaded storage costs %.1f ops' time (%.1f us; at most %.0f ops)" % (
             extra, extra * per_op * 1e6, MAX_TIME_PER_OFFLOADED_STORAGE))

@@ -45,4 +45,7 @@ if(_tier_py_test_ok)
       TIMEOUT 900
       ENVIRONMENT "TIER_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
   endforeach()
+  # Its loose bound on host time is a ratio of two timings; on two cores a neighbouring test's
+  # burst once pushed it over (CI, 26.6 against 15 ops' time): it runs alone.
+  set_tests_properties(python_test_hook_cost PROPERTIES RUN_SERIAL TRUE)
 endif()
