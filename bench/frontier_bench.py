@@ -296,10 +296,11 @@ class Planned(TierdMode):
             out["summary"] = p.summary()
             out["references_predicted"] = {k: v.as_dict() for k, v in p.references.items()}
         out["profile"] = profile_summary(self.planner.profile)
-        # The host probe's blocks: (mode, offloads, host ms beyond calibration, ms per call).
-        out["host_probe"] = [(m, n, None if x is None else 1e3 * x,
-                              {k: 1e3 * v for k, v in sections.items()})
-                             for m, n, x, sections in (self.planner.host_probe or [])]
+        # The host probe's blocks: (mode, offloads, host ms beyond calibration, ms per call,
+        # ms beyond calibration of the host's backward and the GPU's forward and backward).
+        out["host_probe"] = [(m, n, _ms(x), {k: 1e3 * v for k, v in sections.items()},
+                              {k: _ms(v) for k, v in timeline.items()})
+                             for m, n, x, sections, timeline in (self.planner.host_probe or [])]
         return out
 
 
@@ -975,8 +976,10 @@ def report_probes(run):
             probe = r.get("host_probe") or []
             if probe:
                 log("  host probe (per block: mode, offloads, host ms beyond calibration; "
-                    "[ms in releases r, hooks opening o and closing c, the barrier b]): " +
-                    " ".join("%s/%d/%s%s" % (m[:1], n, fmt(x, "%.2f"), _sections(rest))
+                    "[ms in releases r, hooks opening o and closing c, the barrier b]; <ms "
+                    "beyond calibration: host backward h, GPU forward f and backward g>): " +
+                    " ".join("%s/%d/%s%s%s" % (m[:1], n, fmt(x, "%.2f"), _sections(rest),
+                                               _timeline(rest))
                              for m, n, x, *rest in probe))
         st = r.get("planner_stats") or {}
         pr = r.get("predicted") or {}
@@ -1001,6 +1004,20 @@ def _sections(rest):
     sections = rest[0] if rest else {}
     parts = ["%s%.2f" % (short, sections[k]) for k, short in named if sections.get(k)]
     return "[%s]" % " ".join(parts) if parts else ""
+
+
+def _timeline(rest):
+    """A host probe block's other spans beyond calibration, "<h0.01 f0.30 g0.12>" ("" where none
+    was clocked)."""
+    timeline = rest[1] if len(rest) > 1 else {}
+    named = (("host_bwd", "h"), ("gpu_fwd", "f"), ("gpu_bwd", "g"))
+    parts = ["%s%.2f" % (short, timeline[k]) for k, short in named
+             if timeline.get(k) is not None]
+    return "<%s>" % " ".join(parts) if parts else ""
+
+
+def _ms(seconds):
+    return None if seconds is None else 1e3 * seconds
 
 
 def draw(runs, path):

@@ -333,7 +333,7 @@ def test_the_host_probe_takes_the_median_blocks_cost_per_offload():
         probe._marks[b] = [10.0 * b, 10.0 * b + 1.5e-3 + extra]
     cost = probe.cost_s(e, prof, prof.blocks)
     assert cost == pytest.approx(0.3e-3 / 2)  # the median block's 0.15 ms an offload, not 1.58
-    assert [n for _, n, _, _ in probe.blocks] == [2, 2, 2, 0]
+    assert [b[1] for b in probe.blocks] == [2, 2, 2, 0]
     assert probe.blocks[3][2] == pytest.approx(0.1e-3)  # a hooked block without offloads shows too
     empty = HostProbe(4)
     assert empty.cost_s(e, prof, prof.blocks) is None  # nothing clocked
@@ -369,6 +369,50 @@ def test_the_host_probe_says_where_a_blocks_host_time_went():
     assert set(probe.blocks[0][3]) == {"release_sites"}
     assert set(probe.blocks[1][3]) == {"region_exit"}
     assert all(v >= 0 for b in probe.blocks for v in b[3].values())
+
+
+def test_the_host_probe_places_a_blocks_time_on_both_timelines():
+    # Besides the host forward it prices offloads by, the probe step clocks each block's host
+    # backward and its forward and backward on the step's clock (CUDA events on a GPU; here the
+    # host's), each beyond calibration: where a price shows on the device and not on the host,
+    # it is a stall, not host work.
+    import time
+    import torch
+    from tier.torch._host_probe import HostProbe
+
+    prof = _with_host(llama_like(n=2), 1.5e-3, 0.0)
+    gpu_f, gpu_b, _, host_b = prof.host["L"]["keep"]
+    e = ap.evaluate(prof, ("keep",) * 2, LINK, chosen=[])
+    cpu = torch.device("cpu")
+    probe = HostProbe(2)
+    t0 = time.perf_counter()
+    x = torch.ones(8, requires_grad=True)
+    probe.begins(0, x, cpu)
+    y = x * 2
+    probe.ends(0, y, cpu)
+    probe.begins(1, y, cpu)
+    z = y.sin()
+    probe.ends(1, z, cpu)
+    z.sum().backward()
+    wall = time.perf_counter() - t0
+    probe.cost_s(e, prof, prof.blocks)
+    first, second = probe.blocks[0][4], probe.blocks[1][4]
+    assert set(first) == {"host_bwd", "gpu_fwd", "gpu_bwd"}
+    # Each is the block's own span less its calibrated figure: a span inside the test's wall.
+    assert 0 <= first["gpu_fwd"] + gpu_f <= wall
+    assert 0 <= first["gpu_bwd"] + gpu_b <= wall
+    assert 0 <= first["host_bwd"] + host_b <= wall
+    assert second["gpu_fwd"] is not None
+    # Block 1's backward began (its "bs": the gradient of z) and ended (y's gradient) here too.
+    assert second["gpu_bwd"] is not None
+    forward_only = HostProbe(1)
+    x = torch.ones(8, requires_grad=True)
+    forward_only.begins(0, x, cpu)
+    forward_only.ends(0, x * 2, cpu)
+    forward_only.cost_s(ap.evaluate(llama_like(n=1), ("keep",), LINK, chosen=[]),
+                        _with_host(llama_like(n=1), 1.5e-3, 0.0), ("L",))
+    assert forward_only.blocks[0][4]["gpu_bwd"] is None  # no backward ran: not a figure
+    assert forward_only.blocks[0][4]["host_bwd"] is None
 
 
 def test_a_price_per_offload_learned_from_the_clock_makes_offloads_pay_their_way():

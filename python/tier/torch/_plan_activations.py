@@ -571,17 +571,17 @@ class ActivationPlanner:
     def block_begins(self, b, mode, args, kwargs):
         now = self._now
         if now == "planned":
-            if self._host_probe is not None:
-                self._host_probe.begins(b)
             plan = self._running
             regions = plan.regions
             device = self._device
-            if b == 0 and self._timer is not None and device is not None:
+            timed = b == 0 and self._timer is not None and device is not None
+            probe = self._host_probe
+            x = _first_tensor((args, kwargs)) if timed or probe is not None else None
+            if probe is not None:
+                probe.begins(b, x, device)
+            if timed:
                 # Timed from here to the end of this block's backward (its input's gradient).
                 self._timer.start(device)
-                x = _first_tensor(args)
-                if x is None:
-                    x = _first_tensor(kwargs)
                 if x is not None:
                     x.register_hook(functools.partial(_end_timer, self._timer, device))
             self._close_region()
@@ -594,9 +594,7 @@ class ActivationPlanner:
         c = self._calib
         if c is None:
             return None
-        x = _first_tensor(args)
-        if x is None:
-            x = _first_tensor(kwargs)
+        x = _first_tensor((args, kwargs))
         if self._device is None:
             # One clock for the whole step: the device of the blocks' inputs (CUDA events).
             t = x if x is not None else _first_tensor(args, need_grad=False)
@@ -631,7 +629,7 @@ class ActivationPlanner:
             if b == len(self._signatures) - 1 and self._running.regions.barrier:
                 self._ops.barrier(self._device)
             if self._host_probe is not None:
-                self._host_probe.ends(b)
+                self._host_probe.ends(b, _first_tensor(out), self._device)
             return
         c = self._calib
         if c is None:
