@@ -423,103 +423,110 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
     tree = _flatten(state_dict, tensors)
     tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
     refs, sizes, kinds = _layout(tensors, chunk_bytes)
-    slot, index = _read_index(client, name)
-    if index.get("pending"):
-        _delete_version(client, name, index["pending"])  # a save cut short: its objects go
-    kept = index["versions"]
-    version = max([e["version"] for e in kept] + [index.get("last_version", 0)]) + 1
-    token = secrets.token_hex(4)
-    entry = {"version": version, "token": token, "objects": len(sizes)}
-    index_seq = index["seq"] + 1
-    _write_index(client, name, {"seq": index_seq, "versions": kept, "pending": entry,
-                                "last_version": version})
-
-    object_names = [_object_name(name, version, token, str(i)) for i in range(len(sizes))]
-    meta_name = _object_name(name, version, token, "meta")
-    handle = SaveHandle(client, name, version, object_names + [meta_name], sum(sizes))
-    jobs, staging = [], []
-    registering = 0.0
-    try:
-        # The snapshot: host chunks filled now, CUDA tensors copied by tierd in stream order.
-        host_views = {}
-        for o, (size, kind) in enumerate(zip(sizes, kinds)):
-            if kind == "host":
-                buf = client.staging_acquire(max(size, 1))
-                staging.append(buf)
-                host_views[o] = buf
-        cuda_jobs = []
-        for t, (o, offset, nbytes) in zip(tensors, refs):
-            if o == -1:
-                continue
-            if kinds[o] == "host":
-                host_views[o].tensor(torch.uint8)[offset:offset + nbytes].copy_(_byte_view(t))
-            else:
-                stream = torch.cuda.current_stream(t.device)
-                t_reg = time.monotonic()
-                buffer_id, buf_offset = client.register_device(t.data_ptr(), nbytes)
-                registering += time.monotonic() - t_reg
-                obj, job = client.offload_persistent(object_names[o], buffer_id, buf_offset,
-                                                     nbytes, producer_streams=[stream], keep=t)
-                client.stream_wait_offload(job, stream)
-                cuda_jobs.append((obj, job))
-        for o, buf in host_views.items():
-            obj, job = client.offload_persistent(object_names[o], buf, 0, sizes[o])
-            jobs.append((obj, job))
-        jobs.extend(cuda_jobs)
-    except BaseException:
-        for buf in staging:
-            client.staging_release(buf)
-        raise
+    job = _Save(client, name, keep, len(sizes))
+    job.snapshot(tensors, refs, sizes, kinds)
     # Per tensor: (object index, or -1 for no bytes; offset; nbytes; dtype; shape; device;
     # requires_grad).
     tensor_refs = [(o, offset, nbytes, str(t.dtype)[len("torch."):], tuple(t.shape),
                     str(t.device), bool(t.requires_grad))
                    for t, (o, offset, nbytes) in zip(tensors, refs)]
-    record = {"format": _FORMAT, "version": version, "sizes": sizes, "tensors": tensor_refs,
-              "tree": tree}
+    job.record = {"format": _FORMAT, "version": job.version, "sizes": sizes,
+                  "tensors": tensor_refs, "tree": tree}
+    handle = job.handle
     handle.phases["snapshot"] = time.monotonic() - started
-    handle.phases["register"] = registering  # of the snapshot: GPU memory registered with tierd
+    handle.phases["register"] = job.registering  # of the snapshot: GPU memory registered
+    with _saving_lock:
+        _saving[key] = handle
+    threading.Thread(target=job.finish, args=(key, started), name="tier-checkpoint",
+                     daemon=True).start()
+    return handle
 
-    def commit():
+
+class _Save:
+    """One version of `name` being saved: made pending in the index, snapshot into tierd
+    (:meth:`snapshot`, in save()), then committed and the older versions cleaned up
+    (:meth:`finish`, on the save's own thread)."""
+
+    def __init__(self, client, name, keep, objects):
+        self.client, self.name, self.keep = client, name, keep
+        slot, index = _read_index(client, name)
+        if index.get("pending"):
+            _delete_version(client, name, index["pending"])  # a save cut short: its objects go
+        self.kept = index["versions"]
+        self.version = max([e["version"] for e in self.kept] +
+                           [index.get("last_version", 0)]) + 1
+        token = secrets.token_hex(4)
+        self.entry = {"version": self.version, "token": token, "objects": objects}
+        self.index_seq = index["seq"] + 1
+        _write_index(client, name, {"seq": self.index_seq, "versions": self.kept,
+                                    "pending": self.entry, "last_version": self.version})
+        self.object_names = [_object_name(name, self.version, token, str(i))
+                             for i in range(objects)]
+        self.meta_name = _object_name(name, self.version, token, "meta")
+        self.jobs, self.staging = [], []  # [(object, job)]; staging buffers the jobs read
+        self.registering = 0.0
+        self.record = None
+        self.handle = None
+
+    def snapshot(self, tensors, refs, sizes, kinds):
+        """Host chunks filled now, CUDA tensors copied by tierd in stream order (the current
+        stream waits on the GPU for their copies)."""
+        client, names = self.client, self.object_names
+        self.handle = SaveHandle(client, self.name, self.version, names + [self.meta_name],
+                                 sum(sizes))
+        try:
+            host_views = {}
+            for o, (size, kind) in enumerate(zip(sizes, kinds)):
+                if kind == "host":
+                    buf = client.staging_acquire(max(size, 1))
+                    self.staging.append(buf)
+                    host_views[o] = buf
+            cuda_jobs = []
+            for t, (o, offset, nbytes) in zip(tensors, refs):
+                if o == -1:
+                    continue
+                if kinds[o] == "host":
+                    host_views[o].tensor(torch.uint8)[offset:offset + nbytes].copy_(
+                        _byte_view(t))
+                else:
+                    cuda_jobs.append(self._offload_cuda(t, names[o], nbytes))
+            for o, buf in host_views.items():
+                self.jobs.append(client.offload_persistent(names[o], buf, 0, sizes[o]))
+            self.jobs.extend(cuda_jobs)
+        except BaseException:
+            for buf in self.staging:
+                client.staging_release(buf)
+            raise
+
+    def _offload_cuda(self, t, object_name, nbytes):
+        client = self.client
+        stream = torch.cuda.current_stream(t.device)
+        t_reg = time.monotonic()
+        buffer_id, buf_offset = client.register_device(t.data_ptr(), nbytes)
+        self.registering += time.monotonic() - t_reg
+        obj, job = client.offload_persistent(object_name, buffer_id, buf_offset, nbytes,
+                                             producer_streams=[stream], keep=t)
+        client.stream_wait_offload(job, stream)
+        return obj, job
+
+    def finish(self, key, started):
+        """The save's thread: commit, then (off the commit's path) clean up."""
+        handle = self.handle
         committed_index = None
         try:
-            t0 = time.monotonic()
-            for obj, job in jobs:
-                client.wait(job)
-                client.release_object(obj)
-            for buf in staging:
-                client.staging_release(buf)
-            staging.clear()
-            t1 = time.monotonic()
-            _write_small(client, meta_name, _dumps(record))
-            versions = [entry] + kept
-            committed_index = _write_index(client, name, {
-                "seq": index_seq + 1, "versions": versions[:keep], "pending": None,
-                "last_version": version})
-            handle._index_name = committed_index
-            handle.seconds_to_commit = time.monotonic() - started
-            handle.phases.update(copies=t1 - t0, record=time.monotonic() - t1)
+            committed_index = self._commit(started)
         except BaseException as e:  # noqa: B902 - reported through the handle
-            handle._error = e if isinstance(e, errors.TierError) else _error(errors.Internal,
-                "checkpoint %r version %d: %s" % (name, version, e))
-            for buf in staging:
+            handle._error = e if isinstance(e, errors.TierError) else _error(
+                errors.Internal, "checkpoint %r version %d: %s" % (self.name, self.version, e))
+            for buf in self.staging:
                 try:
-                    client.staging_release(buf)
+                    self.client.staging_release(buf)
                 except errors.TierError:
                     pass
         finally:
             handle._committed.set()
-        # After the commit, off its path: the older index slots (freeing the slots the next
-        # save writes) and the versions past `keep`. Each delete may wait for tierd's journal.
         try:
-            t2 = time.monotonic()
-            if committed_index is not None:
-                for slot in range(_SLOTS):
-                    if "%s/index.%d" % (name, slot) != committed_index:
-                        _delete_quietly(client, "%s/index.%d" % (name, slot))
-                for old in ([entry] + kept)[keep:]:
-                    _delete_version(client, name, old)
-            handle.phases["cleanup"] = time.monotonic() - t2
+            self._clean_up(committed_index)
         except errors.TierError:
             pass  # what is left is found and deleted by the next save (or delete())
         finally:
@@ -528,10 +535,39 @@ def save(state_dict, name, keep=2, client=None, chunk_bytes=DEFAULT_CHUNK_BYTES)
                 if _saving.get(key) is handle:
                     del _saving[key]
 
-    with _saving_lock:
-        _saving[key] = handle
-    threading.Thread(target=commit, name="tier-checkpoint", daemon=True).start()
-    return handle
+    def _commit(self, started):
+        """Waits for every data object, then writes the meta record and the index naming this
+        version: committed. Returns the index object written."""
+        client, handle = self.client, self.handle
+        t0 = time.monotonic()
+        for obj, job in self.jobs:
+            client.wait(job)
+            client.release_object(obj)
+        for buf in self.staging:
+            client.staging_release(buf)
+        self.staging.clear()
+        t1 = time.monotonic()
+        _write_small(client, self.meta_name, _dumps(self.record))
+        versions = [self.entry] + self.kept
+        committed_index = _write_index(client, self.name, {
+            "seq": self.index_seq + 1, "versions": versions[:self.keep], "pending": None,
+            "last_version": self.version})
+        handle._index_name = committed_index
+        handle.seconds_to_commit = time.monotonic() - started
+        handle.phases.update(copies=t1 - t0, record=time.monotonic() - t1)
+        return committed_index
+
+    def _clean_up(self, committed_index):
+        """After the commit: the older index slots (freeing the slots the next save writes) and
+        the versions past `keep`. Each delete may wait for tierd's journal."""
+        t2 = time.monotonic()
+        if committed_index is not None:
+            for slot in range(_SLOTS):
+                if "%s/index.%d" % (self.name, slot) != committed_index:
+                    _delete_quietly(self.client, "%s/index.%d" % (self.name, slot))
+            for old in ([self.entry] + self.kept)[self.keep:]:
+                _delete_version(self.client, self.name, old)
+        self.handle.phases["cleanup"] = time.monotonic() - t2
 
 
 # ---- load, list, delete --------------------------------------------------------------------------
