@@ -479,27 +479,8 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     n = len(profile.blocks)
     keep_all = tuple(["keep"] * n)
     baseline = evaluate(profile, keep_all, link, offload=False, how="none")
-    tol = tolerance * baseline.step_s
-    evaluated = []
-    for m in candidates(n, allowed):
-        e = evaluate(profile, m, link, offload=offload, tolerance_s=tol)
-        evaluated.append(e)
-        if e.chosen and profile.offload_step_s > 0:
-            evaluated.extend(_fewer_offloads(profile, e, link))
-    notes = []
-    if offload:
-        # The budget's offload-only plans (they may stall the step to reach a target): over
-        # the kept blocks' sites.
-        lay = Layout(profile, keep_all)
-        for kwargs in ([dict(target_bytes=_site_target(profile, lay, target_bytes))]
-                       if target_bytes is not None else []) + \
-                ([dict(max_overhead=max_overhead)] if max_overhead is not None else []):
-            if lay.sites:
-                p = op.plan(lay.sites, lay.forward_end, lay.base_step, link, barrier=True,
-                            **kwargs)
-                chosen = [s for s in lay.sites if s.index in p.indices]
-                evaluated.append(evaluate(profile, keep_all, link, chosen=chosen,
-                                          how="offload-only plan"))
+    evaluated = _evaluated(profile, link, allowed, offload, tolerance * baseline.step_s,
+                           target_bytes, max_overhead)
     budget = None if max_overhead is None else baseline.step_s * (1 + max_overhead)
 
     def fits(e):
@@ -508,21 +489,9 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     def within(e):
         return budget is None or e.step_s <= budget + 1e-12
 
-    both = [e for e in evaluated if fits(e) and within(e)]
-    if both:
-        if target_bytes is not None:
-            best = min(both, key=lambda e: (e.step_s, e.peak_bytes))
-        else:
-            best = min(both, key=lambda e: (e.peak_bytes, e.step_s))
-    elif max_overhead is not None and any(within(e) for e in evaluated):
-        best = min((e for e in evaluated if within(e)), key=lambda e: (e.peak_bytes, e.step_s))
-        notes.append("the target is out of reach within the overhead budget: the least memory "
-                     "within the budget instead")
-    elif target_bytes is not None and any(fits(e) for e in evaluated):
-        best = min((e for e in evaluated if fits(e)), key=lambda e: (e.step_s, e.peak_bytes))
-    else:
-        best = min(evaluated, key=lambda e: (e.peak_bytes, e.step_s))
-        notes.append("no plan reaches the target: the least memory there is instead")
+    notes = []
+    best = _pick(evaluated, fits, within, target_bytes is not None, max_overhead is not None,
+                 notes)
     if best.step_s >= baseline.step_s and best.peak_bytes >= baseline.peak_bytes:
         best = baseline  # nothing to gain
     if offload and best.chosen and best.how != "offload-only plan":
@@ -530,19 +499,7 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     jp = JointPlan()
     jp.best = best
     jp.baseline = baseline
-    jp.references = {}
-    if "full" in allowed and n:
-        jp.references["full recompute"] = evaluate(profile, tuple(["full"] * n), link,
-                                                   offload=False)
-    if "light" in allowed and n:
-        jp.references["light everywhere"] = evaluate(profile, tuple(["light"] * n), link,
-                                                     offload=False)
-    if "selective" in allowed and n:
-        jp.references["selective everywhere"] = evaluate(
-            profile, tuple(["selective"] * n), link, offload=False)
-    offload_only = [e for e in evaluated if e.modes == list(keep_all) and e.chosen]
-    if offload_only:
-        jp.references["offload only"] = min(offload_only, key=lambda e: e.peak_bytes)
+    jp.references = _references(profile, link, allowed, evaluated)
     jp.target_bytes = target_bytes
     jp.max_overhead = max_overhead
     jp.met_target = fits(best)
@@ -552,6 +509,68 @@ def choose(profile, link, target_bytes=None, max_overhead=None, modes=MODES, off
     jp.notes = notes
     jp.step_plan = step_plan(best, link)
     return jp
+
+
+def _evaluated(profile, link, allowed, offload, tol, target_bytes, max_overhead):
+    """Every plan choose() considers, evaluated: each candidate of modes (with its offloads,
+    and fewer of them once offloads have a price), then the budget's offload-only plans."""
+    n = len(profile.blocks)
+    evaluated = []
+    for m in candidates(n, allowed):
+        e = evaluate(profile, m, link, offload=offload, tolerance_s=tol)
+        evaluated.append(e)
+        if e.chosen and profile.offload_step_s > 0:
+            evaluated.extend(_fewer_offloads(profile, e, link))
+    if not offload:
+        return evaluated
+    # The budget's offload-only plans (they may stall the step to reach a target): over the kept
+    # blocks' sites.
+    keep_all = tuple(["keep"] * n)
+    lay = Layout(profile, keep_all)
+    goals = ([dict(target_bytes=_site_target(profile, lay, target_bytes))]
+             if target_bytes is not None else []) + \
+        ([dict(max_overhead=max_overhead)] if max_overhead is not None else [])
+    for kwargs in goals:
+        if lay.sites:
+            p = op.plan(lay.sites, lay.forward_end, lay.base_step, link, barrier=True, **kwargs)
+            chosen = [s for s in lay.sites if s.index in p.indices]
+            evaluated.append(evaluate(profile, keep_all, link, chosen=chosen,
+                                      how="offload-only plan"))
+    return evaluated
+
+
+def _pick(evaluated, fits, within, has_target, has_budget, notes):
+    """The least time meeting the target within the budget (a target), or the least memory
+    within it (a budget); failing both, the nearest, with a note saying so."""
+    both = [e for e in evaluated if fits(e) and within(e)]
+    if both:
+        if has_target:
+            return min(both, key=lambda e: (e.step_s, e.peak_bytes))
+        return min(both, key=lambda e: (e.peak_bytes, e.step_s))
+    if has_budget and any(within(e) for e in evaluated):
+        notes.append("the target is out of reach within the overhead budget: the least memory "
+                     "within the budget instead")
+        return min((e for e in evaluated if within(e)), key=lambda e: (e.peak_bytes, e.step_s))
+    if has_target and any(fits(e) for e in evaluated):
+        return min((e for e in evaluated if fits(e)), key=lambda e: (e.step_s, e.peak_bytes))
+    notes.append("no plan reaches the target: the least memory there is instead")
+    return min(evaluated, key=lambda e: (e.peak_bytes, e.step_s))
+
+
+def _references(profile, link, allowed, evaluated):
+    """What the plan is judged against: recompute everywhere (each mode allowed), and the best
+    offload-only plan evaluated."""
+    n = len(profile.blocks)
+    references = {}
+    for mode, name in (("full", "full recompute"), ("light", "light everywhere"),
+                       ("selective", "selective everywhere")):
+        if mode in allowed and n:
+            references[name] = evaluate(profile, tuple([mode] * n), link, offload=False)
+    keep_all = ["keep"] * n
+    offload_only = [e for e in evaluated if e.modes == keep_all and e.chosen]
+    if offload_only:
+        references["offload only"] = min(offload_only, key=lambda e: e.peak_bytes)
+    return references
 
 
 def _fewer_offloads(profile, e, link):
