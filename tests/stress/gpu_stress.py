@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -377,6 +376,24 @@ def gpu_list(spec):
     return list(range(count))
 
 
+def _write_totals(args, results, start):
+    """The runs' totals, written with every run's record to OUT/stress.json; returns them."""
+    total = dict(runs=len(results), tasks=sum(r["tasks"] for r in results),
+                 killed=sum(r["killed"] for r in results), hangs=sum(r["hangs"] for r in results),
+                 mismatches=sum(r["mismatches"] for r in results),
+                 crashes=sum(r["crashes"] for r in results),
+                 leaks=sum(1 for r in results if r["leaks"]),
+                 bad_tierd_exits=sum(1 for r in results if r["tierd_exit"] != 0),
+                 daemon_kills=sum(r["daemon_kills"] for r in results),
+                 daemon_terms=sum(r["daemon_terms"] for r in results),
+                 aborted=sum(r["aborted"] for r in results),
+                 worst_after_death_s=max([r["worst_after_death_s"] for r in results] or [0]),
+                 minutes=round((now() - start) / 60, 1))
+    with open(os.path.join(args.out, "stress.json"), "w") as f:
+        json.dump(dict(total=total, runs=results), f, indent=1)
+    return total
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="total time of all runs")
@@ -429,20 +446,11 @@ def main():
         r["seconds"] = round(now() - t0, 1)
         results.append(r)
         print("run %d: %s" % (index, json.dumps(r)), flush=True)
+        # The totals so far, after every run: a call cut short by its own limit still leaves
+        # the counts of the runs that finished (stress.json).
+        _write_totals(args, results, start)
         index += 1
-    total = dict(runs=len(results), tasks=sum(r["tasks"] for r in results),
-                 killed=sum(r["killed"] for r in results), hangs=sum(r["hangs"] for r in results),
-                 mismatches=sum(r["mismatches"] for r in results),
-                 crashes=sum(r["crashes"] for r in results),
-                 leaks=sum(1 for r in results if r["leaks"]),
-                 bad_tierd_exits=sum(1 for r in results if r["tierd_exit"] != 0),
-                 daemon_kills=sum(r["daemon_kills"] for r in results),
-                 daemon_terms=sum(r["daemon_terms"] for r in results),
-                 aborted=sum(r["aborted"] for r in results),
-                 worst_after_death_s=max([r["worst_after_death_s"] for r in results] or [0]),
-                 minutes=round((now() - start) / 60, 1))
-    with open(os.path.join(args.out, "stress.json"), "w") as f:
-        json.dump(dict(total=total, runs=results), f, indent=1)
+    total = _write_totals(args, results, start)
     print()
     print("| runs | minutes | processes | tasks | killed | tierd SIGKILL / SIGTERM | aborted by "
           "the death | worst s to a task's end after a death | hangs | mismatches | crashes | "
