@@ -40,7 +40,10 @@ calibration; offloaded sources go back to the allocator at the start of a later 
 their copies should be done, the rest at the end of the last block's forward (the barrier),
 and the step is timed by two CUDA events, at the first block's forward and at the end of its
 backward. A block that saves other tensors than in calibration is seen at its end: the planner
-calibrates again (twice: it keeps the modes and stops offloading).
+calibrates again; a second such step within MISMATCH_MEMORY_STEPS clean planned steps of the
+first keeps the modes, stops offloading and warns (blocks whose saves change from step to step:
+a plan by position would offload the wrong tensors). tier/torch/_plan_watch.py watches a plan
+once it runs: the steps' timers, the host probe, the overhead check, these mismatches.
 
 The host's own time: offloading costs the host time per storage (the hooks, the batch the
 storage joins, its release), and in forward the host has little lead on the GPU to hide it in.
@@ -72,8 +75,7 @@ from . import _offload_planner as op
 from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
 from ._calibration import Calibration, build_profile, calibration_modes, rest_mode, signature
 from ._counters import Counters
-from ._host_probe import HOST_PROBE_STEP, HostProbe
-from ._overhead_check import OverheadCheck, StepWindows
+from ._plan_watch import PlanWatch
 from ._weights import find_blocks
 
 try:
@@ -423,18 +425,9 @@ class ActivationPlanner:
         self._region = None          # (block, hooks token): the block whose hooks are open
         self._calib = None
         self._pending = None         # a sites calibration waiting for its timing step
-        self._timer = None
-        self._timers = []
-        self._mismatch = False
-        self._mismatches = 0
         self._device = None
         self._warmup_left = int(warmup_steps)
-        self._plan_steps = 0         # planned steps run under the plan followed
-        self._host_probe = None      # the HostProbe of the step clocked now
-        self._host_measured = False  # the host's cost per offloaded storage is measured
-        self.host_probe = None       # HostProbe.blocks of the step clocked
-        self._overhead = OverheadCheck()  # the plan checked against the planned steps' clock
-        self._windows = StepWindows()     # the whole steps it is checked on
+        self._watch = PlanWatch(len(self._signatures))  # the plan followed, against the clock
         self.stats = PlannerStats()
 
     # -- public --
@@ -456,8 +449,13 @@ class ActivationPlanner:
     @property
     def settling(self):
         """Whether the plan may still change by itself (calibration, host probe, clock)."""
-        return (self.plan is None or (self._step_plan.offloaded and not self._host_measured)
-                or not self._overhead.settled)
+        return self.plan is None or not self._watch.settled(self._step_plan)
+
+    @property
+    def host_probe(self):
+        """The host probe's blocks (tier/torch/_host_probe.HostProbe.blocks) of the step it
+        clocked; None before."""
+        return self._watch.host_probe
 
     def summary(self):
         if self.plan is None:
@@ -471,7 +469,7 @@ class ActivationPlanner:
         the new :class:`~tier.torch._activation_planner.JointPlan` (or None)."""
         target_bytes, max_overhead = _goal(target_bytes, max_overhead)
         self.target_bytes, self.max_overhead = target_bytes, max_overhead
-        self._overhead.reset_goal()
+        self._watch.overhead.reset_goal()
         if self._profile is None:
             return None
         self._choose()
@@ -492,7 +490,7 @@ class ActivationPlanner:
             if self._blocks is not None:
                 self._blocks.active = False
             raise
-        self._windows.enter(self._now, self._device)
+        self._watch.windows.enter(self._now, self._device)
         return self
 
     def __exit__(self, *exc):
@@ -500,7 +498,7 @@ class ActivationPlanner:
             self._close_region()  # a forward that ended without its last block
             return self._offloader.__exit__(*exc)
         finally:
-            self._windows.exit()
+            self._watch.windows.exit()
             if self._blocks is not None:
                 self._blocks.active = False
             if self._calib is not None:
@@ -524,12 +522,7 @@ class ActivationPlanner:
             self._now = "planned"
             self._running = self._step_plan
             self._set_modes(self.plan.best.modes)
-            self._timer = ob.StepTimer()
-            self._mismatch = False
-            if (not self._host_measured and self._step_plan.offloaded and
-                    self._plan_steps + 1 == HOST_PROBE_STEP):
-                self._host_probe = HostProbe(len(self._signatures))
-                self._ops = self._host_probe.timing(self._offloader)
+            self._ops = self._watch.begin(self._step_plan, self._offloader)
             return self._running
         if self._pending is not None:
             # The same modes again, without hooks: the blocks' times as a plan runs them.
@@ -574,16 +567,16 @@ class ActivationPlanner:
             plan = self._running
             regions = plan.regions
             device = self._device
-            timed = b == 0 and self._timer is not None and device is not None
-            probe = self._host_probe
+            timer, probe = self._watch.timer, self._watch.probe
+            timed = b == 0 and timer is not None and device is not None
             x = _first_tensor((args, kwargs)) if timed or probe is not None else None
             if probe is not None:
                 probe.begins(b, x, device)
             if timed:
                 # Timed from here to the end of this block's backward (its input's gradient).
-                self._timer.start(device)
+                timer.start(device)
                 if x is not None:
-                    x.register_hook(functools.partial(_end_timer, self._timer, device))
+                    x.register_hook(functools.partial(_end_timer, timer, device))
             self._close_region()
             due = regions.releases[b]
             if due and device is not None:
@@ -620,7 +613,7 @@ class ActivationPlanner:
         end = self._ops.region_exit(token)
         plan = self._running
         if plan is not None and end - plan.regions.first[b] != plan.regions.count[b]:
-            self._mismatch = True  # the block saved otherwise than it did in calibration
+            self._watch.mismatch = True  # the block saved otherwise than in calibration
 
     def block_ends(self, b, mode, out, token):
         now = self._now
@@ -628,8 +621,8 @@ class ActivationPlanner:
             self._close_region()
             if b == len(self._signatures) - 1 and self._running.regions.barrier:
                 self._ops.barrier(self._device)
-            if self._host_probe is not None:
-                self._host_probe.ends(b, _first_tensor(out), self._device)
+            if self._watch.probe is not None:
+                self._watch.probe.ends(b, _first_tensor(out), self._device)
             return
         c = self._calib
         if c is None:
@@ -701,7 +694,7 @@ class ActivationPlanner:
                for m in self.allowed):
             return  # another calibration round measures the modes still missing
         self._profile = build_profile(self._signatures, self._measured, sites, c)
-        self._windows.calibrate(ap.evaluate(self._profile, sites.modes, op.Link(1e12, 1e12),
+        self._watch.windows.calibrate(ap.evaluate(self._profile, sites.modes, op.Link(1e12, 1e12),
                                             offload=False).timed_s)
         self._choose()
 
@@ -712,21 +705,17 @@ class ActivationPlanner:
                                                                 self._device)
             else:
                 self._link, self._link_source = op.Link(1e12, 1e12), "unused"
-        self._profile.offload_step_s = self._overhead.offload_step_s
+        self._profile.offload_step_s = self._watch.overhead.offload_step_s
         jp = ap.choose(self._profile, op.planning_link(self._link),
                        target_bytes=self.target_bytes,
-                       max_overhead=self._overhead.budget(self.max_overhead),
+                       max_overhead=self._watch.overhead.budget(self.max_overhead),
                        modes=self.allowed, offload=self.offload)
-        jp.notes = _plan_notes(self, jp)
+        jp.notes = self._plan_notes(jp)
         if self._now == "planned":
             self._now = None  # the step in progress followed the plan replaced here
         self.plan = jp
         self._step_plan = jp.step_plan
-        self._timers.clear()  # steps timed under another plan
-        self._windows.clear()
-        self._mismatches = 0
-        self._plan_steps = 0
-        self._overhead.new_plan()
+        self._watch.new_plan()  # steps timed under another plan go
         if why == "host":
             self.stats.replans += 1
         elif why == "overhead":
@@ -742,78 +731,36 @@ class ActivationPlanner:
             why = "; ".join(n for n in jp.notes if "reach" in n) or "the plan misses its goal"
             warnings.warn("tier.torch.plan_activations: " + why, RuntimeWarning, stacklevel=4)
 
+    def _plan_notes(self, jp):
+        """A new plan's notes: the planner's own, where the link and the host's cost came from,
+        the overhead check's correction, then the plan's."""
+        notes = self.notes + ["link from %s, planned at %d%% of it" % (
+            self._link_source, round(100 * op.PLAN_LINK_SHARE))]
+        notes += self._watch.notes(self._profile, jp.max_overhead, self.max_overhead)
+        notes += jp.notes
+        if not _sac_op_output() and "selective" in self.allowed:
+            notes.append("selective checkpointing's kept bytes measured as the allocator's "
+                         "growth (this torch gives the policy no op output)")
+        return notes
+
     def _planned_step_done(self):
-        timer, self._timer = self._timer, None
-        if self._mismatch:
-            _mismatched(self)
-            return
-        self.stats.planned_steps += 1
-        self._plan_steps += 1
-        if self._host_probe is not None:
-            probe, self._host_probe = self._host_probe, None
-            cost = probe.cost_s(self.plan.best, self._profile, self._signatures)
-            self.host_probe = probe.blocks
-            if cost is not None:
-                self._host_measured = True
-                self._profile.offload_host_s = cost
-                self._choose("host")  # (this step's timer measured the plan before)
-                return
-        if timer is not None:
-            self._timers.append(timer)
-        while self._timers and self._timers[0].ready():
-            step = self._timers.pop(0).step_s()
-            if step is None:
-                continue
-            # (The plan's predicted time from its first block's forward to the end of that
-            # block's backward: what the timer measures.)
-            self.stats.measured_step_s = step
-            self.stats.measured_overhead = step / self.plan.best.timed_s - 1.0
-            if self._windows.outside_s is None and self._judged(step):
-                return
-        # The whole step where it is known (what the plan costs outside its blocks too).
-        for step in self._windows.ready():
-            if self._judged(step):
-                return
-
-    def _judged(self, step):
-        """Whether the overhead check made the plan again after this step."""
-        if self._overhead.observe(step, self.plan, self.max_overhead):
-            self._choose("overhead")
-            return True
-        return False
-
-
-def _mismatched(planner):
-    """A planned step whose blocks saved other tensors than in calibration: calibrate again;
-    the second time, keep the modes and offload nothing (a plan by position would offload the
-    wrong tensors), and say so."""
-    planner._host_probe = None
-    planner._mismatches += 1
-    if planner._mismatches > 1:
-        if planner._step_plan.offloaded:
-            warnings.warn("tier.torch.plan_activations: the blocks saved other tensors than in "
-                          "calibration, twice: offload is off, the recompute plan stays",
-                          RuntimeWarning, stacklevel=5)
-        planner._step_plan = planner._unhooked()
-        return
-    planner.plan = planner._step_plan = None
-    planner._measured.clear()
-    planner._profile = None
-
-
-def _plan_notes(planner, jp):
-    """A new plan's notes: the planner's own, where the link and the host's cost came from, the
-    overhead check's correction, then the plan's."""
-    notes = planner.notes + ["link from %s, planned at %d%% of it" % (
-        planner._link_source, round(100 * op.PLAN_LINK_SHARE))]
-    if planner._host_measured:
-        notes.append("the host's cost per offloaded storage: %.0f us (measured on a planned "
-                     "step)" % (1e6 * planner._profile.offload_host_s))
-    notes += planner._overhead.notes(jp.max_overhead, planner.max_overhead) + jp.notes
-    if not _sac_op_output() and "selective" in planner.allowed:
-        notes.append("selective checkpointing's kept bytes measured as the allocator's growth "
-                     "(this torch gives the policy no op output)")
-    return notes
+        what = self._watch.done(self.plan, self._profile, self._signatures, self.max_overhead,
+                                self.stats)
+        if what in ("host", "overhead"):
+            self._choose(what)
+        elif what == "mismatch-again":
+            # Blocks that do not save the same tensors from step to step (data-dependent
+            # control flow): a plan by position would offload the wrong tensors. The modes stay.
+            if self._step_plan.offloaded:
+                warnings.warn("tier.torch.plan_activations: the blocks saved other tensors than "
+                              "in calibration, twice: offload is off, the recompute plan stays",
+                              RuntimeWarning, stacklevel=4)
+            self._step_plan = self._unhooked()
+        elif what == "mismatch":
+            # Once: calibrate again (the model may have changed what it saves for good).
+            self.plan = self._step_plan = None
+            self._measured.clear()
+            self._profile = None
 
 
 def plan_activations(model, target_bytes=None, max_overhead=None,
