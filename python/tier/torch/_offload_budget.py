@@ -30,6 +30,7 @@ GPU), CPU tensors with the host clock.
 """
 
 import time
+import warnings
 
 import torch
 
@@ -49,6 +50,11 @@ RELOAD_BATCH_BYTES = 64 << 20
 # A plan's first SETTLE_STEPS timed steps are not judged; SLOW_STEPS slow ones in a row re-plan.
 SETTLE_STEPS = 1
 SLOW_STEPS = 2
+# Clean planned steps after which an earlier mismatch (a step that saved other candidates than
+# calibration counted) is forgotten: a second one sooner says the model's saves change from step
+# to step, and a plan by position cannot follow it (the budget then stops offloading; so does the
+# joint planner, tier/torch/_plan_watch.py).
+MISMATCH_MEMORY_STEPS = 8
 
 
 class Clock:
@@ -138,7 +144,7 @@ class BudgetStats(Counters):
     __slots__ = ("calibrations", "plans", "replans", "sites", "chosen_sites", "planned_bytes",
                  "predicted_overhead", "measured_overhead", "calibration_step_s", "timed_step_s",
                  "last_step_s",
-                 "link_d2h", "link_h2d", "met_target", "link_source")
+                 "link_d2h", "link_h2d", "met_target", "link_source", "mismatches")
 
     def __init__(self):
         super().__init__()
@@ -151,6 +157,11 @@ class BudgetStats(Counters):
                     100 * self.predicted_overhead, 100 * self.measured_overhead,
                     1e3 * self.last_step_s, 1e3 * self.calibration_step_s,
                     self.link_d2h / 1e9, self.link_h2d / 1e9, self.link_source))
+
+
+# What a budget that stopped planning gives every step: no hooks at all (a block-scoped plan of
+# no blocks), so it costs nothing.
+_NO_HOOKS = planner.StepPlan(0, regions=planner.Regions.unhooked(0))
 
 
 def link_from_tierd(client, device):
@@ -251,6 +262,9 @@ class OffloadBudget:
         self._settle = SETTLE_STEPS
         self._slow = 0
         self._judged = 0          # the plan's steps judged so far
+        self._mismatches = 0      # steps with other candidates than calibration's, not forgotten
+        self._clean = 0           # planned steps since the last such step
+        self._gave_up = False     # the saves change from step to step: nothing is offloaded
         self.stats = BudgetStats()
         if self._given_link is not None:
             self.stats.link_source = "given"
@@ -263,12 +277,16 @@ class OffloadBudget:
     def settling(self):
         """Whether the plan may still change by itself: calibrating, or fewer than SLOW_STEPS
         of its steps judged (slow ones re-plan)."""
+        if self._gave_up:
+            return False
         return self._plan is None or self._timing is not None or self._judged < SLOW_STEPS
 
     # -- the offloader's calls --
 
     def begin_step(self):
         """The plan this step follows, or None: it calibrates."""
+        if self._gave_up:
+            return _NO_HOOKS
         if self._timing is not None:
             self._timer = StepTimer()
             return self._timing
@@ -282,7 +300,8 @@ class OffloadBudget:
 
     def step_started(self, device):
         """The first candidate of a planned step."""
-        self._timer.start(device)
+        if self._timer is not None:
+            self._timer.start(device)
 
     def candidate(self, site, nbytes, device, key):
         """A candidate of the calibration step (stamped kept); `key` names its storage."""
@@ -301,6 +320,8 @@ class OffloadBudget:
     def end_step(self, count):
         """The step that began with begin_step() is over (its backward ran); `count`: the
         candidates it saw."""
+        if self._gave_up:
+            return
         if self._timing is not None:
             self._end_timing_step(count)
             return
@@ -310,7 +331,11 @@ class OffloadBudget:
                 # Other sites than the calibration's: calibrate again (next step, by stamps).
                 self._plan = self._step_plan = None
                 self._timers.clear()
+                self._mismatched()
                 return
+            self._clean += 1
+            if self._clean >= MISMATCH_MEMORY_STEPS:
+                self._mismatches = 0
             if timer is not None:
                 self._timers.append(timer)
             self._read_timers()
@@ -365,6 +390,8 @@ class OffloadBudget:
             step = timer.step_s()
         if step is None or step <= 0 or self._base_step <= 0:
             self._sites = None
+            if count != self._count:
+                self._mismatched()
             return  # not a step like the calibration's: calibrate again
         scale = step / self._base_step
         if scale < 1.0:
@@ -375,6 +402,21 @@ class OffloadBudget:
         self.stats.timed_step_s = step
         self.stats.last_step_s = step
         self._replan()
+
+    def _mismatched(self):
+        """A step saved other candidates than calibration counted: calibrate again, or, the
+        second time within MISMATCH_MEMORY_STEPS clean steps, stop: no hooks, nothing offloaded,
+        and a warning (by position a plan would offload the wrong tensors)."""
+        self.stats.mismatches += 1
+        self._mismatches += 1
+        self._clean = 0
+        if self._mismatches < 2:
+            return
+        self._gave_up = True
+        self._plan = self._step_plan = self._timing = None
+        warnings.warn("tier.torch.offload_activations: the steps saved other tensors than in "
+                      "calibration, twice: a plan by position cannot follow them, so nothing is "
+                      "offloaded from now on", RuntimeWarning, stacklevel=4)
 
     def _read_timers(self):
         """Takes the measured length of every timed step whose GPU work has finished, in order.

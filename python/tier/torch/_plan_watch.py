@@ -10,9 +10,6 @@ from . import _offload_budget as ob
 from ._host_probe import HOST_PROBE_STEP, HostProbe
 from ._overhead_check import OverheadCheck, StepWindows
 
-# Clean planned steps after which an earlier mismatch is forgotten: two mismatches closer
-# together than this say the blocks do not save the same tensors from step to step.
-MISMATCH_MEMORY_STEPS = 8
 
 
 class PlanWatch:
@@ -64,7 +61,7 @@ class PlanWatch:
             self._clean = 0
             return "mismatch-again" if self._mismatches > 1 else "mismatch"
         self._clean += 1
-        if self._clean >= MISMATCH_MEMORY_STEPS:
+        if self._clean >= ob.MISMATCH_MEMORY_STEPS:  # (the budget's bound too)
             self._mismatches = 0
         stats.planned_steps += 1
         self.steps += 1
