@@ -14,6 +14,8 @@ import tier.torch as tt
 from tier.torch import _activation_planner as ap
 from tier.torch import _plan_activations as pa
 
+from shifting_saves import SavesMoreEachCall
+
 needs_sac = pytest.mark.skipif(not pa.selective_available(),
                                reason="selective checkpointing needs torch >= 2.4")
 
@@ -178,30 +180,13 @@ def test_the_hosts_cost_per_offload_is_measured_on_the_second_planned_step(clien
     assert plan.plan.best.host_s >= 0
 
 
-class _Shifting(nn.Module):
-    """A block that saves one tensor more at every call (data-dependent control flow, as a router
-    or an early exit makes it): no planned step saves what calibration saw."""
-
-    def __init__(self, d=64):
-        super().__init__()
-        self.fc = nn.Linear(d, d)
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        h = self.fc(x)
-        for _ in range(self.calls):
-            h = h.sin()
-        return x + h
-
-
 def test_blocks_that_never_save_the_same_turn_offload_off_after_two_mismatches(client,
                                                                             monkeypatch):
     # A planned step whose blocks saved other tensors than calibration saw calibrates again; a
     # second such step keeps the modes, offloads nothing and says so. Without that bound such a
     # model calibrates for good, mostly in full recompute, with no word to the user.
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ModuleList(_Shifting() for _ in range(4)))
+    model = nn.Sequential(nn.Linear(64, 64), nn.ModuleList(SavesMoreEachCall() for _ in range(4)))
     layers = model[1]
     force_modes(monkeypatch, ["keep"] * 4)
     plan = tt.plan_activations(model, target_bytes=1, client=client, min_bytes=0,

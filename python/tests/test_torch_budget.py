@@ -11,6 +11,8 @@ import torch.nn as nn
 import tier
 import tier.torch as tt
 
+from shifting_saves import SavesMoreEachCall
+
 
 class Net(nn.Module):
     def __init__(self, d=64, layers=4):
@@ -408,40 +410,23 @@ def test_the_budget_plans_with_a_share_of_the_measured_link(client, monkeypatch)
     assert off.budget.link_d2h == 10e9 and off.budget.link_h2d == 20e9
 
 
-class _Growing(nn.Module):
-    """Saves one tensor more at every step (data-dependent control flow): no planned step has the
-    candidates calibration counted."""
-
-    def __init__(self, d=64):
-        super().__init__()
-        self.fc = nn.Linear(d, d)
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        h = self.fc(x)
-        for _ in range(self.calls):
-            h = h.sin()
-        return h.square().mean()
-
-
 def test_a_model_whose_saves_never_repeat_stops_calibrating_and_says_so(client):
     # A planned step with other candidates than calibration's calibrates again; a second one
     # within a few clean steps keeps everything from then on, with no hooks and a warning.
     # Without that bound such a model calibrates every other step for good (stamping every
     # saved tensor), in silence.
-    model = _Growing()
+    model = SavesMoreEachCall()
     off = tt.offload_activations(min_bytes=0, client=client, max_overhead=0.05,
                                  link=(1e15, 1e15))
     with pytest.warns(RuntimeWarning, match="saved other tensors than in calibration, twice"):
         for i in range(16):
             x = torch.randn(8, 64, generator=torch.Generator().manual_seed(i))
             with off:
-                model(x).backward()
+                model(x).square().mean().backward()
     assert off.budget.calibrations <= 3 and off.budget.mismatches == 2, off.budget
     assert not off.settling  # nothing will change by itself any more
     saved, offloaded = off.stats.saved, off.stats.offloaded_storages
     with off:
-        model(torch.randn(8, 64)).backward()
+        model(torch.randn(8, 64)).square().mean().backward()
     assert off.stats.saved == saved  # no hook ran
     assert off.stats.offloaded_storages == offloaded
