@@ -57,6 +57,30 @@ SLOW_STEPS = 2
 MISMATCH_MEMORY_STEPS = 8
 
 
+class Mismatches:
+    """Steps that saved other candidates than calibration counted, for a plan by position (the
+    budget's, the joint planner's): the first one calibrates again; a second within
+    MISMATCH_MEMORY_STEPS clean planned steps of it says the saves change from step to step."""
+
+    __slots__ = ("_count", "_clean")
+
+    def __init__(self):
+        self._count = 0  # mismatched steps not yet forgotten
+        self._clean = 0  # clean planned steps since the last one
+
+    def clean_step(self):
+        self._clean += 1
+        if self._clean >= MISMATCH_MEMORY_STEPS:
+            self._count = 0
+
+    def mismatch(self):
+        """Counts a mismatched step; True where it is the second not forgotten (stop planning
+        by position)."""
+        self._count += 1
+        self._clean = 0
+        return self._count > 1
+
+
 class Clock:
     """Seconds since the step began, on the GPU's timeline for CUDA tensors."""
 
@@ -262,8 +286,7 @@ class OffloadBudget:
         self._settle = SETTLE_STEPS
         self._slow = 0
         self._judged = 0          # the plan's steps judged so far
-        self._mismatches = 0      # steps with other candidates than calibration's, not forgotten
-        self._clean = 0           # planned steps since the last such step
+        self._mismatches = Mismatches()
         self._gave_up = False     # the saves change from step to step: nothing is offloaded
         self.stats = BudgetStats()
         if self._given_link is not None:
@@ -333,9 +356,7 @@ class OffloadBudget:
                 self._timers.clear()
                 self._mismatched()
                 return
-            self._clean += 1
-            if self._clean >= MISMATCH_MEMORY_STEPS:
-                self._mismatches = 0
+            self._mismatches.clean_step()
             if timer is not None:
                 self._timers.append(timer)
             self._read_timers()
@@ -408,9 +429,7 @@ class OffloadBudget:
         second time within MISMATCH_MEMORY_STEPS clean steps, stop: no hooks, nothing offloaded,
         and a warning (by position a plan would offload the wrong tensors)."""
         self.stats.mismatches += 1
-        self._mismatches += 1
-        self._clean = 0
-        if self._mismatches < 2:
+        if not self._mismatches.mismatch():
             return
         self._gave_up = True
         self._plan = self._step_plan = self._timing = None

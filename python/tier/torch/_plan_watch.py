@@ -26,8 +26,7 @@ class PlanWatch:
         self.host_probe = None     # HostProbe.blocks of the step clocked
         self.steps = 0             # planned steps run under the plan followed
         self._timers = []          # the planned steps' timers not yet read
-        self._mismatches = 0       # mismatched steps not yet forgotten
-        self._clean = 0            # clean planned steps since the last mismatch
+        self._mismatches = ob.Mismatches()  # (the budget's bound too)
 
     def new_plan(self):
         """A new plan is followed from the next step: what was timed under the old one goes."""
@@ -57,12 +56,8 @@ class PlanWatch:
         timer, self.timer = self.timer, None
         if self.mismatch:
             self.probe = None
-            self._mismatches += 1
-            self._clean = 0
-            return "mismatch-again" if self._mismatches > 1 else "mismatch"
-        self._clean += 1
-        if self._clean >= ob.MISMATCH_MEMORY_STEPS:  # (the budget's bound too)
-            self._mismatches = 0
+            return "mismatch-again" if self._mismatches.mismatch() else "mismatch"
+        self._mismatches.clean_step()
         stats.planned_steps += 1
         self.steps += 1
         if self.probe is not None:
