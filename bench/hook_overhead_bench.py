@@ -123,8 +123,16 @@ SECTIONS = (
 )
 
 
+# Besides SECTIONS, every call into libtierclient is timed ("C <function>"): the library's own
+# time, apart from the Python around it. (On a real Llama's planned step, the H100 showed
+# tier_offload at 24 us a call inside 107 us of the Python that makes it, and tier_job_wait,
+# the end of backward's reload check, blocking 2.7 ms a call: bench/plan_sections.py.)
+LIBRARY_PREFIX = "C "
+
+
 class Sections:
-    """Wraps the SECTIONS functions with perf_counter_ns accumulators while active."""
+    """Wraps the SECTIONS functions, and the library's functions, with perf_counter_ns
+    accumulators while active. ``ns`` and ``calls`` by section name."""
 
     def __init__(self):
         import importlib
@@ -136,6 +144,19 @@ class Sections:
             fn = owner.__dict__.get(attr) if owner is not None else None
             if fn is not None:  # (another revision may lack one)
                 self._orig.append((name, owner, attr, fn))
+        try:
+            from tier import _lib
+            lib = _lib.load()
+            for attr in getattr(_lib, "_SIGNATURES", {}):
+                # (The CDLL's attribute is replaced: every call site looks it up at call time.)
+                self._orig.append((LIBRARY_PREFIX + attr, lib, attr, getattr(lib, attr)))
+        except (ImportError, OSError):
+            pass
+
+    def names(self):
+        """Section names in report order: SECTIONS, then the library calls made."""
+        return [n for n, _, _, _ in SECTIONS] + sorted(
+            n for n in self.calls if n.startswith(LIBRARY_PREFIX))
 
     def __enter__(self):
         ns, calls = self.ns, self.calls
@@ -170,7 +191,7 @@ def measure_sections(chain, ctx, cuda, steps):
         return None
     return {name: {"us_per_offloaded_storage": sec.ns.get(name, 0) / 1e3 / offloaded,
                    "calls_per_offloaded_storage": sec.calls.get(name, 0) / offloaded}
-            for name, _, _, _ in SECTIONS}
+            for name in sec.names()}
 
 
 def run(args):

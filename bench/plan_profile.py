@@ -12,7 +12,8 @@ Goals: ``rc-peak`` (full recompute's measured peak), ``overhead=F`` (max_overhea
 (target_bytes). Prints, for both steps: wall time, GPU busy time on every stream and on the
 compute stream, the CUDA runtime and driver calls that can stall the host (synchronizations,
 allocator calls, stream waits) with their count and host time, the host functions with the most
-self time, and the planner's figures; writes JSON (and a gzipped Chrome trace per step with
+self time, the planner's figures, and the planned step's host time by section of the hook path
+and by libtierclient call (ms per step, calls per step, us per call); writes JSON (and a gzipped Chrome trace per step with
 --trace).
 """
 
@@ -139,6 +140,36 @@ def print_summary(name, s):
         "%s x%d %.2f" % (r["name"][:40], r["count"], r["ms"]) for r in s["device_top"][:8]))
 
 
+SECTION_STEPS = 4
+
+
+def sections_of(model, opt, ids, mode, cuda, planner, steps):
+    """Host time per planned step in the hook path's sections and in each library call
+    (bench/hook_overhead_bench.Sections: timers around each, so a little slower than the timed
+    steps), with the calls per step: where an offload's host price goes."""
+    import hook_overhead_bench as hob
+    stats = planner.offloader.stats
+    before = stats.offloaded_storages
+    with hob.Sections() as sec:
+        for _ in range(steps):
+            fb.train_step(model, opt, ids, mode, cuda)
+    return {"steps": steps,
+            "offloaded_storages_per_step": (stats.offloaded_storages - before) / steps,
+            "rows": [{"name": name, "ms_per_step": sec.ns[name] / 1e6 / steps,
+                      "calls_per_step": sec.calls[name] / steps,
+                      "us_per_call": sec.ns[name] / 1e3 / sec.calls[name]}
+                     for name in sec.names() if sec.calls.get(name)]}
+
+
+def print_sections(sections):
+    fb.log("== plan's host time by section (%d steps with timers; %.1f storages offloaded a "
+           "step): ms per step, calls per step, us per call" % (
+               sections["steps"], sections["offloaded_storages_per_step"]))
+    for r in sections["rows"]:
+        fb.log("   %-34s %7.2f %7.1f %8.1f" % (r["name"], r["ms_per_step"], r["calls_per_step"],
+                                              r["us_per_call"]))
+
+
 def goal_of(text, rc_peak):
     if text == "rc-peak":
         return dict(target_bytes=int(rc_peak))
@@ -201,6 +232,7 @@ def _run(args, cuda, tob, tt):
         planned = [fb.train_step(model, opt, ids, mode, cuda)["step_s"] for _ in range(3)]
         trace = os.path.join(args.out_dir, "plan") if args.trace else None
         out["plan"] = profiled_step(model, opt, ids, mode, cuda, trace)
+        out["sections"] = sections_of(model, opt, ids, mode, cuda, planner, SECTION_STEPS)
         if planner.plan is None:
             raise SystemExit("no plan after %d steps: %r" % (steps, planner.stats))
         best = planner.plan.best
@@ -226,6 +258,7 @@ def _run(args, cuda, tob, tt):
         out["planner"]["offload_step_us"], out["planner"]["offload_host_us"]))
     print_summary("none", out["none"])
     print_summary("plan", out["plan"])
+    print_sections(out["sections"])
     path = os.path.join(args.out_dir, "plan_profile.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1, default=str)

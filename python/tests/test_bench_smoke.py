@@ -58,6 +58,12 @@ def test_plan_profile_smoke(tmp_path):
     assert out["plan_step_ms"] > 0 and out["none_step_ms"] > 0
     assert len(out["planner"]["modes"]) == 6 and out["planner"]["stats"]["plans"] == 1
     assert "== plan: wall" in r.stdout
+    # The sections pass: the hook path's and the library's host time per step, by call.
+    assert out["sections"]["steps"] > 0 and out["sections"]["rows"], out["sections"]
+    assert all(row["calls_per_step"] > 0 and row["us_per_call"] >= 0
+               for row in out["sections"]["rows"])
+    assert any(row["name"].startswith("C tier_") for row in out["sections"]["rows"])
+    assert "host time by section" in r.stdout
 
 
 def test_hook_overhead_bench_cpu(tmp_path):
