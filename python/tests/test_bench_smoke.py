@@ -41,6 +41,8 @@ def test_frontier_bench_smoke(tmp_path):
     assert planned and all("error" not in row for row in planned)
     assert all(row["modes"] and len(row["modes"]) == run["config"]["layers"] for row in planned)
     assert all(row["x_none"] > 0 for row in run["results"])
+    assert all(row["step_ms_mean"] >= row["step_ms_min"] for row in run["results"])
+    assert labels[-1] == "none-last", labels  # the baseline again, after every other row
     assert (tmp_path / "frontier.png").stat().st_size > 0
     assert "tier.torch.plan_activations:" in r.stderr  # the planner's printed summary
 
