@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/gpu/client_gpu.h"
 #include "common/log.h"
+#include "common/process_state.h"
+#include "common/unix_socket.h"
 #include "common/status.h"
 #include "common/version.h"
 
@@ -77,6 +79,10 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const Session
   session->token_ = opened->attach_token();
   session->quota_bytes_ = attached->quota_bytes;
   session->engine_ = attached->engine;
+  // Who serves this session, for a long wait's warning (0: not visible from here).
+  if (absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(session->channel_.fd()); peer.ok()) {
+    session->daemon_pid_ = peer->pid;
+  }
   // From the start, for every session: the death is known at once (tier_session_flags), also
   // for a client that waits for nothing, so it can open a session with the next tierd.
   session->StartDeathWatch();
@@ -362,9 +368,13 @@ bool ClientSession::WaitLocked(std::unique_lock<std::mutex>& lock, int64_t timeo
     if (now >= deadline) return false;
     if (!warned && now >= warn_at) {
       warned = true;
+      // tierd's state tells the causes apart: stopped (SIGSTOP, a debugger) or stuck in a disk
+      // or driver call, it will not answer by itself; running, it waits for something.
       LogWarning("libtierclient: session ", session_id_, " (pid ", ::getpid(), ") has waited ",
                  (now - start) / 1000000, " ms for ", what(), " (", pending_.size(),
-                 " jobs in flight). `tierctl clients` shows what tierd waits for: a lane waiting "
+                 " jobs in flight); tierd (pid ", daemon_pid_, ") is ",
+                 DescribeProcessState(daemon_pid_),
+                 ". `tierctl clients` shows what tierd waits for: a lane waiting "
                  "for this process's ticket means a stream of this process has not reached the "
                  "job's point; lanes with nothing to wait for mean tierd or the GPU is slow");
     }

@@ -7,6 +7,8 @@
 #ifndef TIER_CLIENT_CLIENT_SESSION_H_
 #define TIER_CLIENT_CLIENT_SESSION_H_
 
+#include <sys/types.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -176,6 +178,7 @@ class ClientSession {
   std::string token_;
   uint64_t quota_bytes_ = 0;
   std::string engine_;
+  pid_t daemon_pid_ = 0;  // tierd's, from the session socket's peer credentials (0: unknown)
 
   std::mutex channel_mu_;
   SessionChannel channel_;  // guarded by channel_mu_

@@ -4,13 +4,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tier/client.hpp"
 #include "tierd_process.h"
@@ -289,6 +292,37 @@ TEST(EndToEnd, DeadDaemonFailsPendingJobsInsteadOfHanging) {
   tier_job_id next;
   EXPECT_EQ(tier_offload(session.get(), buffer.id, 0, 4096, nullptr, &object, &next),
             TIER_UNAVAILABLE);
+}
+
+TEST(EndToEnd, AWaitForAStoppedDaemonSaysItIsStoppedThenEndsWhenItResumes) {
+  // A tierd that stops answering while alive (SIGSTOP, a debugger, a disk call that does not
+  // return) is not a death the client can see; a wait for it says, after TIER_WAIT_WARN_MS, what
+  // the kernel says tierd is doing.
+  // (CTest sets TIER_WAIT_WARN_MS=300 for this binary: no setenv beside the library's threads.)
+  const char* warn_ms = std::getenv("TIER_WAIT_WARN_MS");
+  if (warn_ms == nullptr || std::atoi(warn_ms) <= 0 || std::atoi(warn_ms) > 1000) {
+    GTEST_SKIP() << "needs TIER_WAIT_WARN_MS between 1 and 1000 (ctest sets 300)";
+  }
+  TierdProcess tierd;
+  auto session = std::make_unique<Session>(OptionsFor(tierd));
+  HostBuffer buffer = session->AllocHost(1 << 20);
+  Fill(buffer.data, buffer.bytes, 9);
+  ASSERT_EQ(::kill(tierd.pid(), SIGSTOP), 0);
+  tier_job_id job = session->Offload(buffer.id, 0, buffer.bytes).second;
+  std::thread resume([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ::kill(tierd.pid(), SIGCONT);
+  });
+  ::testing::internal::CaptureStderr();
+  const tier_status waited = session->TryWait(job, 20000);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  resume.join();
+  EXPECT_EQ(waited, TIER_OK);
+  EXPECT_NE(log.find(absl::StrCat("tierd (pid ", tierd.pid(), ") is stopped (T")),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("ended after"), std::string::npos) << log;
+  session.reset();
+  EXPECT_EQ(tierd.Stop(), 0);
 }
 
 TEST(EndToEnd, ManyClientsInParallel) {
