@@ -36,22 +36,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-#define CHECK_CU(x)                                                                \
-  do {                                                                             \
-    CUresult r_ = (x);                                                             \
-    if (r_ != CUDA_SUCCESS) {                                                      \
-      std::fprintf(stderr, "%s: CUresult %d\n", #x, static_cast<int>(r_));         \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_probe_check.h"
 
 namespace {
 

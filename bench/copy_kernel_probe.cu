@@ -15,14 +15,7 @@
 #include <string>
 #include <vector>
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_probe_check.h"
 
 struct Job {
   const int4* src;
