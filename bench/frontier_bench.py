@@ -728,8 +728,7 @@ def reference_none(by_label):
     by_label["none"] with it."""
     first, last = by_label.get("none"), by_label.get(NONE_AGAIN)
     if first and last and last["step_ms"] < first["step_ms"]:
-        by_label["none"] = dict(first, step_ms=last["step_ms"],
-                                step_ms_first=first["step_ms"], probe=last.get("probe"))
+        by_label["none"] = dict(first, step_ms=last["step_ms"], step_ms_first=first["step_ms"])
     return by_label.get("none")
 
 

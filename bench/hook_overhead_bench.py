@@ -126,7 +126,7 @@ SECTIONS = (
 # Besides SECTIONS, every call into libtierclient is timed ("C <function>"): the library's own
 # time, apart from the Python around it. (On a real Llama's planned step, the H100 showed
 # tier_offload at 24 us a call inside 107 us of the Python that makes it, and tier_job_wait,
-# the end of backward's reload check, blocking 2.7 ms a call: bench/plan_sections.py.)
+# the end of backward's reload check, blocking 2.7 ms a call: bench/plan_profile.py.)
 LIBRARY_PREFIX = "C "
 
 

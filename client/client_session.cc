@@ -17,8 +17,8 @@
 #include "client/gpu/client_gpu.h"
 #include "common/log.h"
 #include "common/process_state.h"
-#include "common/unix_socket.h"
 #include "common/status.h"
+#include "common/unix_socket.h"
 #include "common/version.h"
 
 namespace tier::client {
