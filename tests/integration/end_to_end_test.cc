@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/process_state.h"
 #include "gtest/gtest.h"
 #include "tier/client.hpp"
 #include "tierd_process.h"
@@ -31,6 +34,33 @@ Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name =
   options.name = name;
   options.quota_bytes = quota;
   return options;
+}
+
+// True once every thread of `pid` is stopped. kill(SIGSTOP) returns before the group stop is
+// done: each thread stops when it next takes the signal, and a thread still running may serve a
+// job meanwhile (seen on a 2-core CI host under TSan).
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code error;
+  int threads = 0;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) return false;
+    const char state = ProcStatState(line);
+    if (state != 'T' && state != 't') return false;
+    ++threads;
+  }
+  return !error && threads > 0;
+}
+
+bool WaitAllThreadsStopped(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!AllThreadsStopped(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 void Fill(void* data, uint64_t len, uint32_t seed) {
@@ -308,6 +338,8 @@ TEST(EndToEnd, AWaitForAStoppedDaemonSaysItIsStoppedThenEndsWhenItResumes) {
   HostBuffer buffer = session->AllocHost(1 << 20);
   Fill(buffer.data, buffer.bytes, 9);
   ASSERT_EQ(::kill(tierd.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitAllThreadsStopped(tierd.pid(), std::chrono::seconds(10)))
+      << "tierd's threads did not all stop within 10 s of SIGSTOP";
   tier_job_id job = session->Offload(buffer.id, 0, buffer.bytes).second;
   std::thread resume([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
