@@ -1,5 +1,6 @@
-// The C ABI (tier.h) over ClientSession. Nothing C++ crosses it: statuses become tier_status plus a
-// thread-local message, exceptions never escape.
+// The C ABI (tier.h) over ClientSession: sessions, buffers, lone jobs, waits. Batches are in
+// c_api_batch.cc. Nothing C++ crosses it: statuses become tier_status plus a thread-local
+// message, exceptions never escape.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -7,53 +8,31 @@
 #include <utility>
 #include <vector>
 
+#include "client/c_api_internal.h"
 #include "client/client_session.h"
 #include "common/status.h"
 #include "common/version.h"
 #include "tier/ring.h"
 #include "tier/tier.h"
 
-struct tier_session {
-  std::unique_ptr<tier::client::ClientSession> impl;
-};
+namespace tier::client::c_api {
 
-namespace {
-
-thread_local std::string last_error;
-
-tier_status Fail(const absl::Status& status) {
-  last_error = std::string(status.message());
-  return static_cast<tier_status>(status.code());
+std::string& LastError() {
+  thread_local std::string last_error;
+  return last_error;
 }
 
-tier_status Fail(tier_status code, std::string message) {
-  last_error = std::move(message);
-  return code;
-}
+}  // namespace tier::client::c_api
 
-tier_status Report(const absl::Status& status) {
-  if (status.ok()) return TIER_OK;
-  return Fail(status);
-}
-
-// Wraps a body so that no exception (bad_alloc, ...) crosses the C boundary.
-template <typename Body>
-tier_status Guard(Body body) {
-  try {
-    return body();
-  } catch (const std::exception& e) {
-    return Fail(TIER_INTERNAL, e.what());
-  } catch (...) {
-    return Fail(TIER_INTERNAL, "unknown C++ exception in libtierclient");
-  }
-}
-
-}  // namespace
+using tier::client::c_api::Fail;
+using tier::client::c_api::Guard;
+using tier::client::c_api::ProducersOf;
+using tier::client::c_api::Report;
 
 extern "C" {
 
 const char* tier_status_name(tier_status status) { return tier::StatusCodeName(status); }
-const char* tier_last_error(void) { return last_error.c_str(); }
+const char* tier_last_error(void) { return tier::client::c_api::LastError().c_str(); }
 const char* tier_version(void) { return tier::kTierVersion; }
 
 void tier_session_options_init(tier_session_options* options) {
@@ -231,16 +210,6 @@ tier_status tier_buffer_unregister(tier_session* session, tier_buffer_id id) {
 
 namespace {
 
-// The producer streams an offload's options name (none: the current stream), checked.
-tier_status ProducersOf(const tier_offload_options* options, absl::Span<void* const>* producers) {
-  if (options == nullptr || options->num_producer_streams == 0) return TIER_OK;
-  if (options->producer_streams == nullptr) {
-    return Fail(TIER_INVALID_ARGUMENT, "num_producer_streams > 0 but producer_streams is NULL");
-  }
-  *producers = absl::MakeConstSpan(options->producer_streams, options->num_producer_streams);
-  return TIER_OK;
-}
-
 // tier_offload and tier_offload_persistent; `name`: the persistent object's, or NULL.
 tier_status Offload(tier_session* session, const char* name, tier_buffer_id buffer,
                     uint64_t offset, uint64_t len, const tier_offload_options* options,
@@ -389,167 +358,6 @@ tier_status tier_reload(tier_session* session, tier_object_id object, tier_buffe
     *job = *submitted;
     if (options != nullptr && (options->flags & TIER_RELOAD_DEFER_WAIT)) return TIER_OK;
     if (absl::Status waited = sync->WaitReloadDone(consumer, request.sync); !waited.ok()) {
-      return Fail(waited);
-    }
-    return TIER_OK;
-  });
-}
-
-namespace {
-
-// The jobs of a batch as requests, checked: the array (stride jobs[0].struct_size), the count,
-// and that every buffer lies on one GPU (*device), or all in host memory (*device = -1).
-tier_status BatchRequests(tier_session* session, tier_batch_job* jobs, size_t count,
-                          tier::ring::Opcode opcode,
-                          std::vector<tier::client::JobRequest>* requests, int* device) {
-  if (session == nullptr || (jobs == nullptr && count > 0)) {
-    return Fail(TIER_INVALID_ARGUMENT, "NULL argument");
-  }
-  if (count > TIER_MAX_BATCH_JOBS) {
-    return Fail(TIER_INVALID_ARGUMENT, absl::StrCat("a batch of ", count, " jobs; at most ",
-                                                    TIER_MAX_BATCH_JOBS));
-  }
-  *device = -1;
-  if (count == 0) return TIER_OK;
-  const uint32_t stride = jobs[0].struct_size;
-  if (stride < sizeof(tier_batch_job)) {
-    return Fail(TIER_INVALID_ARGUMENT, "tier_batch_job.struct_size too small");
-  }
-  requests->resize(count);
-  for (size_t i = 0; i < count; ++i) {
-    const auto& job = *reinterpret_cast<const tier_batch_job*>(
-        reinterpret_cast<const char*>(jobs) + i * stride);
-    if (job.struct_size != stride) {
-      return Fail(TIER_INVALID_ARGUMENT,
-                  absl::StrCat("tier_batch_job ", i, " has struct_size ", job.struct_size,
-                               "; job 0 has ", stride));
-    }
-    int on = session->impl->devices().DeviceOf(job.buffer);
-    if (i == 0) {
-      *device = on;
-    } else if (on != *device) {
-      return Fail(TIER_INVALID_ARGUMENT,
-                  absl::StrCat("a batch mixes buffers of ",
-                               *device < 0 ? std::string("host memory")
-                                           : absl::StrCat("GPU ", *device),
-                               " and ", on < 0 ? std::string("host memory")
-                                               : absl::StrCat("GPU ", on),
-                               " (job ", i, "); submit one batch per GPU"));
-    }
-    tier::client::JobRequest& r = (*requests)[i];
-    r.opcode = static_cast<uint32_t>(opcode);
-    r.buffer_id = job.buffer;
-    r.offset = job.offset;
-    r.len = job.len;
-    r.device = on;
-    if (opcode == tier::ring::Opcode::kOffload) {
-      r.hint = job.next_use_hint;
-    } else {
-      r.object_id = job.object;
-      if (job.flags & TIER_RELOAD_FREE_AFTER) r.flags |= tier::ring::kFlagFreeAfterReload;
-    }
-  }
-  return TIER_OK;
-}
-
-// The batch's GPU jobs are on the ring (or failed to go): each pays the use its registration
-// owes (DeviceRegistry::Owe).
-void PayBatch(tier_session* session, const std::vector<tier::client::JobRequest>& requests,
-              const absl::StatusOr<std::vector<uint64_t>>& submitted) {
-  const uint64_t last = submitted.ok() && !submitted->empty() ? submitted->back()
-                                                              : session->impl->LastJobPushed();
-  for (const auto& r : requests) session->impl->devices().Paid(r.buffer_id, last);
-}
-
-// Writes the submitted ids back into the caller's array.
-void StoreBatchIds(tier_batch_job* jobs, const std::vector<tier::client::JobRequest>& requests,
-                   const std::vector<uint64_t>& ids) {
-  const uint32_t stride = jobs[0].struct_size;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto& job = *reinterpret_cast<tier_batch_job*>(reinterpret_cast<char*>(jobs) + i * stride);
-    job.object = requests[i].object_id;
-    job.job = ids[i];
-  }
-}
-
-extern "C++" {  // (a template, inside the C ABI's extern "C" block)
-// A batch call's first checks: its options' size, then every job (BatchRequests).
-template <typename Options>
-tier_status StartBatch(tier_session* session, tier_batch_job* jobs, size_t count,
-                       const Options* options, tier::ring::Opcode opcode,
-                       std::vector<tier::client::JobRequest>* requests, int* device) {
-  if (options != nullptr && options->struct_size < sizeof(Options)) {
-    return Fail(TIER_INVALID_ARGUMENT,
-                opcode == tier::ring::Opcode::kOffload
-                    ? "tier_offload_options.struct_size too small"
-                    : "tier_reload_options.struct_size too small");
-  }
-  return BatchRequests(session, jobs, count, opcode, requests, device);
-}
-}  // extern "C++"
-
-}  // namespace
-
-tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
-                               const tier_offload_options* options) {
-  return Guard([&] {
-    std::vector<tier::client::JobRequest> requests;
-    int device = -1;
-    if (tier_status s = StartBatch(session, jobs, count, options, tier::ring::Opcode::kOffload,
-                                   &requests, &device);
-        s != TIER_OK || count == 0) {
-      return s;
-    }
-    for (auto& r : requests) r.object_id = session->impl->NewObjectId();
-    absl::StatusOr<std::vector<uint64_t>> submitted;
-    if (device < 0) {
-      submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
-                                             []() -> absl::StatusOr<uint64_t> { return 0; });
-    } else {
-      absl::Span<void* const> producers;
-      if (tier_status s = ProducersOf(options, &producers); s != TIER_OK) return s;
-      tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
-      submitted = session->impl->SubmitBatch(absl::MakeSpan(requests),
-                                             [&] { return sync->TicketOffload(producers); });
-      PayBatch(session, requests, submitted);
-    }
-    if (!submitted.ok()) return Fail(submitted.status());
-    StoreBatchIds(jobs, requests, *submitted);
-    return TIER_OK;
-  });
-}
-
-tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
-                              const tier_reload_options* options) {
-  return Guard([&] {
-    std::vector<tier::client::JobRequest> requests;
-    int device = -1;
-    if (tier_status s = StartBatch(session, jobs, count, options, tier::ring::Opcode::kReload,
-                                   &requests, &device);
-        s != TIER_OK || count == 0) {
-      return s;
-    }
-    if (options != nullptr && (options->flags & TIER_RELOAD_FREE_AFTER)) {
-      for (auto& r : requests) r.flags |= tier::ring::kFlagFreeAfterReload;
-    }
-    if (device < 0) {
-      absl::StatusOr<std::vector<uint64_t>> submitted = session->impl->SubmitBatch(
-          absl::MakeSpan(requests), []() -> absl::StatusOr<uint64_t> { return 0; });
-      if (!submitted.ok()) return Fail(submitted.status());
-      StoreBatchIds(jobs, requests, *submitted);
-      return TIER_OK;
-    }
-    // As tier_reload: the copies wait for the consumer's work so far, and the consumer waits for
-    // the batch's one completion value.
-    void* consumer = options != nullptr ? options->consumer_stream : nullptr;
-    tier::client::gpu::DeviceSync* sync = session->impl->devices().Sync(device);
-    absl::StatusOr<std::vector<uint64_t>> submitted = session->impl->SubmitBatch(
-        absl::MakeSpan(requests), [&] { return sync->TicketReload(consumer); });
-    PayBatch(session, requests, submitted);
-    if (!submitted.ok()) return Fail(submitted.status());
-    StoreBatchIds(jobs, requests, *submitted);
-    if (options != nullptr && (options->flags & TIER_RELOAD_DEFER_WAIT)) return TIER_OK;
-    if (absl::Status waited = sync->WaitReloadDone(consumer, requests[0].sync); !waited.ok()) {
       return Fail(waited);
     }
     return TIER_OK;

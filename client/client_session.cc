@@ -130,7 +130,7 @@ ClientSession::~ClientSession() {
   // The ticket page's registration goes only now: the daemon has closed the session (or is gone,
   // and ReleaseWaiters ran), so no stream of either side still waits on its words.
   devices_.reset();
-  std::lock_guard lock(channel_mu_);
+  std::lock_guard lock(host_mu_);
   for (auto& [id, buffer] : host_buffers_) ::munmap(buffer.ptr, buffer.bytes);
 }
 
@@ -182,10 +182,29 @@ absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** p
     ::munmap(base, bytes);
     return id.status();
   }
-  std::lock_guard lock(channel_mu_);
+  std::lock_guard lock(host_mu_);
   host_buffers_[*id] = HostBuffer{base, bytes};
+  host_by_address_[reinterpret_cast<uintptr_t>(base)] = *id;
   *ptr = base;
   return id;
+}
+
+absl::StatusOr<ClientSession::HostRange> ClientSession::FindHostRange(const void* ptr,
+                                                                      uint64_t len) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(host_mu_);
+  auto it = host_by_address_.upper_bound(address);
+  if (it == host_by_address_.begin()) return absl::NotFoundError("not in a host buffer");
+  --it;
+  const HostBuffer& buffer = host_buffers_.at(it->second);
+  const uint64_t offset = address - it->first;
+  if (offset >= buffer.bytes) return absl::NotFoundError("not in a host buffer");
+  if (len > buffer.bytes - offset) {
+    return absl::OutOfRangeError(absl::StrCat("the range of ", len, " bytes at offset ", offset,
+                                              " runs past the end of host buffer ", it->second,
+                                              " (", buffer.bytes, " bytes)"));
+  }
+  return HostRange{it->second, offset};
 }
 
 absl::StatusOr<DeviceRegistry::Registered> ClientSession::RegisterDevice(const void* device_ptr,
@@ -235,7 +254,7 @@ absl::Status ClientSession::UnregisterRaw(uint64_t buffer_id) {
 }
 
 bool ClientSession::IsHostBuffer(uint64_t buffer_id) {
-  std::lock_guard lock(channel_mu_);
+  std::lock_guard lock(host_mu_);
   return host_buffers_.contains(buffer_id);
 }
 
@@ -245,9 +264,11 @@ absl::Status ClientSession::UnregisterBuffer(uint64_t buffer_id) {
   devices_->Forget(buffer_id);
   std::lock_guard lock(channel_mu_);
   absl::Status status = channel_.Unregister(buffer_id);
+  std::lock_guard host_lock(host_mu_);
   if (auto it = host_buffers_.find(buffer_id); it != host_buffers_.end()) {
     if (status.ok() || absl::IsUnavailable(status)) {
       ::munmap(it->second.ptr, it->second.bytes);
+      host_by_address_.erase(reinterpret_cast<uintptr_t>(it->second.ptr));
       host_buffers_.erase(it);
     }
   }

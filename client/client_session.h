@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -98,6 +99,13 @@ class ClientSession {
   DeviceRegistry& devices() { return *devices_; }
   // Whether `buffer_id` is host memory this session shares with the daemon (AllocHostBuffer).
   bool IsHostBuffer(uint64_t buffer_id);
+  // Where [ptr, +len) lies in that memory: its buffer and the offset there. NOT_FOUND when ptr is
+  // in no such buffer; OUT_OF_RANGE when the range runs past the end of the one holding ptr.
+  struct HostRange {
+    uint64_t buffer_id = 0;
+    uint64_t offset = 0;
+  };
+  absl::StatusOr<HostRange> FindHostRange(const void* ptr, uint64_t len);
 
   // A fresh object id for an offload (unique in this session).
   uint64_t NewObjectId();
@@ -203,7 +211,11 @@ class ClientSession {
     void* ptr;
     uint64_t bytes;
   };
-  std::unordered_map<uint64_t, HostBuffer> host_buffers_;  // guarded by channel_mu_
+  // Their own lock, not channel_mu_: FindHostRange runs on every tier_offload_ranges and must not
+  // wait behind another thread's round trip on the channel. Taken after channel_mu_, never before.
+  std::mutex host_mu_;
+  std::unordered_map<uint64_t, HostBuffer> host_buffers_;  // guarded by host_mu_
+  std::map<uintptr_t, uint64_t> host_by_address_;          // base -> id; guarded by host_mu_
   std::unique_ptr<DeviceRegistry> devices_;
   UniqueFd death_watch_stop_;  // eventfd
   std::thread death_watch_;

@@ -114,6 +114,19 @@ class Session {
     o.flags = free_after ? TIER_RELOAD_FREE_AFTER : 0;
     Check(tier_reload_batch(session_, jobs.data(), jobs.size(), &o));
   }
+  // Raw memory registered and offloaded in one call (tier_offload_ranges): one range per tensor;
+  // each range's status, object and job are filled in (a range left out says why in its status).
+  static tier_offload_range Range(const void* ptr, uint64_t len, uint64_t next_use_hint = 0) {
+    tier_offload_range range{};
+    range.struct_size = sizeof(range);
+    range.ptr = ptr;
+    range.len = len;
+    range.next_use_hint = next_use_hint;
+    return range;
+  }
+  void OffloadRanges(std::vector<tier_offload_range>& ranges) {
+    Check(tier_offload_ranges(session_, ranges.data(), ranges.size(), nullptr));
+  }
   // Named, persistent objects (tier.h). Offload into a new one; returns {object, job}.
   std::pair<tier_object_id, tier_job_id> OffloadPersistent(const std::string& name,
                                                            tier_buffer_id buffer, uint64_t offset,

@@ -246,6 +246,32 @@ typedef struct tier_batch_job {
  * wrote every source; next_use_hint comes from each job). */
 TIER_API tier_status tier_offload_batch(tier_session* session, tier_batch_job* jobs, size_t count,
                                         const tier_offload_options* options);
+/* Offloads of raw memory, registered and submitted in one call: what a trainer's offload of
+ * tensors it did not allocate through Tier (activations, optimizer state) takes, without one call
+ * to register each range and another to submit them. Range i is [ranges[i].ptr, +len): GPU
+ * memory (registered as tier_buffer_register_device_range registers it, with its lifetime rules)
+ * or host memory inside a buffer of tier_buffer_alloc_host. The ranges that register go as one
+ * tier_offload_batch sharing the options' producer streams, each with its own next_use_hint; a
+ * range that does not is left out and says why in its status (e.g. TIER_OUT_OF_RANGE: it spans
+ * two physical allocations and cannot be one job; TIER_UNIMPLEMENTED: a library without GPU
+ * support), while the others still go. count is at most TIER_MAX_BATCH_JOBS and the session's
+ * ring_entries, and every range that registers must lie on one GPU, or all in host memory
+ * (TIER_INVALID_ARGUMENT otherwise, nothing submitted). Returns TIER_OK once the batch of
+ * registered ranges was pushed (or none registered; tier_last_error then names the last range that
+ * failed); on an error return nothing was pushed and each registered range's status is that
+ * error. Since 0.2. */
+typedef struct tier_offload_range {
+  uint32_t struct_size;   /* sizeof(tier_offload_range); the stride is ranges[0].struct_size */
+  int32_t status;         /* set: TIER_OK (offloaded: object and job set) or why it was not */
+  const void* ptr;
+  uint64_t len;
+  uint64_t next_use_hint; /* as tier_offload_options.next_use_hint */
+  tier_object_id object;  /* set to the new object */
+  tier_job_id job;        /* set to the job's id */
+} tier_offload_range;
+
+TIER_API tier_status tier_offload_ranges(tier_session* session, tier_offload_range* ranges,
+                                         size_t count, const tier_offload_options* options);
 /* Reloads jobs[0..count) for the options' consumer stream: before it returns, the consumer
  * waits (on the GPU) for all of their copies. */
 TIER_API tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_t count,

@@ -8,7 +8,7 @@ import collections
 
 from tier import errors
 
-BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch")
+BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch", "tier_offload_ranges")
 
 
 class CountingLib:

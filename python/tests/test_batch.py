@@ -38,6 +38,34 @@ def _filled(client, nbytes, seed=0):
 
 # ---- low level --------------------------------------------------------------------------------
 
+def test_offload_ranges_from_raw_pointers_round_trip(client, counted):
+    """tier_offload_ranges through the ctypes layer (the GPU engine path's one call per batch;
+    here raw pointers into a host buffer): each range's object and job come back and reload
+    intact, a range the library leaves out reports its status, and the session reaps the jobs."""
+    count = counted(client)
+    buf, expected = _filled(client, MiB, seed=5)
+    chunk = 64 * KiB
+    session = client._session
+    rows = [(buf.address + i * chunk, chunk, i + 1) for i in range(6)]
+    rows.insert(3, (buf.address + MiB - 100, chunk, 0))  # runs past the buffer's end
+    with session.checked:
+        results = session.jobs.offload_ranges(rows, None, keeps=[("kept", i) for i in range(7)])
+    assert count.sizes["tier_offload_ranges"] == [7]
+    assert results[3] == errors.OUT_OF_RANGE
+    done = [r for i, r in enumerate(results) if i != 3]
+    assert all(type(r) is tuple for r in done) and len({obj for obj, _ in done}) == 6
+    assert done[0][1].keep == ("kept", 0)
+    with session.checked:
+        for _, job in done:
+            assert session.jobs.wait(job) == errors.OK
+            assert job.keep is None  # released once the job finished
+    buf.numpy()[:] = 0
+    back = [(obj, buf, i * chunk, chunk) for i, (obj, _) in enumerate(done)]
+    for job in client.reload_buffer_batch(back):
+        client.wait(job)
+    assert np.array_equal(buf.numpy()[:6 * chunk], expected[:6 * chunk])
+
+
 def test_buffer_batch_round_trip(client, counted):
     count = counted(client)
     buf, expected = _filled(client, MiB)

@@ -101,3 +101,116 @@ def test_a_failed_gpu_offload_leaves_its_source_in_its_handle_and_a_done_one_let
         assert job.keep is None and job.on_done is None
     keep, done = _offloads._cuda_keep(_Handle(), object(), object(), retain_on_failure=False)
     assert done is None and len(keep) == 2
+
+
+class _FakeCudaTensor:
+    """What _offload_batch_cuda reads of a contiguous CUDA tensor."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def is_contiguous(self):
+        return True
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class _FakeHandle:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+        self.object_id = None
+        self.job = None
+        self.direct = False
+        self.kept = None
+
+
+def _ranges_offloads(monkeypatch, answers, chunk):
+    """An Offloads over a fake session whose tier_offload_ranges answers `answers` (ptr -> (object,
+    job) or a status code) in chunks of `chunk` rows; returns (offloads, the calls made)."""
+    import contextlib
+
+    from tier import _offloads
+
+    calls = []
+
+    class _RangeJobs:
+        def reap(self):
+            pass
+
+        def chunks(self, count):
+            return [(lo, min(lo + chunk, count)) for lo in range(0, count, chunk)]
+
+        def offload_ranges(self, rows, ptrs, keeps, dones):
+            calls.append((rows, ptrs, keeps, dones))
+            return [answers[ptr] for ptr, _, _ in rows]
+
+    offloads = _offloads.Offloads.__new__(_offloads.Offloads)
+    offloads._session = types.SimpleNamespace(checked=contextlib.nullcontext(), jobs=_RangeJobs())
+    offloads.device_direct = None
+    offloads._warned_kept = set()
+    fake_cuda = types.SimpleNamespace(current_stream=lambda device: "S")
+    monkeypatch.setattr(_offloads, "torch_module", lambda: types.SimpleNamespace(cuda=fake_cuda))
+    monkeypatch.setattr(_offloads, "stream_ptr", lambda stream: 0x99)
+    monkeypatch.setattr(_offloads._lib, "last_error", lambda: "registration broke")
+    return offloads, calls
+
+
+def test_offload_ranges_results_reach_their_handles_and_a_range_left_out_stays_on_the_gpu(
+        monkeypatch):
+    """_offload_batch_cuda goes through tier_offload_ranges (one call per chunk registers and
+    submits): each range's (object, job) lands in its handle with the source kept by its job; a
+    range the library left out (OUT_OF_RANGE: two physical allocations; another status: its
+    registration failed) stays on the GPU with its producers, warned once per cause."""
+    import warnings
+
+    from tier import errors
+
+    answers = {0x10: (7, "job7"), 0x20: errors.OUT_OF_RANGE, 0x30: errors.INTERNAL,
+               0x40: (8, "job8"), 0x50: errors.OUT_OF_RANGE}
+    offloads, calls = _ranges_offloads(monkeypatch, answers, chunk=2)
+    handles = [_FakeHandle(100 * (i + 1)) for i in range(5)]
+    tensors = [_FakeCudaTensor(ptr) for ptr in sorted(answers)]
+    items = [(h, t, i + 1) for i, (h, t) in enumerate(zip(handles, tensors))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback = offloads._offload_batch_cuda("cuda:0", items, None, retain_on_failure=True)
+    assert fallback == []
+    # Three calls of at most two ranges, each naming (ptr, bytes, hint) and the producer stream.
+    assert [rows for rows, _, _, _ in calls] == [
+        [(0x10, 100, 1), (0x20, 200, 2)], [(0x30, 300, 3), (0x40, 400, 4)], [(0x50, 500, 5)]]
+    assert all(ptrs == [0x99] for _, ptrs, _, _ in calls)
+    keep = calls[0][2][0]
+    assert keep[0] is tensors[0] and keep[1] is tensors[0] and keep[2]() is handles[0]
+    assert calls[0][3][0] is not None  # the shared retain-on-failure callback
+    assert (handles[0].object_id, handles[0].job, handles[0].direct) == (7, "job7", True)
+    assert (handles[3].object_id, handles[3].job) == (8, "job8")
+    for left_out in (1, 2, 4):
+        assert handles[left_out].job is None and handles[left_out].direct
+        assert handles[left_out].kept == (tensors[left_out], ["S"])
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2  # once per cause, not once per range
+    assert any("expandable segment" in m for m in messages)
+    assert any("INTERNAL" in m and "registration broke" in m for m in messages)
+    assert offloads.device_direct is True
+
+
+def test_offload_ranges_without_gpu_support_stage_every_tensor(monkeypatch):
+    """A library without GPU support answers UNIMPLEMENTED for every range: nothing was
+    submitted, every tensor goes back to be staged, and CUDA tensors are staged from then on."""
+    import warnings
+
+    from tier import errors
+
+    answers = {0x10: errors.UNIMPLEMENTED, 0x20: errors.UNIMPLEMENTED}
+    offloads, _ = _ranges_offloads(monkeypatch, answers, chunk=8)
+    handles = [_FakeHandle(64), _FakeHandle(64)]
+    tensors = [_FakeCudaTensor(0x10), _FakeCudaTensor(0x20)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fallback = offloads._offload_batch_cuda(
+            "cuda:0", [(h, t, 0) for h, t in zip(handles, tensors)], ["P"],
+            retain_on_failure=False)
+    assert fallback == [(handles[0], tensors[0], 0, ["P"]), (handles[1], tensors[1], 0, ["P"])]
+    assert offloads.device_direct is False
+    assert all(h.job is None and h.kept is None for h in handles)

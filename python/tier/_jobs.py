@@ -167,6 +167,38 @@ class JobTable:
         records = self._submitted(jobs, "offload", keeps, on_dones, user)
         return [(record.object, record) for record in records]
 
+    def offload_ranges(self, rows, stream_ptrs, keeps=None, on_dones=None):
+        """One tier_offload_ranges: raw memory (GPU, or in the session's host buffers) registered
+        and offloaded in one call, at most batch_limit rows of (ptr, length, next_use_hint), all
+        sharing the producer streams. Returns per row (object id, Job), or the tier_status code
+        of why that row was not offloaded (the others still went). Raises when nothing could
+        go (tierd gone, ...)."""
+        s = self._session
+        n = len(rows)
+        keeps = keeps or [None] * n
+        on_dones = on_dones or [None] * n
+        options, _streams = offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
+        ranges = _lib.pack_ranges(rows)
+        _lib.check(s.lib.tier_offload_ranges(s.c_session, ranges, n, ctypes.byref(options)),
+                   "offload of %d ranges" % n)
+        out = []
+        inflight = self._inflight
+        ok = errors.OK
+        for i, (status, obj, job_id, length) in enumerate(_lib.unpack_ranges(ranges)):
+            if status != ok:
+                out.append(status)
+                continue
+            record = Job(job_id, ("offload of object %d (%d bytes, job %d, in a batch of %d)",
+                                  (obj, length, job_id, n)), keeps[i], on_dones[i], False, obj,
+                         length)
+            inflight[job_id] = record
+            out.append((obj, record))
+        if errors.UNAVAILABLE in out and not any(type(r) is tuple for r in out):
+            # tierd went away before anything was pushed: a call-level error, as a refused push.
+            raise errors.error_from_code(errors.UNAVAILABLE,
+                                         "offload of %d ranges: %s" % (n, _lib.last_error()))
+        return out
+
     def reload_batch(self, rows, stream_ptr, keeps=None, on_dones=None, user=False, defer=False):
         """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
         length, free_after)) for one consumer stream. Returns a Job per row. A batch of one is a

@@ -102,6 +102,20 @@ class BatchJob(ctypes.Structure):
     ]
 
 
+class OffloadRange(ctypes.Structure):
+    """tier_offload_range: one range of tier_offload_ranges (raw memory registered and offloaded
+    in one call). pack_ranges() builds arrays of them, unpack_ranges() reads them back."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("status", ctypes.c_int32),        # set: TIER_OK or why the range was not offloaded
+        ("ptr", ctypes.c_void_p),
+        ("len", ctypes.c_uint64),
+        ("next_use_hint", ctypes.c_uint64),
+        ("object", c_object_id),           # set
+        ("job", c_job_id),                 # set
+    ]
+
+
 class Completion(ctypes.Structure):
     _fields_ = [
         ("job", c_job_id),
@@ -162,6 +176,35 @@ def unpack_batch(jobs):
             in _BATCH_JOB.iter_unpack(bytes(jobs))]
 
 
+# tier_offload_range as bytes, as _BATCH_JOB for tier_batch_job.
+_RANGE = struct.Struct("=IiQQQQQ")
+assert _RANGE.size == ctypes.sizeof(OffloadRange) and OffloadRange.job.offset == 40
+_RANGE_ARRAYS = {}  # range count -> struct.Struct of that many tier_offload_range
+
+
+def pack_ranges(rows):
+    """A tier_offload_range array from rows of (ptr, len, next_use_hint), struct_size set."""
+    n = len(rows)
+    layout = _RANGE_ARRAYS.get(n)
+    if layout is None:
+        if len(_RANGE_ARRAYS) >= 64:
+            _RANGE_ARRAYS.clear()
+        layout = _RANGE_ARRAYS[n] = struct.Struct("=" + "IiQQQQQ" * n)
+    size = _RANGE.size
+    try:
+        data = layout.pack(*_chain.from_iterable(
+            [(size, 0, ptr, length, hint, 0, 0) for ptr, length, hint in rows]))
+    except struct.error as e:  # a negative or too large field
+        raise errors.InvalidArgument(errors.INVALID_ARGUMENT, "an offload range's field: %s" % e)
+    return (OffloadRange * n).from_buffer_copy(data)
+
+
+def unpack_ranges(ranges):
+    """(status, object, job, len) of each element of a tier_offload_range array, read whole."""
+    return [(status, obj, job, length) for _, status, _, length, _, obj, job
+            in _RANGE.iter_unpack(bytes(ranges))]
+
+
 def new_batch(count):
     """A zeroed array of `count` tier_batch_job, each with struct_size set to our layout's size."""
     jobs = (BatchJob * count)()
@@ -208,6 +251,8 @@ _SIGNATURES = {
                                       _P(OffloadOptions)]),
     "tier_reload_batch": (c_status, [ctypes.c_void_p, _P(BatchJob), ctypes.c_size_t,
                                      _P(ReloadOptions)]),
+    "tier_offload_ranges": (c_status, [ctypes.c_void_p, _P(OffloadRange), ctypes.c_size_t,
+                                       _P(OffloadOptions)]),
     "tier_free": (c_status, [ctypes.c_void_p, c_object_id, _P(c_job_id)]),
     "tier_offload_persistent": (c_status, [ctypes.c_void_p, ctypes.c_char_p, c_buffer_id,
                                            ctypes.c_uint64, ctypes.c_uint64, _P(OffloadOptions),

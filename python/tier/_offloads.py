@@ -13,6 +13,7 @@ import collections
 import warnings
 import weakref
 
+from . import _lib
 from . import errors
 from ._handle import Handle
 from ._streams import (refuse_dtensor, refuse_in_capture, stream_ptr, streams_of_device,
@@ -61,7 +62,7 @@ class Offloads:
         self._staged = staged
         self._new_handle = client._new_handle  # (tensor) -> an empty Handle for it
         self.device_direct = None
-        self._warned_kept = False
+        self._warned_kept = set()  # the statuses warned of (_keep_on_gpu)
         session.on_reset(self._forget)
 
     def _forget(self):
@@ -105,16 +106,19 @@ class Offloads:
                           % why, RuntimeWarning, stacklevel=5)
         self.device_direct = False
 
-    def _keep_on_gpu(self, handle, src, producers):
-        """A CUDA tensor that cannot be one job: it stays on the GPU, correct but not
-        offloaded, and reload() hands it back once `producers` are followed. Warns once per
-        client."""
-        if not self._warned_kept:
-            self._warned_kept = True
+    def _keep_on_gpu(self, handle, src, producers, status=errors.OUT_OF_RANGE):
+        """A CUDA tensor that cannot be one job (status OUT_OF_RANGE), or whose registration
+        failed (another status): it stays on the GPU, correct but not offloaded, and reload()
+        hands it back once `producers` are followed. Warns once per client and cause."""
+        if status not in self._warned_kept:
+            self._warned_kept.add(status)
+            why = ("cannot be registered as one range (pages of an expandable segment)"
+                   if status == errors.OUT_OF_RANGE else
+                   "could not be registered (%s: %s)" % (errors.code_name(status),
+                                                          _lib.last_error()))
             # (stacklevel: the caller of Client.offload() / offload_batch().)
-            warnings.warn("tier: a tensor over GPU memory that cannot be registered as one range "
-                          "(pages of an expandable segment) stays on the GPU (not offloaded)",
-                          RuntimeWarning, stacklevel=5)
+            warnings.warn("tier: a tensor over GPU memory that %s stays on the GPU (not "
+                          "offloaded)" % why, RuntimeWarning, stacklevel=5)
         handle.kept = (src, producers)
         handle.direct = True
 
@@ -240,43 +244,42 @@ class Offloads:
             producers = [cur]
         else:
             items = [(h, t, t, hint) for h, t, hint in items]
-        rows, batch, fallback = [], [], []
-        # Every range registered in one call of the session (one lock round trip for the batch).
-        registered = self._session.register_devices([(src.data_ptr(), handle.nbytes)
-                                                     for handle, _, src, _ in items])
-        for i, ((handle, t, src, hint), ids) in enumerate(zip(items, registered)):
-            if type(ids) is not tuple or self.device_direct is not True:
-                ids = self._registered(ids)  # (a registered range, once known: no call)
-            if ids is None:
-                fallback = [(h, tt, hh, streams) for h, tt, _, hh in items[i:]]
-                break
-            if ids is False:
-                self._keep_on_gpu(handle, src, producers)
-                continue
-            rows.append(ids + (handle.nbytes, hint))
-            batch.append((handle, t, src))
-        if not batch:
-            return fallback
-        # Each id stays registered in tierd until a job names it, even if registering a later
-        # range of the batch found its memory remapped (the library's registration holds).
+        # Registration and submission in one library call per chunk (tier_offload_ranges): no
+        # register round of its own, no rows rebuilt between them. Under the session's lock, so
+        # that no reaper sees a job before it is tracked; a registration that takes a round trip
+        # to tierd (an allocation's first) holds this client's other threads that long.
         ptrs = [stream_ptr(s) for s in producers]
-        # Each job keeps its source (and the tensor it came from) alive until the daemon's copy
-        # completed: dropping tensors and handles meanwhile cannot free memory under it.
-        if retain_on_failure:
-            keeps = [(src, t, weakref.ref(handle)) for handle, t, src in batch]
-            dones = [_retain_cuda_source] * len(batch)
-        else:
-            keeps = [(src, t) for _, t, src in batch]
-            dones = None
-        jobs = self._session.jobs
-        with self._session.checked:
+        session = self._session
+        jobs = session.jobs
+        fallback = []
+        with session.checked:
             jobs.reap()
-            for lo, hi in jobs.chunks(len(rows)):
-                submitted = jobs.offload_batch(rows[lo:hi], ptrs, keeps[lo:hi],
-                                               dones[lo:hi] if dones else None)
-                for (handle, _, _), (obj, job) in zip(batch[lo:hi], submitted):
-                    handle.object_id, handle.job = obj, job
-                    handle.direct = True
+            for lo, hi in jobs.chunks(len(items)):
+                part = items[lo:hi]
+                # Each job keeps its source (and the tensor it came from) alive until the
+                # daemon's copy completed: dropping tensors and handles meanwhile cannot free
+                # memory under it.
+                if retain_on_failure:
+                    keeps = [(src, t, weakref.ref(handle)) for handle, t, src, _ in part]
+                    dones = [_retain_cuda_source] * len(part)
+                else:
+                    keeps = [(src, t) for _, t, src, _ in part]
+                    dones = None
+                results = jobs.offload_ranges(
+                    [(src.data_ptr(), handle.nbytes, hint) for handle, _, src, hint in part],
+                    ptrs, keeps, dones)
+                for (handle, t, src, hint), result in zip(part, results):
+                    if type(result) is tuple:
+                        handle.object_id, handle.job = result
+                        handle.direct = True
+                        continue
+                    if result == errors.UNIMPLEMENTED:  # no GPU support: staged from now on
+                        self._no_device_direct("libtierclient has no GPU support")
+                        fallback.append((handle, t, hint, streams))
+                    else:  # OUT_OF_RANGE: two physical allocations; or its own error
+                        self._keep_on_gpu(handle, src, producers, result)
+            if self.device_direct is None and any(h.job is not None for h, _, _, _ in items):
+                self.device_direct = True
         return fallback
 
     def stream_wait_offload(self, job_id, stream=None, device=None):

@@ -1,0 +1,150 @@
+// tier_offload_ranges against a real tierd (host engine): raw pointers into the session's host
+// buffers are found, offloaded as one batch and reloaded intact; a range that cannot go says why
+// in its own status while the others go; a call that cannot go at all pushes nothing.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tier/client.hpp"
+#include "tierd_process.h"
+
+namespace tier {
+namespace {
+
+using testing::TierdProcess;
+
+Session::Options OptionsFor(const TierdProcess& tierd) {
+  Session::Options options;
+  options.socket_path = tierd.socket();
+  options.name = "ranges";
+  return options;
+}
+
+void Fill(char* data, uint64_t len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (uint64_t i = 0; i < len; ++i) data[i] = static_cast<char>(rng());
+}
+
+bool Matches(const char* data, uint64_t len, uint32_t seed) {
+  std::vector<char> want(len);
+  Fill(want.data(), len, seed);
+  return std::memcmp(data, want.data(), len) == 0;
+}
+
+TEST(OffloadRanges, RawPointersIntoHostBuffersRoundTripAsOneBatch) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kPiece = 12 << 10;
+  HostBuffer a = session.AllocHost(4 * kPiece);
+  HostBuffer b = session.AllocHost(2 * kPiece);
+  char* pa = static_cast<char*>(a.data);
+  char* pb = static_cast<char*>(b.data);
+  // Two buffers, ranges at odd offsets inside them, in no particular order.
+  struct Piece {
+    char* ptr;
+    uint64_t len;
+    const HostBuffer* in;
+    char* base;
+  };
+  std::vector<Piece> pieces = {{pa + 3 * kPiece, kPiece, &a, pa},
+                               {pb + 100, kPiece, &b, pb},
+                               {pa, kPiece - 7, &a, pa},
+                               {pa + kPiece, 2 * kPiece, &a, pa}};
+  std::vector<tier_offload_range> ranges;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    Fill(pieces[i].ptr, pieces[i].len, 40 + i);
+    ranges.push_back(Session::Range(pieces[i].ptr, pieces[i].len, i + 1));
+  }
+  session.OffloadRanges(ranges);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    ASSERT_EQ(ranges[i].status, TIER_OK) << i;
+    EXPECT_NE(ranges[i].object, 0u);
+    EXPECT_EQ(session.TryWait(ranges[i].job), TIER_OK) << i;
+  }
+  std::memset(pa, 0, a.bytes);
+  std::memset(pb, 0, b.bytes);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Piece& piece = pieces[i];
+    session.Wait(
+        session.Reload(ranges[i].object, piece.in->id, piece.ptr - piece.base, piece.len));
+    EXPECT_TRUE(Matches(piece.ptr, piece.len, 40 + i)) << i;
+  }
+}
+
+TEST(OffloadRanges, ARangeThatCannotGoSaysWhyAndTheOthersGo) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kBytes = 64 << 10;
+  HostBuffer buffer = session.AllocHost(kBytes);
+  char* p = static_cast<char*>(buffer.data);
+  Fill(p, kBytes, 7);
+  std::vector<char> outside(4096);
+  std::vector<tier_offload_range> ranges = {
+      Session::Range(p, 4096),
+      Session::Range(nullptr, 4096),               // NULL
+      Session::Range(p + 4096, 0),                 // empty
+      Session::Range(p + kBytes - 100, 4096),      // runs past the buffer's end
+      Session::Range(outside.data(), 4096),        // not tier memory (a host-engine tierd)
+      Session::Range(p + 8192, 8192),
+  };
+  session.OffloadRanges(ranges);
+  const tier_status want[] = {TIER_OK, TIER_INVALID_ARGUMENT, TIER_INVALID_ARGUMENT,
+                              TIER_OUT_OF_RANGE, TIER_FAILED_PRECONDITION, TIER_OK};
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_EQ(ranges[i].status, want[i]) << i;
+    if (want[i] == TIER_OK) {
+      EXPECT_EQ(session.TryWait(ranges[i].job), TIER_OK) << i;
+    } else {
+      EXPECT_EQ(ranges[i].job, 0u) << i;
+      EXPECT_EQ(ranges[i].object, 0u) << i;
+    }
+  }
+  // Only the two good ranges' bytes sit in tierd.
+  EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
+    return TierdProcess::HostTier(s).used_bytes() >= 4096 + 8192 && s.jobs_in_flight() == 0;
+  }));
+  std::memset(p, 0, kBytes);
+  session.Wait(session.Reload(ranges[5].object, buffer.id, 8192, 8192));
+  std::vector<char> want_bytes(kBytes);
+  Fill(want_bytes.data(), kBytes, 7);
+  EXPECT_EQ(std::memcmp(p + 8192, want_bytes.data() + 8192, 8192), 0);
+}
+
+TEST(OffloadRanges, ACallThatCannotGoPushesNothing) {
+  TierdProcess tierd({"--ring_entries=64"});
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(1 << 20);
+  char* p = static_cast<char*>(buffer.data);
+  std::vector<tier_offload_range> big(65, Session::Range(p, 4096));
+  // More ranges than the ring holds, or than the limit.
+  EXPECT_EQ(tier_offload_ranges(session.get(), big.data(), big.size(), nullptr),
+            TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tier_offload_ranges(session.get(), big.data(), TIER_MAX_BATCH_JOBS + 1, nullptr),
+            TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tier_offload_ranges(session.get(), nullptr, 0, nullptr), TIER_OK);
+  EXPECT_EQ(tier_offload_ranges(nullptr, big.data(), 1, nullptr), TIER_INVALID_ARGUMENT);
+  big[2].struct_size = 8;  // one element of another stride
+  EXPECT_EQ(tier_offload_ranges(session.get(), big.data(), 4, nullptr), TIER_INVALID_ARGUMENT);
+  big[0].struct_size = 8;  // too small for the struct
+  EXPECT_EQ(tier_offload_ranges(session.get(), big.data(), 1, nullptr), TIER_INVALID_ARGUMENT);
+  tier_offload_options options;
+  tier_offload_options_init(&options);
+  options.num_producer_streams = 1;  // and no array
+  std::vector<tier_offload_range> one = {Session::Range(p, 4096)};
+  EXPECT_EQ(tier_offload_ranges(session.get(), one.data(), 1, &options), TIER_INVALID_ARGUMENT);
+  EXPECT_EQ(tierd.Status().jobs_in_flight(), 0u);
+  EXPECT_EQ(TierdProcess::HostTier(tierd.Status()).used_bytes(), 0u);
+
+  // tierd gone: the call fails, and every range it found says so.
+  tierd.Kill();
+  std::vector<tier_offload_range> late = {Session::Range(p, 4096), Session::Range(nullptr, 1)};
+  EXPECT_EQ(tier_offload_ranges(session.get(), late.data(), late.size(), nullptr),
+            TIER_UNAVAILABLE);
+  EXPECT_EQ(late[0].status, TIER_UNAVAILABLE);
+  EXPECT_EQ(late[0].job, 0u);
+  EXPECT_EQ(late[1].status, TIER_INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace tier
