@@ -148,26 +148,39 @@ _chain = itertools.chain
 assert _BATCH_JOB.size == ctypes.sizeof(BatchJob) and BatchJob.job.offset == 48
 
 
-_BATCH_ARRAYS = {}  # job count -> struct.Struct of that many tier_batch_job
+class _ArrayPacker:
+    """Packs rows into a ctypes array of `cls` whose element is `element` (a struct.Struct of
+    cls's layout) in one struct.pack (no ctypes attribute set per field); the pack format of each
+    array length seen is kept (at most 64)."""
+
+    def __init__(self, cls, element, what):
+        self._cls = cls
+        self._fields = element.format.lstrip("=")
+        self._what = what
+        self._layouts = {}  # element count -> struct.Struct of that many elements
+
+    def __call__(self, values, n):
+        layout = self._layouts.get(n)
+        if layout is None:
+            if len(self._layouts) >= 64:
+                self._layouts.clear()
+            layout = self._layouts[n] = struct.Struct("=" + self._fields * n)
+        try:
+            data = layout.pack(*_chain.from_iterable(values))
+        except struct.error as e:  # a negative or too large field
+            raise errors.InvalidArgument(errors.INVALID_ARGUMENT, "%s: %s" % (self._what, e))
+        return (self._cls * n).from_buffer_copy(data)
+
+
+_pack_batch_jobs = _ArrayPacker(BatchJob, _BATCH_JOB, "a batch job's field")
 
 
 def pack_batch(rows):
     """A tier_batch_job array from rows of (flags, buffer, offset, len, next_use_hint, object):
     struct_size set in each, the job ids 0. (One pack for the whole array: no call per job.)"""
-    n = len(rows)
-    layout = _BATCH_ARRAYS.get(n)
-    if layout is None:
-        if len(_BATCH_ARRAYS) >= 64:
-            _BATCH_ARRAYS.clear()
-        layout = _BATCH_ARRAYS[n] = struct.Struct("=" + "IIQQQQQQ" * n)
     size = _BATCH_JOB.size
-    try:
-        data = layout.pack(*_chain.from_iterable(
-            [(size, flags, buffer, offset, length, hint, obj, 0)
-             for flags, buffer, offset, length, hint, obj in rows]))
-    except struct.error as e:  # a negative or too large field
-        raise errors.InvalidArgument(errors.INVALID_ARGUMENT, "a batch job's field: %s" % e)
-    return (BatchJob * n).from_buffer_copy(data)
+    return _pack_batch_jobs([(size, flags, buffer, offset, length, hint, obj, 0)
+                             for flags, buffer, offset, length, hint, obj in rows], len(rows))
 
 
 def unpack_batch(jobs):
@@ -179,24 +192,14 @@ def unpack_batch(jobs):
 # tier_offload_range as bytes, as _BATCH_JOB for tier_batch_job.
 _RANGE = struct.Struct("=IiQQQQQ")
 assert _RANGE.size == ctypes.sizeof(OffloadRange) and OffloadRange.job.offset == 40
-_RANGE_ARRAYS = {}  # range count -> struct.Struct of that many tier_offload_range
+_pack_ranges = _ArrayPacker(OffloadRange, _RANGE, "an offload range's field")
 
 
 def pack_ranges(rows):
     """A tier_offload_range array from rows of (ptr, len, next_use_hint), struct_size set."""
-    n = len(rows)
-    layout = _RANGE_ARRAYS.get(n)
-    if layout is None:
-        if len(_RANGE_ARRAYS) >= 64:
-            _RANGE_ARRAYS.clear()
-        layout = _RANGE_ARRAYS[n] = struct.Struct("=" + "IiQQQQQ" * n)
     size = _RANGE.size
-    try:
-        data = layout.pack(*_chain.from_iterable(
-            [(size, 0, ptr, length, hint, 0, 0) for ptr, length, hint in rows]))
-    except struct.error as e:  # a negative or too large field
-        raise errors.InvalidArgument(errors.INVALID_ARGUMENT, "an offload range's field: %s" % e)
-    return (OffloadRange * n).from_buffer_copy(data)
+    return _pack_ranges([(size, 0, ptr, length, hint, 0, 0) for ptr, length, hint in rows],
+                        len(rows))
 
 
 def unpack_ranges(ranges):
