@@ -127,6 +127,20 @@ class Session {
   void OffloadRanges(std::vector<tier_offload_range>& ranges) {
     Check(tier_offload_ranges(session_, ranges.data(), ranges.size(), nullptr));
   }
+  // Reloads into raw memory (tier_reload_ranges): all or nothing; each range's job is filled in.
+  static tier_reload_range ReloadRange(tier_object_id object, void* ptr, uint64_t len,
+                                       uint32_t flags = 0) {
+    tier_reload_range range{};
+    range.struct_size = sizeof(range);
+    range.ptr = ptr;
+    range.len = len;
+    range.object = object;
+    range.flags = flags;
+    return range;
+  }
+  void ReloadRanges(std::vector<tier_reload_range>& ranges) {
+    Check(tier_reload_ranges(session_, ranges.data(), ranges.size(), nullptr));
+  }
   // Named, persistent objects (tier.h). Offload into a new one; returns {object, job}.
   std::pair<tier_object_id, tier_job_id> OffloadPersistent(const std::string& name,
                                                            tier_buffer_id buffer, uint64_t offset,

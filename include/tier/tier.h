@@ -272,6 +272,27 @@ typedef struct tier_offload_range {
 
 TIER_API tier_status tier_offload_ranges(tier_session* session, tier_offload_range* ranges,
                                          size_t count, const tier_offload_options* options);
+/* Reloads into raw memory, registered and submitted in one call (tier_offload_ranges' other half):
+ * range i copies object ranges[i].object into [ptr, +len) (GPU memory, or host memory inside a
+ * buffer of tier_buffer_alloc_host), as one tier_reload_batch with the options (consumer stream,
+ * flags ORed with each range's). A reload must land, so the call is all or nothing: if a range's
+ * destination cannot be registered, nothing is pushed, that range's status says why, the others
+ * say TIER_ABORTED, and the call returns the first such status. On any error return before the
+ * push nothing was pushed (every status says why); if the consumer's wait fails after the push,
+ * the jobs are in flight (their ids are set) and the call returns that error. Since 0.2. */
+typedef struct tier_reload_range {
+  uint32_t struct_size;   /* sizeof(tier_reload_range); the stride is ranges[0].struct_size */
+  int32_t status;         /* set: TIER_OK, or why the call did not go */
+  void* ptr;              /* the destination */
+  uint64_t len;           /* must equal the object's length */
+  tier_object_id object;  /* the object to copy */
+  uint32_t flags;         /* TIER_RELOAD_* for this range */
+  uint32_t reserved;
+  tier_job_id job;        /* set to the job's id */
+} tier_reload_range;
+
+TIER_API tier_status tier_reload_ranges(tier_session* session, tier_reload_range* ranges,
+                                        size_t count, const tier_reload_options* options);
 /* Reloads jobs[0..count) for the options' consumer stream: before it returns, the consumer
  * waits (on the GPU) for all of their copies. */
 TIER_API tier_status tier_reload_batch(tier_session* session, tier_batch_job* jobs, size_t count,

@@ -8,7 +8,8 @@ import collections
 
 from tier import errors
 
-BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch", "tier_offload_ranges")
+BATCH_CALLS = ("tier_offload_batch", "tier_reload_batch", "tier_offload_ranges",
+               "tier_reload_ranges")
 
 
 class CountingLib:

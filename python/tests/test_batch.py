@@ -66,6 +66,39 @@ def test_offload_ranges_from_raw_pointers_round_trip(client, counted):
     assert np.array_equal(buf.numpy()[:6 * chunk], expected[:6 * chunk])
 
 
+def test_reload_ranges_into_raw_pointers_all_or_nothing(client, counted):
+    """tier_reload_ranges through the ctypes layer (the GPU reload path's one call per batch):
+    objects come back into raw pointers with their jobs tracked, free_after frees them, and a
+    destination that cannot be registered raises with nothing submitted."""
+    count = counted(client)
+    buf, expected = _filled(client, MiB, seed=9)
+    chunk = 64 * KiB
+    session = client._session
+    with session.checked:
+        out = session.jobs.offload_ranges([(buf.address + i * chunk, chunk, 0) for i in range(4)],
+                                          None)
+        for _, job in out:
+            assert session.jobs.wait(job) == errors.OK
+    objects = [obj for obj, _ in out]
+    buf.numpy()[:] = 0
+    bad = [(objects[0], buf.address + 8 * chunk, chunk),
+           (objects[1], buf.address + MiB - 100, chunk)]  # past the buffer's end
+    with session.checked, pytest.raises(errors.OutOfRange):
+        session.jobs.reload_ranges(bad, None, free_after=True)
+    assert len(session.jobs) == 0  # nothing was submitted
+    back = [(obj, buf.address + (8 + i) * chunk, chunk) for i, obj in enumerate(objects)]
+    with session.checked:
+        jobs = session.jobs.reload_ranges(back, None, free_after=True)
+        for job in jobs:
+            assert session.jobs.wait(job) == errors.OK
+    assert count.sizes["tier_reload_ranges"] == [2, 4]
+    got = buf.numpy()
+    assert np.array_equal(got[8 * chunk:12 * chunk], expected[:4 * chunk])
+    with session.checked:  # freed after the copy: a second reload finds no object
+        again = session.jobs.reload_ranges(back[:1], None, free_after=False)
+        assert session.jobs.wait(again[0]) == errors.NOT_FOUND
+
+
 def test_buffer_batch_round_trip(client, counted):
     count = counted(client)
     buf, expected = _filled(client, MiB)

@@ -199,6 +199,30 @@ class JobTable:
                                          "offload of %d ranges: %s" % (n, _lib.last_error()))
         return out
 
+    def reload_ranges(self, rows, stream_ptr, free_after, defer=False):
+        """One tier_reload_ranges: reloads into raw memory (GPU, or in the session's host
+        buffers) registered and submitted in one call, at most batch_limit rows of (object id,
+        ptr, length), all for one consumer stream. All or nothing: a destination that cannot be
+        registered raises, with nothing submitted. Returns a Job per row. defer:
+        TIER_RELOAD_DEFER_WAIT."""
+        s = self._session
+        n = len(rows)
+        options = _lib.new_struct(_lib.ReloadOptions)
+        options.consumer_stream = stream_ptr
+        options.flags = _lib.TIER_RELOAD_DEFER_WAIT if defer else 0
+        flags = _lib.TIER_RELOAD_FREE_AFTER if free_after else 0
+        ranges = _lib.pack_reload_ranges([(obj, ptr, length, flags) for obj, ptr, length in rows])
+        _lib.check(s.lib.tier_reload_ranges(s.c_session, ranges, n, ctypes.byref(options)),
+                   "reload of %d ranges" % n)
+        out = []
+        inflight = self._inflight
+        for status, job_id, obj, length in _lib.unpack_reload_ranges(ranges):
+            record = Job(job_id, ("reload of object %d (%d bytes, job %d, in a batch of %d)",
+                                  (obj, length, job_id, n)), None, None, False, obj, length)
+            inflight[job_id] = record
+            out.append(record)
+        return out
+
     def reload_batch(self, rows, stream_ptr, keeps=None, on_dones=None, user=False, defer=False):
         """One tier_reload_batch (at most batch_limit rows of (object id, buffer id, offset,
         length, free_after)) for one consumer stream. Returns a Job per row. A batch of one is a

@@ -116,6 +116,21 @@ class OffloadRange(ctypes.Structure):
     ]
 
 
+class ReloadRange(ctypes.Structure):
+    """tier_reload_range: one range of tier_reload_ranges (a reload into raw memory, registered
+    and submitted in one call; all or nothing)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("status", ctypes.c_int32),        # set
+        ("ptr", ctypes.c_void_p),          # the destination
+        ("len", ctypes.c_uint64),
+        ("object", c_object_id),
+        ("flags", ctypes.c_uint32),        # TIER_RELOAD_* of this range
+        ("reserved", ctypes.c_uint32),
+        ("job", c_job_id),                 # set
+    ]
+
+
 class Completion(ctypes.Structure):
     _fields_ = [
         ("job", c_job_id),
@@ -208,6 +223,25 @@ def unpack_ranges(ranges):
             in _RANGE.iter_unpack(bytes(ranges))]
 
 
+# tier_reload_range as bytes.
+_RELOAD_RANGE = struct.Struct("=IiQQQIIQ")
+assert _RELOAD_RANGE.size == ctypes.sizeof(ReloadRange) and ReloadRange.job.offset == 40
+_pack_reload_ranges = _ArrayPacker(ReloadRange, _RELOAD_RANGE, "a reload range's field")
+
+
+def pack_reload_ranges(rows):
+    """A tier_reload_range array from rows of (object, ptr, len, flags), struct_size set."""
+    size = _RELOAD_RANGE.size
+    return _pack_reload_ranges([(size, 0, ptr, length, obj, flags, 0, 0)
+                                for obj, ptr, length, flags in rows], len(rows))
+
+
+def unpack_reload_ranges(ranges):
+    """(status, job, object, len) of each element of a tier_reload_range array, read whole."""
+    return [(status, job, obj, length) for _, status, _, length, obj, _, _, job
+            in _RELOAD_RANGE.iter_unpack(bytes(ranges))]
+
+
 def new_batch(count):
     """A zeroed array of `count` tier_batch_job, each with struct_size set to our layout's size."""
     jobs = (BatchJob * count)()
@@ -256,6 +290,8 @@ _SIGNATURES = {
                                      _P(ReloadOptions)]),
     "tier_offload_ranges": (c_status, [ctypes.c_void_p, _P(OffloadRange), ctypes.c_size_t,
                                        _P(OffloadOptions)]),
+    "tier_reload_ranges": (c_status, [ctypes.c_void_p, _P(ReloadRange), ctypes.c_size_t,
+                                      _P(ReloadOptions)]),
     "tier_free": (c_status, [ctypes.c_void_p, c_object_id, _P(c_job_id)]),
     "tier_offload_persistent": (c_status, [ctypes.c_void_p, ctypes.c_char_p, c_buffer_id,
                                            ctypes.c_uint64, ctypes.c_uint64, _P(OffloadOptions),

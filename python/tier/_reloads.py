@@ -322,7 +322,7 @@ class Reloads:
         torch = torch_module()
         session = self._session
         # Every destination is allocated on the consumer stream before the batch's ticket is
-        # taken on it (module docstring); when tier_reload_batch returns, that stream waits (on
+        # taken on it (module docstring); when tier_reload_ranges returns, that stream waits (on
         # the GPU) for every copy of the batch unless deferred, and a destination dropped early
         # is reused only by work ordered after them.
         empty = torch.empty
@@ -337,27 +337,29 @@ class Reloads:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 dsts = [empty(h.shape, dtype=h.dtype, device=device) for h in handles]
             ptr = stream_ptr(stream)
-        ids = session.register_devices([(dst.data_ptr(), h.nbytes)
-                                        for h, dst in zip(handles, dsts)])
-        for i in ids:
-            if type(i) is not tuple:
-                raise i
-        rows = [(h.object_id, b, o, h.nbytes, free) for h, (b, o) in zip(handles, ids)]
+        # Registration and submission in one library call per chunk (tier_reload_ranges), under
+        # the session's lock (no reaper sees a job before it is tracked). All or nothing: a
+        # destination that cannot be registered raises with nothing of its chunk submitted.
+        rows = [(h.object_id, dst.data_ptr(), h.nbytes) for h, dst in zip(handles, dsts)]
         submitted = []
         jobs = session.jobs
         with session.checked:
             jobs.reap()
-            for lo, hi in jobs.chunks(len(rows)):
-                batch = jobs.reload_batch(rows[lo:hi], ptr, defer=defer)
-                submitted.extend(batch)
-                for h, job in zip(handles[lo:hi], batch):
-                    if h.reloads:
-                        h.reloads = [j for j in h.reloads if j.status is None]
-                    h.reloads.append(job)
-                    if free:
-                        h.freed = True
-            if not defer:
-                jobs.in_use(submitted)  # the consumer stream waits on them now
+            try:
+                for lo, hi in jobs.chunks(len(rows)):
+                    batch = jobs.reload_ranges(rows[lo:hi], ptr, free, defer=defer)
+                    submitted.extend(batch)
+                    for h, job in zip(handles[lo:hi], batch):
+                        if h.reloads:
+                            h.reloads = [j for j in h.reloads if j.status is None]
+                        h.reloads.append(job)
+                        if free:
+                            h.freed = True
+            finally:
+                if not defer and submitted:
+                    # The consumer stream waits on them now (also on the chunks before one
+                    # that raised).
+                    jobs.in_use(submitted)
         return dsts, submitted, ptr
 
     def _start_staged(self, handles, stream, free):

@@ -16,9 +16,9 @@ add_dependencies(end_to_end_test doomed_client)
 # A wait for tierd warns after 300 ms instead of 10 s (the stopped-daemon test reads the warning).
 set_tests_properties(end_to_end_test PROPERTIES ENVIRONMENT TIER_WAIT_WARN_MS=300)
 
-# tier_offload_ranges: raw pointers registered and offloaded in one call.
-tier_add_test(offload_ranges_test LABEL integration TIMEOUT 300
-  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/offload_ranges_test.cc
+# tier_offload_ranges, tier_reload_ranges: raw pointers registered and moved in one call.
+tier_add_test(ranges_test LABEL integration TIMEOUT 300
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/ranges_test.cc
   LIBS tier_test_daemon tier_client_static)
 
 tier_add_test(protocol_test LABEL integration TIMEOUT 600

@@ -1,6 +1,7 @@
-// tier_offload_ranges against a real tierd (host engine): raw pointers into the session's host
-// buffers are found, offloaded as one batch and reloaded intact; a range that cannot go says why
-// in its own status while the others go; a call that cannot go at all pushes nothing.
+// tier_offload_ranges and tier_reload_ranges against a real tierd (host engine): raw pointers into
+// the session's host buffers are found, offloaded as one batch and reloaded intact; an offload
+// range that cannot go says why in its own status while the others go; a reload call with a
+// destination that cannot be named pushes nothing; a call that cannot go at all pushes nothing.
 #include <cstring>
 #include <random>
 #include <vector>
@@ -144,6 +145,72 @@ TEST(OffloadRanges, ACallThatCannotGoPushesNothing) {
   EXPECT_EQ(late[0].status, TIER_UNAVAILABLE);
   EXPECT_EQ(late[0].job, 0u);
   EXPECT_EQ(late[1].status, TIER_INVALID_ARGUMENT);
+}
+
+TEST(ReloadRanges, ReloadIntoRawPointersAndFreeAfterPerRange) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kPiece = 16 << 10;
+  HostBuffer buffer = session.AllocHost(8 * kPiece);
+  char* p = static_cast<char*>(buffer.data);
+  std::vector<tier_offload_range> out;
+  for (int i = 0; i < 4; ++i) {
+    Fill(p + i * kPiece, kPiece, 60 + i);
+    out.push_back(Session::Range(p + i * kPiece, kPiece));
+  }
+  session.OffloadRanges(out);
+  for (const auto& r : out) session.Wait(r.job);
+  std::memset(p, 0, buffer.bytes);
+  // Back into the upper half, in reverse order; two of them freed once copied.
+  std::vector<tier_reload_range> back;
+  for (int i = 0; i < 4; ++i) {
+    back.push_back(Session::ReloadRange(out[i].object, p + (7 - i) * kPiece, kPiece,
+                                        i % 2 ? TIER_RELOAD_FREE_AFTER : 0));
+  }
+  session.ReloadRanges(back);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(back[i].status, TIER_OK);
+    session.Wait(back[i].job);
+    EXPECT_TRUE(Matches(p + (7 - i) * kPiece, kPiece, 60 + i)) << i;
+  }
+  EXPECT_TRUE(tierd.WaitForStatus([&](const v1::GetStatusResponse& s) {
+    return TierdProcess::HostTier(s).used_bytes() == 2 * kPiece;
+  })) << "the two reloads with TIER_RELOAD_FREE_AFTER did not free their objects";
+}
+
+TEST(ReloadRanges, ADestinationThatCannotBeNamedHoldsTheWholeCallBack) {
+  TierdProcess tierd;
+  Session session(OptionsFor(tierd));
+  constexpr uint64_t kPiece = 16 << 10;
+  HostBuffer buffer = session.AllocHost(4 * kPiece);
+  char* p = static_cast<char*>(buffer.data);
+  Fill(p, 2 * kPiece, 3);
+  std::vector<tier_offload_range> out = {Session::Range(p, kPiece),
+                                         Session::Range(p + kPiece, kPiece)};
+  session.OffloadRanges(out);
+  for (const auto& r : out) session.Wait(r.job);
+  std::vector<tier_reload_range> back = {
+      Session::ReloadRange(out[0].object, p + 2 * kPiece, kPiece),
+      Session::ReloadRange(out[1].object, p + 4 * kPiece - 100, kPiece)};  // past the end
+  EXPECT_EQ(tier_reload_ranges(session.get(), back.data(), back.size(), nullptr),
+            TIER_OUT_OF_RANGE);
+  EXPECT_EQ(back[0].status, TIER_ABORTED);
+  EXPECT_EQ(back[1].status, TIER_OUT_OF_RANGE);
+  EXPECT_EQ(back[0].job, 0u);
+  EXPECT_EQ(back[1].job, 0u);
+  EXPECT_EQ(tierd.Status().jobs_in_flight(), 0u);
+  // Nothing went: both objects are still whole, and a good call reloads them.
+  std::memset(p + 2 * kPiece, 0, 2 * kPiece);
+  back[1].ptr = p + 3 * kPiece;
+  session.ReloadRanges(back);
+  for (const auto& r : back) session.Wait(r.job);
+  std::vector<char> want(2 * kPiece);
+  Fill(want.data(), want.size(), 3);
+  EXPECT_EQ(std::memcmp(p + 2 * kPiece, want.data(), want.size()), 0);
+  // A wrong length fails that job alone, in tierd, like a tier_reload of the wrong length.
+  std::vector<tier_reload_range> wrong = {Session::ReloadRange(out[0].object, p, kPiece / 2)};
+  session.ReloadRanges(wrong);
+  EXPECT_NE(session.TryWait(wrong[0].job), TIER_OK);
 }
 
 }  // namespace
