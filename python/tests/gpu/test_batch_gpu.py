@@ -64,8 +64,8 @@ def test_batch_of_two_fresh_producer_streams_reloaded_on_a_side_stream(delayed, 
             assert torch.equal(y, x * k), (round_, k)
         del junk, outs, ys, hs
     # One call each way per round: the six jobs shared one ticket.
-    assert counted.sizes["tier_offload_batch"] == [6] * 3
-    assert counted.sizes["tier_reload_batch"] == [6] * 3
+    assert counted.sizes["tier_offload_ranges"] == [6] * 3
+    assert counted.sizes["tier_reload_ranges"] == [6] * 3
 
 
 def test_batch_on_the_current_stream_with_a_gathered_view(delayed, counted):
@@ -85,8 +85,8 @@ def test_batch_on_the_current_stream_with_a_gathered_view(delayed, counted):
     want = [x * 3, (x * 5).t(), (x * 7)[::2, 1::3], x * 9]
     for y, w in zip(ys, want):
         assert y.shape == w.shape and torch.equal(y, w)
-    assert counted.sizes["tier_offload_batch"] == [4]
-    assert counted.sizes["tier_reload_batch"] == [4]
+    assert counted.sizes["tier_offload_ranges"] == [4]
+    assert counted.sizes["tier_reload_ranges"] == [4]
 
 
 def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
@@ -98,7 +98,7 @@ def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
         want = ref(x)
     w = tt.offload_module_weights(model, group=2, client=delayed)
     per_group = 2 * 6  # two blocks of LayerNorm + 2 Linear: 6 tensors each
-    assert counted.sizes["tier_offload_batch"] == [per_group] * 3
+    assert counted.sizes["tier_offload_ranges"] == [per_group] * 3
     torch.cuda.synchronize()  # x, want: ready before another stream reads them
     # The offloads land first: a weight whose offload is still in flight is used from its source
     # (no reload; test_weight_in_flight_is_used_from_its_source), and here the reloads are tested.
@@ -116,7 +116,7 @@ def test_weight_offload_in_batches_identical_under_delay(delayed, counted):
         assert torch.equal(y, want)
     # Per pass: group 0 onloaded when it runs, groups 1 and 2 prefetched one group ahead (the
     # current stream waits for them where they run): one batch each.
-    assert counted.sizes["tier_reload_batch"] == [per_group] * 6
+    assert counted.sizes["tier_reload_ranges"] == [per_group] * 6
     assert w.stats.onloads == 6 and w.stats.prefetches == 4, w.stats
     w.remove()
     with torch.no_grad():
@@ -164,7 +164,7 @@ def test_activation_prefetch_in_batches_identical_under_delay(delayed, counted):
     user.synchronize()
     for g, w in zip([p.grad for p in model.parameters()], want):
         assert torch.equal(g, w)
-    sizes = counted.sizes["tier_reload_batch"]
+    sizes = counted.sizes["tier_reload_ranges"]
     assert sizes and max(sizes) >= 2, sizes  # several prefetched at once went as one batch
     assert off.stats.prefetches > 0 and off.stats.fallbacks == 0, off.stats
 
@@ -179,9 +179,9 @@ def test_a_batch_over_two_gpus_goes_as_one_batch_per_gpu(delayed, counted):
             torch.cuda._sleep(SLOW_NS)
             ts += [x * 2, x * 3]
     hs = c.offload_batch([ts[0], ts[2], ts[1], ts[3]])
-    assert sorted(counted.sizes["tier_offload_batch"]) == [2, 2]
+    assert sorted(counted.sizes["tier_offload_ranges"]) == [2, 2]
     outs = c.reload_batch(hs)
-    assert sorted(counted.sizes["tier_reload_batch"]) == [2, 2]
+    assert sorted(counted.sizes["tier_reload_ranges"]) == [2, 2]
     for o, t in zip(outs, [ts[0], ts[2], ts[1], ts[3]]):
         assert o.device == t.device
         with torch.cuda.device(o.device):
