@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -337,7 +338,7 @@ tier_status tier_reload_ranges(tier_session* session, tier_reload_range* ranges,
     }
     std::vector<tier::client::JobRequest> requests(count);
     tier_status failed = TIER_OK;
-    size_t failed_at = 0;
+    std::string why;  // the first failure's message (LocateRange's; a later one overwrites it)
     for (size_t i = 0; i < count; ++i) {
       tier_reload_range& range = RangeAt(ranges, stride, i);
       range.job = 0;
@@ -345,7 +346,7 @@ tier_status tier_reload_ranges(tier_session* session, tier_reload_range* ranges,
       range.status = LocateRange(session, range.ptr, range.len, i, &request);
       if (range.status != TIER_OK && failed == TIER_OK) {
         failed = static_cast<tier_status>(range.status);
-        failed_at = i;
+        why = absl::StrCat("range ", i, ": ", tier::client::c_api::LastError());
       }
       request.opcode = static_cast<uint32_t>(tier::ring::Opcode::kReload);
       request.object_id = range.object;
@@ -362,9 +363,8 @@ tier_status tier_reload_ranges(tier_session* session, tier_reload_range* ranges,
     if (failed != TIER_OK) {
       // A reload must land: a destination that cannot be named holds the whole call back, so
       // the caller never has half a batch in flight. The others say TIER_ABORTED.
-      const std::string why = tier::client::c_api::LastError();
       fail_all(TIER_ABORTED);
-      return Fail(failed, absl::StrCat("range ", failed_at, ": ", why));
+      return Fail(failed, std::move(why));
     }
     if (tier_status s = OneDevice(requests); s != TIER_OK) return fail_all(s);
     tier_status s = SubmitReloads(session, requests, requests[0].device, options,

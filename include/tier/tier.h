@@ -286,7 +286,7 @@ typedef struct tier_reload_range {
   void* ptr;              /* the destination */
   uint64_t len;           /* must equal the object's length */
   tier_object_id object;  /* the object to copy */
-  uint32_t flags;         /* TIER_RELOAD_* for this range */
+  uint32_t flags;         /* TIER_RELOAD_FREE_AFTER for this range (or the options' flags) */
   uint32_t reserved;
   tier_job_id job;        /* set to the job's id */
 } tier_reload_range;

@@ -21,6 +21,8 @@ STRUCTS = {
     "tier_reload_options": _lib.ReloadOptions,
     "tier_completion": _lib.Completion,
     "tier_batch_job": _lib.BatchJob,
+    "tier_offload_range": _lib.OffloadRange,
+    "tier_reload_range": _lib.ReloadRange,
 }
 
 
