@@ -136,9 +136,21 @@ TEST(OffloadRanges, ACallThatCannotGoPushesNothing) {
   EXPECT_EQ(tier_offload_ranges(session.get(), one.data(), 1, &options), TIER_INVALID_ARGUMENT);
   EXPECT_EQ(tierd.Status().jobs_in_flight(), 0u);
   EXPECT_EQ(TierdProcess::HostTier(tierd.Status()).used_bytes(), 0u);
+}
 
-  // tierd gone: the call fails, and every range it found says so.
+TEST(OffloadRanges, ACallToADeadTierdFailsAndEveryRangeItFoundSaysSo) {
+  TierdProcess tierd({"--copy_delay_us=500000"});
+  Session session(OptionsFor(tierd));
+  HostBuffer buffer = session.AllocHost(1 << 20);
+  char* p = static_cast<char*>(buffer.data);
+  // A job still in flight when tierd dies: waiting for it is how this session learns of the
+  // death (a host session has no death watch; until then a push to the ring still succeeds).
+  std::vector<tier_offload_range> slow = {Session::Range(p, 4096)};
+  session.OffloadRanges(slow);
+  ASSERT_TRUE(tierd.WaitForStatus(
+      [](const v1::GetStatusResponse& s) { return s.jobs_in_flight() > 0; }));
   tierd.Kill();
+  EXPECT_EQ(session.TryWait(slow[0].job, 20000), TIER_UNAVAILABLE);
   std::vector<tier_offload_range> late = {Session::Range(p, 4096), Session::Range(nullptr, 1)};
   EXPECT_EQ(tier_offload_ranges(session.get(), late.data(), late.size(), nullptr),
             TIER_UNAVAILABLE);
