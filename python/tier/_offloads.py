@@ -122,56 +122,11 @@ class Offloads:
         handle.kept = (src, producers)
         handle.direct = True
 
-    def _register(self, src, nbytes):
-        """(buffer id, offset) of src's memory; None when the library has no GPU support (from
-        now on CUDA tensors are staged); False when it cannot be one range."""
-        return self._registered(self._session.register_devices([(src.data_ptr(), nbytes)])[0])
-
-    def _registered(self, ids):
-        """_register's answer for one result of Session.register_devices."""
-        if isinstance(ids, errors.Unimplemented):
-            self._no_device_direct("libtierclient has no GPU support")
-            return None
-        if isinstance(ids, errors.OutOfRange):
-            return False
-        if isinstance(ids, errors.TierError):
-            raise ids
-        self.device_direct = True
-        return ids
-
     def _offload_cuda(self, handle, t, streams, hint, retain_on_failure):
-        """The GPU engine path; False if the library has no GPU support (then staging is used)."""
-        torch = torch_module()
-        device = t.device
-        cur = torch.cuda.current_stream(device)
-        producers = list(streams) if streams else [cur]
-        src = t
-        if not t.is_contiguous():
-            # Gather on the current stream, after every producer stream: the gather is then the
-            # only producer of the bytes the daemon copies.
-            for s in producers:
-                wait_stream(cur, s)
-            with torch.no_grad(), torch.cuda.device(device):
-                src = t.contiguous()
-            producers = [cur]
-        ids = self._register(src, handle.nbytes)
-        if ids is None:
-            return False
-        if ids is False:
-            self._keep_on_gpu(handle, src, producers)
-            return True
-        buffer_id, offset = ids
-        ptrs = [stream_ptr(s) for s in producers]
-        keep, done = _cuda_keep(handle, src, t, retain_on_failure)
-        session = self._session
-        with session.checked:
-            session.jobs.reap()
-            # The job keeps the source (and the tensor it came from) alive until the daemon's copy
-            # completed: dropping the tensor and the handle meanwhile cannot free memory under it.
-            handle.object_id, handle.job = session.jobs.offload(
-                buffer_id, offset, handle.nbytes, ptrs, hint, keep, done)
-            handle.direct = True
-        return True
+        """The GPU engine path for one tensor: a batch of one (one path for lone and batched
+        GPU offloads). False if the library has no GPU support (then staging is used)."""
+        return not self._offload_batch_cuda(t.device, [(handle, t, hint)], streams,
+                                            retain_on_failure)
 
     def offload_batch(self, tensors, streams, hints, retain_on_failure):
         tensors = list(tensors)
@@ -221,9 +176,9 @@ class Offloads:
         return handles
 
     def _offload_batch_cuda(self, device, items, streams, retain_on_failure):
-        """_offload_cuda for one GPU's tensors, as one batch (split at batch_limit): one ticket,
-        one wait for the producer streams for all of them. Returns the items to stage instead
-        (the library has no GPU support)."""
+        """The GPU engine path for one GPU's tensors, as one batch (split at batch_limit): one
+        ticket, one wait for the producer streams for all of them. Returns the items to stage
+        instead (the library has no GPU support)."""
         torch = torch_module()
         producers = list(streams) if streams else [torch.cuda.current_stream(device)]
         contiguous = True
@@ -259,12 +214,10 @@ class Offloads:
                 # Each job keeps its source (and the tensor it came from) alive until the
                 # daemon's copy completed: dropping tensors and handles meanwhile cannot free
                 # memory under it.
-                if retain_on_failure:
-                    keeps = [(src, t, weakref.ref(handle)) for handle, t, src, _ in part]
-                    dones = [_retain_cuda_source] * len(part)
-                else:
-                    keeps = [(src, t) for _, t, src, _ in part]
-                    dones = None
+                kept = [_cuda_keep(handle, src, t, retain_on_failure)
+                        for handle, t, src, _ in part]
+                keeps = [keep for keep, _ in kept]
+                dones = [done for _, done in kept] if retain_on_failure else None
                 results = jobs.offload_ranges(
                     [(src.data_ptr(), handle.nbytes, hint) for handle, _, src, hint in part],
                     ptrs, keeps, dones)
