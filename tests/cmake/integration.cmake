@@ -2,7 +2,8 @@
 add_library(tier_test_daemon STATIC ${CMAKE_SOURCE_DIR}/tests/integration/tierd_process.cc)
 target_link_libraries(tier_test_daemon PUBLIC tier_proto)
 target_compile_definitions(tier_test_daemon PRIVATE TIERD_BIN="$<TARGET_FILE:tierd>")
-target_include_directories(tier_test_daemon PUBLIC ${CMAKE_SOURCE_DIR}/tests/integration)
+target_include_directories(tier_test_daemon PUBLIC ${CMAKE_SOURCE_DIR}/tests/integration
+                           ${CMAKE_SOURCE_DIR}/include)
 
 # The kill -9 victim: a separate C program on the shared library, as a foreign client would be.
 add_executable(doomed_client ${CMAKE_SOURCE_DIR}/tests/integration/doomed_client.c)

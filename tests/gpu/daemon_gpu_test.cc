@@ -173,7 +173,7 @@ class Session {
                                            const std::vector<uint64_t>& offsets, uint64_t len,
                                            std::vector<void*> producers) {
     std::vector<tier_batch_job> jobs;
-    for (uint64_t offset : offsets) jobs.push_back(BatchJob(buffer, offset, len, 0));
+    for (uint64_t offset : offsets) jobs.push_back(tier::Session::BatchJob(buffer, offset, len));
     tier_offload_options options;
     tier_offload_options_init(&options);
     options.num_producer_streams = static_cast<uint32_t>(producers.size());
@@ -188,7 +188,7 @@ class Session {
                                           cudaStream_t consumer, bool free_after = false) {
     std::vector<tier_batch_job> jobs;
     for (size_t i = 0; i < offsets.size(); ++i) {
-      jobs.push_back(BatchJob(buffer, offsets[i], len, objects[i]));
+      jobs.push_back(tier::Session::BatchJob(buffer, offsets[i], len, objects[i]));
     }
     tier_reload_options options;
     tier_reload_options_init(&options);
@@ -197,16 +197,6 @@ class Session {
     tier_status s = tier_reload_batch(session_, jobs.data(), jobs.size(), &options);
     EXPECT_EQ(s, TIER_OK) << tier_last_error();
     return jobs;
-  }
-  static tier_batch_job BatchJob(tier_buffer_id buffer, uint64_t offset, uint64_t len,
-                                 tier_object_id object) {
-    tier_batch_job job{};
-    job.struct_size = sizeof(job);
-    job.buffer = buffer;
-    job.offset = offset;
-    job.len = len;
-    job.object = object;
-    return job;
   }
   tier_status Wait(tier_job_id job, int64_t timeout_ms = 30000) {
     return tier_job_wait(session_, job, timeout_ms);

@@ -27,15 +27,6 @@ namespace {
 using testing::ChildProcess;
 using testing::TierdProcess;
 
-Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name = "test",
-                            uint64_t quota = 0) {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = name;
-  options.quota_bytes = quota;
-  return options;
-}
-
 // True once every thread of `pid` is stopped. kill(SIGSTOP) returns before the group stop is
 // done: each thread stops when it next takes the signal, and a thread still running may serve a
 // job meanwhile (seen on a 2-core CI host under TSan).
@@ -86,7 +77,7 @@ bool NoSessionsAndEmptyPool(const v1::GetStatusResponse& s) {
 TEST(EndToEnd, OffloadReloadRoundTrip) {
   TierdProcess tierd;
   {
-    Session session(OptionsFor(tierd));
+    Session session(tierd.SessionOptions("test"));
     HostBuffer buffer = session.AllocHost(1 << 20);
     Fill(buffer.data, buffer.bytes, 1);
     auto [object, job] = session.Offload(buffer.id, 0, buffer.bytes);
@@ -108,7 +99,7 @@ TEST(EndToEnd, OffloadReloadRoundTrip) {
 
 TEST(EndToEnd, ThousandsOfPipelinedJobsOverflowTheRingAndStayOrdered) {
   TierdProcess tierd({"--ring_entries=64"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   constexpr uint64_t kChunk = 4096;
   constexpr int kJobs = 3000;
   HostBuffer buffer = session.AllocHost(kChunk * 64);
@@ -134,7 +125,7 @@ TEST(EndToEnd, ThousandsOfPipelinedJobsOverflowTheRingAndStayOrdered) {
 TEST(EndToEnd, ReloadQueuedBehindItsOffloadWaitsForItUnderDelayInjection) {
   // Every copy is delayed: a reload that did not wait for its offload would read stale memory.
   TierdProcess tierd({"--copy_delay_us=3000"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   HostBuffer src = session.AllocHost(256 << 10);
   HostBuffer dst = session.AllocHost(256 << 10);
   for (uint32_t round = 0; round < 5; ++round) {
@@ -150,7 +141,7 @@ TEST(EndToEnd, ReloadQueuedBehindItsOffloadWaitsForItUnderDelayInjection) {
 
 TEST(EndToEnd, BadJobsFailAloneWithClearCodes) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   HostBuffer buffer = session.AllocHost(64 << 10);
   Fill(buffer.data, buffer.bytes, 3);
   auto [good, job] = session.Offload(buffer.id, 0, 4096);
@@ -183,7 +174,7 @@ TEST(EndToEnd, BadJobsFailAloneWithClearCodes) {
 // in stream_engine_test and daemon_gpu_test.)
 TEST(EndToEnd, BatchesOffloadAndReloadWithPerJobResults) {
   TierdProcess tierd({"--ring_entries=64"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   constexpr uint64_t kJob = 16 << 10;
   constexpr int kJobs = 48;
   HostBuffer buffer = session.AllocHost(kJob * kJobs);
@@ -225,7 +216,7 @@ TEST(EndToEnd, BatchesOffloadAndReloadWithPerJobResults) {
 
 TEST(EndToEnd, QuotaIsEnforcedAndFreedBytesReturnToIt) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd, "quota", 1 << 20));
+  Session session(tierd.SessionOptions("quota", 1 << 20));
   HostBuffer buffer = session.AllocHost(1 << 20);
   auto [first, job] = session.Offload(buffer.id, 0, 768 << 10);
   session.Wait(job);
@@ -238,7 +229,7 @@ TEST(EndToEnd, QuotaIsEnforcedAndFreedBytesReturnToIt) {
 
 TEST(EndToEnd, FullPoolFailsAtOnceAndKeepsServing) {
   TierdProcess tierd;  // 64 MiB pool
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   HostBuffer buffer = session.AllocHost(40 << 20);
   session.Wait(session.Offload(buffer.id, 0, 40 << 20).second);
   tier_job_id refused = session.Offload(buffer.id, 0, 32 << 20).second;
@@ -249,8 +240,8 @@ TEST(EndToEnd, FullPoolFailsAtOnceAndKeepsServing) {
 
 TEST(EndToEnd, SessionsCannotReachEachOthersObjects) {
   TierdProcess tierd;
-  Session a(OptionsFor(tierd, "a"));
-  Session b(OptionsFor(tierd, "b"));
+  Session a(tierd.SessionOptions("a"));
+  Session b(tierd.SessionOptions("b"));
   HostBuffer buf_a = a.AllocHost(4096);
   HostBuffer buf_b = b.AllocHost(4096);
   Fill(buf_a.data, 4096, 11);
@@ -273,7 +264,7 @@ TEST(EndToEnd, SessionsCannotReachEachOthersObjects) {
 
 TEST(EndToEnd, KilledClientIsCleanedUpAndOthersKeepTheirData) {
   TierdProcess tierd;
-  Session survivor(OptionsFor(tierd, "survivor"));
+  Session survivor(tierd.SessionOptions("survivor"));
   HostBuffer keep = survivor.AllocHost(1 << 20);
   Fill(keep.data, keep.bytes, 21);
   auto [kept, job] = survivor.Offload(keep.id, 0, keep.bytes);
@@ -299,7 +290,7 @@ TEST(EndToEnd, KilledClientIsCleanedUpAndOthersKeepTheirData) {
 
 TEST(EndToEnd, SigtermLetsInFlightJobsFinishThenExitsZero) {
   TierdProcess tierd({"--copy_delay_us=20000"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   HostBuffer buffer = session.AllocHost(4 << 20);
   Fill(buffer.data, buffer.bytes, 5);
   std::vector<tier_job_id> jobs;
@@ -312,7 +303,7 @@ TEST(EndToEnd, SigtermLetsInFlightJobsFinishThenExitsZero) {
 
 TEST(EndToEnd, DeadDaemonFailsPendingJobsInsteadOfHanging) {
   auto tierd = std::make_unique<TierdProcess>(std::vector<std::string>{"--copy_delay_us=500000"});
-  Session session(OptionsFor(*tierd));
+  Session session(tierd->SessionOptions("test"));
   HostBuffer buffer = session.AllocHost(1 << 20);
   tier_job_id job = session.Offload(buffer.id, 0, 1 << 20).second;
   ASSERT_TRUE(tierd->WaitForStatus([](const v1::GetStatusResponse& s) { return s.jobs_in_flight() > 0; }));
@@ -334,7 +325,7 @@ TEST(EndToEnd, AWaitForAStoppedDaemonSaysItIsStoppedThenEndsWhenItResumes) {
     GTEST_SKIP() << "needs TIER_WAIT_WARN_MS between 1 and 1000 (ctest sets 300)";
   }
   TierdProcess tierd;
-  auto session = std::make_unique<Session>(OptionsFor(tierd));
+  auto session = std::make_unique<Session>(tierd.SessionOptions("test"));
   HostBuffer buffer = session->AllocHost(1 << 20);
   Fill(buffer.data, buffer.bytes, 9);
   ASSERT_EQ(::kill(tierd.pid(), SIGSTOP), 0);
@@ -363,7 +354,7 @@ TEST(EndToEnd, ManyClientsInParallel) {
   std::atomic<int> verified{0};
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      Session session(OptionsFor(tierd, "worker" + std::to_string(t)));
+      Session session(tierd.SessionOptions("worker" + std::to_string(t)));
       HostBuffer buffer = session.AllocHost(256 << 10);
       for (int round = 0; round < 50; ++round) {
         Fill(buffer.data, buffer.bytes, t * 1000 + round);
@@ -382,7 +373,7 @@ TEST(EndToEnd, ManyClientsInParallel) {
 
 TEST(EndToEnd, OneSessionSharedByThreads) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("test"));
   std::vector<std::thread> threads;
   std::atomic<int> verified{0};
   for (int t = 0; t < 4; ++t) {

@@ -36,13 +36,6 @@ using testing::RawSession;
 using testing::TierdOptions;
 using testing::TierdProcess;
 
-Session::Options OptionsFor(const TierdProcess& tierd, const std::string& name = "good") {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = name;
-  return options;
-}
-
 // How many descriptors process `pid` has open (entries of /proc/<pid>/fd).
 int OpenFds(pid_t pid) {
   int count = 0;
@@ -113,7 +106,7 @@ bool ClosedByPeer(int fd, int timeout_ms) {
 // block. Now they are the client's ends of socket pairs.
 TEST(HostileClient, DoorbellsMadeBlockingStopNoOtherSession) {
   TierdProcess tierd;
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   RoundTrip(good, 64 << 10, 10000, tierd);
 
   RawSession hostile(tierd);
@@ -146,7 +139,7 @@ TEST(HostileClient, DoorbellsMadeBlockingStopNoOtherSession) {
 // epoll from sleeping (a hang-up is reported for ever): the session ends instead.
 TEST(HostileClient, ClosingTheDoorbellEndsOnlyThatSession) {
   TierdProcess tierd;
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   RawSession hostile(tierd);
   hostile.attached.sq_doorbell.reset();
   EXPECT_TRUE(ClosedByPeer(hostile.channel->fd(), 10000));
@@ -162,7 +155,7 @@ TEST(HostileClient, ADoorbellKeptFullDoesNotPinThePoller) {
   TierdOptions options;
   options.capture_log = true;
   TierdProcess tierd({"--log_level=warning"}, options);
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   RawSession hostile(tierd);
   const int bell = hostile.attached.sq_doorbell.get();
   ASSERT_EQ(::fcntl(bell, F_SETFL, 0), 0);  // blocking: the ringer waits while the bell is full
@@ -214,7 +207,7 @@ TEST(HostileClient, HugetlbMemfdsAreRefusedSoAPunchedPageCannotKillTierd) {
                     "anyway and the SIGBUS cannot be set up";
   }
   TierdProcess tierd;
-  Session hostile(OptionsFor(tierd, "hostile"));
+  Session hostile(tierd.SessionOptions("hostile"));
   ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * huge)), 0);
   void* mapped = ::mmap(nullptr, 2 * huge, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ASSERT_NE(mapped, MAP_FAILED);
@@ -246,7 +239,7 @@ TEST(HostileClient, HugetlbMemfdsAreRefusedSoAPunchedPageCannotKillTierd) {
   ::munmap(mapped, 2 * huge);
   ::close(fd);
   // The daemon is alive and serves.
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   RoundTrip(good, 4096, 10000, tierd);
   EXPECT_EQ(tierd.StopWithin(20000), 0);
 }
@@ -258,7 +251,7 @@ TEST(HostileClient, HugetlbMemfdsAreRefusedSoAPunchedPageCannotKillTierd) {
 // so its pages are the client's; the library's own host buffers are.
 TEST(HostileClient, SparseMemfdsAreRefusedPopulatedOnesAccepted) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   constexpr uint64_t kBytes = 8 << 20;
   int fd = ::memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(::ftruncate(fd, kBytes), 0);
@@ -287,7 +280,7 @@ TEST(HostileClient, SparseMemfdsAreRefusedPopulatedOnesAccepted) {
 // client's own mapping, made before, works on; tierd maps a memfd once, for every registration.
 TEST(HostileClient, HolesCannotBePunchedIntoARegisteredMemfd) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   constexpr uint64_t kBytes = 4 << 20;
   constexpr uint64_t kMiB = 1 << 20;
   int fd = ::memfd_create("punched", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -315,7 +308,7 @@ TEST(HostileClient, HolesCannotBePunchedIntoARegisteredMemfd) {
   EXPECT_EQ(mapped[0], 0x11);
   // Registered again (by this session or another): tierd's one mapping serves both. A
   // registration longer than that mapping cannot be had.
-  Session other(OptionsFor(tierd, "other"));
+  Session other(tierd.SessionOptions("other"));
   tier_buffer_id again = 0;
   EXPECT_EQ(tier_buffer_register_fd(other.get(), fd, kMiB, &again), TIER_OK) << tier_last_error();
   // Once no registration of it is left, it cannot be mapped writable any more, and says why.
@@ -340,7 +333,7 @@ TEST(HostileClient, BufferCountsAreLimitedPerSessionUidAndNode) {
   TierdProcess tierd({"--max_buffers_per_session=3", "--max_buffers_per_uid=5",
                       "--max_buffers=6"});
   int fd = PopulatedMemfd(64 << 10);
-  Session a(OptionsFor(tierd, "a"));
+  Session a(tierd.SessionOptions("a"));
   std::vector<tier_buffer_id> ids(3);
   for (tier_buffer_id& id : ids) ASSERT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_OK);
   tier_buffer_id extra = 0;
@@ -351,7 +344,7 @@ TEST(HostileClient, BufferCountsAreLimitedPerSessionUidAndNode) {
   EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &ids[0]), TIER_OK);
 
   {
-    Session b(OptionsFor(tierd, "b"));
+    Session b(tierd.SessionOptions("b"));
     tier_buffer_id id = 0;
     EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 4096, &id), TIER_OK);
     EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 4096, &id), TIER_OK);
@@ -360,7 +353,7 @@ TEST(HostileClient, BufferCountsAreLimitedPerSessionUidAndNode) {
         << tier_last_error();
   }
   // b's buffers went with it.
-  Session c(OptionsFor(tierd, "c"));
+  Session c(tierd.SessionOptions("c"));
   tier_buffer_id id = 0;
   EXPECT_EQ(tier_buffer_register_fd(c.get(), fd, 4096, &id), TIER_OK);
   ::close(fd);
@@ -370,7 +363,7 @@ TEST(HostileClient, BufferCountsAreLimitedPerSessionUidAndNode) {
 TEST(HostileClient, NodeWideBufferLimitHoldsAcrossUsers) {
   TierdProcess tierd({"--max_buffers=2"});
   int fd = PopulatedMemfd(4096);
-  Session a(OptionsFor(tierd, "a"));
+  Session a(tierd.SessionOptions("a"));
   tier_buffer_id id = 0;
   EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_OK);
   EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_OK);
@@ -384,17 +377,17 @@ TEST(HostileClient, MappedBytesAreLimitedPerSessionAndUid) {
   TierdProcess tierd({"--max_mapped_bytes_per_session=1M", "--max_mapped_bytes_per_uid=3M"});
   int fd = PopulatedMemfd(2 << 20);
   tier_buffer_id id = 0;
-  Session a(OptionsFor(tierd, "a"));
+  Session a(tierd.SessionOptions("a"));
   EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 2 << 20, &id), TIER_RESOURCE_EXHAUSTED);
   EXPECT_NE(std::string(tier_last_error()).find("max_mapped_bytes_per_session"), std::string::npos)
       << tier_last_error();
   EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 1 << 20, &id), TIER_OK);
   EXPECT_EQ(tier_buffer_register_fd(a.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
-  Session b(OptionsFor(tierd, "b"));
-  Session c(OptionsFor(tierd, "c"));
+  Session b(tierd.SessionOptions("b"));
+  Session c(tierd.SessionOptions("c"));
   EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, 1 << 20, &id), TIER_OK);
   EXPECT_EQ(tier_buffer_register_fd(c.get(), fd, 1 << 20, &id), TIER_OK);
-  Session d(OptionsFor(tierd, "d"));
+  Session d(tierd.SessionOptions("d"));
   EXPECT_EQ(tier_buffer_register_fd(d.get(), fd, 4096, &id), TIER_RESOURCE_EXHAUSTED);
   EXPECT_NE(std::string(tier_last_error()).find("max_mapped_bytes_per_uid"), std::string::npos)
       << tier_last_error();
@@ -415,8 +408,8 @@ TEST(HostileClient, MappedBytesAreCappedNodeWideAndCounted) {
                       "--max_mapped_bytes_per_uid=1T"});
   constexpr uint64_t kBytes = 2 << 20;
   int fd = PopulatedMemfd(kBytes);
-  Session a(OptionsFor(tierd, "a"));
-  Session b(OptionsFor(tierd, "b"));
+  Session a(tierd.SessionOptions("a"));
+  Session b(tierd.SessionOptions("b"));
   std::vector<tier_buffer_id> ids(4);
   for (int i = 0; i < 4; ++i) {
     ASSERT_EQ(tier_buffer_register_fd((i < 3 ? a : b).get(), fd, kBytes, &ids[i]), TIER_OK)
@@ -442,13 +435,13 @@ TEST(HostileClient, MappedBytesAreCappedNodeWideAndCounted) {
 // objects to NVMe to make room for it, and then failed every waiter. It is refused at once now.
 TEST(HostileClient, AnOffloadLargerThanThePoolIsRefusedAtOnce) {
   TierdProcess tierd({"--pool_bytes=16M", "--spill_bytes=64M", "--spill_io=thread_pool"});
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   HostBuffer small = good.AllocHost(1 << 20);
   std::vector<std::pair<tier_object_id, tier_job_id>> offloads;
   for (int i = 0; i < 4; ++i) offloads.push_back(good.Offload(small.id, 0, 1 << 20));
   for (auto& [object, job] : offloads) good.Wait(job, 10000);
 
-  Session hostile(OptionsFor(tierd, "hostile"));
+  Session hostile(tierd.SessionOptions("hostile"));
   HostBuffer huge = hostile.AllocHost(24 << 20);
   auto start = std::chrono::steady_clock::now();
   auto [object, job] = hostile.Offload(huge.id, 0, huge.bytes);
@@ -489,7 +482,7 @@ TEST(HostileClient, ConnectionsBeyondTheLimitsAreClosedAtOnce) {
     // Closing one makes room again.
     kept.pop_back();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the daemon notices the close
-    Session good(OptionsFor(tierd));
+    Session good(tierd.SessionOptions("good"));
     RoundTrip(good, 4096, 10000, tierd);
   }
   TierdProcess tierd({"--max_connections=2", "--attach_timeout_ms=60000"});
@@ -555,7 +548,7 @@ TEST(HostileClient, AFloodOfConnectionsNeverTakesTheLastDescriptors) {
   while (OpenFds(tierd.pid()) > 40 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   RoundTrip(good, 4096, 10000, tierd);
 }
 
@@ -566,8 +559,8 @@ TEST(HostileClient, AFloodOfConnectionsNeverTakesTheLastDescriptors) {
 TEST(HostileClient, OneUserCannotHoldEverySessionSlot) {
   TierdProcess tierd({"--max_sessions_per_uid=2"});
   std::vector<Session> sessions;
-  sessions.emplace_back(OptionsFor(tierd, "one"));
-  sessions.emplace_back(OptionsFor(tierd, "two"));
+  sessions.emplace_back(tierd.SessionOptions("one"));
+  sessions.emplace_back(tierd.SessionOptions("two"));
   tier_session_options options;
   tier_session_options_init(&options);
   options.socket_path = tierd.socket().c_str();
@@ -577,7 +570,7 @@ TEST(HostileClient, OneUserCannotHoldEverySessionSlot) {
       << tier_last_error();
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 2; }));
   sessions.pop_back();
-  Session again(OptionsFor(tierd, "again"));
+  Session again(tierd.SessionOptions("again"));
   RoundTrip(again, 4096, 10000, tierd);
 }
 
@@ -641,7 +634,7 @@ TEST(HostileClient, TheAdminTokenCanLiveAwayFromTheSockets) {
 TEST(HostileClient, HealthFailsWhileJobsStopMoving) {
   TierdProcess tierd({"--copy_delay_us=3000000", "--health_stall_ms=500"});
   EXPECT_EQ(Health(tierd).state(), v1::HealthResponse::SERVING);  // idle is not stalled
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   HostBuffer buffer = session.AllocHost(4096);
   auto [object, job] = session.Offload(buffer.id, 0, 4096);
   bool stalled = false;
@@ -683,7 +676,7 @@ TEST(HostileClient, BadHandshakeWarningsAreRateLimited) {
     ASSERT_TRUE(SendMessage(fd->get(), &request, sizeof(request)).ok());
     EXPECT_TRUE(ClosedByPeer(fd->get(), 10000));
   }
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   RoundTrip(good, 4096, 10000, tierd);
   const std::string log = tierd.Log();
   size_t lines = 0;
@@ -701,8 +694,8 @@ TEST(HostileClient, PerSessionLogLinesAreRateLimited) {
   TierdOptions options;
   options.capture_log = true;
   TierdProcess tierd({"--log_level=info"}, options);
-  for (int i = 0; i < 200; ++i) Session churn(OptionsFor(tierd, "churn"));
-  Session good(OptionsFor(tierd));
+  for (int i = 0; i < 200; ++i) Session churn(tierd.SessionOptions("churn"));
+  Session good(tierd.SessionOptions("good"));
   RoundTrip(good, 4096, 10000, tierd);
   const std::string log = tierd.Log();
   size_t lines = 0;
@@ -791,7 +784,7 @@ TEST(HostileClient, MalformedSegmentMessagesAreRefusedAndTierdKeepsServing) {
 
   for (int fd : fds) ::close(fd);
   // The session still serves, and so does the node.
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   RoundTrip(session, 1 << 20, 10000, tierd);
 }
 

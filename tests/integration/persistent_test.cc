@@ -29,14 +29,6 @@ using testing::TierdProcess;
 
 constexpr uint32_t kNobody = 65534;
 
-Session::Options OptionsFor(const TierdProcess& tierd, uint64_t quota = 0) {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = "persistent-test";
-  options.quota_bytes = quota;
-  return options;
-}
-
 void Fill(void* data, uint64_t len, uint32_t seed) {
   std::mt19937 rng(seed);
   auto* words = static_cast<uint32_t*>(data);
@@ -66,7 +58,7 @@ tier_status CodeOf(F&& f) {
 // Offloads `len` bytes of pattern `seed` into the new persistent object `name`, in a session
 // that then ends.
 void Persist(const TierdProcess& tierd, const std::string& name, uint64_t len, uint32_t seed) {
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   HostBuffer buffer = session.AllocHost(len);
   Fill(buffer.data, len, seed);
   auto [object, job] = session.OffloadPersistent(name, buffer.id, 0, len);
@@ -90,7 +82,7 @@ TEST(Persistent, OutlivesItsSessionAndReloadsBitIdentical) {
   ASSERT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) { return s.sessions() == 0; }));
   EXPECT_GE(TierdProcess::HostTier(tierd.Status()).used_bytes(), len);
 
-  Session later(OptionsFor(tierd));
+  Session later(tierd.SessionOptions("persistent-test"));
   auto [object, found_len] = later.Open("ckpt/layer0.weight");
   ASSERT_EQ(found_len, len);
   HostBuffer buffer = later.AllocHost(len);
@@ -111,7 +103,7 @@ TEST(Persistent, OutlivesItsSessionAndReloadsBitIdentical) {
 TEST(Persistent, NamesAreCheckedAndUnique) {
   TierdProcess tierd;
   Persist(tierd, "a", 4096, 1);
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   HostBuffer buffer = session.AllocHost(4096);
   EXPECT_EQ(CodeOf([&] { session.OffloadPersistent("a", buffer.id, 0, 4096); }),
             TIER_ALREADY_EXISTS);
@@ -143,7 +135,7 @@ TEST(Persistent, NamesAreCheckedAndUnique) {
 TEST(Persistent, QuotaPerUidIsEnforcedWithAClearError) {
   TierdProcess tierd({"--persistent_quota_bytes_per_uid=1M"});
   Persist(tierd, "first", 768 << 10, 3);
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   HostBuffer buffer = session.AllocHost(512 << 10);
   try {
     session.OffloadPersistent("second", buffer.id, 0, 512 << 10);
@@ -181,7 +173,7 @@ TEST(Persistent, AnotherUidCannotSeeReadOrDeleteIt) {
   EXPECT_EQ(Peer(tierd, kNobody, {"read", "secret"}), "read OK");
 
   // The owner's object is untouched.
-  Session owner(OptionsFor(tierd));
+  Session owner(tierd.SessionOptions("persistent-test"));
   auto [object, len] = owner.Open("secret");
   ASSERT_EQ(len, 8192u);
   HostBuffer buffer = owner.AllocHost(len);
@@ -217,7 +209,7 @@ TEST(Persistent, TierctlListsAndDeletes) {
   auto [rc_after, after] = testing::RunCommand(tierctl + "--json objects");
   ASSERT_EQ(rc_after, 0) << after;
   EXPECT_EQ(after.find("ckpt/opt.state"), std::string::npos) << after;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   EXPECT_EQ(CodeOf([&] { session.Open("ckpt/opt.state"); }), TIER_NOT_FOUND);
 }
 
@@ -333,7 +325,7 @@ TEST(Persistent, ReleasedIdsFreeTheirSlotAndKeepTheObject) {
   TierdProcess tierd;
   const uint64_t len = 64 << 10;
   Persist(tierd, "kept", len, 5);
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   HostBuffer buffer = session.AllocHost(len);
   for (int i = 0; i < 5000; ++i) {  // more than Session::kMaxBound
     auto [object, found] = session.Open("kept");
@@ -365,7 +357,7 @@ TEST(Persistent, ReleasedIdsFreeTheirSlotAndKeepTheObject) {
 TEST(Persistent, IdsDeletedThroughAreReleasedWithTheirObjects) {
   TierdProcess tierd;
   const uint64_t len = 4096;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   HostBuffer buffer = session.AllocHost(len);
   std::memset(buffer.data, 0x5a, len);
   for (int i = 0; i < 4200; ++i) {  // more than Session::kMaxBound
@@ -390,7 +382,7 @@ TEST(Persistent, IdsDeletedThroughAreReleasedWithTheirObjects) {
 TEST(Persistent, StatSaysReadyAndWhetherDurabilityWillCome) {
   TierdProcess tierd;
   Persist(tierd, "stat/me", 8192, 3);
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   tier_object_info info = session.Stat("stat/me");
   EXPECT_EQ(info.len, 8192u);
   EXPECT_EQ(info.flags, TIER_OBJECT_READY);
@@ -480,7 +472,7 @@ TEST_F(PersistentRestart, SurvivesSigkillBitIdentical) {
     Persist(tierd, "ckpt/deleted", 4096, 22);
     ASSERT_TRUE(Durable(tierd, "ckpt/durable"));
     ASSERT_TRUE(Durable(tierd, "ckpt/deleted"));
-    Session session(OptionsFor(tierd));
+    Session session(tierd.SessionOptions("persistent-test"));
     // What ListObjects (admin) says, the owner's Stat says too.
     EXPECT_EQ(session.Stat("ckpt/durable").flags,
               TIER_OBJECT_READY | TIER_OBJECT_DURABLE | TIER_OBJECT_JOURNALED);
@@ -490,7 +482,7 @@ TEST_F(PersistentRestart, SurvivesSigkillBitIdentical) {
     KillAndAwaitFiles(tierd);  // SIGKILL: no shutdown path runs
   }
   TierdProcess restarted(Flags());
-  Session session(OptionsFor(restarted));
+  Session session(restarted.SessionOptions("persistent-test"));
   auto [object, found] = session.Open("ckpt/durable");
   ASSERT_EQ(found, len);
   HostBuffer buffer = session.AllocHost(len);
@@ -501,7 +493,7 @@ TEST_F(PersistentRestart, SurvivesSigkillBitIdentical) {
   session.Wait(session.Free(object));
   ASSERT_EQ(restarted.Stop(), 0);
   TierdProcess again(Flags());
-  Session last(OptionsFor(again));
+  Session last(again.SessionOptions("persistent-test"));
   EXPECT_EQ(CodeOf([&] { last.Open("ckpt/durable"); }), TIER_NOT_FOUND);
 }
 
@@ -518,7 +510,7 @@ TEST_F(PersistentRestart, DamagedRecordIsRefusedWithAClearError) {
   // padding to the end of the last 4096-byte block, which the file's size includes).
   FlipByte(file, 32768);
   TierdProcess tierd(Flags(), testing::TierdOptions{0, /*capture_log=*/true});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   EXPECT_EQ(CodeOf([&] { session.Open("ckpt/w"); }), TIER_NOT_FOUND);
   const std::string log = tierd.Log();
   EXPECT_NE(log.find("\"ckpt/w\" of uid"), std::string::npos) << log;
@@ -537,7 +529,7 @@ TEST_F(PersistentRestart, DamagedJournalIsRefusedWithAClearError) {
   ASSERT_FALSE(file.empty());
   FlipByte(file, 20);  // in the file's header
   TierdProcess tierd(Flags(), testing::TierdOptions{0, /*capture_log=*/true});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("persistent-test"));
   EXPECT_EQ(CodeOf([&] { session.Open("ckpt/m"); }), TIER_NOT_FOUND);
   const std::string log = tierd.Log();
   EXPECT_NE(log.find("journal"), std::string::npos) << log;

@@ -25,13 +25,6 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 bool NodeZeroExists() { return std::filesystem::exists("/sys/devices/system/node/node0"); }
 
-Session::Options OptionsFor(const TierdProcess& tierd) {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = "parts";
-  return options;
-}
-
 std::string Tierctl(const TierdProcess& tierd, const std::string& command) {
   auto [code, out] = testing::RunCommand(
       absl::StrCat(TIERCTL_BIN, " --socket ", tierd.socket(), " ", command, " 2>&1"));
@@ -57,7 +50,7 @@ TEST(PoolParts, TwoListedPartsShowAndHoldObjects) {
   EXPECT_EQ(TierdProcess::HostTier(status).capacity_bytes(), 64 * kMiB);
 
   {
-    Session session(OptionsFor(tierd));
+    Session session(tierd.SessionOptions("parts"));
     HostBuffer buffer = session.AllocHost(40 * kMiB);
     // Host memory has no GPU: each object goes to the emptiest part, so both fill.
     std::vector<uint64_t> objects;

@@ -27,13 +27,6 @@ using testing::OpenRaw;
 using testing::RawSession;
 using testing::TierdProcess;
 
-Session::Options OptionsFor(const TierdProcess& tierd) {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = "good";
-  return options;
-}
-
 TEST(Protocol, WrongTokenIsRefusedAndTheSessionStaysPending) {
   TierdProcess tierd;
   v1::OpenSessionResponse opened = OpenRaw(tierd);
@@ -58,7 +51,7 @@ TEST(Protocol, SessionsNotAttachedInTimeAreDiscarded) {
 
 TEST(Protocol, AttachReportsThePeerCredentialsTheKernelGave) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   v1::ListSessionsResponse sessions = tierd.Sessions();
   ASSERT_EQ(sessions.sessions_size(), 1);
   EXPECT_EQ(sessions.sessions(0).pid(), ::getpid());
@@ -69,7 +62,7 @@ TEST(Protocol, AttachReportsThePeerCredentialsTheKernelGave) {
 
 TEST(Protocol, UnsealedOrShortMemfdsAreRefused) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   int fd = ::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
   testing::PopulateMemfd(fd, 1 << 20);  // (tierd refuses sparse memfds: hostile_client_test)
@@ -121,7 +114,7 @@ TEST(Protocol, MalformedRingEntriesGetClearCodes) {
 
 TEST(Protocol, CorruptRingEndsOnlyThatSession) {
   TierdProcess tierd;
-  Session good(OptionsFor(tierd));
+  Session good(tierd.SessionOptions("good"));
   HostBuffer buffer = good.AllocHost(64 << 10);
   std::memset(buffer.data, 0x3c, buffer.bytes);
   auto [object, job] = good.Offload(buffer.id, 0, buffer.bytes);
@@ -144,7 +137,7 @@ TEST(Protocol, CorruptRingEndsOnlyThatSession) {
 
 TEST(Protocol, DrainRefusesNewWorkAndReportsIdle) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   HostBuffer buffer = session.AllocHost(4096);
   session.Wait(session.Offload(buffer.id, 0, 4096).second);
   grpc::ClientContext context;
@@ -160,7 +153,7 @@ TEST(Protocol, DrainRefusesNewWorkAndReportsIdle) {
   // The client refuses offloads itself (the ring says tierd drains): nothing is pushed.
   EXPECT_EQ(tier_session_flags(session.get()), TIER_SESSION_DAEMON_DRAINING);
   EXPECT_THROW(session.Offload(buffer.id, 0, 4096), Error);
-  Session::Options options = OptionsFor(tierd);
+  Session::Options options = tierd.SessionOptions("good");
   EXPECT_THROW(Session{options}, Error);
 }
 
@@ -169,7 +162,7 @@ TEST(Protocol, DrainRefusesNewWorkAndReportsIdle) {
 // trainer no step; it moves on as soon as nothing is held any more.
 TEST(Protocol, DrainLetsSessionsTakeBackWhatTheyOffloaded) {
   TierdProcess tierd({"--drain_handback_idle_ms=20000"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   HostBuffer buffer = session.AllocHost(8192);
   std::memset(buffer.data, 0x5C, 4096);
   auto [object, offload] = session.Offload(buffer.id, 0, 4096);
@@ -213,7 +206,7 @@ TEST(Protocol, NoDaemonIsAClearUnavailable) {
 
 TEST(Tierctl, StatusAndClientsShowTheDaemon) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("good"));
   HostBuffer buffer = session.AllocHost(1 << 20);
   session.Wait(session.Offload(buffer.id, 0, 1 << 20).second);
   auto [code, out] = testing::RunCommand(std::string(TIERCTL_BIN) + " --socket " + tierd.socket() + " status");
@@ -237,7 +230,7 @@ TEST(Daemon, ConfigFileAndBadConfig) {
   std::fclose(f);
   {
     TierdProcess tierd({"--config=" + conf});
-    Session session(OptionsFor(tierd));
+    Session session(tierd.SessionOptions("good"));
     tier_session_info info{};
     info.struct_size = sizeof(info);
     ASSERT_EQ(tier_session_get_info(session.get(), &info), TIER_OK);

@@ -15,13 +15,6 @@ namespace {
 
 using testing::TierdProcess;
 
-Session::Options OptionsFor(const TierdProcess& tierd) {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = "ranges";
-  return options;
-}
-
 void Fill(char* data, uint64_t len, uint32_t seed) {
   std::mt19937 rng(seed);
   for (uint64_t i = 0; i < len; ++i) data[i] = static_cast<char>(rng());
@@ -35,7 +28,7 @@ bool Matches(const char* data, uint64_t len, uint32_t seed) {
 
 TEST(OffloadRanges, RawPointersIntoHostBuffersRoundTripAsOneBatch) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("ranges"));
   constexpr uint64_t kPiece = 12 << 10;
   HostBuffer a = session.AllocHost(4 * kPiece);
   HostBuffer b = session.AllocHost(2 * kPiece);
@@ -75,7 +68,7 @@ TEST(OffloadRanges, RawPointersIntoHostBuffersRoundTripAsOneBatch) {
 
 TEST(OffloadRanges, ARangeThatCannotGoSaysWhyAndTheOthersGo) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("ranges"));
   constexpr uint64_t kBytes = 64 << 10;
   HostBuffer buffer = session.AllocHost(kBytes);
   char* p = static_cast<char*>(buffer.data);
@@ -114,7 +107,7 @@ TEST(OffloadRanges, ARangeThatCannotGoSaysWhyAndTheOthersGo) {
 
 TEST(OffloadRanges, ACallThatCannotGoPushesNothing) {
   TierdProcess tierd({"--ring_entries=64"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("ranges"));
   HostBuffer buffer = session.AllocHost(1 << 20);
   char* p = static_cast<char*>(buffer.data);
   std::vector<tier_offload_range> big(65, Session::Range(p, 4096));
@@ -140,7 +133,7 @@ TEST(OffloadRanges, ACallThatCannotGoPushesNothing) {
 
 TEST(OffloadRanges, ACallToADeadTierdFailsAndEveryRangeItFoundSaysSo) {
   TierdProcess tierd({"--copy_delay_us=500000"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("ranges"));
   HostBuffer buffer = session.AllocHost(1 << 20);
   char* p = static_cast<char*>(buffer.data);
   // A job still in flight when tierd dies: waiting for it is how this session learns of the
@@ -161,7 +154,7 @@ TEST(OffloadRanges, ACallToADeadTierdFailsAndEveryRangeItFoundSaysSo) {
 
 TEST(ReloadRanges, ReloadIntoRawPointersAndFreeAfterPerRange) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("ranges"));
   constexpr uint64_t kPiece = 16 << 10;
   HostBuffer buffer = session.AllocHost(8 * kPiece);
   char* p = static_cast<char*>(buffer.data);
@@ -192,7 +185,7 @@ TEST(ReloadRanges, ReloadIntoRawPointersAndFreeAfterPerRange) {
 
 TEST(ReloadRanges, ADestinationThatCannotBeNamedHoldsTheWholeCallBack) {
   TierdProcess tierd;
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("ranges"));
   constexpr uint64_t kPiece = 16 << 10;
   HostBuffer buffer = session.AllocHost(4 * kPiece);
   char* p = static_cast<char*>(buffer.data);

@@ -49,13 +49,6 @@ std::vector<std::string> SpillFlags(const std::string& io) {
           "--spill_io_bytes=128K", "--spill_io=" + io};
 }
 
-Session::Options OptionsFor(const TierdProcess& tierd) {
-  Session::Options options;
-  options.socket_path = tierd.socket();
-  options.name = "spill-test";
-  return options;
-}
-
 // The host pool may be momentarily full while the spiller writes: an offload or a reload then
 // fails at once with RESOURCE_EXHAUSTED (the client keeps its data) and is retried here.
 template <typename Submit>
@@ -126,7 +119,7 @@ std::vector<std::pair<tier_object_id, uint32_t>> OffloadUntilFull(Session& sessi
 
 void RoundTripThroughNvme(const std::string& io) {
   TierdProcess tierd(SpillFlags(io));
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   // All offloads submitted at once: three times what the host pool holds. Those that find it full
   // wait in tierd for the spiller to make room (backpressure), none fails.
   HostBuffer source = session.AllocHost(kObjects * kMiB);
@@ -177,7 +170,7 @@ TEST(Spill, SeveralSpillDirectoriesShareTheTier) {
   // ran between the spills and left the files two records apart (scripts/flake-hunt, 1 in 20).
   flags.push_back("--spill_prefetch=0");
   TierdProcess tierd(flags);
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 9000);
   ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
@@ -247,7 +240,7 @@ TEST(Spill, RestartsRightAfterASigkill) {
     }
     {
       // Spill writes in flight when it dies: 12 MiB into a 16 MiB pool past its 50% mark.
-      Session session(OptionsFor(*tierd));
+      Session session(tierd->SessionOptions("spill-test"));
       HostBuffer buffer = session.AllocHost(4 * kMiB);
       for (int j = 0; j < 3; ++j) {
         session.Wait(session.Offload(buffer.id, 0, 4 * kMiB).second, 30000);
@@ -265,7 +258,7 @@ TEST(Spill, RestartsRightAfterASigkill) {
 TEST(Spill, BothTiersFullFailsAtOnce) {
   TierdProcess tierd({"--pool_bytes=16M", "--spill_bytes=8M", "--spill_high_pct=50",
                       "--spill_low_pct=25"});
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   HostBuffer buffer = session.AllocHost(kMiB);
   int refused = 0;
   std::vector<std::pair<tier_object_id, uint32_t>> stored =
@@ -283,7 +276,7 @@ TEST(Spill, BothTiersFullFailsAtOnce) {
 
 TEST(Spill, CorruptRecordFailsWithDataLossAndNothingElse) {
   TierdProcess tierd(SpillFlags("auto"));
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 7000);
   ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
@@ -333,7 +326,7 @@ class SpillFaults : public ::testing::TestWithParam<std::string> {
 // RESOURCE_EXHAUSTED (none hangs), and everything stored comes back.
 TEST_P(SpillFaults, EveryWriteFailingKeepsDataInMemory) {
   TierdProcess tierd(Flags("write:eio:0:-1"));
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   HostBuffer buffer = session.AllocHost(kMiB);
   int refused = 0;
   std::vector<std::pair<tier_object_id, uint32_t>> stored =
@@ -356,7 +349,7 @@ TEST_P(SpillFaults, EveryWriteFailingKeepsDataInMemory) {
 TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
   // (Rules count I/O requests, 8 per record here: these hit the 1st and the 3rd record written.)
   TierdProcess tierd(Flags("write:enospc:2:1,write:short:21:1"));
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 4000);
   ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));
@@ -373,7 +366,7 @@ TEST_P(SpillFaults, OccasionalWriteFaultsLoseNothing) {
 TEST_P(SpillFaults, ReadFaultsFailOnlyThatReadAndARetrySucceeds) {
   // (Rules count I/O requests, 8 per record here: these hit the 1st, 3rd and 6th record read.)
   TierdProcess tierd(Flags("read:eio:1:1,read:short:20:1,read:corrupt:43:1"));
-  Session session(OptionsFor(tierd));
+  Session session(tierd.SessionOptions("spill-test"));
   HostBuffer buffer = session.AllocHost(kMiB);
   std::vector<tier_object_id> objects = OffloadOneByOne(session, buffer, 6000);
   ASSERT_EQ(objects.size(), static_cast<size_t>(kObjects));

@@ -5,11 +5,14 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tier.grpc.pb.h"
+#include "tier/client.hpp"
 
 namespace tier::testing {
 
@@ -29,6 +32,14 @@ class TierdProcess {
   const std::string& dir() const { return dir_; }
   const std::string& socket() const { return socket_; }
   pid_t pid() const { return pid_; }
+  // Options for a tier::Session on this tierd, named `name` (its sessions list shows the name).
+  tier::Session::Options SessionOptions(std::string name = "test", uint64_t quota_bytes = 0) const {
+    tier::Session::Options options;
+    options.socket_path = socket_;
+    options.name = std::move(name);
+    options.quota_bytes = quota_bytes;
+    return options;
+  }
 
   // SIGTERM, then the exit status (as from waitpid's WEXITSTATUS, or 128+signal).
   int Stop();
