@@ -272,20 +272,12 @@ class Session:
             self.unregister_locked(buf)
 
     def register_device(self, device_ptr, nbytes=None):
-        """tier_buffer_register_device(_range): (buffer id, offset). Takes the lock itself (see
-        Client.register_device)."""
-        out = self.register_devices([(device_ptr, nbytes)])[0]
-        if isinstance(out, errors.TierError):
-            raise out
-        return out
-
-    def register_devices(self, ranges):
-        """register_device for each (device_ptr, nbytes or None) of `ranges`, with one lock
-        round trip for all (a batch of offloads or reloads registers every tensor of it).
-        Returns per range (buffer id, offset), or the TierError its registration raised."""
+        """tier_buffer_register_device_range: (buffer id, offset) of the range at device_ptr
+        (nbytes, or None for the whole allocation). Takes the lock itself (see
+        Client.register_device). The library owns the registration (it unregisters it at
+        close). (Batches register inside tier_offload_ranges / tier_reload_ranges.)"""
         buffer_id = _lib.c_buffer_id()
         offset = ctypes.c_uint64()
-        out = []
         with self.checked:
             session = self.c_session
             self._unlocked_calls += 1
@@ -293,61 +285,15 @@ class Session:
         # to tierd (export, IPC open there) that other threads of this client need not wait for.
         # close() waits for calls like this one before it closes the session.
         try:
-            if len(ranges) > 1:
-                return self._register_many(session, ranges)
-            register = self.lib.tier_buffer_register_device_range
-            # (Plain ints: the argtypes convert them; the out-pointers made once for all.)
-            id_out, offset_out = ctypes.byref(buffer_id), ctypes.byref(offset)
-            for device_ptr, nbytes in ranges:
-                status = register(session, int(device_ptr), 0 if nbytes is None else int(nbytes),
-                                  id_out, offset_out)
-                if status == errors.OK:
-                    out.append((buffer_id.value, offset.value))
-                    continue
-                try:
-                    _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
-                except errors.TierError as e:
-                    out.append(e)
+            status = self.lib.tier_buffer_register_device_range(
+                session, int(device_ptr), 0 if nbytes is None else int(nbytes),
+                ctypes.byref(buffer_id), ctypes.byref(offset))
         finally:
             with self.lock:
                 self._unlocked_calls -= 1
                 self._unlocked_done.notify_all()
-        # The library owns the registrations (it unregisters them at close).
-        return out
-
-    def _register_many(self, session, ranges):
-        """register_devices' work in one library call (tier_buffer_register_device_ranges):
-        the arrays are made whole from lists, and read back whole."""
-        n = len(ranges)
-        ptrs = (ctypes.c_void_p * n)(*[r[0] for r in ranges])
-        lens = (ctypes.c_uint64 * n)(*[0 if r[1] is None else r[1] for r in ranges])
-        ids = (_lib.c_buffer_id * n)()
-        offsets = (ctypes.c_uint64 * n)()
-        statuses = (_lib.c_status * n)()
-        _lib.check(self.lib.tier_buffer_register_device_ranges(session, n, ptrs, lens, ids,
-                                                               offsets, statuses),
-                   "registering %d device ranges" % n)
-        out = list(zip(ids, offsets))
-        for i, status in enumerate(statuses):
-            if status != errors.OK:
-                # (Rare: its own message, from the one-range call; it registers the range if it
-                # can now, as a first try would have.)
-                out[i] = self._register_one(session, ranges[i])
-        return out
-
-    def _register_one(self, session, device_range):
-        device_ptr, nbytes = device_range
-        buffer_id = _lib.c_buffer_id()
-        offset = ctypes.c_uint64()
-        status = self.lib.tier_buffer_register_device_range(
-            session, int(device_ptr), 0 if nbytes is None else int(nbytes),
-            ctypes.byref(buffer_id), ctypes.byref(offset))
-        if status == errors.OK:
-            return (buffer_id.value, offset.value)
-        try:
-            _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
-        except errors.TierError as e:
-            return e
+        _lib.check(status, "registering device memory at 0x%x" % int(device_ptr))
+        return buffer_id.value, offset.value
 
 
 class _Checked:
