@@ -126,8 +126,9 @@ def test_step_windows_judge_the_whole_step_less_what_lay_outside_the_blocks(monk
     w.exit()
     w.enter("timing", cpu)
     w.exit()
+    w.timed("modes")
     assert w.ready() == [] and w.outside_s is None
-    w.calibrate(0.025)      # the model puts 25 ms in that step's blocks: 5 lay outside them
+    w.calibrate(lambda modes: 0.025)  # the model puts 25 ms in its blocks: 5 lay outside them
     assert w.outside_s == pytest.approx(0.005)
     for _ in range(2):
         w.enter("planned", cpu)
@@ -137,3 +138,27 @@ def test_step_windows_judge_the_whole_step_less_what_lay_outside_the_blocks(monk
     w.enter("planned", cpu)  # a step under a plan replaced before it is read
     w.clear()
     assert w.ready() == [] and w._open is not None
+
+
+def test_what_lay_outside_the_blocks_is_the_least_over_the_timing_steps(monkeypatch):
+    """A timing step slowed by something else (a loaded host, a collection) would hide as much
+    of a plan's own cost: every timing step counts, each against its own modes' prediction, and
+    the least is what lies outside the blocks. A timing step without backward does not count."""
+    import torch
+    from tier.torch import _offload_budget as ob
+    clock = iter([10.0, 10.080,           # round 1's timing step: 80 ms (a stall in it)
+                  20.0, 20.500,           # a timing step whose backward never ran
+                  30.0, 30.050])          # round 2's: 50 ms
+    monkeypatch.setattr(ob.time, "perf_counter", lambda: next(clock))
+    cpu = torch.device("cpu")
+    w = oc.StepWindows()
+    for modes in ("round 1", None, "round 2"):
+        w.enter("timing", cpu)
+        w.exit()
+        if modes is not None:
+            w.timed(modes)
+    predicted = {"round 1": 0.040, "round 2": 0.044}
+    w.calibrate(predicted.__getitem__)
+    assert w.outside_s == pytest.approx(0.006)  # not round 1's 40 ms, nor the 500 ms step
+    w.calibrate(predicted.__getitem__)  # nothing timed since: what was learned stays
+    assert w.outside_s == pytest.approx(0.006)

@@ -104,16 +104,19 @@ class StepWindows:
     """The whole planned step as the planner's context sees it, from entering it to leaving it
     after backward (CUDA events on the current stream, or the host's clock): what a plan costs
     outside its blocks (the offloader's work at the step's ends, a wait there) is seen here and
-    not by the block timer. ``outside_s``: the calibration's timing step's window less the
-    model's prediction of that step's blocks (what lies outside the blocks without a plan);
-    :meth:`ready` gives planned windows less that, comparable with a plan's ``timed_s``."""
+    not by the block timer. ``outside_s``: what lies outside the blocks without a plan, the
+    least over the calibration's timing steps of a step's window less the model's prediction of
+    that step's blocks (the least: a step slowed by the host, a collection or another process
+    would hide as much of a plan's own cost); :meth:`ready` gives planned windows less that,
+    comparable with a plan's ``timed_s``."""
 
-    __slots__ = ("outside_s", "_open", "_timing", "_planned")
+    __slots__ = ("outside_s", "_open", "_timing", "_timed", "_planned")
 
     def __init__(self):
         self.outside_s = None
         self._open = None      # (kind, timer, device) of the step in progress
         self._timing = None    # the last calibration timing step's window
+        self._timed = []       # (window, modes) of each timing step that ran its backward
         self._planned = []     # planned steps' windows, oldest first
 
     def enter(self, kind, device):
@@ -133,16 +136,25 @@ class StepWindows:
         else:
             self._planned.append(timer)
 
-    def calibrate(self, predicted_timed_s):
-        """After the calibration's last timing step: what lay outside its blocks (a host wait
-        for that step's GPU work, once)."""
+    def timed(self, modes):
+        """The timing step just ended ran its backward under ``modes``: its window counts."""
         timer, self._timing = self._timing, None
-        if timer is None:
-            return
-        timer.wait()
-        step = timer.step_s()
-        if step is not None:
-            self.outside_s = max(0.0, step - predicted_timed_s)
+        if timer is not None:
+            self._timed.append((timer, modes))
+
+    def calibrate(self, predict):
+        """After the calibration's last timing step: what lay outside the blocks, from every
+        timing step (a host wait for their GPU work, once). ``predict(modes)``: the model's time
+        of a step's blocks under those modes."""
+        timed, self._timed = self._timed, []
+        outside = []
+        for timer, modes in timed:
+            timer.wait()
+            step = timer.step_s()
+            if step is not None:
+                outside.append(max(0.0, step - predict(modes)))
+        if outside:
+            self.outside_s = min(outside)
 
     def clear(self):
         """A new plan: windows of steps under the old one are not its."""

@@ -687,6 +687,7 @@ class ActivationPlanner:
         if not any(k[0] == "be" for k in c.times):
             return  # no backward ran: time the same modes again next step
         self._pending = None
+        self._watch.windows.timed(sites.modes)
         self.stats.calibration_steps += 1
         for b, (sig, mode) in enumerate(zip(self._signatures, sites.modes)):
             self._measured.setdefault((sig, mode), []).append((b, sites, c))
@@ -694,8 +695,9 @@ class ActivationPlanner:
                for m in self.allowed):
             return  # another calibration round measures the modes still missing
         self._profile = build_profile(self._signatures, self._measured, sites, c)
-        self._watch.windows.calibrate(ap.evaluate(self._profile, sites.modes, op.Link(1e12, 1e12),
-                                            offload=False).timed_s)
+        profile = self._profile
+        self._watch.windows.calibrate(
+            lambda modes: ap.evaluate(profile, modes, op.Link(1e12, 1e12), offload=False).timed_s)
         self._choose()
 
     def _choose(self, why=None):
