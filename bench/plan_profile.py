@@ -15,7 +15,8 @@ every stream and on the compute stream, the CUDA runtime and driver calls that c
 (synchronizations, allocator calls, stream waits) with their count and host time, the host
 functions with the most self time, the planner's figures, and the planned step's host time by
 section of the hook path and by libtierclient call (ms per step, calls per step, us per call);
-writes JSON (and a gzipped Chrome trace per step with --trace).
+writes JSON (and a gzipped Chrome trace per step with --trace; with --cprofile N, N more planned
+steps under cProfile, the tier package's functions listed by their own time).
 """
 
 import argparse
@@ -54,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--min-bytes", type=int, default=1 << 20)
     p.add_argument("--out-dir", default="/tmp/tier-plan-profile")
     p.add_argument("--trace", action="store_true", help="write gzipped Chrome traces")
+    p.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
+                   help="also run STEPS planned steps under cProfile: the tier package's "
+                        "functions by own time and by time with callees, per step")
     p.add_argument("--smoke", action="store_true", help="tiny Llama on the CPU")
     args = p.parse_args(argv)
     args.device = "cpu" if args.smoke else "cuda"
@@ -142,6 +146,42 @@ def print_summary(name, s):
 
 
 SECTION_STEPS = 4
+CPROFILE_ROWS = 30
+
+
+def cprofiled(model, opt, ids, mode, cuda, steps, path):
+    """`steps` planned steps under cProfile (deterministic: every Python call, so slower than the
+    timed steps; read the shares, not the microseconds). Returns the tier package's functions
+    (own time and time with callees, ms per step; calls per step), most own time first, and
+    writes the whole profile to `path` (pstats)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        fb.train_step(model, opt, ids, mode, cuda)
+    prof.disable()
+    prof.dump_stats(path)
+    stats = pstats.Stats(prof).stats
+    rows = []
+    for (filename, line, name), (_, calls, own, cumulative, _) in stats.items():
+        where = filename.replace(os.sep, "/")
+        if "/tier/" not in where:
+            continue
+        rows.append({"function": "%s:%d %s" % (where[where.rindex("/tier/") + 1:], line, name),
+                     "own_ms_per_step": 1e3 * own / steps,
+                     "with_callees_ms_per_step": 1e3 * cumulative / steps,
+                     "calls_per_step": calls / steps})
+    rows.sort(key=lambda r: -r["own_ms_per_step"])
+    return {"steps": steps, "pstats": path, "rows": rows}
+
+
+def print_cprofiled(cp):
+    fb.log("== cProfile of %d planned steps (%s): the tier package's functions, ms per step own / "
+           "with callees, calls per step" % (cp["steps"], cp["pstats"]))
+    for r in cp["rows"][:CPROFILE_ROWS]:
+        fb.log("   %-58s %7.2f %8.2f %7.1f" % (r["function"][:58], r["own_ms_per_step"],
+                                              r["with_callees_ms_per_step"], r["calls_per_step"]))
 
 
 def sections_of(model, opt, ids, mode, cuda, planner, steps):
@@ -238,6 +278,9 @@ def _run(args, cuda, tob, tt):
         trace = os.path.join(args.out_dir, "plan") if args.trace else None
         out["plan"] = profiled_step(model, opt, ids, mode, cuda, trace)
         out["sections"] = sections_of(model, opt, ids, mode, cuda, planner, SECTION_STEPS)
+        if args.cprofile > 0:
+            out["cprofile"] = cprofiled(model, opt, ids, mode, cuda, args.cprofile,
+                                        os.path.join(args.out_dir, "plan.pstats"))
         if planner.plan is None:
             raise SystemExit("no plan after %d steps: %r" % (steps, planner.stats))
         best = planner.plan.best
@@ -264,6 +307,8 @@ def _run(args, cuda, tob, tt):
     print_summary("none", out["none"])
     print_summary("plan", out["plan"])
     print_sections(out["sections"])
+    if "cprofile" in out:
+        print_cprofiled(out["cprofile"])
     path = os.path.join(args.out_dir, "plan_profile.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1, default=str)
