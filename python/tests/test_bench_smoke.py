@@ -51,7 +51,7 @@ def test_plan_profile_smoke(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("torch")
     r = _run([os.path.join(BENCH, "plan_profile.py"), "--smoke", "--goal", "overhead=0.05",
-              "--out-dir", str(tmp_path)], timeout=300)
+              "--cprofile", "1", "--out-dir", str(tmp_path)], timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     with open(tmp_path / "plan_profile.json") as f:
         out = json.load(f)
@@ -66,6 +66,14 @@ def test_plan_profile_smoke(tmp_path):
                for row in out["sections"]["rows"])
     assert any(row["name"].startswith("C tier_") for row in out["sections"]["rows"])
     assert "host time by section" in r.stdout
+    # --cprofile: the tier package's functions of a planned step, the planner's among them.
+    cp = out["cprofile"]
+    assert cp["steps"] == 1 and os.path.getsize(cp["pstats"]) > 0
+    assert all(row["function"].startswith("tier/") for row in cp["rows"]), cp["rows"][:5]
+    assert any("_plan_activations.py" in row["function"] for row in cp["rows"])
+    assert all(row["with_callees_ms_per_step"] >= row["own_ms_per_step"] - 1e-6 >= -1e-6
+               for row in cp["rows"])
+    assert "== cProfile of 1 planned steps" in r.stdout
 
 
 def test_hook_overhead_bench_cpu(tmp_path):
