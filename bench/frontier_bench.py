@@ -35,7 +35,9 @@ Columns: step ms (median of --steps after --warmup; host wall clock, synchronize
 ends), x none, activation peak MiB (torch.cuda.max_memory_allocated above the step's start, the
 gradients already allocated: they are not activations), D2H / H2D MiB per step (what tierd moved
 for this process's session, from `tierctl clients --json`; inprocess: its own copies), and for
-the planner the modes it chose. Losses: every mode's losses next to none's (bf16, SDPA: not
+the planner the modes it chose, and loop ms (--loop-steps steps back to back with one
+synchronization at the end: what a loop that lets the host run ahead sees, where a mode's own
+host waits cost it the host's lead). Losses: every mode's losses next to none's (bf16, SDPA: not
 bit-identical; the CPU tests check bit-identity on an eager fp32 model).
 
 The link bound, printed with each table: bytes the link can move during none's forward at the
@@ -478,6 +480,26 @@ def train_step(model, opt, ids, mode, cuda, timeline=None):
     return {"loss": loss.item(), "step_s": step, "act_peak": peak, "probe": probe}
 
 
+def loop_step_s(model, opt, ids, mode, cuda, steps):
+    """What a training loop that never waits for the GPU sees: `steps` steps back to back and
+    one synchronization at the end, seconds per step. (train_step synchronizes before and after
+    every step, for its time and its peak: a mode's own host waits, such as the reload check at
+    the end of backward, then cost it nothing, while in a free-running loop they cost the host
+    its lead on the GPU.)"""
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)
+        with mode.context():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        opt.step()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
 def timed_forward_backward(model, ids, cuda):
     """none's forward and backward times (CUDA events), for the link bound."""
     fwd, bwd = [], []
@@ -517,6 +539,8 @@ def run_mode(mode, model, ids, args, warmup):
         samples.append(train_step(model, opt, ids, mode, cuda))
     after = mode.counters()
     measured = samples[warmup:]
+    loop_s = loop_step_s(model, opt, ids, mode, cuda, args.loop_steps) \
+        if args.loop_steps > 0 else None
     probes = []
     if cuda and args.probe_steps > 0:
         timeline = Timeline(layers_of(model))
@@ -541,6 +565,7 @@ def run_mode(mode, model, ids, args, warmup):
            # What a user's throughput sees: a full garbage collection of a trainer's heap (450k
            # objects, ~290 ms on an H100's host) lands in one step of several; the median hides it.
            "step_ms_mean": statistics.mean(s["step_s"] for s in measured) * 1e3,
+           "loop_ms": loop_s * 1e3 if loop_s is not None else None,
            "act_peak_mib": (max(s["act_peak"] for s in measured) / MiB) if cuda else None,
            "d2h_mib": per_step_mib("d2h"), "h2d_mib": per_step_mib("h2d"),
            "offloader_d2h_mib": per_step_mib("offloader_d2h"),
@@ -923,10 +948,11 @@ def report(run):
     log("\n== %s (hidden %d, %d layers, batch %d), seq %d: %s, torch %s, tierd engine %s" % (
         run["shape"], cfg["hidden"], cfg["layers"], cfg["batch"], run["seq"], run["device"],
         run["torch"], run["tierd_engine"]))
-    table = [("mode", "step ms", "x none", "act peak MiB", "D2H MiB", "H2D MiB", "modes")]
+    table = [("mode", "step ms", "x none", "act peak MiB", "D2H MiB", "H2D MiB", "modes",
+              "loop ms")]
     for r in run["results"]:
         if "error" in r:
-            table.append((r["label"], r["error"], "", "", "", "", ""))
+            table.append((r["label"], r["error"], "", "", "", "", "", ""))
             continue
         modes = ""
         if r.get("modes"):
@@ -934,7 +960,7 @@ def report(run):
             modes = "%dk/%ds/%df" % (m.count("keep"), m.count("selective"), m.count("full"))
         table.append((r["label"], fmt(r["step_ms"]), fmt(r.get("x_none"), "%.3f"),
                       fmt(r["act_peak_mib"], "%.0f"), fmt(r["d2h_mib"], "%.0f"),
-                      fmt(r["h2d_mib"], "%.0f"), modes))
+                      fmt(r["h2d_mib"], "%.0f"), modes, fmt(r.get("loop_ms"))))
     print_table(table)
     b = run.get("bound")
     if b:
@@ -1123,6 +1149,9 @@ def parse_args(argv=None):
                    help="CUDA: steps after the measured ones with per-block events (where the "
                         "time goes; not in the table's figures)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--loop-steps", type=int, default=5,
+                   help="steps run back to back with one synchronization, per mode: the loop "
+                        "ms column (0: not run)")
     p.add_argument("--min-bytes", type=int, help="offload candidates from this size (1 MiB)")
     p.add_argument("--link-mib", type=int, default=256)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -1148,6 +1177,7 @@ def parse_args(argv=None):
         args.seq = "64"
         args.vocab = 128
         args.steps = min(args.steps, 2)
+        args.loop_steps = min(args.loop_steps, 2)
         args.warmup = 1
     if args.attn is None:
         args.attn = "sdpa" if args.device == "cuda" else "eager"

@@ -42,6 +42,9 @@ def test_frontier_bench_smoke(tmp_path):
     assert all(row["modes"] and len(row["modes"]) == run["config"]["layers"] for row in planned)
     assert all(row["x_none"] > 0 for row in run["results"])
     assert all(row["step_ms_mean"] >= row["step_ms_min"] for row in run["results"])
+    # Every row also ran free (steps back to back, one synchronization): its loop ms.
+    assert all(row["loop_ms"] > 0 for row in run["results"]), run["results"]
+    assert "loop ms" in r.stdout
     assert labels[-1] == "none-last", labels  # the baseline again, after every other row
     assert (tmp_path / "frontier.png").stat().st_size > 0
     assert "tier.torch.plan_activations:" in r.stderr  # the planner's printed summary
