@@ -326,10 +326,12 @@ def test_another_uid_cannot_load_it(make_daemon, tmp_path):
     with tier.Client(socket=d.socket, name="owner") as c:
         ckpt.save({"secret": torch.arange(16)}, "t/private", client=c).wait(timeout=30)
     script = tmp_path / "peer.py"
+    # The imports come first, as root: the interpreter itself may live where the other uid
+    # cannot read (a pyenv under a 0700 /root). The session is opened by the load, as that uid.
     script.write_text(textwrap.dedent("""
         import os, sys
-        os.setgid(65534); os.setuid(65534)
         import tier, tier.torch
+        os.setgid(65534); os.setuid(65534)
         try:
             tier.torch.checkpoint.load("t/private")
             print("loaded")
