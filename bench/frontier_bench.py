@@ -459,6 +459,15 @@ def summarize_timeline(samples, n):
 
 # ---- one step, one mode -----------------------------------------------------------------------
 
+def step_body(model, opt, ids, mode):
+    """One step's work under `mode`: forward and backward in its context, the optimizer's step."""
+    with mode.context():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    opt.step()
+    return loss
+
+
 def train_step(model, opt, ids, mode, cuda, timeline=None):
     opt.zero_grad(set_to_none=False)  # gradients stay allocated: not part of the peak
     if cuda:
@@ -468,10 +477,7 @@ def train_step(model, opt, ids, mode, cuda, timeline=None):
     t0 = time.perf_counter()
     if timeline is not None:
         timeline.begin()
-    with mode.context():
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-    opt.step()
+    loss = step_body(model, opt, ids, mode)
     probe = timeline.end() if timeline is not None else None
     if cuda:
         torch.cuda.synchronize()
@@ -491,10 +497,7 @@ def loop_step_s(model, opt, ids, mode, cuda, steps):
     t0 = time.perf_counter()
     for _ in range(steps):
         opt.zero_grad(set_to_none=False)
-        with mode.context():
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-        opt.step()
+        step_body(model, opt, ids, mode)
     if cuda:
         torch.cuda.synchronize()
     return (time.perf_counter() - t0) / steps

@@ -516,9 +516,10 @@ def test_what_runs_between_blocks_is_numbered_outside_them(client, monkeypatch):
     assert plan.offloader.stats.offloaded_storages > 0
 
 
-# The planned steps' extra time in the two tests below. What lies outside the blocks is learned
-# from one calibration step's window: on a loaded 2-core host that step once ran over 20 ms long
-# and hid a 20 ms sleep (flake-hunt, 1 run in 3 beside two busy loops); 60 ms stands well clear.
+# The planned steps' extra time in the two tests below. What lies outside the blocks was once
+# learned from one calibration step's window: on a loaded 2-core host that step ran over 20 ms long
+# and hid a 20 ms sleep (flake-hunt, 1 run in 3 beside two busy loops). It is now the least over
+# the timing steps (StepWindows); 60 ms stands well clear of what is left of that noise.
 SLOW_STEP_S = 0.06
 
 
