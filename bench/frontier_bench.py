@@ -29,7 +29,7 @@ Modes (rows), each from the same initial weights, one after the other:
                   step time (max_overhead = its ratio - 1), and target_bytes = recompute's peak,
                   70% of selective's peak, and fractions of none's peak (--plan-fractions). One
                   planner calibrates once (a warm-up step, a step recording the saved tensors,
-                  one timing the blocks without hooks); the other goals re-plan from it.
+                  two timing the blocks without hooks); the other goals re-plan from it.
 
 Columns: step ms (median of --steps after --warmup; host wall clock, synchronized at both
 ends), x none, activation peak MiB (torch.cuda.max_memory_allocated above the step's start, the
@@ -93,9 +93,9 @@ SHAPES = {
 BASE_MODES = ("none", "recompute", "selective", "light", "inprocess", "tierd-budget",
               "tierd-at-rc")
 REFERENCE_MODES = ("recompute", "selective", "light", "inprocess", "tierd-budget", "tierd-at-rc")
-# Warm-up, calibration (saved tensors, then timing), the first planned step, and the second, on
+# Warm-up, calibration (saved tensors, then timing twice), the first planned step, and the second, on
 # which the planner clocks the host's cost per offloaded storage and plans again with it.
-PLANNER_WARMUP = 5
+PLANNER_WARMUP = 6
 # Steps a mode that is still settling may add to its warm-up (the planner's overhead check: a
 # verdict per CORRECTION_STEPS timed steps, up to MAX_CORRECTIONS plans again).
 SETTLE_STEPS = 12

@@ -11,6 +11,12 @@ import torch
 from . import _activation_planner as ap
 from . import _offload_budget as ob
 
+# Steps of a round that time its modes without hooks. Each block counts the least of its times
+# over them: a host slowed for one step (another process, a collection, a first use) once made a
+# round's blocks twice their time on an H200 (full recompute's forward 4.56 ms, 2.0-2.2 in every
+# other run), and every plan made from it predicted its steps 20-40% too slow.
+TIMING_STEPS = 2
+
 
 class Calibration:
     """One calibration step: the modes it runs, and what it saw. ``kind``: "sites" (the
@@ -132,22 +138,30 @@ def calibration_modes(signatures, allowed, measured):
     return modes
 
 
-def _block_times(b, sites, timing):
-    """(forward, backward, host forward, host backward) seconds of block b: from the timing
-    step (no hooks), else the sites step."""
-    for c in (timing, sites):
-        if c is None:
-            continue
-        fwd, bwd = c.span(b, "fs", "fe"), c.span(b, "bs", "be")
+def _least_span(steps, b, start, end, host=False):
+    """The least of block b's span from `start` to `end` over calibration `steps`; None where
+    no step saw both stamps."""
+    spans = [s for s in (c.span(b, start, end, host) for c in steps) if s is not None]
+    return min(spans) if spans else None
+
+
+def _block_times(b, sites, timings):
+    """(forward, backward, host forward, host backward) seconds of block b: the least over the
+    timing steps (no hooks), else the sites step's."""
+    for steps in (timings or (), [sites]):
+        fwd = _least_span(steps, b, "fs", "fe")
         if fwd is not None:
-            return fwd, bwd, c.span(b, "fs", "fe", host=True), c.span(b, "bs", "be",
-                                                                        host=True)
+            return (fwd, _least_span(steps, b, "bs", "be"),
+                    _least_span(steps, b, "fs", "fe", host=True),
+                    _least_span(steps, b, "bs", "be", host=True))
     return None, None, None, None
 
 
-def build_profile(signatures, measured, last, last_timing):
+def build_profile(signatures, measured, last, last_timings):
     """The StepProfile from the calibration steps (times in seconds from the sites step's
-    first saved tensor; the blocks' own times from the timing steps)."""
+    first saved tensor; the blocks' own times from the timing steps). `measured`: (signature,
+    mode) -> [(block, sites step, its timing steps)]; `last`: the last round's sites step,
+    `last_timings` its timing steps (None: none)."""
     modes = collections.defaultdict(dict)
     host = collections.defaultdict(dict)
     for (sig, mode), seen in measured.items():
@@ -191,8 +205,7 @@ def build_profile(signatures, measured, last, last_timing):
         elif isinstance(window, tuple):
             gaps[window[1]].append(c.sizes[site] if c.first_view(site) else 0)
     pre_s = t.get(("fs", 0), first) - first if n else 0.0
-    timed = last_timing if last_timing is not None else c
-    post_s = timed.span(n - 1, "fe", "bs") if n else None
+    post_s = _least_span(last_timings or [c], n - 1, "fe", "bs") if n else None
     if post_s is None:
         post_s = 0.0
     tail_s = end - block0_end if n else end - first
@@ -235,16 +248,16 @@ def _measure_segments(signatures, measured, profile, last):
     profile.work = dict(work)
 
 
-def _template(b, c, timing):
+def _template(b, c, timings):
     """Block b's candidates in sites calibration c, as TemplateSites; when they were saved
-    and needed is scaled to the block's times in the timing step (without the hooks)."""
+    and needed is scaled to the block's times in the timing steps (without the hooks)."""
     t = c.times
     fs = t.get(("fs", b), 0.0)
     bs = t.get(("bs", b))
     f_scale = b_scale = 1.0
-    if timing is not None:
+    if timings:
         f0, w0 = c.span(b, "fs", "fe"), c.span(b, "bs", "be")
-        f1, w1 = timing.span(b, "fs", "fe"), timing.span(b, "bs", "be")
+        f1, w1 = _least_span(timings, b, "fs", "fe"), _least_span(timings, b, "bs", "be")
         if f0 and f1:
             f_scale = f1 / f0
         if w0 and w1:

@@ -15,14 +15,16 @@ hooks and may be offloaded), ``selective`` (torch.utils.checkpoint, non-reentran
 selective checkpoint contexts of ``selective_policy``: by default the outputs of matmuls and
 attention are kept, the rest recomputed) or ``full`` (torch.utils.checkpoint: the block's
 forward runs again in backward). After one warm-up step, the next steps calibrate in rounds
-of two, each with a mix of modes whose peak memory stays near full recompute's: per kind of
+of three, each with a mix of modes whose peak memory stays near full recompute's: per kind of
 block, one block in the middle of its kind runs in each mode, the rest in full recompute (one
 round is enough where every kind has three blocks or more). The round's first step records
 every saved tensor through the saved-tensor hooks (bytes, when it was saved, when backward
 first needs it) and, on CUDA, the activation peak (``torch.cuda.max_memory_allocated`` above the
-step's start, per segment of the step); its second runs the same modes without any hooks and
-times each block's forward and backward (CUDA events, or the host clock on CPU; a block whose
-host work takes longer than its GPU work counts at the host's pace): the step a plan predicts is
+step's start, per segment of the step); its second and third run the same modes without any
+hooks and time each block's forward and backward (CUDA events, or the host clock on CPU; a block
+whose host work takes longer than its GPU work counts at the host's pace; each block counts the
+lesser of its two times, so a host slowed for one step does not slow every plan's prediction,
+``TIMING_STEPS`` in tier/torch/_calibration.py): the step a plan predicts is
 the step as it runs without tierd's hooks, so its baseline is the user's step without a plan.
 The link's bandwidth comes from tierd (tier/torch/_offload_budget.measure_link). Then the plan is
 chosen, printed (``verbose``) and followed from the next step on; ``plan.plan`` and
@@ -73,7 +75,8 @@ from . import _activation_planner as ap
 from . import _offload_budget as ob
 from . import _offload_planner as op
 from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
-from ._calibration import Calibration, build_profile, calibration_modes, rest_mode, signature
+from ._calibration import (TIMING_STEPS, Calibration, build_profile, calibration_modes, rest_mode,
+                           signature)
 from ._counters import Counters
 from ._plan_watch import PlanWatch
 from ._weights import find_blocks
@@ -303,7 +306,7 @@ class BlockModes:
 
 class PlannerStats(Counters):
     """How the planner went: ``calibration_steps`` (steps spent calibrating: per round, one that
-    records the saved tensors, one that times the blocks without hooks); ``plans`` made;
+    records the saved tensors, TIMING_STEPS that time the blocks without hooks); ``plans`` made;
     ``planned_steps`` run under a plan; ``predicted_step_s`` / ``measured_step_s`` (the latest,
     from the first block's forward to the end of its backward: ``measured_overhead`` compares
     them); ``predicted_peak_bytes``; ``calibration_peak_bytes`` (CUDA: the activation peak
@@ -416,7 +419,7 @@ class ActivationPlanner:
                                                   client=client, module=model,
                                                   policy=_JointPolicy(self))
         self._ops = self._offloader  # (or, on the host probe's step, its timed view of it)
-        self._measured = {}          # (signature, mode) -> [(block, sites calib, timing calib)]
+        self._measured = {}          # (signature, mode) -> [(block, sites calib, timing calibs)]
         self._profile = None
         self.plan = None             # the JointPlan being followed
         self._step_plan = None       # its StepPlan (block-scoped)
@@ -424,7 +427,8 @@ class ActivationPlanner:
         self._running = None         # the StepPlan of the planned step in progress
         self._region = None          # (block, hooks token): the block whose hooks are open
         self._calib = None
-        self._pending = None         # a sites calibration waiting for its timing step
+        self._pending = None         # a sites calibration waiting for its timing steps
+        self._timings = []           # the timing steps of _pending so far
         self._device = None
         self._warmup_left = int(warmup_steps)
         self._watch = PlanWatch(len(self._signatures))  # the plan followed, against the clock
@@ -686,15 +690,19 @@ class ActivationPlanner:
             return
         if not any(k[0] == "be" for k in c.times):
             return  # no backward ran: time the same modes again next step
-        self._pending = None
         self._watch.windows.timed(sites.modes)
         self.stats.calibration_steps += 1
+        self._timings.append(c)
+        if len(self._timings) < TIMING_STEPS:
+            return  # the same modes timed again: each block counts its lesser time
+        timings, self._timings = self._timings, []
+        self._pending = None
         for b, (sig, mode) in enumerate(zip(self._signatures, sites.modes)):
-            self._measured.setdefault((sig, mode), []).append((b, sites, c))
+            self._measured.setdefault((sig, mode), []).append((b, sites, timings))
         if any((sig, m) not in self._measured for sig in self._signatures
                for m in self.allowed):
             return  # another calibration round measures the modes still missing
-        self._profile = build_profile(self._signatures, self._measured, sites, c)
+        self._profile = build_profile(self._signatures, self._measured, sites, timings)
         profile = self._profile
         self._watch.windows.calibrate(
             lambda modes: ap.evaluate(profile, modes, op.Link(1e12, 1e12), offload=False).timed_s)
@@ -707,7 +715,7 @@ class ActivationPlanner:
                                                                 self._device)
             else:
                 self._link, self._link_source = op.Link(1e12, 1e12), "unused"
-        self._profile.offload_step_s = self._watch.overhead.offload_step_s
+        self._watch.learned(self._profile)
         jp = ap.choose(self._profile, op.planning_link(self._link),
                        target_bytes=self.target_bytes,
                        max_overhead=self._watch.overhead.budget(self.max_overhead),

@@ -22,7 +22,7 @@ class PlanWatch:
         self.timer = None          # the StepTimer of the planned step in progress
         self.probe = None          # the HostProbe of that step, when it is the one clocked
         self.mismatch = False      # that step saved otherwise than calibration saw
-        self.host_measured = False  # the host's cost per offloaded storage is measured
+        self.host_cost_s = None    # the host's cost per offloaded storage, once measured
         self.host_probe = None     # HostProbe.blocks of the step clocked
         self.steps = 0             # planned steps run under the plan followed
         self._timers = []          # the planned steps' timers not yet read
@@ -34,6 +34,17 @@ class PlanWatch:
         self.windows.clear()
         self.steps = 0
         self.overhead.new_plan()
+
+    @property
+    def host_measured(self):
+        return self.host_cost_s is not None
+
+    def learned(self, profile):
+        """Puts what the watch measured into `profile`, a new one too (a calibration made again
+        keeps the host's cost: its probe runs once)."""
+        profile.offload_step_s = self.overhead.offload_step_s
+        if self.host_cost_s is not None:
+            profile.offload_host_s = self.host_cost_s
 
     def settled(self, step_plan):
         """Whether nothing will change the plan by itself any more."""
@@ -65,8 +76,7 @@ class PlanWatch:
             cost = probe.cost_s(plan.best, profile, signatures)
             self.host_probe = probe.blocks
             if cost is not None:
-                self.host_measured = True
-                profile.offload_host_s = cost
+                self.host_cost_s = profile.offload_host_s = cost
                 return "host"  # (this step's timer measured the plan before)
         if timer is not None:
             self._timers.append(timer)
