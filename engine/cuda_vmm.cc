@@ -166,7 +166,7 @@ class VmmMapping final : public DeviceMapping {
       undo();
       return s;
     }
-    // Jobs read bytes() (JobExecutor's range check) on other threads: they see the pages mapped.
+    // Jobs read bytes() (the jobs' range check, ClientRange::Of) on other threads: they see the pages mapped.
     bytes_.store(at + add, std::memory_order_release);
     return absl::OkStatus();
   }

@@ -2,7 +2,7 @@
 // code, and latency histograms (submit to completion) by kind and size class. Read by the metrics
 // exporter and the status API.
 //
-// The job path calls Started() and Completed() once per job (JobExecutor::Start and ::Complete).
+// The job path calls Started() and Completed() once per job (JobExecutor::Start, JobEnds::Complete).
 // Each costs a clock read and a few relaxed atomic adds into fixed arrays: no lock, no allocation,
 // no map. The submit time waits in SubmitTimes (a fixed table) between the two. The arrays are
 // kept once per session shard (daemon/metrics/metric_shards.h), so the threads of different GPUs

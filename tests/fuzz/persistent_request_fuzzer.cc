@@ -102,7 +102,7 @@ class Harness {
     }
   }
 
-  // The offload of a bound id lands (as JobExecutor::Offload and CopyIn would), len 1..64 KiB.
+  // The offload of a bound id lands (as an OffloadJob would), len 1..64 KiB.
   void Fill(uint64_t session, uint8_t which, uint8_t len_byte) {
     Binding* b = Pick(session, which);
     if (b == nullptr) return;
