@@ -1,6 +1,6 @@
 // What the GPU copy engine (engine/stream_engine.h) needs from CUDA or HIP: GpuRuntime, a small
 // interface implemented once for both (engine/portable_runtime.h, compiled per runtime) and by
-// the tests' fake runtime (tests/gpu/stream_engine_test.cc). No GPU header is included here.
+// the tests' fake runtime (tests/gpu/stream_engine_fixture.h). No GPU header is included here.
 #ifndef TIER_ENGINE_GPU_RUNTIME_H_
 #define TIER_ENGINE_GPU_RUNTIME_H_
 

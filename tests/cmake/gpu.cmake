@@ -8,7 +8,7 @@ endif()
 
 # The GPU engine's runtime-neutral core over a fake runtime: runs everywhere.
 tier_add_test(stream_engine_test LABEL unit
-  SOURCES gpu/stream_engine_test.cc
+  SOURCES gpu/stream_engine_ordering_test.cc gpu/stream_engine_lifecycle_test.cc
   LIBS tier_engine tier_common)
 tier_add_test(pool_writes_test LABEL unit
   SOURCES unit/pool_writes_test.cc
@@ -23,7 +23,8 @@ tier_add_test(link_share_test LABEL unit
 # The GPU data path end to end: real tierd (CUDA engine) and the client library.
 if(TIER_GPU_RUNTIME STREQUAL "cuda")
   tier_add_test(daemon_gpu_test LABEL gpu TIMEOUT 900
-    SOURCES gpu/daemon_gpu_test.cc
+    SOURCES gpu/daemon_gpu_main.cc gpu/daemon_gpu_contract_test.cc gpu/daemon_gpu_memory_test.cc
+            gpu/daemon_gpu_sessions_test.cc
     LIBS tier_test_daemon tier_client_static tier_client_gpu tier_gpu_runtime CUDA::cudart)
 endif()
 

@@ -32,7 +32,8 @@ tier_add_test(spill_integration_test LABEL integration TIMEOUT 600
 
 # Issue 16: hostile and careless clients against a real tierd, one scenario per finding.
 tier_add_test(hostile_client_test LABEL integration TIMEOUT 600
-  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/hostile_client_test.cc
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/hostile_client_session_test.cc
+          ${CMAKE_SOURCE_DIR}/tests/integration/hostile_client_memory_test.cc
   LIBS tier_test_daemon tier_client_static)
 # Issue 30: a hostile client as one uid, a witness as another (as_uid.h; root only, skips
 # elsewhere). Both files are the `hostile_client` group: ctest -L hostile_client.

@@ -1,7 +1,7 @@
 // Issue 30: one local user must not make tierd unavailable or slow for another. Each scenario runs
 // a hostile client as one test uid (as_uid.h: a re-executed child after setuid) and a witness, a
 // well-behaved client, as another, against one real tierd. Root only (CI runs as root); they skip
-// elsewhere. Label hostile_client, with the single-uid scenarios of hostile_client_test.cc.
+// elsewhere. Label hostile_client, with the single-uid scenarios of hostile_client_test.
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
