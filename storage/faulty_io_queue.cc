@@ -63,7 +63,8 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec) {
 }
 
 FaultyIoQueue::FaultyIoQueue(std::unique_ptr<IoQueue> inner)
-    : inner_(std::move(inner)), name_(absl::StrCat("faulty(", std::string(inner_->name()), ")")) {}
+    : IoQueueWrapper(std::move(inner)),
+      name_(absl::StrCat("faulty(", std::string(this->inner()->name()), ")")) {}
 
 int FaultyIoQueue::AddRule(const FaultRule& rule) {
   MutexLock lock(&mu_);
@@ -87,16 +88,8 @@ uint64_t FaultyIoQueue::total_fired() const {
   return total_fired_;
 }
 
-absl::Status FaultyIoQueue::RegisterBuffers(absl::Span<const IoBuffer> buffers) {
-  return inner_->RegisterBuffers(buffers);
-}
-
-absl::StatusOr<int> FaultyIoQueue::RegisterFile(int fd) { return inner_->RegisterFile(fd); }
-
-absl::Status FaultyIoQueue::UnregisterFile(int index) { return inner_->UnregisterFile(index); }
-
 uint32_t FaultyIoQueue::outstanding() const {
-  return inner_->outstanding() + static_cast<uint32_t>(ready_.size());
+  return inner()->outstanding() + static_cast<uint32_t>(ready_.size());
 }
 
 int FaultyIoQueue::Match(const IoRequest& request, FaultRule* fired) {
@@ -165,17 +158,15 @@ absl::Status FaultyIoQueue::Enqueue(const IoRequest& request) {
     }
   }
   inner.user_data = next_tag_;
-  if (absl::Status s = inner_->Enqueue(inner); !s.ok()) return s;
+  if (absl::Status s = IoQueueWrapper::Enqueue(inner); !s.ok()) return s;
   tracked_.emplace(next_tag_++, tracked);
   return absl::OkStatus();
 }
 
-int FaultyIoQueue::Submit() { return inner_->Submit(); }
-
 int FaultyIoQueue::Poll(std::vector<IoCompletion>* out, bool wait) {
   std::vector<IoCompletion> inner;
   // Failures made locally are already complete: never block in the inner queue while we hold some.
-  inner_->Poll(&inner, wait && ready_.empty());
+  IoQueueWrapper::Poll(&inner, wait && ready_.empty());
   size_t before = out->size();
   for (IoCompletion& c : ready_) out->push_back(std::move(c));
   ready_.clear();

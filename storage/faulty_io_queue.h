@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "storage/io_queue.h"
+#include "storage/io_queue_wrapper.h"
 
 namespace tier::storage {
 
@@ -51,7 +52,7 @@ struct FaultRule {
 // "write:enospc:2:1,read:corrupt" fails the third write with ENOSPC and corrupts the first read.
 absl::StatusOr<std::vector<FaultRule>> ParseFaultRules(absl::string_view spec);
 
-class FaultyIoQueue final : public IoQueue {
+class FaultyIoQueue final : public IoQueueWrapper {
  public:
   explicit FaultyIoQueue(std::unique_ptr<IoQueue> inner);
 
@@ -62,17 +63,11 @@ class FaultyIoQueue final : public IoQueue {
   uint64_t fired(int id) const;
   uint64_t total_fired() const;
 
-  absl::Status RegisterBuffers(absl::Span<const IoBuffer> buffers) override;
-  absl::StatusOr<int> RegisterFile(int fd) override;
-  absl::Status UnregisterFile(int index) override;
+  // What it changes of the queue it wraps; the other calls pass through (IoQueueWrapper).
   absl::Status Enqueue(const IoRequest& request) override;
-  int Submit() override;
   int Poll(std::vector<IoCompletion>* out, bool wait) override;
-  void Wake() override { inner_->Wake(); }
   uint32_t outstanding() const override;
-  uint32_t depth() const override { return inner_->depth(); }
   std::string_view name() const override { return name_; }
-  IoQueue* inner() const { return inner_.get(); }
 
  private:
   struct RuleState {
@@ -91,7 +86,6 @@ class FaultyIoQueue final : public IoQueue {
   // Under mu_: the rule that fires for `request`, if any (its counters updated).
   int Match(const IoRequest& request, FaultRule* fired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  std::unique_ptr<IoQueue> inner_;
   std::string name_;
   mutable Mutex mu_;
   std::vector<RuleState> rules_ ABSL_GUARDED_BY(mu_);
