@@ -97,13 +97,8 @@ class Session {
   // Batches (tier.h): one tier_batch_job per job; each job's object and job are filled in.
   static tier_batch_job BatchJob(tier_buffer_id buffer, uint64_t offset, uint64_t len,
                                  tier_object_id object = 0) {
-    tier_batch_job job{};
-    job.struct_size = sizeof(job);
-    job.buffer = buffer;
-    job.offset = offset;
-    job.len = len;
-    job.object = object;
-    return job;
+    return {.struct_size = sizeof(tier_batch_job), .flags = 0, .buffer = buffer, .offset = offset,
+            .len = len, .next_use_hint = 0, .object = object, .job = 0};
   }
   void OffloadBatch(std::vector<tier_batch_job>& jobs) {
     Check(tier_offload_batch(session_, jobs.data(), jobs.size(), nullptr));
@@ -117,12 +112,8 @@ class Session {
   // Raw memory registered and offloaded in one call (tier_offload_ranges): one range per tensor;
   // each range's status, object and job are filled in (a range left out says why in its status).
   static tier_offload_range Range(const void* ptr, uint64_t len, uint64_t next_use_hint = 0) {
-    tier_offload_range range{};
-    range.struct_size = sizeof(range);
-    range.ptr = ptr;
-    range.len = len;
-    range.next_use_hint = next_use_hint;
-    return range;
+    return {.struct_size = sizeof(tier_offload_range), .status = 0, .ptr = ptr, .len = len,
+            .next_use_hint = next_use_hint, .object = 0, .job = 0};
   }
   void OffloadRanges(std::vector<tier_offload_range>& ranges) {
     Check(tier_offload_ranges(session_, ranges.data(), ranges.size(), nullptr));
@@ -130,13 +121,8 @@ class Session {
   // Reloads into raw memory (tier_reload_ranges): all or nothing; each range's job is filled in.
   static tier_reload_range ReloadRange(tier_object_id object, void* ptr, uint64_t len,
                                        uint32_t flags = 0) {
-    tier_reload_range range{};
-    range.struct_size = sizeof(range);
-    range.ptr = ptr;
-    range.len = len;
-    range.object = object;
-    range.flags = flags;
-    return range;
+    return {.struct_size = sizeof(tier_reload_range), .status = 0, .ptr = ptr, .len = len,
+            .object = object, .flags = flags, .reserved = 0, .job = 0};
   }
   void ReloadRanges(std::vector<tier_reload_range>& ranges) {
     Check(tier_reload_ranges(session_, ranges.data(), ranges.size(), nullptr));
