@@ -21,17 +21,7 @@ except ImportError:
     import pytorch_lightning as pl  # noqa: E402
 
 from tier.lightning import TierCallback  # noqa: E402
-
-
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+from mlp_block import Block  # noqa: E402
 
 
 class Net(pl.LightningModule):

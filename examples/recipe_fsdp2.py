@@ -25,17 +25,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 import tier.torch as tt  # noqa: E402
-
-
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+from mlp_block import Block  # noqa: E402
 
 
 class Model(nn.Module):
