@@ -63,6 +63,8 @@ class Trainer:
                "--status", self.status_path, "--device", str(self.gpu)]
         if scenario:
             cmd += ["--scenario", scenario, "--steps", str(run.args.steps)]
+        if run.args.tasks:
+            cmd += ["--tasks", run.args.tasks]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.started = now()
@@ -415,6 +417,9 @@ def main():
     p.add_argument("--pool", default="4G")
     p.add_argument("--scenario", default="", help="issue10: the fixed reproduction")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--tasks", default="",
+                   help="trainers draw only these tasks (comma-separated: act,custom,weights,multi,"
+                        "churn); default: the whole mix")
     p.add_argument("--native-stacks", type=int, default=1,
                    help="trainers whose native stacks cuda-gdb dumps on a hang (tierd always)")
     p.add_argument("--build", required=True, help="build tree or device bundle")

@@ -17,7 +17,7 @@ Progress goes to --status (one JSON object per line: begin/end of each task), wh
 driver's watchdog reads; SIGUSR1 dumps every Python thread's stack to stderr. Exit status 0 when
 every task matched, 1 on a mismatch (details in --status), anything else on a crash.
 
---scenario issue10 runs the fixed reproduction of issue 10 instead of the random mix: the GPT step
+--tasks multi,act draws only the named tasks (a search for one task's failure). --scenario issue10 runs the fixed reproduction of issue 10 instead of the random mix: the GPT step
 under offload_activations(min_bytes=64 KiB) with the default prefetch, --steps times.
 """
 
@@ -233,21 +233,26 @@ class Runner:
         torch.cuda.synchronize()
         t = torch.empty(n, device="cuda")
         half = n // 2
+        sleep = self.rng.choice([0, 1_000_000, 20_000_000])
         with torch.cuda.stream(s1):
-            torch.cuda._sleep(self.rng.choice([0, 1_000_000, 20_000_000]))
+            torch.cuda._sleep(sleep)
             t[:half].copy_(base[:half] * 3)
         with torch.cuda.stream(s2):
             t[half:].copy_(base[half:] * 3)
         h = self.client.offload(t, streams=[s1, s2])
         del t
         junk = [torch.full((n,), -1.0, device="cuda") for _ in range(2)]
-        consumer = self.rng.choice([None, torch.cuda.Stream()])
+        side = self.rng.random() < 0.5
+        consumer = torch.cuda.Stream() if side else None
         out = h.reload(stream=consumer)
         with torch.cuda.stream(consumer or torch.cuda.current_stream()):
             ok = torch.equal(out, base * 3)
         del junk
         if not ok:
-            self.fail("multi", "offload after two producer streams differs (%d floats)" % n)
+            self.fail("multi", "offload after two producer streams differs (%d floats; s1 slept "
+                      "%d cycles; consumer %s): %s" % (
+                          n, sleep, "a side stream" if side else "the current stream",
+                          _describe_difference(out, base * 3, lambda: h.reload())))
 
     def task_churn(self):
         keep = [torch.empty(self.rng.choice([1, 3, 17, 65]) << 20, dtype=torch.uint8,
@@ -259,6 +264,10 @@ class Runner:
         deadline = time.time() + self.args.minutes * 60
         names = ["act", "custom", "weights", "multi", "churn"]
         weights = [5, 1, 1, 2, 1]
+        if self.args.tasks:
+            chosen = self.args.tasks.split(",")
+            weights = [w for name, w in zip(names, weights) if name in chosen]
+            names = [name for name in names if name in chosen]
         n = 0
         sequence = {"issue10": ["act"] * self.args.steps,
                     "issue10b": ["mlp", "custom", "act", "act_side", "multi64"]}.get(
@@ -291,6 +300,29 @@ class Runner:
         return 0 if self.mismatches == 0 else 1
 
 
+def _describe_difference(got, want, reload_again):
+    """Where `got` differs from `want`, for a mismatch's report: which half (the first is the slow
+    producer's), how many wrong floats are -1 (the memory reused after the source was dropped), 0,
+    or else; the first wrong ones; and whether a second reload of the object, made after the GPU
+    is idle, is right (then the pool held the right bytes and the first reload read too early)."""
+    torch.cuda.synchronize()
+    wrong = (got != want).nonzero().flatten()
+    half = got.numel() // 2
+    values = got[wrong]
+    first = [(int(i), float(got[i]), float(want[i])) for i in wrong[:4].tolist()]
+    try:
+        again = reload_again()
+        torch.cuda.synchronize()
+        second = "right" if torch.equal(again, want) else "wrong in %d floats" % int(
+            (again != want).sum())
+    except Exception as e:  # noqa: BLE001
+        second = "failed (%s: %s)" % (type(e).__name__, e)
+    return ("%d wrong (%d in the first half, %d in the second; %d are -1, %d are 0); first "
+            "(index, got, want): %s; a second reload after synchronize: %s" % (
+                wrong.numel(), int((wrong < half).sum()), int((wrong >= half).sum()),
+                int((values == -1).sum()), int((values == 0).sum()), first, second))
+
+
 def _daemon_gone_error(e):
     """Whether `e` is the clear error a task gets when tierd died or restarted under it."""
     seen = set()
@@ -320,6 +352,7 @@ def main():
     p.add_argument("--minutes", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--scenario", default="")
+    p.add_argument("--tasks", default="", help="the random mix of only these tasks (comma-separated)")
     p.add_argument("--status", required=True)
     p.add_argument("--device", type=int, default=0, help="this trainer's GPU (every 'cuda' is it)")
     args = p.parse_args()
