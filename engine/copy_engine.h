@@ -178,8 +178,10 @@ class CopyEngine {
   virtual absl::string_view name() const = 0;
   // true: a kFromPool job submitted after a kToPool job into the same pool bytes reads what that
   // job wrote (the GPU engines order them on the GPU), so the daemon may submit a reload of an
-  // object still being filled at once. false (host engine: independent lanes): the daemon holds
-  // such a reload back until the fill completed.
+  // object still being filled at once, provided the fill's job was submitted first: Submit
+  // returned for it (ObjectTable::FillSubmitted), not merely decided on another thread. false
+  // (host engine: independent lanes): the daemon holds such a reload back until the fill
+  // completed.
   virtual bool orders_pool_reads() const { return false; }
   // Pins the host pool for this engine (cudaHostRegister on GPUs; nothing for the host engine).
   virtual absl::Status RegisterPool(char* base, uint64_t bytes) = 0;

@@ -44,6 +44,9 @@ void OffloadJob::CopyIn() {
                                     parts_.tiers.pool().At(table_->extent(*object_)), range_);
   job.done = [self = shared_from_this()](absl::Status status) { self->Copied(status); };
   parts_.engine.Submit(std::move(job));
+  // Only now may a reload rely on the engine's ordering (ReloadJob::Start): admission may run on
+  // the spiller's thread while the ring poller starts a reload of this object.
+  table_->FillSubmitted(*object_);
 }
 
 void OffloadJob::Copied(const absl::Status& status) {

@@ -28,8 +28,11 @@ absl::Status ReloadJob::Start(const JobParts& parts, const std::shared_ptr<Sessi
   ObjectSlot slot = session->Resolve(e.object_id);
   absl::StatusOr<ObjectTable::Pinned> pinned = slot.table->PinForReload(slot.id, e.len);
   if (!pinned.ok()) return pinned.status();
+  // A GPU engine orders a reload after a fill's copy it already has (engine::PoolWrites); a fill
+  // not yet submitted (parked for room, or admitted and on its way to the engine on another
+  // thread) is waited for here, as every fill is on the host engine.
   const bool wait_for_fill =
-      pinned->filling && (!parts.engine.orders_pool_reads() || !pinned->admitted);
+      pinned->filling && (!parts.engine.orders_pool_reads() || !pinned->fill_submitted);
   auto job = std::make_shared<ReloadJob>(parts, session, e, *std::move(range), std::move(slot),
                                          *std::move(pinned));
   if (wait_for_fill) {

@@ -98,6 +98,11 @@ absl::Status ObjectTable::Admit(Object& object, storage::Extent extent, MemoryHo
   return absl::OkStatus();
 }
 
+void ObjectTable::FillSubmitted(Object& object) {
+  MutexLock lock(&mu_);
+  if (object.state_ == Object::State::kFilling) object.fill_submitted_ = true;
+}
+
 Release ObjectTable::EndFill(Object& object, const absl::Status& status,
                              std::vector<ObjectWaiter>* waiters) {
   MutexLock lock(&mu_);
@@ -159,7 +164,7 @@ absl::StatusOr<ObjectTable::Pinned> ObjectTable::PinForReload(uint64_t id, uint6
   Pinned pinned;
   pinned.object = it->second;
   pinned.filling = object.state_ == Object::State::kFilling;
-  pinned.admitted = object.extent_.bytes != 0;
+  pinned.fill_submitted = object.fill_submitted_;
   pinned.on_nvme =
       object.where_ == Object::Where::kNvme || object.where_ == Object::Where::kFetching;
   if (pinned.on_nvme) {

@@ -81,6 +81,7 @@ class Object {
   uint32_t pins_ = 0;            // jobs and I/O using the memory (the fill counts as one)
   bool dropped_ = false;         // freed by the client, or its fill failed: gone from the table
   bool prefetched_ = false;      // brought back by a prefetch and not reloaded since
+  bool fill_submitted_ = false;  // its fill's copy is in the engine (FillSubmitted)
   std::vector<ObjectWaiter> on_filled_;   // jobs waiting for the fill to end
   std::vector<ObjectWaiter> on_fetched_;  // kFetching: reloads that joined the running read
 };
@@ -143,6 +144,11 @@ class ObjectTable {
   // extent's size, and `home` is where the object's memory goes back (every Release of it). Once,
   // before the fill's copy. FAILED_PRECONDITION otherwise (the extent is not taken).
   absl::Status Admit(Object& object, storage::Extent extent, MemoryHome& home);
+  // The fill's copy is in the engine now: from here on, a GPU engine orders a reload of the
+  // object's bytes after that copy (engine::PoolWrites), so a reload need not wait for the fill's
+  // end. Call after CopyEngine::Submit returned, never before: between Admit and Submit the
+  // engine knows nothing of the write, and a reload submitted then would read the pool first.
+  void FillSubmitted(Object& object);
   // The fill ended: ready, or failed (a failed fill leaves no object behind). Drops the fill's
   // pin. The jobs that waited for the fill go to *waiters (start them with `status`).
   Release EndFill(Object& object, const absl::Status& status, std::vector<ObjectWaiter>* waiters);
@@ -159,8 +165,8 @@ class ObjectTable {
   enum class Prefetch { kNone, kHit, kMiss };  // how a reload found the object (statistics)
   struct Pinned {
     std::shared_ptr<Object> object;
-    bool filling = false;   // its fill runs still
-    bool admitted = false;  // it has its host extent (a parked offload has none yet)
+    bool filling = false;         // its fill runs still
+    bool fill_submitted = false;  // that fill's copy is in the engine (FillSubmitted)
     bool on_nvme = false;   // its bytes must come back from NVMe first (kNvme or kFetching)
     Prefetch prefetch = Prefetch::kNone;
   };

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -19,6 +20,7 @@
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -55,6 +57,8 @@ class ScriptedEngine : public engine::CopyEngine {
     return absl::UnimplementedError("scripted engine");
   }
   void Submit(engine::CopyJob job) override {
+    // (Taken out before it runs: it may submit again.)
+    if (auto hook = std::exchange(before_next_submit_, nullptr)) hook(job);
     std::lock_guard lock(mu_);
     tickets_.push_back(job.sync);
     devices_.push_back(job.device);
@@ -91,6 +95,11 @@ class ScriptedEngine : public engine::CopyEngine {
   // Runs the oldest queued job: copies (after its feed ended, for one fed from NVMe) unless
   // `fail` is given, then calls its callback.
   // `newest`: the most recent job instead (callbacks of two lanes may come in any order).
+  // Runs `hook` in the next Submit, before the engine has the job: what another thread may do
+  // between the daemon's decision to copy and the engine's knowing of it.
+  void BeforeNextSubmit(std::function<void(const engine::CopyJob&)> hook) {
+    before_next_submit_ = std::move(hook);
+  }
   Ran Step(absl::Status fail = absl::OkStatus(), bool newest = false) {
     engine::CopyJob job;
     {
@@ -132,6 +141,7 @@ class ScriptedEngine : public engine::CopyEngine {
 
  private:
   const bool orders_pool_reads_;
+  std::function<void(const engine::CopyJob&)> before_next_submit_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<engine::CopyJob> jobs_;
@@ -385,6 +395,28 @@ TEST_F(JobExecutorTest, AReloadBesideAFillCompletesOnlyAfterTheFill) {
   EXPECT_EQ(Await(offload), absl::StatusCode::kOk);
   EXPECT_EQ(Await(reload), absl::StatusCode::kOk);
   // (Bytes are not compared: this script ran the reload's copy first, which the GPU would not.)
+}
+
+// A GPU engine orders a reload after a fill only once it has the fill's copy. A reload started
+// after the fill was admitted but before its copy reached the engine (admission on the spiller's
+// thread, the reload on the ring poller's: the stress run's multi mismatch) waits for the fill.
+// Before the fix it was submitted first, and read the pool bytes before the fill wrote them.
+TEST_F(JobExecutorTest, AReloadBetweenAFillsAdmissionAndItsSubmissionWaitsForTheFill) {
+  Build(/*orders_pool_reads=*/true);
+  uint64_t reload = 0;
+  engine_->BeforeNextSubmit([&](const engine::CopyJob& fill) {
+    EXPECT_EQ(fill.direction, engine::Direction::kToPool);
+    reload = Submit(Entry(ring::Opcode::kReload, 1, 4 * kObject));
+  });
+  uint64_t offload = Submit(Entry(ring::Opcode::kOffload, 1, 0));
+  ASSERT_NE(reload, 0u);
+  ASSERT_EQ(engine_->queued(), 1u) << "the reload reached the engine before the fill's copy";
+  EXPECT_EQ(engine_->Step().direction, engine::Direction::kToPool);
+  EXPECT_EQ(Await(offload), absl::StatusCode::kOk);
+  ASSERT_TRUE(engine_->WaitQueued(1));
+  EXPECT_EQ(engine_->Step().direction, engine::Direction::kFromPool);
+  EXPECT_EQ(Await(reload), absl::StatusCode::kOk);
+  EXPECT_TRUE(SameBytes(0, 4 * kObject));
 }
 
 TEST_F(JobExecutorTest, AFullPoolWithoutNvmeRefusesAndLeavesNothingBehind) {

@@ -79,11 +79,16 @@ TEST_F(ObjectTableTest, AdmissionChargesTheExtentAndHappensOnce) {
 TEST_F(ObjectTableTest, AFailedFillLeavesNoObjectAndGivesEverythingBack) {
   std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
   ASSERT_TRUE(table_.Admit(*object, kExtent, home_).ok());
-  // A reload accepted during the fill waits for it.
+  // A reload accepted during the fill, before its copy reached the engine, waits for it.
   absl::StatusOr<ObjectTable::Pinned> reload = table_.PinForReload(1, kLen);
   ASSERT_TRUE(reload.ok());
   EXPECT_TRUE(reload->filling);
-  EXPECT_TRUE(reload->admitted);
+  EXPECT_FALSE(reload->fill_submitted) << "admitted, but its copy is not in the engine yet";
+  table_.FillSubmitted(*object);
+  absl::StatusOr<ObjectTable::Pinned> after = table_.PinForReload(1, kLen);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->fill_submitted);
+  table_.Unpin(*object);
   std::vector<std::string> heard;
   EXPECT_EQ(table_.AwaitFill(*object, [&](absl::Status s) { heard.push_back(s.ToString()); }),
             ObjectTable::Fill::kRunning);
@@ -107,7 +112,7 @@ TEST_F(ObjectTableTest, AnObjectWaitingForAdmissionFailsWithNothingToGiveBack) {
   std::shared_ptr<Object> object = *table_.Create(1, kLen, 0, 1, kCharge);
   absl::StatusOr<ObjectTable::Pinned> reload = table_.PinForReload(1, kLen);
   ASSERT_TRUE(reload.ok());
-  EXPECT_FALSE(reload->admitted);
+  EXPECT_FALSE(reload->fill_submitted);
   std::vector<ObjectWaiter> waiters;
   EXPECT_TRUE(table_.EndFill(*object, absl::ResourceExhaustedError("no room"), &waiters).empty());
   EXPECT_TRUE(table_.Unpin(*object).empty());
