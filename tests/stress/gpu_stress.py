@@ -16,7 +16,9 @@ stopped with SIGTERM (it drains: the trainers take back what they offloaded firs
 point of the random workload, and the next tierd starts on the same socket; the trainers' clients
 reconnect by themselves. A task running when tierd died must end within 10 s, done and matching
 or with a clear error (tier.Unavailable / tier.DataLoss: counted as aborted, never as a pass);
-wrong data or a hang fails the run.
+wrong data or a hang fails the run. A `multi` task whose offload tierd refused (host pool full,
+said by reload() or by the reload check that runs before its data is judged) is counted as
+refused: a clear error, not a pass.
 
 Prints a table (runs, tasks, processes killed, tierd deaths, aborted tasks, hangs, mismatches)
 and writes it as JSON. Exit status 0 only if no run hung, crashed, mismatched or leaked, and no
@@ -128,7 +130,7 @@ class Run:
         self.finished = []
         self.result = dict(run=index, delay=delay, tasks=0, killed=0, hangs=0, mismatches=0,
                            crashes=0, leaks=[], tierd_exit=None, daemon_kills=0,
-                           daemon_terms=0, aborted=0, worst_after_death_s=0.0)
+                           daemon_terms=0, aborted=0, refused=0, worst_after_death_s=0.0)
         self.deaths = []  # when tierd was killed or told to stop (chaos)
 
     def start_tierd(self):
@@ -246,6 +248,7 @@ class Run:
                 self.result["tasks"] += ended
                 self.result["mismatches"] += mismatches
                 self.result["aborted"] += sum(1 for e in t.events() if e["event"] == "aborted")
+                self.result["refused"] += sum(1 for e in t.events() if e["event"] == "refused")
                 if t.killed:
                     continue
                 if rc != 0:
@@ -389,6 +392,7 @@ def _write_totals(args, results, start):
                  daemon_kills=sum(r["daemon_kills"] for r in results),
                  daemon_terms=sum(r["daemon_terms"] for r in results),
                  aborted=sum(r["aborted"] for r in results),
+                 refused=sum(r["refused"] for r in results),
                  worst_after_death_s=max([r["worst_after_death_s"] for r in results] or [0]),
                  minutes=round((now() - start) / 60, 1))
     with open(os.path.join(args.out, "stress.json"), "w") as f:
@@ -458,11 +462,11 @@ def main():
     total = _write_totals(args, results, start)
     print()
     print("| runs | minutes | processes | tasks | killed | tierd SIGKILL / SIGTERM | aborted by "
-          "the death | worst s to a task's end after a death | hangs | mismatches | crashes | "
-          "leaks | tierd exit != 0 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "the death | refused (pool full) | worst s to a task's end after a death | hangs | "
+          "mismatches | crashes | leaks | tierd exit != 0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("| %(runs)d | %(minutes).1f | %(procs)d | %(tasks)d | %(killed)d | %(daemon_kills)d / "
-          "%(daemon_terms)d | %(aborted)d | %(worst_after_death_s).1f | %(hangs)d | "
+          "%(daemon_terms)d | %(aborted)d | %(refused)d | %(worst_after_death_s).1f | %(hangs)d | "
           "%(mismatches)d | %(crashes)d | %(leaks)d | %(bad_tierd_exits)d |" % dict(
               total, procs=args.procs))
     # A clear error is allowed when tierd dies under a task, within 10 s (issue 30, item 1).

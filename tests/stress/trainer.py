@@ -120,6 +120,7 @@ class Runner:
         self.tasks = 0
         self.mismatches = 0
         self.aborted = 0
+        self.refused = 0
 
     def log(self, **kv):
         kv["t"] = time.time()
@@ -129,6 +130,13 @@ class Runner:
     def fail(self, task, what):
         self.mismatches += 1
         self.log(event="mismatch", task=task, what=what)
+
+    def refuse(self, task, *errors):
+        """tierd refused the task's offload (host pool or quota full) and said so: a clear error,
+        counted apart from a death's aborts."""
+        self.refused += 1
+        self.log(event="refused", task=task,
+                 what="; ".join("%s: %s" % (type(e).__name__, e) for e in errors))
 
     # ---- tasks ----
 
@@ -244,15 +252,35 @@ class Runner:
         junk = [torch.full((n,), -1.0, device="cuda") for _ in range(2)]
         side = self.rng.random() < 0.5
         consumer = torch.cuda.Stream() if side else None
-        out = h.reload(stream=consumer)
+        # As a training step does at its backward's end: the reload's own answer is read before
+        # its data is judged. A GPU reload that tierd failed (say of an object whose offload it
+        # refused for a full pool) has a destination the copy never filled; reload_check says so.
+        check = self.client.reload_check()
+        try:
+            out = h.reload(stream=consumer)
+        except tier.ResourceExhausted as e:
+            if h.job is None or h.job.status != tier.errors.RESOURCE_EXHAUSTED:
+                raise  # not the offload's refusal (a destination tierd could not register)
+            self.refuse("multi", e)
+            return
         with torch.cuda.stream(consumer or torch.cuda.current_stream()):
             ok = torch.equal(out, base * 3)
         del junk
+        try:
+            check()
+        except tier.Unavailable as e:
+            h.wait_offload()
+            if not ok and h.job.status == tier.errors.RESOURCE_EXHAUSTED:
+                self.refuse("multi", e, h.job.error())
+                return
+            raise
         if not ok:
+            h.wait_offload()
             self.fail("multi", "offload after two producer streams differs (%d floats; s1 slept "
                       "%d cycles; consumer %s): %s" % (
                           n, sleep, "a side stream" if side else "the current stream",
-                          _describe_difference(out, base * 3, lambda: h.reload())))
+                          _describe_difference(out, base * 3, lambda: h.reload())) +
+                      "; offload job %s" % tier.errors.code_name(h.job.status))
 
     def task_churn(self):
         keep = [torch.empty(self.rng.choice([1, 3, 17, 65]) << 20, dtype=torch.uint8,
@@ -295,7 +323,8 @@ class Runner:
             self.log(event="end", task=name, n=n)
             n += 1
         self.client.synchronize()
-        self.log(event="done", tasks=n, mismatches=self.mismatches, aborted=self.aborted)
+        self.log(event="done", tasks=n, mismatches=self.mismatches, aborted=self.aborted,
+                 refused=self.refused)
         self.client.close()
         return 0 if self.mismatches == 0 else 1
 
