@@ -11,7 +11,6 @@
 #define TIER_TESTS_INTEGRATION_HOSTILE_PERSISTENT_FIXTURE_H_
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,6 +37,7 @@
 namespace tier::hostile_persistent_testing {
 
 using testing::AsUid;
+using testing::AwaitSpillFileFree;
 using testing::kTestUidA;
 using testing::kTestUidB;
 using testing::TierdProcess;
@@ -197,20 +197,11 @@ class HostileClientPersistent : public ::testing::Test {
     tierd_ = std::make_unique<TierdProcess>(all, testing::TierdOptions{0, capture_log});
     ASSERT_EQ(::chmod(tierd_->dir().c_str(), 0755), 0);
   }
-  // SIGKILL, then until the dead daemon's spill file is free (the kernel drops a killed
-  // process's io_uring, and the files it holds, a moment after the process is reaped).
+  // SIGKILL, then until the dead daemon's spill file is free (AwaitSpillFileFree).
   void Kill() {
     tierd_->Kill();
     tierd_.reset();
-    const std::string path = spill_ + "/tierd.spill";
-    for (int i = 0; i < 3000; ++i) {
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return;
-      const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-      ::close(fd);
-      if (free) return;
-      ::usleep(10000);
-    }
+    AwaitSpillFileFree(spill_);
   }
   const std::string& socket() const { return tierd_->socket(); }
   v1::ListObjectsResponse ListObjects() {

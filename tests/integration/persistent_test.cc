@@ -3,7 +3,6 @@
 // tierctl lists and deletes them; with an NVMe tier they survive SIGKILL and a restart, and
 // damaged files on disk are refused, never served.
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 namespace tier {
 namespace {
 
+using testing::AwaitSpillFileFree;
 using testing::ChildProcess;
 using testing::TierdProcess;
 
@@ -438,19 +438,10 @@ class PersistentRestart : public ::testing::Test {
     }
     return "";
   }
-  // SIGKILL, then until the dead daemon's spill file is free: the kernel drops a killed
-  // process's io_uring, and the file references it holds, a moment after the process is reaped.
+  // SIGKILL, then until the dead daemon's spill file is free (AwaitSpillFileFree).
   void KillAndAwaitFiles(TierdProcess& tierd) const {
     tierd.Kill();
-    const std::string path = spill_ + "/tierd.spill";
-    for (int i = 0; i < 3000; ++i) {
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return;
-      const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-      ::close(fd);
-      if (free) return;
-      ::usleep(10000);
-    }
+    AwaitSpillFileFree(spill_);
   }
   static void FlipByte(const std::string& path, off_t offset) {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <signal.h>
@@ -234,6 +235,18 @@ std::string ChildProcess::ReadLine(int timeout_ms) {
     ssize_t n = ::read(stdout_fd_, buf, sizeof(buf));
     if (n <= 0) return "";
     buffered_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+void AwaitSpillFileFree(const std::string& spill_dir) {
+  const std::string path = spill_dir + "/tierd.spill";
+  for (int i = 0; i < 3000; ++i) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);
+    if (free) return;
+    ::usleep(10000);
   }
 }
 

@@ -70,6 +70,11 @@ class TierdProcess {
 
 // Another program run beside the test (posix_spawn: safe after gRPC started threads), its stdout
 // read through a pipe. Killed with SIGKILL and reaped when it goes out of scope.
+// After a tierd was SIGKILLed: waits (at most 30 s) until the spill file it held in `spill_dir`
+// is free again. The kernel drops a killed process's io_uring, and the file references it holds,
+// a moment after the process is reaped; a tierd started before that finds the file locked.
+void AwaitSpillFileFree(const std::string& spill_dir);
+
 class ChildProcess {
  public:
   explicit ChildProcess(std::vector<std::string> argv);
