@@ -11,7 +11,7 @@ import torch.nn as nn
 import tier
 import tier.torch as tt
 
-from shifting_saves import SavesMoreEachCall
+from shifting_saves import SavesMoreEachCall, SwapsACandidateForAParameter
 
 
 class Net(nn.Module):
@@ -430,3 +430,40 @@ def test_a_model_whose_saves_never_repeat_stops_calibrating_and_says_so(client):
         model(torch.randn(8, 64)).square().mean().backward()
     assert off.stats.saved == saved  # no hook ran
     assert off.stats.offloaded_storages == offloaded
+
+
+@pytest.mark.parametrize("activation_first", [True, False])
+def test_planned_steps_whose_candidates_differ_from_calibration(client, activation_first):
+    # Planned steps index their saves by the calibration's shape (tier/torch/_save_shape.py):
+    # a save the table returns is not asked whether it is a candidate. Calibrated on a step
+    # with the activation, the plan offloads it, and the next step has a parameter there: the
+    # full hook keeps it, the rest of that step is kept, and the step reports a count no plan
+    # has: calibration again. Calibrated with the parameter there, a step with the activation
+    # keeps it (the table says: no candidate) and follows the plan. Results unchanged in both.
+    torch.manual_seed(0)
+    ref = SwapsACandidateForAParameter(activation_first)
+    model = copy.deepcopy(ref)
+    off = tt.offload_activations(min_bytes=0, client=client, max_overhead=10.0,
+                                 link=(1e15, 1e15))
+    offloaded = []
+    for i in range(6):
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(i))
+        model.zero_grad()
+        ref.zero_grad()
+        with tt.no_offload():
+            ref(x).square().mean().backward()
+        before = off.stats.saved, off.stats.offloaded_storages
+        with off:
+            model(x).square().mean().backward()
+        saves = off.stats.saved - before[0]
+        offloaded.append(off.stats.offloaded_storages - before[1])
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad), i
+        if not off.budget.mismatches:
+            assert saves == 6, (i, off.stats)  # every save counted, table hits included
+    assert off.stats.saved == off.stats.kept + off.stats.offloaded_tensors, off.stats
+    if activation_first:
+        assert off.budget.mismatches >= 1, off.budget
+    else:
+        assert off.budget.mismatches == 0, off.budget
+        assert all(n > 0 for n in offloaded[2:]), offloaded  # after calibration and timing

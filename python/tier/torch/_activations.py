@@ -20,6 +20,7 @@ from ._module_selection import ModuleSelection
 from ._backward_reloads import BackwardReloads
 from ._offload_budget import OffloadBudget
 from ._save_batches import SaveBatches
+from ._save_shape import SaveShape
 from ._saved import KeptSite, Saved, StorageIndex, StorageRecord, untyped_storage
 
 DEFAULT_MIN_BYTES = 1 << 20
@@ -123,6 +124,7 @@ class ActivationOffloader(_compile.Followed):
         self._step_open = False
         self._site_records = {}  # site -> weakref to its StorageRecord
         self._held = []          # weakrefs to planned records not yet released, in offload order
+        self._saves = SaveShape()  # a planned step's pack hook, indexed by save (_save_shape.py)
         self.stats = ActivationStats()
         # Forward's side (tier/torch/_save_batches.py: packed storages sent as batches) and
         # backward's (tier/torch/_backward_reloads.py: each storage back once, prefetched).
@@ -183,7 +185,8 @@ class ActivationOffloader(_compile.Followed):
             # names (region_enter / region_exit).
             self._hooks = _SCOPED
         else:
-            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            pack = self._pack if self._budget is None else self._saves.hook(self, self._plan)
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
             self._hooks.__enter__()
         return self
 
@@ -193,6 +196,8 @@ class ActivationOffloader(_compile.Followed):
             return False
         if hooks is not _SCOPED:
             hooks.__exit__(*exc)
+            if self._budget is not None:
+                self._site = self._saves.end_step(self._site)  # (what end_step will read)
         with self._lock:
             self._batches.flush()
             if self._held:
