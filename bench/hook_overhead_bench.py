@@ -7,8 +7,9 @@
 A chain of N elementwise ops (``x = sin(x)``: each saves its input for backward, a new storage of
 --bytes each) runs forward and backward under each mode; the host time a step takes (from the
 first op to the last call of backward returning; CUDA: before the closing synchronize, so the
-GPU's own time is not counted while the host runs ahead) minus that of mode none, divided by N,
-is the hooks' cost per saved tensor. Pack and unpack both count. Modes:
+GPU's own time is not counted while the host runs ahead) minus that of mode none in the same
+round (the modes take turns, a step each), median over --steps rounds, divided by N, is the
+hooks' cost per saved tensor. Pack and unpack both count. Modes:
 
   none        no hooks.
   identity    saved_tensors_hooks(identity, identity): the floor any hook pays.
@@ -208,48 +209,57 @@ def run(args):
         client = tier.Client(socket=socket, name="hook_overhead_bench")
         chain = Chain(args.ops, args.bytes, args.device)
         total = args.ops * args.bytes
+        # The modes take turns, one step each per round: the host's speed drifts (the device's
+        # hosts moved the step without hooks by 2.5 ms between runs of the same code), and a mode
+        # measured minutes after `none` carried that drift as hook time.
+        contexts = {mode: make_context(mode, client, total) for mode in args.modes}
+        for _ in range(args.warmup):
+            for mode in args.modes:
+                chain.step(contexts[mode], cuda)
+        offloaded_before = {mode: getattr(ctx, "stats", None) and ctx.stats.offloaded_storages
+                            for mode, ctx in contexts.items()}
+        samples = {mode: [] for mode in args.modes}
+        for _ in range(args.steps):
+            for mode in args.modes:
+                samples[mode].append(chain.step(contexts[mode], cuda))
+        client.synchronize()
         for mode in args.modes:
-            ctx = make_context(mode, client, total)
-            samples = []
+            ctx = contexts[mode]
             stats = getattr(ctx, "stats", None)
-            offloaded_before = 0
-            for i in range(args.warmup + args.steps):
-                if i == args.warmup and stats is not None:
-                    offloaded_before = stats.offloaded_storages
-                host, wall = chain.step(ctx, cuda)
-                if i >= args.warmup:
-                    samples.append((host, wall))
-            client.synchronize()
             row = {"mode": mode,
-                   "host_ms": statistics.median(s[0] for s in samples) * 1e3,
-                   "wall_ms": statistics.median(s[1] for s in samples) * 1e3}
+                   "host_ms": statistics.median(s[0] for s in samples[mode]) * 1e3,
+                   "wall_ms": statistics.median(s[1] for s in samples[mode]) * 1e3,
+                   # Per round, this mode's step less none's (the same round): drift cancels.
+                   "paired_host_ms": statistics.median(
+                       a[0] - b[0] for a, b in zip(samples[mode], samples["none"])) * 1e3}
             if stats is not None:
                 # (Before the sections pass: its steps offload too.)
                 row["offloaded_storages"] = stats.offloaded_storages
                 row["offloaded_per_step"] = (stats.offloaded_storages -
-                                             offloaded_before) / args.steps
+                                             offloaded_before[mode]) / args.steps
                 row["saved"] = stats.saved
             if args.sections:
                 row["sections"] = measure_sections(chain, ctx, cuda, args.steps)
                 client.synchronize()
             rows.append(row)
-            print("%-12s host %8.2f ms  wall %8.2f ms" % (mode, row["host_ms"], row["wall_ms"]),
-                  flush=True)
+            print("%-12s host %8.2f ms  wall %8.2f ms  over none, paired %7.2f ms" % (
+                mode, row["host_ms"], row["wall_ms"], row["paired_host_ms"]), flush=True)
         client.close()
     finally:
         if daemon is not None:
             daemon.stop()
-    base = next(r for r in rows if r["mode"] == "none")
     kept = next((r for r in rows if r["mode"] == "kept"), None)
     checks = []
     for r in rows:
-        r["us_per_saved_tensor"] = (r["host_ms"] - base["host_ms"]) * 1e3 / args.ops
+        r["us_per_saved_tensor"] = r["paired_host_ms"] * 1e3 / args.ops
         per_step = r.get("offloaded_per_step", 0)
         if kept is not None and r is not kept and per_step > 0:
             # What an offloaded storage costs beyond a kept one (its offload, release, reload).
-            r["us_per_offloaded_storage"] = (r["host_ms"] - kept["host_ms"]) * 1e3 / per_step
+            r["us_per_offloaded_storage"] = (r["paired_host_ms"] -
+                                             kept["paired_host_ms"]) * 1e3 / per_step
     print("\n%d saved tensors of %d bytes per step on %s (torch %s); host us per saved tensor "
-          "(pack + unpack), median of %d steps:" % (args.ops, args.bytes, args.device,
+          "(pack + unpack), median over %d rounds of the modes in turn of a step's time less none's in "
+          "the same round:" % (args.ops, args.bytes, args.device,
                                                    torch.__version__, args.steps))
     for r in rows:
         if r["mode"] == "none":
