@@ -112,15 +112,35 @@ def test_offload_activations_rewrites_graphs_compiled_inside(client, daemon, mon
     daemon.wait_host_used(0)
 
 
-def test_hooks_warn_once_for_a_graph_tierd_did_not_rewrite(client):
+def test_a_budget_offloaders_steps_are_followed_by_the_graphs_it_compiled(client, monkeypatch):
+    # The ops of a graph compiled to follow the active offloader find it through the
+    # saved-tensor hooks on top. A budget's steps install a hook of their own (the calibration's
+    # recording one, then the planned steps' table by save: tier/torch/_save_shape.py), not the
+    # offloader's bound method: the graph must still find the offloader, in every step.
+    monkeypatch.setattr(_compile, "AUTO_DEVICES", ("cpu", "cuda"))
+    model = _model()
+    compiled = torch.compile(model)
+    off = tt.offload_activations(min_bytes=1024, client=client, max_overhead=10.0,
+                                 link=(1e15, 1e15))
+    for step in range(4):  # calibration, the timed step, planned steps
+        kept0 = _compile.compile_stats().kept
+        with off:
+            assert _compile._RUNTIME._follow() is off, step
+            loss = compiled(X).sum()
+        loss.backward()
+        assert _compile.compile_stats().kept == kept0, step  # the graph offloaded its four
+
+
+@pytest.mark.parametrize("budget", [{}, {"max_overhead": 10.0, "link": (1e15, 1e15)}])
+def test_hooks_warn_once_for_a_graph_tierd_did_not_rewrite(client, budget):
     model = _model()
     plain, _ = _compile.compile_backend(min_bytes=1 << 40, devices=("cpu",))
     compiled = torch.compile(model, backend=plain)
     _compile._RUNTIME._warned.discard("hooks")
-    off = tt.offload_activations(min_bytes=1024, client=client)
+    off = tt.offload_activations(min_bytes=1024, client=client, **budget)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(2):
+        for _ in range(4):  # (a budget offloads from its third step)
             with off:
                 loss = compiled(X).sum()
             loss.backward()

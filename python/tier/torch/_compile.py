@@ -133,7 +133,8 @@ class _Runtime:
         top = torch._C._autograd._top_saved_tensors_default_hooks(False)
         if top is None:
             return None
-        owner = getattr(top[0], "__self__", None)
+        # (The offloader's bound method, or a hook made for one of its steps, which names it.)
+        owner = getattr(top[0], "__self__", None) or getattr(top[0], "offloader", None)
         return owner if isinstance(owner, Followed) else None
 
     def _settings(self, policy_id):

@@ -80,6 +80,7 @@ class SaveShape:
             return count
 
         self._end = end
+        recording.offloader = off  # (compiled graphs find the offloader by its hook: _compile.py)
         return recording
 
     def _indexed(self, off, plan, table):
@@ -118,4 +119,5 @@ class SaveShape:
             return plan.count if not broken and saves == len(shape) else -1
 
         self._end = end
+        indexed.offloader = off
         return indexed
