@@ -1,5 +1,8 @@
 #include "daemon/tiers/nvme_transfers.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace tier::daemon {
 
 SpillTraffic SpillCounters::Read() const {
@@ -20,6 +23,37 @@ void NvmeTransfers::Began(Kind kind, uint64_t bytes) {
   MutexLock lock(&mu_);
   (kind == Kind::kWrite ? writes_ : reads_).fetch_add(1);
   writing_bytes_.fetch_add(bytes);
+}
+
+NvmeTransfers::WriteSettle::WriteSettle(NvmeTransfers& io, uint64_t bytes)
+    : io_(io), bytes_(bytes) {
+  io_.settling_.fetch_add(1);
+  io_.settle_generation_.fetch_add(1);
+}
+
+NvmeTransfers::WriteSettle::~WriteSettle() {
+  io_.writing_bytes_.fetch_sub(bytes_);
+  io_.settle_generation_.fetch_add(1);
+  io_.settling_.fetch_sub(1);
+}
+
+storage::PoolUsage NvmeTransfers::ProjectedUsage() const {
+  const auto give_up = std::chrono::steady_clock::now() + kMaxSettleWait;
+  storage::PoolUsage usage;
+  uint64_t writing = 0;
+  for (;;) {
+    const uint64_t before = settle_generation_.load();
+    const bool quiet = settling_.load() == 0;
+    usage = pool_.Usage();
+    writing = writing_bytes_.load();
+    if (quiet && settle_generation_.load() == before) break;
+    if (std::chrono::steady_clock::now() >= give_up) break;
+    std::this_thread::yield();
+  }
+  writing = std::min(writing, usage.used_bytes);
+  usage.used_bytes -= writing;
+  usage.free_bytes += writing;
+  return usage;
 }
 
 void NvmeTransfers::Ended(Kind kind) {

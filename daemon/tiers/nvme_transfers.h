@@ -86,13 +86,35 @@ class NvmeTransfers {
     return pool_.Allocate(object.len(), object.home_part());
   }
 
-  // A transfer began (`bytes`: a write's host extent, counted until StopsWriting).
+  // A transfer began (`bytes`: a write's host extent, counted as leaving host memory until the
+  // write settles).
   void Began(Kind kind, uint64_t bytes = 0);
-  // A write's extent stops counting as leaving host memory: called before the extent goes back
-  // (or stays, the write failed), so that the spill policy's projection (used minus writing)
-  // never subtracts bytes twice, once gone from the pool and once as still being written (the
-  // spiller then stopped above its low watermark).
-  void StopsWriting(uint64_t bytes) { writing_bytes_.fetch_sub(bytes); }
+
+  // A write settles: its extent goes back to the pool (or stays: the write failed) and stops
+  // counting as leaving host memory. Both change while one of these lives (declared before the
+  // object that frees the extent, so that it ends last), and ProjectedUsage never reads them
+  // half-changed. Read in between, the projection counted the extent twice, either way: once
+  // gone from the pool and once still being written (the spiller stopped above its low
+  // watermark), or still in the pool and no longer being written (it spilled one object more
+  // than the watermark asked: tiers_test's SpillsTheOldestDownToTheLowWatermark under TSan).
+  class WriteSettle {
+   public:
+    WriteSettle(NvmeTransfers& io, uint64_t bytes);
+    ~WriteSettle();
+    WriteSettle(const WriteSettle&) = delete;
+    WriteSettle& operator=(const WriteSettle&) = delete;
+
+   private:
+    NvmeTransfers& io_;
+    uint64_t bytes_;
+  };
+
+  // The pool's usage with the extents of writes in flight counted as free (their bytes leave
+  // soon), read when no write is settling: a seqlock over the settles, whose readers yield (a
+  // settle is a few pool calls). After kMaxSettleWait it takes the view as it is: a slow settle
+  // costs the policy one object's precision, never a stall.
+  storage::PoolUsage ProjectedUsage() const;
+  static constexpr std::chrono::milliseconds kMaxSettleWait{100};
   // A transfer ended: the last thing it does (once the count it is in reaches zero, Stop may
   // return and the tiers go).
   void Ended(Kind kind);
@@ -120,6 +142,9 @@ class NvmeTransfers {
   std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writing_bytes_{0};
+  // Settles under way, and a count that moves at each one's start and end (ProjectedUsage).
+  std::atomic<uint64_t> settling_{0};
+  std::atomic<uint64_t> settle_generation_{0};
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

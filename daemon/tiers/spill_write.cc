@@ -29,9 +29,9 @@ SpillWrite::Start SpillWrite::Begin(NvmeTransfers& io, const std::shared_ptr<Obj
   // Nothing started: the store dropped the callback (and the write with it); the object is back
   // in host memory, unpinned.
   {
+    NvmeTransfers::WriteSettle settle(io, extent.bytes);  // (ends after the release)
     bool spilled = false;
     Release release = table->EndSpill(*object, started, &spilled);
-    io.StopsWriting(extent.bytes);
   }
   io.Ended(NvmeTransfers::Kind::kWrite);
   if (!absl::IsResourceExhausted(started)) {
@@ -42,9 +42,9 @@ SpillWrite::Start SpillWrite::Begin(NvmeTransfers& io, const std::shared_ptr<Obj
 
 void SpillWrite::Landed(const absl::StatusOr<storage::SpillRecord>& record) {
   {
+    NvmeTransfers::WriteSettle settle(io_, extent_.bytes);  // (ends after the release)
     bool spilled = false;
     Release release = table_->EndSpill(*object_, record, &spilled);
-    io_.StopsWriting(extent_.bytes);
     if (spilled) {
       SpillCounters& counters = io_.counters();
       counters.spills.fetch_add(1);
@@ -55,7 +55,7 @@ void SpillWrite::Landed(const absl::StatusOr<storage::SpillRecord>& record) {
     // A failed write was logged by the store; the object stays in host memory and is no
     // candidate any more, so a failing device is not hammered (it becomes one again once filled
     // anew).
-  }  // its extent (or the record not needed) goes back here
+  }  // its extent (or the record not needed) goes back here, then the write has settled
   io_.Ended(NvmeTransfers::Kind::kWrite);
 }
 

@@ -65,13 +65,7 @@ void Spiller::WaitBegan(bool first) {
   cv_.Signal();
 }
 
-storage::PoolUsage Spiller::Projected() const {
-  storage::PoolUsage usage = pool_.Usage();
-  uint64_t writing = std::min(transfers_.writing_bytes(), usage.used_bytes);
-  usage.used_bytes -= writing;
-  usage.free_bytes += writing;
-  return usage;
-}
+storage::PoolUsage Spiller::Projected() const { return transfers_.ProjectedUsage(); }
 
 bool Spiller::AwaitKick() {
   // With jobs waiting for room, look again every few ms even without a kick.

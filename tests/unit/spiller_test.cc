@@ -5,6 +5,7 @@
 // order and fairness are tested alone: admission_queue_test.cc.)
 #include "daemon/tiers/spiller.h"
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/tiers/nvme_transfers.h"
 #include "daemon/tiers/object_table.h"
 #include "daemon/tiers/tier_manager.h"
 #include "gtest/gtest.h"
@@ -167,6 +169,50 @@ TEST_F(SpillerTest, SpillsTheOldestDownToTheLowWatermark) {
   EXPECT_EQ(newest_spilled, 24u);  // 40 objects, 16 stay (25% of 64 slots): no overshoot
   EXPECT_EQ(nvme().counters().spills.load(), newest_spilled);
   EXPECT_EQ(nvme().counters().bytes_spilled.load(), newest_spilled * kObject);
+}
+
+// The policy's projection (used minus writing) never reads a write half settled: its extent
+// gone back while its bytes still count as being written (here: 0 used, where 1 object is), or
+// the reverse (1 object too many: the overshoot the test above caught under TSan).
+TEST_F(SpillerTest, TheProjectionReadsNoWriteHalfSettled) {
+  NvmeTransfers io(*pool_, *store_);
+  std::optional<storage::Extent> written = pool_->Allocate(kObject);
+  std::optional<storage::Extent> kept = pool_->Allocate(kObject);
+  ASSERT_TRUE(written && kept);
+  io.Began(NvmeTransfers::Kind::kWrite, kObject);
+  EXPECT_EQ(io.ProjectedUsage().used_bytes, kObject);  // the written one counts as gone
+
+  std::atomic<bool> freed{false}, settled{false};
+  std::thread writer([&] {
+    NvmeTransfers::WriteSettle settle(io, kObject);
+    pool_->Free(*written);
+    freed.store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    settled.store(true);  // (just before the settle ends)
+  });
+  while (!freed.load()) std::this_thread::yield();
+  storage::PoolUsage usage = io.ProjectedUsage();  // waits for the settle's end
+  EXPECT_TRUE(settled.load());
+  EXPECT_EQ(usage.used_bytes, kObject);
+  writer.join();
+  io.Ended(NvmeTransfers::Kind::kWrite);
+
+  // A settle that never ends costs the reader kMaxSettleWait, not a stall.
+  io.Began(NvmeTransfers::Kind::kWrite, 0);
+  std::atomic<bool> release{false};
+  std::thread stuck([&] {
+    NvmeTransfers::WriteSettle settle(io, 0);
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(5) &&
+         io.ProjectedUsage().used_bytes != kObject) {
+  }
+  EXPECT_EQ(io.ProjectedUsage().used_bytes, kObject);  // returned, with the settle still held
+  release.store(true);
+  stuck.join();
+  io.Ended(NvmeTransfers::Kind::kWrite);
+  pool_->Free(*kept);
 }
 
 TEST_F(SpillerTest, NothingSpillsBetweenTheWatermarks) {
