@@ -187,7 +187,8 @@ TEST_F(SpillerTest, TheProjectionReadsNoWriteHalfSettled) {
     NvmeTransfers::WriteSettle settle(io, kObject);
     pool_->Free(*written);
     freed.store(true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // (Well inside kMaxSettleWait, for a loaded machine: the reader gives up after 100 ms.)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
     settled.store(true);  // (just before the settle ends)
   });
   while (!freed.load()) std::this_thread::yield();
