@@ -122,7 +122,6 @@ class NvmeTransfers {
   uint64_t writes_in_flight() const { return writes_.load(); }
   uint64_t reads_in_flight() const { return reads_.load(); }
   uint64_t in_flight() const { return writes_.load() + reads_.load(); }
-  uint64_t writing_bytes() const { return writing_bytes_.load(); }
 
   // Until fewer than `max` writes are in flight; false once Close() was called.
   bool AwaitWriteSlot(uint64_t max);

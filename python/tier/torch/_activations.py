@@ -272,8 +272,7 @@ class ActivationOffloader(_compile.Followed):
             return self._offload_saved(tensor, None)
         plan = self._plan
         site = self._site
-        if plan is not None and site < plan.count and plan.actions[site] == _KEEP and \
-                site not in plan.releases and site != plan.barrier and site != 0:
+        if plan is not None and site < plan.count and plan.plain[site]:
             self._site = site + 1
             stats.kept += 1
             return tensor

@@ -322,10 +322,14 @@ class StepPlan:
     * ``count``: the candidates the plan expects; a step with another count calibrates again.
     * ``regions``: None (the hooks see the whole step, as above), or :class:`Regions`: the
       hooks run only inside the blocks it names, whose sites it numbers (the joint planner).
+    * ``plain[i]``: 1 where the hook returns candidate i as it is and does nothing else: KEEP,
+      no release point, not the barrier, and not candidate 0 (whose save starts the step's
+      timer). The one statement of that rule, read by both hooks (_activations.py,
+      _save_shape.py).
     """
 
     __slots__ = ("count", "actions", "triggers", "releases", "barrier", "timing_site",
-                 "regions")
+                 "regions", "plain")
 
     def __init__(self, count, offload=(), triggers=None, releases=None, barrier=True,
                  timing_site=-1, regions=None):
@@ -344,6 +348,9 @@ class StepPlan:
         self.barrier = self.count - 1 if barrier and self.count and any(
             a == OFFLOAD for a in actions) else -1
         self.timing_site = timing_site if 0 <= timing_site < self.count else -1
+        self.plain = bytes(
+            1 if a == KEEP and i and i not in self.releases and i != self.barrier else 0
+            for i, a in enumerate(self.actions))
 
     @property
     def offloaded(self):

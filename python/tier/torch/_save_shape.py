@@ -20,9 +20,6 @@ again, as it does when the candidates themselves differ. Kept is always safe: a 
 returns is one the full hook would have kept.
 """
 
-from ._offload_planner import KEEP
-
-
 class SaveShape:
     """The last full step's shape, and the pack hook of each step (:meth:`hook`), ended by
     :meth:`end_step`. Saves returned by the table are counted in ``stats.saved`` and
@@ -56,10 +53,8 @@ class SaveShape:
         if self._shape is None or self._candidates != plan.count:
             return None
         if plan is not self._plan:
-            actions, releases, barrier = plan.actions, plan.releases, plan.barrier
-            self._table = bytes(
-                1 if s < 0 or (s and actions[s] == KEEP and s not in releases and s != barrier)
-                else 0 for s in self._shape)
+            plain = plan.plain
+            self._table = bytes(1 if s < 0 or plain[s] else 0 for s in self._shape)
             self._plan = plan
         return self._table
 
