@@ -18,6 +18,9 @@ hooks' cost per saved tensor. Pack and unpack both count. Modes:
   planned     offload_activations(max_overhead=10) on a fast link: the plan offloads every one.
   half        offload_activations(target_bytes=half): the plan offloads about half.
   offload-all offload_activations(min_bytes=0): every saved tensor offloaded, no plan.
+  inprocess   (CUDA) the in-process offloader of bench/torch_offload_bench.py (torchtune's
+              design: pinned copies on a side stream, inside this process): the baseline of
+              what offloading a saved tensor costs the host without tierd.
 
 Target (issue 24): <= 5 us per saved tensor for kept, planned and half. offload-all is reported.
 The script starts its own tierd from --build-dir (or uses --socket).
@@ -47,7 +50,7 @@ import torch  # noqa: E402
 
 from _tierd import TierdProcess  # noqa: E402
 
-MODES = ("none", "identity", "kept", "planned", "half", "offload-all")
+MODES = ("none", "identity", "kept", "planned", "half", "offload-all", "inprocess")
 TARGET_US = 5.0
 TARGET_MODES = ("kept", "planned", "half")
 
@@ -97,7 +100,35 @@ def make_context(mode, client, total_bytes):
                                       link=(1e15, 1e15))
     if mode == "offload-all":
         return tt.offload_activations(min_bytes=0, client=client)
+    if mode == "inprocess":
+        return InProcess()
     raise ValueError(mode)
+
+
+class _Count:
+    offloaded_storages = 0
+    saved = None
+
+
+class InProcess:
+    """torch_offload_bench's in-process offloader as a reusable context, its offloads counted
+    as ``stats.offloaded_storages`` (every tensor it moved)."""
+
+    def __init__(self):
+        from torch_offload_bench import InProcessOffloader, Moved
+        self._make = lambda: InProcessOffloader(0, 2, 4, set(), Moved())
+        self.stats = _Count()
+        self._off = None
+
+    def __enter__(self):
+        self._off = self._make()
+        self._off.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        off, self._off = self._off, None
+        self.stats.offloaded_storages += off.next_id
+        return off.__exit__(*exc)
 
 
 # --sections: host time inside these functions (inclusive: a section contains the ones it calls),
@@ -223,6 +254,7 @@ def run(args):
             for mode in args.modes:
                 samples[mode].append(chain.step(contexts[mode], cuda))
         client.synchronize()
+        link = client.link_bandwidth(0) if cuda else None  # tierd's own figure, (d2h, h2d)
         for mode in args.modes:
             ctx = contexts[mode]
             stats = getattr(ctx, "stats", None)
@@ -249,11 +281,16 @@ def run(args):
         if daemon is not None:
             daemon.stop()
     kept = next((r for r in rows if r["mode"] == "kept"), None)
+    identity = next((r for r in rows if r["mode"] == "identity"), None)
     checks = []
     for r in rows:
         r["us_per_saved_tensor"] = r["paired_host_ms"] * 1e3 / args.ops
         per_step = r.get("offloaded_per_step", 0)
-        if kept is not None and r is not kept and per_step > 0:
+        if r["mode"] == "inprocess" and identity is not None and per_step > 0:
+            # Its kept saves cost what identity hooks do: beyond identity.
+            r["us_per_offloaded_storage"] = (r["paired_host_ms"] -
+                                             identity["paired_host_ms"]) * 1e3 / per_step
+        elif kept is not None and r is not kept and per_step > 0:
             # What an offloaded storage costs beyond a kept one (its offload, release, reload).
             r["us_per_offloaded_storage"] = (r["paired_host_ms"] -
                                              kept["paired_host_ms"]) * 1e3 / per_step
@@ -271,8 +308,19 @@ def run(args):
             mark = "  [%s] <= %.0f us" % ("pass" if ok else "FAIL", TARGET_US)
         extra = ""
         if "us_per_offloaded_storage" in r:
-            extra = "  (%.1f us more per offloaded storage than kept)" % r["us_per_offloaded_storage"]
+            extra = "  (%.1f us more per offloaded storage than %s)" % (
+                r["us_per_offloaded_storage"], "identity" if r["mode"] == "inprocess" else "kept")
         print("  %-12s %7.2f us%s%s" % (r["mode"], r["us_per_saved_tensor"], mark, extra))
+    link_us = None
+    if link:
+        # The copies' own time per offloaded storage, both ways, at the rate tierd measured: a
+        # step whose copies take longer than its host work waits for them (the reload check at
+        # the end of backward), so an offloaded storage cannot cost less than this. Below it,
+        # the figures above are the link's, not the hooks'.
+        link_us = (args.bytes / link[0] + args.bytes / link[1]) * 1e6
+        print("  link: d2h %.1f GB/s, h2d %.1f GB/s (tierd's figure): %.1f us per offloaded "
+              "storage of %d bytes, both ways" % (link[0] / 1e9, link[1] / 1e9, link_us,
+                                                   args.bytes))
     print("  (tier from %s)" % _TIER_PYTHON)
     for r in rows:
         if r.get("sections"):
@@ -285,6 +333,7 @@ def run(args):
            "tier_python": _TIER_PYTHON,
            "device_name": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "ops": args.ops, "bytes": args.bytes, "rows": rows,
+           "link_us_per_offloaded_storage": link_us,
            "checks": checks}
     if args.json:
         with open(args.json, "w") as f:
@@ -300,7 +349,7 @@ def main(argv=None):
     p.add_argument("--bytes", type=int, help="bytes per saved tensor (CPU 4 KiB, CUDA 1 MiB)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", help="comma-separated (default: all; inprocess on CUDA only)")
     p.add_argument("--socket")
     p.add_argument("--build-dir", default=os.environ.get("TIER_BUILD_DIR",
                                                          os.path.join(REPO_ROOT, "build")))
@@ -314,10 +363,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.bytes is None:
         args.bytes = 1 << 20 if args.device == "cuda" else 4096
+    if args.modes is None:
+        args.modes = ",".join(m for m in MODES if m != "inprocess" or args.device == "cuda")
     args.modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
     unknown = set(args.modes) - set(MODES)
     if unknown:
         raise SystemExit("unknown modes: %s" % ", ".join(sorted(unknown)))
+    if "inprocess" in args.modes and args.device != "cuda":
+        raise SystemExit("mode inprocess is CUDA's (--device cuda)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("CUDA is not available (--device cpu)")
     os.environ.setdefault("TIER_BUILD_DIR", args.build_dir)

@@ -103,6 +103,20 @@ def test_a_failed_gpu_offload_leaves_its_source_in_its_handle_and_a_done_one_let
     assert done is None and len(keep) == 2
 
 
+def test_a_failure_only_callback_is_called_for_a_failed_job_alone():
+    """Job.fail_only (the GPU offloads' retain callback): a job that succeeded drops what it
+    kept without the call (reap's path for every such job), one that failed calls it."""
+    from tier import _jobs, errors
+
+    calls = []
+    table = _jobs.JobTable(None)
+    for status in (errors.OK, errors.RESOURCE_EXHAUSTED):
+        job = _jobs.Job(1, "offload", object(), calls.append, fail_only=True)
+        table._finish(job, status, "")
+        assert job.keep is None and job.on_done is None
+    assert [j.status for j in calls] == [errors.RESOURCE_EXHAUSTED]
+
+
 class _FakeCudaTensor:
     """What _offload_batch_cuda reads of a contiguous CUDA tensor."""
 
@@ -141,7 +155,7 @@ def _ranges_offloads(monkeypatch, answers, chunk):
         def chunks(self, count):
             return [(lo, min(lo + chunk, count)) for lo in range(0, count, chunk)]
 
-        def offload_ranges(self, rows, ptrs, keeps, dones):
+        def offload_ranges(self, rows, ptrs, keeps, dones, fail_only=False):
             calls.append((rows, ptrs, keeps, dones))
             return [answers[ptr] for ptr, _, _ in rows]
 

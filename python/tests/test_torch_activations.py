@@ -1,5 +1,6 @@
 """tier.torch.offload_activations on CPU models, against a real tierd (host engine)."""
 
+import contextlib
 import gc
 import math
 
@@ -359,6 +360,46 @@ def test_saved_storages_go_out_in_batches(client, daemon, prefetch, monkeypatch)
         assert (s.reloads + s.prefetches + s.source_hits
                 == s.offloaded_storages + s.stayed_on_gpu_storages), s
     assert sum(sizes) == sum(s.offloaded_storages for s in stats)
+
+
+def test_a_saved_tensor_that_is_its_whole_storage_is_offloaded_as_itself(client, daemon,
+                                                                         monkeypatch):
+    """A saved tensor that is its whole storage (contiguous, offset 0: most activations) is
+    the offload's source itself, detached (a job holds no autograd graph), and comes back in its
+    own shape; any other saved tensor goes as its storage's flat bytes, and every view (another
+    view of a storage already offloaded included) is rebuilt exactly."""
+    sent = []
+    real = client.offload_batch
+
+    def spy(tensors, *args, **kwargs):
+        tensors = list(tensors)
+        sent.extend(tensors)
+        return real(tensors, *args, **kwargs)
+
+    def run(offloader):
+        torch.manual_seed(0)
+        x = torch.randn(64, 64, requires_grad=True)
+        with offloader:
+            a = x * 2                  # its whole storage, requires grad
+            b = torch.sin(a)           # saves a
+            t = a.t()                  # a's storage again, transposed: a view of the record
+            c = t @ t                  # saves t
+            w = (x * 3)[:, :32]        # a part of a storage no one offloaded yet: flat bytes
+            loss = b.sum() + c.sum() + (w * w).sum()
+        loss.backward()
+        return loss.detach(), x.grad
+
+    ref = run(contextlib.nullcontext())
+    monkeypatch.setattr(client, "offload_batch", spy)
+    off = tt.offload_activations(min_bytes=0, client=client)
+    off._defer_cpu = True  # (the GPU's path: deferred, sent as batches of tensors)
+    got = run(off)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    whole = [s for s in sent if s.dtype == torch.float32 and s.shape == (64, 64)]
+    flat = [s for s in sent if s.dtype == torch.uint8]
+    assert whole and all(s.grad_fn is None and not s.requires_grad for s in whole), sent
+    assert any(s.numel() == 64 * 64 * 4 for s in flat), sent
+    assert off.stats.deduplicated >= 1, off.stats
 
 
 def test_deferred_storages_of_a_dropped_graph_are_not_sent(client, daemon):

@@ -22,9 +22,10 @@ class Job:
     """A submitted job, from submission until its result is known (and, for user jobs, taken)."""
 
     __slots__ = ("id", "_what", "status", "message", "keep", "on_done", "user", "object",
-                 "length")
+                 "length", "fail_only")
 
-    def __init__(self, job_id, what, keep=None, on_done=None, user=False, object_id=0, length=0):
+    def __init__(self, job_id, what, keep=None, on_done=None, user=False, object_id=0, length=0,
+                 fail_only=False):
         self.id = job_id
         self.object = object_id
         self.length = length
@@ -35,6 +36,7 @@ class Job:
         self.message = ""
         self.keep = keep          # what must outlive the job (source tensor, staging buffer)
         self.on_done = on_done    # called once, under the client's lock, with this job
+        self.fail_only = fail_only  # on_done only where the job failed (no call per success)
         self.user = user          # submitted through the low-level API: result kept for wait()
 
     @property
@@ -167,12 +169,12 @@ class JobTable:
         records = self._submitted(jobs, "offload", keeps, on_dones, user)
         return [(record.object, record) for record in records]
 
-    def offload_ranges(self, rows, stream_ptrs, keeps=None, on_dones=None):
+    def offload_ranges(self, rows, stream_ptrs, keeps=None, on_dones=None, fail_only=False):
         """One tier_offload_ranges: raw memory (GPU, or in the session's host buffers) registered
         and offloaded in one call, at most batch_limit rows of (ptr, length, next_use_hint), all
         sharing the producer streams. Returns per row (object id, Job), or the tier_status code
         of why that row was not offloaded (the others still went). Raises when nothing could
-        go (tierd gone, ...)."""
+        go (tierd gone, ...). fail_only: each on_done is called only where its job failed."""
         s = self._session
         n = len(rows)
         keeps = keeps or [None] * n
@@ -190,7 +192,7 @@ class JobTable:
                 continue
             record = Job(job_id, ("offload of object %d (%d bytes, job %d, in a batch of %d)",
                                   (obj, length, job_id, n)), keeps[i], on_dones[i], False, obj,
-                         length)
+                         length, fail_only)
             inflight[job_id] = record
             out.append((obj, record))
         if errors.UNAVAILABLE in out and not any(type(r) is tuple for r in out):
@@ -285,7 +287,7 @@ class JobTable:
         if job.user:
             self._unwaited[job.id] = job
         try:
-            if callback is not None:
+            if callback is not None and (job.status != errors.OK or not job.fail_only):
                 callback(job)
         finally:
             job.keep = None  # the source / staging buffer is no longer the job's
@@ -303,7 +305,9 @@ class JobTable:
                 job = inflight.pop(c.job, None)
                 if job is not None:
                     status = c.status
-                    if status == errors.OK and job.on_done is None and not job.user:
+                    if status == errors.OK and not job.user and (
+                            job.on_done is None or job.fail_only):
+                        job.on_done = None
                         job.status = errors.OK  # (_finish's work for the common case: no call)
                         job.keep = None
                         continue

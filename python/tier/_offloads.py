@@ -33,9 +33,9 @@ def batch_hints(hints, count):
 
 
 def _retain_cuda_source(job):
-    """The completion callback of a GPU-engine offload asked to retain its source on failure:
-    its job keeps (source, tensor, weakref to the handle). One function for every such job (no
-    closure per offload)."""
+    """The failure callback (Job.fail_only) of a GPU-engine offload asked to retain its source
+    on failure: its job keeps (source, tensor, weakref to the handle). One function for every
+    such job (no closure per offload)."""
     if job.status != errors.OK:
         keep = job.keep
         h = keep[2]() if keep is not None else None
@@ -220,7 +220,7 @@ class Offloads:
                 dones = [done for _, done in kept] if retain_on_failure else None
                 results = jobs.offload_ranges(
                     [(src.data_ptr(), handle.nbytes, hint) for handle, _, src, hint in part],
-                    ptrs, keeps, dones)
+                    ptrs, keeps, dones, fail_only=True)
                 for (handle, t, src, hint), result in zip(part, results):
                     if type(result) is tuple:
                         handle.object_id, handle.job = result

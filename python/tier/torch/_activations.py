@@ -335,6 +335,13 @@ class ActivationOffloader(_compile.Followed):
                     # CPU: the storage's bytes are staged now (as saved), the job goes with the
                     # next batch.
                     self._batches.add_staged(record, storage)
+                elif tensor.storage_offset() == 0 and tensor.nbytes == nbytes and \
+                        tensor.is_contiguous():
+                    # The tensor is its whole storage (most activations): it is the source
+                    # itself, detached (no graph held by a job), and comes back in its own
+                    # shape, so its unpack needs no view (record.whole). No flat tensor made.
+                    record.whole = True
+                    self._batches.add(record, tensor.detach(), tensor)
                 else:
                     self._batches.add(record, _empty(0, dtype=_uint8, device=tensor.device).set_(
                         storage), tensor)
@@ -344,12 +351,14 @@ class ActivationOffloader(_compile.Followed):
                     by_storage.compact()
                 if site is not None:
                     self._held.append(weakref.ref(record))
+                whole = record.whole
             else:
                 self.stats.deduplicated += 1
+                whole = False  # (another view of the storage, maybe: rebuilt as a view)
             self.stats.offloaded_tensors += 1
             if site is not None:
                 self._site_records[site] = weakref.ref(record)
-        return Saved(record, tensor, site)
+        return Saved(record, tensor, site, whole)
 
     def release_sites(self, sites, device):
         """The planned offloads of `sites` whose sources are still held go back in stream
@@ -438,6 +447,8 @@ class ActivationOffloader(_compile.Followed):
             if flat is None:  # the reload's result, taken once
                 pending, record.pending = record.pending, None
                 flat = record.tensor = pending.result()
+        if saved.whole:
+            return flat  # the saved tensor's own shape, dtype and strides (record.whole)
         # (view_of, inline)
         return _empty(0, dtype=saved.dtype, device=flat.device).set_(
             untyped_storage(flat), saved.offset, saved.size, saved.stride)

@@ -44,7 +44,7 @@ class StorageRecord:
     by its reload)."""
 
     __slots__ = ("handle", "index", "device", "nbytes", "weak_storage", "version", "tensor",
-                 "pending", "released", "__weakref__")
+                 "pending", "released", "whole", "__weakref__")
 
     def __init__(self, handle, index, device, nbytes, storage, version):
         self.handle = handle
@@ -59,7 +59,10 @@ class StorageRecord:
         else:
             self.weak_storage = _StorageWeakRef(storage) if _StorageWeakRef is not None else None
         self.version = version
-        self.tensor = None   # the bytes, back (or never gone), as a flat uint8 tensor
+        # The bytes, back (or never gone): a flat uint8 tensor, or, where the saved tensor was
+        # its whole storage (contiguous, offset 0), a tensor of its dtype, shape and strides.
+        self.tensor = None
+        self.whole = False
         self.pending = None  # a reload started but not yet taken
         self.released = False  # planned: the source went back to the allocator in stream order
 
@@ -108,12 +111,17 @@ class StorageIndex(dict):
 class Saved:
     """What autograd holds instead of an offloaded tensor: the storage's record plus the view."""
 
-    __slots__ = ("record", "dtype", "size", "stride", "offset", "site")
+    __slots__ = ("record", "dtype", "size", "stride", "offset", "site", "whole")
 
-    def __init__(self, record, t, site=None):
+    def __init__(self, record, t, site=None, whole=False):
         self.record = record
         self.site = site  # the plan's site (None without a budget)
+        # t is the record's whole source (record.whole): unpacked as record.tensor itself.
+        self.whole = whole
         self.dtype = t.dtype
+        if whole:  # (nothing to rebuild: no view read per save)
+            self.size = self.stride = self.offset = None
+            return
         self.size = t.size()
         self.stride = t.stride()
         self.offset = t.storage_offset()
