@@ -209,6 +209,49 @@ def test_offload_ranges_results_reach_their_handles_and_a_range_left_out_stays_o
     assert offloads.device_direct is True
 
 
+class _SizedCudaTensor(_FakeCudaTensor):
+    """What offload_contiguous reads besides: shape, dtype, nbytes."""
+
+    def __init__(self, ptr, nbytes):
+        super().__init__(ptr)
+        self.nbytes = nbytes
+        self.shape = (nbytes,)
+        self.dtype = "uint8"
+
+
+def test_offload_contiguous_sends_the_callers_tensors_as_ranges_written_by_its_stream(
+        monkeypatch):
+    """tier.torch's lane (Offloads.offload_contiguous): a handle per tensor in order, the
+    non-empty ones as one tier_offload_ranges naming the producer stream given (a raw
+    cudaStream_t); without the GPU engine, the general offload_batch with that stream."""
+    from tier import _offloads, _streams
+
+    offloads, calls = _ranges_offloads(monkeypatch, {0x10: (7, "job7"), 0x20: (8, "job8")},
+                                       chunk=4)
+    monkeypatch.setattr(_offloads, "stream_ptr", _streams.stream_ptr)
+    monkeypatch.setattr(_offloads, "Handle",
+                        lambda client, session, pool, shape, dtype, device, nbytes:
+                        _FakeHandle(nbytes))
+    offloads._client = types.SimpleNamespace(_staging=None)
+    offloads._session.engine = "gpu"
+    tensors = [_SizedCudaTensor(0x10, 64), _SizedCudaTensor(0x30, 0),
+               _SizedCudaTensor(0x20, 128)]
+    handles = offloads.offload_contiguous("cuda:0", 0x77, tensors, True)
+    assert [h.nbytes for h in handles] == [64, 0, 128]
+    assert [(rows, ptrs) for rows, ptrs, _, _ in calls] == [
+        ([(0x10, 64, 0), (0x20, 128, 0)], [0x77])]
+    assert (handles[0].object_id, handles[0].job) == (7, "job7")
+    assert (handles[2].object_id, handles[2].job) == (8, "job8")
+    assert handles[1].job is None
+    assert offloads.device_direct is True
+
+    general = []
+    offloads.device_direct = False
+    offloads.offload_batch = lambda *args: general.append(args) or ["h"]
+    assert offloads.offload_contiguous("cuda:0", 0x77, tensors[:1], True) == ["h"]
+    assert general == [(tensors[:1], [0x77], None, True)]
+
+
 def test_offload_ranges_without_gpu_support_stage_every_tensor(monkeypatch):
     """A library without GPU support answers UNIMPLEMENTED for every range: nothing was
     submitted, every tensor goes back to be staged, and CUDA tensors are staged from then on."""

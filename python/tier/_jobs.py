@@ -65,6 +65,26 @@ def offload_options(stream_ptrs, hint):
     return options, streams
 
 
+class OptionsCache:
+    """tier_offload_options of the batch calls (hint 0) by producer streams, made once: a batch
+    of one paid a ctypes struct, an array and a cast (5 us on the device's hosts) for the same
+    few streams every time. The library only reads them during a call."""
+
+    MAX = 16
+
+    def __init__(self):
+        self._by_streams = {}
+
+    def get(self, stream_ptrs):
+        key = tuple(stream_ptrs) if stream_ptrs else ()
+        made = self._by_streams.get(key)
+        if made is None:
+            if len(self._by_streams) >= self.MAX:
+                self._by_streams.clear()
+            made = self._by_streams[key] = offload_options(key, 0)  # (options, array kept)
+        return made[0]
+
+
 # in_use(): finished jobs are dropped from the list once it holds this many.
 IN_USE_PRUNE_AT = 4096
 
@@ -81,6 +101,7 @@ class JobTable:
         self._in_use = []
         self._noted = 0
         self._poll_batch = (_lib.Completion * POLL_BATCH)()
+        self._options = OptionsCache()
 
     def __len__(self):
         return len(self._inflight)
@@ -160,7 +181,7 @@ class JobTable:
             buffer_id, offset, length, hint = rows[0]
             return [self.offload(buffer_id, offset, length, stream_ptrs, hint, keeps[0],
                                  on_dones[0], user)]
-        options, _streams = offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
+        options = self._options.get(stream_ptrs)
         # The array packed whole from the rows (no ctypes attribute set per field).
         jobs = _lib.pack_batch([(0, buffer_id, offset, length, hint, 0)
                                 for buffer_id, offset, length, hint in rows])
@@ -179,7 +200,7 @@ class JobTable:
         n = len(rows)
         keeps = keeps or [None] * n
         on_dones = on_dones or [None] * n
-        options, _streams = offload_options(stream_ptrs, 0)  # (_streams: alive for the call)
+        options = self._options.get(stream_ptrs)
         ranges = _lib.pack_ranges(rows)
         _lib.check(s.lib.tier_offload_ranges(s.c_session, ranges, n, ctypes.byref(options)),
                    "offload of %d ranges" % n)

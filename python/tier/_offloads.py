@@ -175,6 +175,30 @@ class Offloads:
             self._staged.offload_batch(staged, retain_on_failure)
         return handles
 
+    def offload_contiguous(self, device, producer, tensors, retain_on_failure):
+        """offload_batch(tensors, [producer], None, retain_on_failure) for tensors the caller
+        vouches for (tier.torch's saved activations): plain, dense, contiguous CUDA tensors of
+        `device` that require no grad, written by the stream whose cudaStream_t is `producer`.
+        None of offload_batch's checks per tensor, no gather: a batch of one or two (a plan's
+        run of offloads) pays what submitting it needs, not the general call's."""
+        if self.device_direct is False or (self.device_direct is None and
+                                           self._session.engine == "host"):
+            return self.offload_batch(tensors, [producer], None, retain_on_failure)
+        refuse_in_capture(device, "offload_batch()")
+        client, session, pool = self._client, self._session, self._client._staging
+        handles = []
+        items = []
+        for t in tensors:
+            handle = Handle(client, session, pool, t.shape, t.dtype, device, t.nbytes)
+            handles.append(handle)
+            if handle.nbytes:
+                items.append((handle, t, t, 0))
+        streams = [producer]
+        fallback = self._submit_ranges(items, streams, streams, retain_on_failure)
+        if fallback:
+            self._staged.offload_batch(fallback, retain_on_failure)
+        return handles
+
     def _offload_batch_cuda(self, device, items, streams, retain_on_failure):
         """The GPU engine path for one GPU's tensors, as one batch (split at batch_limit): one
         ticket, one wait for the producer streams for all of them. Returns the items to stage
@@ -199,10 +223,18 @@ class Offloads:
             producers = [cur]
         else:
             items = [(h, t, t, hint) for h, t, hint in items]
+        return self._submit_ranges(items, producers, streams, retain_on_failure)
+
+    def _submit_ranges(self, items, producers, streams, retain_on_failure):
+        """Submits items of (handle, tensor, contiguous source, hint) of one GPU, written by
+        `producers` (streams or cudaStream_t ints), through tier_offload_ranges. Returns the
+        items to stage instead (the library has no GPU support), with `streams`."""
         # Registration and submission in one library call per chunk (tier_offload_ranges): no
         # register round of its own, no rows rebuilt between them. Under the session's lock, so
         # that no reaper sees a job before it is tracked; a registration that takes a round trip
         # to tierd (an allocation's first) holds this client's other threads that long.
+        if not items:
+            return []
         ptrs = [stream_ptr(s) for s in producers]
         session = self._session
         jobs = session.jobs

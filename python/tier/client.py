@@ -374,6 +374,12 @@ class Client:
         """
         return self._offloads.offload_batch(tensors, streams, next_use_hints, retain_on_failure)
 
+    def _offload_contiguous(self, device, producer, tensors, retain_on_failure=False):
+        """tier.torch's offload_batch(tensors, [producer], None, retain_on_failure) for tensors
+        it vouches for: plain, dense, contiguous CUDA tensors of `device` requiring no grad,
+        written by the stream whose cudaStream_t is `producer` (tier/_offloads.py)."""
+        return self._offloads.offload_contiguous(device, producer, tensors, retain_on_failure)
+
     def stage_offload(self, tensor):
         """A CPU tensor's (or UntypedStorage's: as uint8 bytes) offload in two steps: its bytes
         are staged now (it may change right after) and the job is submitted later by

@@ -125,14 +125,19 @@ class SaveBatches:
                 groups.setdefault((record.device, stream), []).append((record, flat))
         if staged:
             self._submit_staged(client, staged)
-        for (_, stream), items in groups.items():
+        for (device, stream), items in groups.items():
             # retain_on_failure: if an offload fails (pool or quota full), its handle keeps the
             # data and backward uses it from there: not offloaded, but not lost either (unless a
             # plan's release point handed the source back before the failure was known).
             try:
-                handles = client.offload_batch([flat for _, flat in items],
-                                               [stream] if stream is not None else None,
-                                               None, retain_on_failure=True)
+                if stream is not None:
+                    # CUDA: what the offloader sends is contiguous, plain and without grad
+                    # (the tensor itself detached, or a flat view of its storage).
+                    handles = client._offload_contiguous(device, stream,
+                                                         [flat for _, flat in items], True)
+                else:
+                    handles = client.offload_batch([flat for _, flat in items], None, None,
+                                                   retain_on_failure=True)
             except _errors.TierError as e:
                 # Refused before anything was submitted (tierd gone, ...). Raised here it would
                 # surface far from its cause (a later save, or backward); the bytes stay where
