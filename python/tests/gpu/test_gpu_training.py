@@ -363,7 +363,18 @@ def test_reserved_memory_stays_flat_across_offload_steps(gpu_client):
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
-    assert reserved[2:] == [reserved[2]] * len(reserved[2:]), [r >> 20 for r in reserved]
+    # Not growth step after step (the bug grew 0.7-1.1 GiB every step). One settle is allowed:
+    # whether a step's peak of sources in flight (held until their copies complete) needs one
+    # more segment depends on when the host learns of completions. In 15 runs on an H100
+    # (ee9c939's code, 040119a's and e39b16d's) it grew by one 128 MiB segment in 7, at steps
+    # 3 to 18, and in no run whose list was read whole did it grow twice.
+    mib = [r >> 20 for r in reserved]
+    grew = [i for i in range(3, len(reserved)) if reserved[i] > reserved[i - 1]]
+    assert len(grew) <= 1 and reserved[-1] - reserved[2] <= SETTLE_BYTES, mib
+
+
+# What test_reserved_memory_stays_flat_across_offload_steps lets reserved memory grow once.
+SETTLE_BYTES = 256 << 20
 
 
 @needs_cuda
