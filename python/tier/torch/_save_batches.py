@@ -45,8 +45,9 @@ class SaveBatches:
         # tierd objects with it) alive until a collection.
         self._off = weakref.proxy(offloader)
         self._bounded = bounded
-        # (weakref to StorageRecord, flat bytes, producer stream, staged); read, never changed,
-        # by the offloader (whether anything waits: no call on its hot path)
+        # (weakref to StorageRecord, source (the tensor or its storage's flat bytes), producer
+        # stream, staged); read, never changed, by the offloader (whether anything waits: no
+        # call on its hot path)
         self.deferred = []
         self._pending_bytes = 0
         self._inflight = InflightBound()
