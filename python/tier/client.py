@@ -63,7 +63,6 @@ class Client:
     ``daemon_wait_ms``: how long the constructor waits for a tierd that is not serving yet
     (starting, restarting, draining before its successor starts; 0: 60000, < 0: no wait), so a
     trainer started during ``systemctl restart tierd`` opens its session instead of failing.
-
     Thread-safe. Use as a context manager or call :meth:`close`.
 
     When tierd goes away (killed, restarted, upgraded), the client opens a session with the next
@@ -85,6 +84,7 @@ class Client:
         self._staging = StagingPool(self._session, staging_cache_bytes)
         self._staged = StagedOffloads(self, self._session, self._staging)
         self._offloads = Offloads(self, self._session, self._staged)
+        self._offload_contiguous = self._offloads.offload_contiguous  # (tier.torch's lane)
         self._reloads = Reloads(self, self._session, self._staging)
         self._objects = PersistentObjects(self._session)
 
@@ -373,12 +373,6 @@ class Client:
         ``retain_on_failure`` as for offload().
         """
         return self._offloads.offload_batch(tensors, streams, next_use_hints, retain_on_failure)
-
-    def _offload_contiguous(self, device, producer, tensors, retain_on_failure=False):
-        """tier.torch's offload_batch(tensors, [producer], None, retain_on_failure) for tensors
-        it vouches for: plain, dense, contiguous CUDA tensors of `device` requiring no grad,
-        written by the stream whose cudaStream_t is `producer` (tier/_offloads.py)."""
-        return self._offloads.offload_contiguous(device, producer, tensors, retain_on_failure)
 
     def stage_offload(self, tensor):
         """A CPU tensor's (or UntypedStorage's: as uint8 bytes) offload in two steps: its bytes
