@@ -254,7 +254,8 @@ def run(args):
             for mode in args.modes:
                 samples[mode].append(chain.step(contexts[mode], cuda))
         client.synchronize()
-        link = client.link_bandwidth(0) if cuda else None  # tierd's own figure, (d2h, h2d)
+        # tierd's own figure for the chain's GPU, (d2h, h2d)
+        link = client.link_bandwidth(torch.cuda.current_device()) if cuda else None
         for mode in args.modes:
             ctx = contexts[mode]
             stats = getattr(ctx, "stats", None)

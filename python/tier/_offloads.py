@@ -181,8 +181,7 @@ class Offloads:
         `device` that require no grad, written by the stream whose cudaStream_t is `producer`.
         None of offload_batch's checks per tensor, no gather: a batch of one or two (a plan's
         run of offloads) pays what submitting it needs, not the general call's."""
-        if self.device_direct is False or (self.device_direct is None and
-                                           self._session.engine == "host"):
+        if not self._direct_possible():
             return self.offload_batch(tensors, [producer], None, retain_on_failure)
         refuse_in_capture(device, "offload_batch()")
         client, session, pool = self._client, self._session, self._client._staging

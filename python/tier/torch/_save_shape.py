@@ -20,6 +20,7 @@ again, as it does when the candidates themselves differ. Kept is always safe: a 
 returns is one the full hook would have kept.
 """
 
+
 class SaveShape:
     """The last full step's shape, and the pack hook of each step (:meth:`hook`), ended by
     :meth:`end_step`. Saves returned by the table are counted in ``stats.saved`` and
