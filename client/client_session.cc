@@ -17,6 +17,7 @@
 #include "client/gpu/client_gpu.h"
 #include "common/log.h"
 #include "common/process_state.h"
+#include "common/populate.h"
 #include "common/status.h"
 #include "common/unix_socket.h"
 #include "common/version.h"
@@ -173,10 +174,14 @@ absl::StatusOr<uint64_t> ClientSession::AllocHostBuffer(uint64_t bytes, void** p
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     return ErrnoStatus("sealing the buffer");
   }
-  // Populated here, so the memory is charged to this process: tierd refuses sparse memfds.
-  void* base =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return ErrnoStatus("mmap of the buffer");
+  // Populated here, for writing, so the memory is charged to this process and stays: tierd
+  // refuses sparse memfds (common/populate.h says why MAP_POPULATE is not enough).
+  if (absl::Status populated = PopulateForWrite(base, bytes); !populated.ok()) {
+    ::munmap(base, bytes);
+    return populated;
+  }
   absl::StatusOr<uint64_t> id = RegisterFd(fd.get(), bytes);
   if (!id.ok()) {
     ::munmap(base, bytes);

@@ -66,8 +66,8 @@ absl::StatusOr<std::unique_ptr<MemfdMapping>> MemfdMapping::Map(const UniqueFd& 
   if (static_cast<uint64_t>(hole) < bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host buffer memfd is not populated (no memory at byte ", hole, " of ", bytes,
-        "): write it or map it with MAP_POPULATE before registering, so that its memory is the "
-        "client's"));
+        "): write every page before registering (MADV_POPULATE_WRITE; MAP_POPULATE's clean "
+        "pages can be dropped)"));
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return ErrnoStatus("mmap of host buffer");

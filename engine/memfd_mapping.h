@@ -7,8 +7,9 @@
 //    prevents the punch (F_SEAL_WRITE would prevent the client's own writes too);
 //  - populated: no holes in [0, bytes). A hole would be filled by the daemon's first copy into
 //    it, and the page charged to tierd's memory cgroup (a sparse memfd of the size of a pool
-//    got tierd OOM-killed). The client writes its memfd or maps it with MAP_POPULATE first, so
-//    its memory is charged to the client;
+//    got tierd OOM-killed). The client writes every page of its memfd first, so its memory is
+//    charged to the client (common/populate.h: pages faulted in for reading can be dropped by
+//    reclaim, and become holes again);
 //  - faulted in by the daemon at registration with MADV_POPULATE_WRITE, which fails instead of
 //    raising SIGBUS, so memory that cannot be faulted is refused here, not met in a copy.
 //  - with seal_future_writes (the host engine, whose copies touch the pages with the CPU): sealed

@@ -132,8 +132,9 @@ TIER_API tier_status tier_link_rate(tier_session* session, int device, double* d
 TIER_API tier_status tier_buffer_alloc_host(tier_session* session, uint64_t bytes, void** ptr,
                                             tier_buffer_id* id);
 /* Registers an existing memfd (sealed against shrinking: F_SEAL_SHRINK) of at least bytes. The
- * library does not take ownership of fd. Its first bytes must be populated (written, or mapped
- * with MAP_POPULATE), so the memory is charged to the caller, not to tierd; memfds on
+ * library does not take ownership of fd. Its first bytes must be populated (every page written,
+ * or faulted in with MADV_POPULATE_WRITE; MAP_POPULATE on a shared mapping faults pages in for
+ * reading, and reclaim may drop those), so the memory is charged to the caller, not to tierd; memfds on
  * hugetlbfs (MFD_HUGETLB) are refused. A host-engine tierd seals the memfd with
  * F_SEAL_FUTURE_WRITE once it mapped it, so that no hole can be punched into it: map it
  * writable before registering (those mappings stay writable; write(2) and new writable mappings

@@ -9,6 +9,8 @@ tier_add_test(ring_test LABEL unit
 
 tier_add_test(log_rate_limiter_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/log_rate_limiter_test.cc LIBS tier_common)
+tier_add_test(populate_test LABEL unit
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/populate_test.cc LIBS tier_common)
 tier_add_test(process_state_test LABEL unit
   SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/process_state_test.cc LIBS tier_common)
 

@@ -12,6 +12,7 @@
 
 #include "client/control_client.h"
 #include "client/session_channel.h"
+#include "common/populate.h"
 #include "gtest/gtest.h"
 #include "tier/ring.h"
 #include "tierd_process.h"
@@ -31,8 +32,9 @@ inline v1::OpenSessionResponse OpenRaw(const TierdProcess& tierd,
 // Writes the first `bytes` of a memfd, as a client does before registering it (tierd refuses
 // memfds with holes).
 inline void PopulateMemfd(int fd, uint64_t bytes) {
-  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ASSERT_NE(mapped, MAP_FAILED);
+  EXPECT_TRUE(PopulateForWrite(mapped, bytes).ok());
   ::munmap(mapped, bytes);
 }
 
