@@ -141,6 +141,8 @@ SessionLimits SessionLimitsOf(const Config& config, uint64_t capacity) {
   limits.client.max_mapped_bytes_per_uid = config.max_mapped_bytes_per_uid;
   limits.client.max_mapped_bytes =
       config.max_mapped_bytes ? config.max_mapped_bytes : DefaultMaxMappedBytes();
+  limits.client.max_reserved_bytes_per_session = config.max_reserved_bytes_per_session;
+  limits.client.max_reserved_bytes_per_uid = config.max_reserved_bytes_per_uid;
   return limits;
 }
 

@@ -25,7 +25,8 @@ class VmmImporter {
   absl::Status Reserve(uint64_t reserved, uint64_t granularity, int device);
 
   // Address space reserved for client memory (VMM imports) at most: a quarter of x86-64's 128 TiB
-  // of user space, so clients cannot starve tierd of it.
+  // of user space, so clients cannot starve tierd of it. A session's and a user's share of it are
+  // bounded before the import (max_reserved_bytes_per_session, _per_uid: UsageLedger).
   static constexpr uint64_t kMaxReservedBytes = uint64_t{32} << 40;
 
   std::atomic<uint64_t> reserved_bytes_{0};

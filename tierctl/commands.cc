@@ -323,6 +323,13 @@ static std::string PoolPinned(const v1::GetStatusResponse& status) {
 
 // "default 1, GPU 0 2, GPU 1 0 sessions; oldest pass 3 ms ago": each ring poller's sessions, and
 // the longest any has not gone round.
+// ", 180.0 GiB of GPU address space reserved" (VMM buffers); nothing when none is.
+static std::string ReservedAddressSpace(const v1::GetStatusResponse& status) {
+  if (status.client_reserved_bytes() == 0) return "";
+  return absl::StrCat(", ", FormatBytes(status.client_reserved_bytes()),
+                      " of GPU address space reserved");
+}
+
 static std::string RingPollers(const v1::GetStatusResponse& status) {
   std::vector<std::string> each;
   uint64_t oldest = 0;
@@ -351,7 +358,9 @@ void RenderStatus(const v1::GetStatusResponse& status, bool json, std::ostream& 
                 {"Recent bandwidth", FormatBandwidth(status.recent_bandwidth_bytes_per_s())},
                 {"Client memory", absl::StrCat(status.buffers(), " buffers mapped (",
                                                FormatBytes(status.client_mapped_bytes()),
-                                               " of host memory), ", status.gpu_lanes(),
+                                               " of host memory",
+                                               ReservedAddressSpace(status), "), ",
+                                               status.gpu_lanes(),
                                                " GPU lanes, ", status.pending_releases(),
                                                " releases pending")}};
   if (status.ring_pollers_size() > 0) fields.push_back({"Ring pollers", RingPollers(status)});

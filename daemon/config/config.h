@@ -102,6 +102,10 @@ struct Config {
   uint64_t max_mapped_bytes_per_uid = 256ull << 30;     // max_mapped_bytes_per_uid (host)
   // max_mapped_bytes: all sessions (0: a quarter of MemTotal, derived at start)
   uint64_t max_mapped_bytes = 0;
+  // GPU address space reserved for VMM registrations (expandable segments): one session's, one
+  // uid's (all sessions: the engine's 32 TiB).
+  uint64_t max_reserved_bytes_per_session = uint64_t{8} << 40;  // max_reserved_bytes_per_session
+  uint64_t max_reserved_bytes_per_uid = uint64_t{16} << 40;     // max_reserved_bytes_per_uid
   uint32_t max_connections = 1024;            // max_connections (session socket)
   uint32_t max_connections_per_uid = 128;     // max_connections_per_uid
 

@@ -348,6 +348,14 @@ std::vector<Key> LimitKeys() {
           "most bytes of host memory registered in all (tierd's page tables grow "
           "by 1/512 of it); 0: a quarter of the node's memory (MemTotal)",
           &Config::max_mapped_bytes, /*allow_zero=*/true, 4096),
+      SizeKey("max_reserved_bytes_per_session", kLimits,
+          "most GPU address space tierd reserves for one session's VMM buffers "
+          "(an expandable segment reserves 1.125 times its GPU's memory)",
+          &Config::max_reserved_bytes_per_session, false, 4096),
+      SizeKey("max_reserved_bytes_per_uid", kLimits,
+          "most GPU address space tierd reserves for the VMM buffers of one user's "
+          "sessions (all users together: 32 TiB)",
+          &Config::max_reserved_bytes_per_uid, false, 4096),
       IntegerKey("max_connections", kLimits,
           "most connections to the session socket at once",
           &Config::max_connections, 1, 1 << 20),

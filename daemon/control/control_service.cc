@@ -192,7 +192,9 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext*, const v1::GetStatus
   AddPoolParts(response);
   engine::EngineCounts counts = engine_.Counts();
   response->set_buffers(counts.buffers);
-  response->set_client_mapped_bytes(registry_.ClientTotals().mapped_bytes);
+  const UsageLedger::Usage clients = registry_.ClientTotals();
+  response->set_client_mapped_bytes(clients.mapped_bytes);
+  response->set_client_reserved_bytes(clients.reserved_bytes);
   response->set_max_mapped_bytes(context_.max_mapped_bytes);
   if (context_.metrics_state) response->set_metrics(context_.metrics_state());
   if (context_.pollers) {

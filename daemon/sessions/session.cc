@@ -166,7 +166,7 @@ uint64_t MappedBytes(const engine::ImportedBuffer& buffer) {
 
 }  // namespace
 
-absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
+absl::Status Session::CheckBufferLimits(const BufferCharge& charge) const {
   MutexLock lock(&mu_);
   if (ledger_ == nullptr) return absl::OkStatus();
   const ClientLimits& limits = ledger_->limits();
@@ -175,13 +175,20 @@ absl::Status Session::CheckBufferLimits(uint64_t mapped_bytes) const {
         absl::StrCat("session ", id_, " already has ", limits.max_buffers_per_session,
                      " buffers registered (max_buffers_per_session)"));
   }
-  if (mapped_bytes > limits.max_mapped_bytes_per_session - mapped_bytes_) {
+  if (charge.mapped_bytes > limits.max_mapped_bytes_per_session - charged_.mapped_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session ", id_, " has ", mapped_bytes_, " bytes of host memory registered; ",
-        mapped_bytes, " more would pass ", limits.max_mapped_bytes_per_session,
+        "session ", id_, " has ", charged_.mapped_bytes, " bytes of host memory registered; ",
+        charge.mapped_bytes, " more would pass ", limits.max_mapped_bytes_per_session,
         " (max_mapped_bytes_per_session)"));
   }
-  return ledger_->CheckBuffer(peer_.uid, mapped_bytes);
+  if (charge.reserved_bytes > limits.max_reserved_bytes_per_session - charged_.reserved_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", id_, " has ", charged_.reserved_bytes >> 30,
+        " GiB of GPU address space reserved; ", charge.reserved_bytes >> 30,
+        " GiB more would pass ", limits.max_reserved_bytes_per_session >> 30,
+        " GiB (max_reserved_bytes_per_session): unregister buffers, or use fewer streams"));
+  }
+  return ledger_->CheckBuffer(peer_.uid, charge);
 }
 
 bool Session::TakeSubmissions(int poller) {
@@ -196,17 +203,19 @@ void Session::ReleaseSubmissions(int poller) {
   sq_holder_.compare_exchange_strong(holder, kMoving, std::memory_order_release);
 }
 
-uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer) {
+uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer,
+                           uint64_t reserved_bytes) {
   if (const int device = buffer->device(); device >= 0) {
     int none = -1;  // (only the first GPU buffer sets it: a session moves at most once)
     home_device_.compare_exchange_strong(none, device, std::memory_order_acq_rel);
   }
+  const BufferCharge charge{MappedBytes(*buffer), reserved_bytes};
   MutexLock lock(&mu_);
   uint64_t id = next_buffer_id_++;
-  const uint64_t mapped = MappedBytes(*buffer);
-  mapped_bytes_ += mapped;
-  if (ledger_ != nullptr) ledger_->AddBuffer(peer_.uid, mapped);
-  buffers_.emplace(id, std::move(buffer));
+  charged_.mapped_bytes += charge.mapped_bytes;
+  charged_.reserved_bytes += charge.reserved_bytes;
+  if (ledger_ != nullptr) ledger_->AddBuffer(peer_.uid, charge);
+  buffers_.emplace(id, Registered{std::move(buffer), charge});
   return id;
 }
 
@@ -215,19 +224,20 @@ bool Session::RemoveBuffer(uint64_t buffer_id) {
   MutexLock lock(&mu_);
   auto it = buffers_.find(buffer_id);
   if (it == buffers_.end()) return false;
-  doomed = std::move(it->second);
+  doomed = std::move(it->second.buffer);
+  const BufferCharge charge = it->second.charge;
   buffers_.erase(it);
-  const uint64_t mapped = MappedBytes(*doomed);
-  mapped_bytes_ -= mapped;
+  charged_.mapped_bytes -= charge.mapped_bytes;
+  charged_.reserved_bytes -= charge.reserved_bytes;
   // Counted free at once, though a job that still copies keeps the mapping a moment longer.
-  if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, mapped);
+  if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, charge);
   return true;
 }
 
 std::shared_ptr<engine::ImportedBuffer> Session::FindBuffer(uint64_t buffer_id) {
   MutexLock lock(&mu_);
   auto it = buffers_.find(buffer_id);
-  return it == buffers_.end() ? nullptr : it->second;
+  return it == buffers_.end() ? nullptr : it->second.buffer;
 }
 
 bool Session::BeginJob() {
@@ -259,12 +269,12 @@ void Session::WaitIdle() {
 std::vector<std::shared_ptr<engine::ImportedBuffer>> Session::TakeAllBuffers() {
   std::vector<std::shared_ptr<engine::ImportedBuffer>> all;
   MutexLock lock(&mu_);
-  for (auto& [id, buffer] : buffers_) {
-    if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, MappedBytes(*buffer));
-    all.push_back(std::move(buffer));
+  for (auto& [id, registered] : buffers_) {
+    if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, registered.charge);
+    all.push_back(std::move(registered.buffer));
   }
   buffers_.clear();
-  mapped_bytes_ = 0;
+  charged_ = BufferCharge{};
   return all;
 }
 

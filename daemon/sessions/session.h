@@ -131,11 +131,14 @@ class Session {
   // Buffers. Each counts against the session's limits and, through the ledger (set before the
   // session attaches; none in unit tests), its user's and the node's.
   void set_ledger(UsageLedger* ledger) { ledger_ = ledger; }
-  // Whether one more buffer mapping `mapped_bytes` of host memory (0 for GPU memory) fits:
-  // RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one adding).
-  absl::Status CheckBufferLimits(uint64_t mapped_bytes) const;
-  // The first buffer on a GPU makes that GPU the session's home_device().
-  uint64_t AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer);
+  // Whether one more buffer costing `charge` (host memory mapped, GPU address space reserved)
+  // fits: RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one
+  // adding).
+  absl::Status CheckBufferLimits(const BufferCharge& charge) const;
+  // The first buffer on a GPU makes that GPU the session's home_device(). Its charge: the host
+  // memory it maps (a host buffer's bytes) and `reserved_bytes` of GPU address space, counted
+  // until it is removed.
+  uint64_t AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer, uint64_t reserved_bytes = 0);
   bool RemoveBuffer(uint64_t buffer_id);
   std::shared_ptr<engine::ImportedBuffer> FindBuffer(uint64_t buffer_id);
 
@@ -215,11 +218,15 @@ class Session {
   std::atomic<bool> closing_seen_{false};
   std::atomic<uint64_t> in_flight_seen_{0};
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<engine::ImportedBuffer>> buffers_ ABSL_GUARDED_BY(mu_);
+  struct Registered {
+    std::shared_ptr<engine::ImportedBuffer> buffer;
+    BufferCharge charge;
+  };
+  std::unordered_map<uint64_t, Registered> buffers_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, ObjectSlot> bound_ ABSL_GUARDED_BY(mu_);
   // bound_ is empty (the common case): jobs resolve their ids without taking mu_.
   std::atomic<bool> any_bound_{false};
-  uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // host memory of buffers_
+  BufferCharge charged_ ABSL_GUARDED_BY(mu_);  // buffers_' charges together
   UsageLedger* ledger_ = nullptr;
   JobCounters counters_;
 };

@@ -317,6 +317,23 @@ absl::Status VmmPageSizes(const wire::RegisterBuffer& request, size_t descriptor
   return absl::OkStatus();
 }
 
+// What a registration will cost tierd, from the checked request: the host memory it maps, or
+// the GPU address space the engine reserves for it (a segment's whole reservation, as
+// VmmImporter reserves it).
+BufferCharge ChargeOf(const engine::BufferImport& import) {
+  switch (import.kind) {
+    case wire::BufferKind::kHostMemfd:
+      return {import.bytes, 0};
+    case wire::BufferKind::kCudaVmmFd:
+    case wire::BufferKind::kCudaVmmPages:
+      return {0, import.bytes};
+    case wire::BufferKind::kCudaVmmSegment:
+      return {0, std::max(import.reserve_bytes, import.bytes)};
+    default:
+      return {};
+  }
+}
+
 }  // namespace
 
 void SessionListener::HandleRegister(Connection& c, const std::vector<char>& data,
@@ -331,12 +348,6 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
     status = absl::FailedPreconditionError("session is ending");
   } else if (!parsed) {
     status = absl::InvalidArgumentError("malformed register request");
-  } else if (absl::Status room = c.session->CheckBufferLimits(
-                 request.kind == static_cast<uint32_t>(wire::BufferKind::kHostMemfd)
-                     ? request.bytes
-                     : 0);
-             !room.ok()) {
-    status = std::move(room);
   } else if (request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmPages) &&
              request.kind != static_cast<uint32_t>(wire::BufferKind::kCudaVmmSegment) &&
              fds.size() > 1) {
@@ -369,12 +380,15 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
       import.fd = std::move(fds[0]);
     }
   }
+  const BufferCharge charge = ChargeOf(import);
+  if (status.ok()) status = c.session->CheckBufferLimits(charge);
   if (status.ok()) {
     absl::StatusOr<std::unique_ptr<engine::ImportedBuffer>> buffer =
         engine_.Import(c.session->engine_session(), std::move(import));
     if (buffer.ok()) {
       const int home = c.session->home_device();
-      reply.buffer_id = c.session->AddBuffer(std::shared_ptr<engine::ImportedBuffer>(*std::move(buffer)));
+      reply.buffer_id = c.session->AddBuffer(
+          std::shared_ptr<engine::ImportedBuffer>(*std::move(buffer)), charge.reserved_bytes);
       // Its first GPU buffer: the session moves to that GPU's ring poller (handed over between
       // two passes; its jobs are served all along).
       if (c.session->home_device() != home) registry_.HomeChanged();

@@ -48,7 +48,7 @@ void UsageLedger::RemoveSession(uid_t uid) {
   ForgetIfIdleLocked(uid);
 }
 
-absl::Status UsageLedger::CheckBuffer(uid_t uid, uint64_t mapped_bytes) const {
+absl::Status UsageLedger::CheckBuffer(uid_t uid, const BufferCharge& charge) const {
   MutexLock lock(&mu_);
   if (buffers_ >= limits_.max_buffers) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -61,38 +61,49 @@ absl::Status UsageLedger::CheckBuffer(uid_t uid, uint64_t mapped_bytes) const {
         absl::StrCat("uid ", uid, " already has ", limits_.max_buffers_per_uid,
                      " buffers registered (max_buffers_per_uid)"));
   }
-  // Written so that nothing overflows: usage.mapped_bytes <= limit always holds.
-  if (mapped_bytes > limits_.max_mapped_bytes - std::min(mapped_bytes_, limits_.max_mapped_bytes)) {
+  // Written so that nothing overflows: usage <= limit always holds.
+  const uint64_t mapped = charge.mapped_bytes;
+  if (mapped > limits_.max_mapped_bytes - std::min(mapped_bytes_, limits_.max_mapped_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "tierd has ", mapped_bytes_, " bytes of host memory registered in all; ", mapped_bytes,
+        "tierd has ", mapped_bytes_, " bytes of host memory registered in all; ", mapped,
         " more would pass ", limits_.max_mapped_bytes, " (max_mapped_bytes)"));
   }
-  if (mapped_bytes > limits_.max_mapped_bytes_per_uid - usage.mapped_bytes) {
+  if (mapped > limits_.max_mapped_bytes_per_uid - usage.mapped_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "uid ", uid, " has ", usage.mapped_bytes, " bytes of host memory registered; ",
-        mapped_bytes, " more would pass ", limits_.max_mapped_bytes_per_uid,
-        " (max_mapped_bytes_per_uid)"));
+        "uid ", uid, " has ", usage.mapped_bytes, " bytes of host memory registered; ", mapped,
+        " more would pass ", limits_.max_mapped_bytes_per_uid, " (max_mapped_bytes_per_uid)"));
+  }
+  if (charge.reserved_bytes > limits_.max_reserved_bytes_per_uid - usage.reserved_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", uid, " has ", usage.reserved_bytes >> 30, " GiB of GPU address space reserved; ",
+        charge.reserved_bytes >> 30, " GiB more would pass ",
+        limits_.max_reserved_bytes_per_uid >> 30, " GiB (max_reserved_bytes_per_uid)"));
   }
   return absl::OkStatus();
 }
 
-void UsageLedger::AddBuffer(uid_t uid, uint64_t mapped_bytes) {
+void UsageLedger::AddBuffer(uid_t uid, const BufferCharge& charge) {
   MutexLock lock(&mu_);
   Usage& usage = by_uid_[uid];
   ++usage.buffers;
-  usage.mapped_bytes += mapped_bytes;
+  usage.mapped_bytes += charge.mapped_bytes;
+  usage.reserved_bytes += charge.reserved_bytes;
   ++buffers_;
-  mapped_bytes_ += mapped_bytes;
+  mapped_bytes_ += charge.mapped_bytes;
+  reserved_bytes_ += charge.reserved_bytes;
 }
 
-void UsageLedger::RemoveBuffer(uid_t uid, uint64_t mapped_bytes) {
+void UsageLedger::RemoveBuffer(uid_t uid, const BufferCharge& charge) {
   MutexLock lock(&mu_);
   auto it = by_uid_.find(uid);
   if (it == by_uid_.end() || it->second.buffers == 0) return;
-  --it->second.buffers;
-  it->second.mapped_bytes -= std::min(mapped_bytes, it->second.mapped_bytes);
+  Usage& usage = it->second;
+  --usage.buffers;
+  usage.mapped_bytes -= std::min(charge.mapped_bytes, usage.mapped_bytes);
+  usage.reserved_bytes -= std::min(charge.reserved_bytes, usage.reserved_bytes);
   --buffers_;
-  mapped_bytes_ -= std::min(mapped_bytes, mapped_bytes_);
+  mapped_bytes_ -= std::min(charge.mapped_bytes, mapped_bytes_);
+  reserved_bytes_ -= std::min(charge.reserved_bytes, reserved_bytes_);
   ForgetIfIdleLocked(uid);
 }
 
@@ -104,7 +115,7 @@ UsageLedger::Usage UsageLedger::UsageOf(uid_t uid) const {
 
 UsageLedger::Usage UsageLedger::Totals() const {
   MutexLock lock(&mu_);
-  return Usage{sessions_, buffers_, mapped_bytes_, 0};
+  return Usage{sessions_, buffers_, mapped_bytes_, 0, reserved_bytes_};
 }
 
 void UsageLedger::ForgetIfIdleLocked(uid_t uid) {

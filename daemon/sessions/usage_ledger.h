@@ -1,6 +1,7 @@
 // What each user (uid, from SO_PEERCRED) holds in tierd across all its sessions, checked against
 // the per-uid and node-wide limits, so that one user's clients cannot take every session slot,
-// every mapping (vm.max_map_count) or the daemon's address space (issue 16). Per-session limits
+// every mapping (vm.max_map_count), the daemon's address space (issue 16) or the GPU address
+// space tierd reserves for expandable segments. Per-session limits
 // are the session's own (Session::CheckBufferLimits); this is the sum over sessions.
 //
 // Thread-safe. Lock order: a session's mutex may be held when calling in; the ledger never calls
@@ -27,6 +28,16 @@ struct ClientLimits {
   uint64_t max_mapped_bytes_per_session = 64ull << 30;
   uint64_t max_mapped_bytes_per_uid = 256ull << 30;
   uint64_t max_mapped_bytes = ~uint64_t{0};  // all uids
+  // GPU address space reserved for VMM registrations. All uids together are bounded by the
+  // engine (VmmImporter, 32 TiB); these keep one process, or one user, from taking all of it.
+  uint64_t max_reserved_bytes_per_session = uint64_t{8} << 40;
+  uint64_t max_reserved_bytes_per_uid = uint64_t{16} << 40;
+};
+
+// What one registered buffer costs tierd, counted against the limits above.
+struct BufferCharge {
+  uint64_t mapped_bytes = 0;    // host memory tierd maps (memfds)
+  uint64_t reserved_bytes = 0;  // GPU address space tierd reserves (VMM pages and segments)
 };
 
 class UsageLedger {
@@ -47,19 +58,20 @@ class UsageLedger {
   absl::Status AddPending(uid_t uid);
   void RemovePending(uid_t uid);
 
-  // Whether one more buffer mapping `mapped_bytes` of host memory fits `uid`'s limits and the
-  // node's; RESOURCE_EXHAUSTED naming the setting if not. The caller charges it with AddBuffer
-  // once the buffer exists (the session listener is the only thread that adds buffers, so
-  // nothing can take the room in between).
-  absl::Status CheckBuffer(uid_t uid, uint64_t mapped_bytes) const;
-  void AddBuffer(uid_t uid, uint64_t mapped_bytes);
-  void RemoveBuffer(uid_t uid, uint64_t mapped_bytes);
+  // Whether one more buffer costing `charge` fits `uid`'s limits and the node's;
+  // RESOURCE_EXHAUSTED naming the setting if not. The caller charges it with AddBuffer once the
+  // buffer exists (the session listener is the only thread that adds buffers, so nothing can
+  // take the room in between).
+  absl::Status CheckBuffer(uid_t uid, const BufferCharge& charge) const;
+  void AddBuffer(uid_t uid, const BufferCharge& charge);
+  void RemoveBuffer(uid_t uid, const BufferCharge& charge);
 
   struct Usage {
     uint32_t sessions = 0;  // attached
     uint64_t buffers = 0;
     uint64_t mapped_bytes = 0;
     uint32_t pending = 0;  // opened, not attached
+    uint64_t reserved_bytes = 0;
   };
   Usage UsageOf(uid_t uid) const;
   // Every uid's together (sessions: attached ones).
@@ -75,6 +87,7 @@ class UsageLedger {
   std::unordered_map<uid_t, Usage> by_uid_ ABSL_GUARDED_BY(mu_);
   uint64_t buffers_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
   uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
   uint32_t sessions_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
 };
 

@@ -181,6 +181,9 @@ TEST(DaemonGpuVmmSegment, ASegmentIsRegisteredOnceGrownInPlaceAndRoundTripsBitEx
     EXPECT_EQ(registrations, 1u);
     EXPECT_EQ(extensions, 1u);
     EXPECT_EQ(exports, static_cast<uint64_t>(kFirst));
+    // What tierd reserved for it, as the client's reservation runs from the first page on:
+    // counted against max_reserved_bytes_per_session and _per_uid, and shown in status.
+    EXPECT_EQ(tierd.Status().client_reserved_bytes(), kReserved * page);
     // Steps: ranges of any size anywhere inside cost nothing more.
     for (int step = 0; step < 5; ++step) {
       EXPECT_EQ(round_trip(session, stream, (step * 7 % 20) * page + 512, (10 + step * 9) * page,
@@ -212,8 +215,8 @@ TEST(DaemonGpuVmmSegment, ASegmentIsRegisteredOnceGrownInPlaceAndRoundTripsBitEx
   for (int i = 0; i < kFirst + kMore; ++i) d->MemUnmap(va + i * page, page);
   d->MemAddressFree(va, kReserved * page);
   EXPECT_TRUE(tierd.WaitForStatus([](const v1::GetStatusResponse& s) {
-    return s.buffers() == 0 && s.pending_releases() == 0;
-  }));
+    return s.buffers() == 0 && s.pending_releases() == 0 && s.client_reserved_bytes() == 0;
+  })) << tierd.Status().ShortDebugString();
 }
 
 // PyTorch's expandable segments after torch.cuda.empty_cache(): a page is unmapped and released,

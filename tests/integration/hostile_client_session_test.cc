@@ -431,5 +431,35 @@ TEST(HostileClient, MalformedSegmentMessagesAreRefusedAndTierdKeepsServing) {
   RoundTrip(session, 1 << 20, 10000, tierd);
 }
 
+// A segment reserves address space in tierd (1.125 times its GPU's memory), and all of them
+// together 32 TiB at most: one trainer whose streams each made a segment took all of it from the
+// node's other trainers. A session's and a user's reservations are bounded, and the registration
+// past the bound is refused before tierd maps anything, naming the setting.
+TEST(HostileClient, SegmentReservationsAreBoundedPerSession) {
+  TierdProcess tierd({"--max_reserved_bytes_per_session=64G", "--max_reserved_bytes_per_uid=1T"});
+  RawSession raw(tierd);
+  constexpr uint64_t kPage = uint64_t{2} << 20;
+  std::vector<int> fds = {PopulatedMemfd(4096), PopulatedMemfd(4096)};
+  auto segment = [&](uint64_t reserve) {
+    wire::RegisterBuffer request{};
+    request.kind = static_cast<uint32_t>(wire::BufferKind::kCudaVmmSegment);
+    request.device = 0;
+    request.bytes = 2 * kPage;
+    wire::SegmentLayout layout{kPage, reserve, 2, 0};
+    std::memcpy(request.handle, &layout, sizeof(layout));
+    return raw.channel->Register(request, absl::MakeConstSpan(fds)).status();
+  };
+  absl::Status over = segment(uint64_t{65} << 30);
+  EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
+  EXPECT_NE(over.message().find("max_reserved_bytes_per_session"), std::string::npos) << over;
+  // Within the bound the request goes on to the engine (the host engine maps no GPU memory).
+  absl::Status within = segment(uint64_t{64} << 30);
+  EXPECT_TRUE(absl::IsUnimplemented(within)) << within;
+  EXPECT_EQ(tierd.Status().client_reserved_bytes(), 0u);
+  for (int fd : fds) ::close(fd);
+  Session good(tierd.SessionOptions("good"));
+  RoundTrip(good, 4096, 10000, tierd);
+}
+
 }  // namespace
 }  // namespace tier::hostile_client_testing

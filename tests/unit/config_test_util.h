@@ -85,6 +85,8 @@ inline void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.max_buffers, b.max_buffers);
   EXPECT_EQ(a.max_mapped_bytes_per_session, b.max_mapped_bytes_per_session);
   EXPECT_EQ(a.max_mapped_bytes_per_uid, b.max_mapped_bytes_per_uid);
+  EXPECT_EQ(a.max_reserved_bytes_per_session, b.max_reserved_bytes_per_session);
+  EXPECT_EQ(a.max_reserved_bytes_per_uid, b.max_reserved_bytes_per_uid);
   EXPECT_EQ(a.max_connections, b.max_connections);
   EXPECT_EQ(a.max_connections_per_uid, b.max_connections_per_uid);
   EXPECT_EQ(a.engine, b.engine);

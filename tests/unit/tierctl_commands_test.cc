@@ -106,6 +106,7 @@ class FakeControl final : public v1::Control::Service {
     response->set_buffers(5);
     response->set_client_mapped_bytes(uint64_t{3} << 20);
     response->set_max_mapped_bytes(uint64_t{16} << 30);
+    response->set_client_reserved_bytes(uint64_t{180} << 30);
     response->set_metrics("not serving: cannot listen on 10.0.0.1:9477: Address already in use");
     for (auto [device, sessions, age] : {std::tuple{-1, 0u, 120u}, {0, 1u, 3u}, {1, 1u, 0u}}) {
       v1::RingPollerStatus* poller = response->add_ring_pollers();
@@ -317,8 +318,8 @@ TEST_F(TierctlCommandsTest, StatusRendersFieldsAndTiers) {
             "Offloaded:         1.5 TiB\n"
             "Reloaded:          768.0 MiB\n"
             "Recent bandwidth:  23.4 GB/s\n"
-            "Client memory:     5 buffers mapped (3.0 MiB of host memory), 2 GPU lanes, 0 releases "
-            "pending\n"
+            "Client memory:     5 buffers mapped (3.0 MiB of host memory, 180.0 GiB of GPU "
+            "address space reserved), 2 GPU lanes, 0 releases pending\n"
             "Ring pollers:      default 0, GPU 0 1, GPU 1 1 sessions; oldest pass 120 ms ago\n"
             "Metrics:           not serving: cannot listen on 10.0.0.1:9477: Address already in use\n"
             "NVMe I/O:          io_uring\n"
@@ -538,7 +539,7 @@ TEST_F(TierctlCommandsTest, BinaryStatusJson) {
                                    "latency_bucket_bounds_seconds", "pool_setup",
                                    "pool_parts", "pool_layout", "gpus", "persistent",
                                    "client_mapped_bytes", "max_mapped_bytes", "metrics",
-                                   "ring_pollers"}));
+                                   "ring_pollers", "client_reserved_bytes"}));
   const auto& f = parsed.fields();
   EXPECT_EQ(f.at("state").string_value(), "serving");
   EXPECT_EQ(f.at("uptime_ms").number_value(), 3'723'000);
