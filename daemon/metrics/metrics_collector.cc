@@ -57,7 +57,9 @@ MetricsSnapshot MetricsCollector::Snapshot() const {
 // Per user (or all users together, without uid labels): sessions, what they hold, their lanes,
 // and the counters that never go down.
 void MetricsCollector::AddSessions(MetricsSnapshot& s) const {
-  s.client_mapped_bytes = sources_.registry.ClientTotals().mapped_bytes;
+  const UsageLedger::Usage clients = sources_.registry.ClientTotals();
+  s.client_mapped_bytes = clients.mapped_bytes;
+  s.client_reserved_bytes = clients.reserved_bytes;
   std::vector<SessionCounts> counts;
   for (const SessionSnapshot& session : sources_.registry.Snapshots()) {
     if (!session.attached) {

@@ -277,6 +277,10 @@ void AddClients(const MetricsSnapshot& s, Families& f) {
           "Host memory of the clients' registered buffers, counted once per registration "
           "(max_mapped_bytes)",
           static_cast<double>(s.client_mapped_bytes));
+  f.Gauge("tierd_client_reserved_bytes",
+          "GPU address space reserved for the clients' VMM buffers (expandable segments; "
+          "max_reserved_bytes_per_session, max_reserved_bytes_per_uid)",
+          static_cast<double>(s.client_reserved_bytes));
   f.Gauge("tierd_gpu_lanes", "GPU lanes (one stream per session, GPU and direction)",
           static_cast<double>(s.engine_counts.lanes));
   f.Gauge("tierd_pending_releases", "Client mappings and streams queued for release",

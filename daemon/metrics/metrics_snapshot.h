@@ -77,6 +77,7 @@ struct MetricsSnapshot {
   engine::EngineCounts engine_counts;
   uint64_t sessions_pending = 0;  // opened, not attached (no uid yet)
   uint64_t client_mapped_bytes = 0;  // host memory of clients' registered buffers (all of them)
+  uint64_t client_reserved_bytes = 0;  // GPU address space reserved for their VMM buffers
   std::map<uint32_t, UserGauges> users;
   std::map<uint32_t, UserCounters> user_totals;  // monotonic (UserTotals)
   std::map<LaneKey, LaneGroup> lanes;

@@ -62,6 +62,7 @@ inline MetricsSnapshot SampleSnapshot() {
   h.count = 4;
   h.sum_ns = 31'000'070'000;
   s.engine_counts = engine::EngineCounts{5, 2, 0};
+  s.client_reserved_bytes = uint64_t{316} << 30;  // two segments on an H200
   s.sessions_pending = 1;
   s.users[1000] = UserGauges{2, 64 << 20, 7, 3, 1};
   s.user_totals[1000] = UserCounters{20, 1, 1 << 20, 2 << 20};

@@ -123,6 +123,7 @@ TEST(MetricsSnapshot, UsersByUidAndLanesNeverByPid) {
       "tierd_lane_queued_jobs{uid=\"1000\",gpu=\"0\",direction=\"D2H\"} 4\n"));
   EXPECT_THAT(text, HasSubstr("tierd_client_buffers 5\n"));
   EXPECT_THAT(text, HasSubstr("tierd_gpu_lanes 2\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_client_reserved_bytes 339302416384\n"));
   EXPECT_THAT(text, Not(HasSubstr("pid")));
 }
 
