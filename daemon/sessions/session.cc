@@ -157,15 +157,6 @@ bool Session::PostCompletion(const ring::CompletionEntry& entry) {
   return true;
 }
 
-namespace {
-
-// Host memory the daemon maps for a buffer (GPU memory costs it address space only).
-uint64_t MappedBytes(const engine::ImportedBuffer& buffer) {
-  return buffer.device() < 0 ? buffer.bytes() : 0;
-}
-
-}  // namespace
-
 absl::Status Session::CheckBufferLimits(const BufferCharge& charge) const {
   MutexLock lock(&mu_);
   if (ledger_ == nullptr) return absl::OkStatus();
@@ -203,13 +194,11 @@ void Session::ReleaseSubmissions(int poller) {
   sq_holder_.compare_exchange_strong(holder, kMoving, std::memory_order_release);
 }
 
-uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer,
-                           uint64_t reserved_bytes) {
+uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer, BufferCharge charge) {
   if (const int device = buffer->device(); device >= 0) {
     int none = -1;  // (only the first GPU buffer sets it: a session moves at most once)
     home_device_.compare_exchange_strong(none, device, std::memory_order_acq_rel);
   }
-  const BufferCharge charge{MappedBytes(*buffer), reserved_bytes};
   MutexLock lock(&mu_);
   uint64_t id = next_buffer_id_++;
   charged_.mapped_bytes += charge.mapped_bytes;

@@ -135,10 +135,10 @@ class Session {
   // fits: RESOURCE_EXHAUSTED naming the limit if not. Session listener thread (the only one
   // adding).
   absl::Status CheckBufferLimits(const BufferCharge& charge) const;
-  // The first buffer on a GPU makes that GPU the session's home_device(). Its charge: the host
-  // memory it maps (a host buffer's bytes) and `reserved_bytes` of GPU address space, counted
-  // until it is removed.
-  uint64_t AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer, uint64_t reserved_bytes = 0);
+  // The first buffer on a GPU makes that GPU the session's home_device(). `charge` (what
+  // CheckBufferLimits passed: the listener derives it from the request) counts until the buffer
+  // is removed.
+  uint64_t AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer, BufferCharge charge = {});
   bool RemoveBuffer(uint64_t buffer_id);
   std::shared_ptr<engine::ImportedBuffer> FindBuffer(uint64_t buffer_id);
 

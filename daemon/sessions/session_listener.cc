@@ -319,7 +319,8 @@ absl::Status VmmPageSizes(const wire::RegisterBuffer& request, size_t descriptor
 
 // What a registration will cost tierd, from the checked request: the host memory it maps, or
 // the GPU address space the engine reserves for it (a segment's whole reservation, as
-// VmmImporter reserves it).
+// VmmImporter reserves it). From the request, not from the buffer the engine makes: a GPU
+// engine's host buffer names the GPU whose lanes copy it (device() 0), like GPU memory.
 BufferCharge ChargeOf(const engine::BufferImport& import) {
   switch (import.kind) {
     case wire::BufferKind::kHostMemfd:
@@ -387,8 +388,8 @@ void SessionListener::HandleRegister(Connection& c, const std::vector<char>& dat
         engine_.Import(c.session->engine_session(), std::move(import));
     if (buffer.ok()) {
       const int home = c.session->home_device();
-      reply.buffer_id = c.session->AddBuffer(
-          std::shared_ptr<engine::ImportedBuffer>(*std::move(buffer)), charge.reserved_bytes);
+      reply.buffer_id =
+          c.session->AddBuffer(std::shared_ptr<engine::ImportedBuffer>(*std::move(buffer)), charge);
       // Its first GPU buffer: the session moves to that GPU's ring poller (handed over between
       // two passes; its jobs are served all along).
       if (c.session->home_device() != home) registry_.HomeChanged();

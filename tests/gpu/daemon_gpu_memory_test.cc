@@ -301,6 +301,9 @@ TEST(DaemonGpuHostMemory, HostBuffersRoundTripThroughTheCudaEngine) {
   tier_buffer_id buffer;
   ASSERT_EQ(tier_buffer_alloc_host(session.get(), 8 * kMiB, &data, &buffer), TIER_OK)
       << tier_last_error();
+  // Host memory mapped into tierd, counted against max_mapped_bytes (its buffer says GPU 0, the
+  // GPU whose lanes copy it: the count comes from the request).
+  EXPECT_EQ(tierd.Status().client_mapped_bytes(), 8 * kMiB);
   auto* bytes = static_cast<uint8_t*>(data);
   for (uint64_t i = 0; i < 4 * kMiB; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
   tier_object_id object;

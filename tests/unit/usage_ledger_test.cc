@@ -76,7 +76,7 @@ TEST(UsageLedger, ASessionIsBoundedBeforeItsUserAndRemovalGivesItsChargeBack) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(first.CheckBufferLimits(segment).ok()) << i;
-    ids.push_back(first.AddBuffer(std::make_shared<FakeBuffer>(4096, /*device=*/0), kSegment));
+    ids.push_back(first.AddBuffer(std::make_shared<FakeBuffer>(4096, /*device=*/0), segment));
   }
   absl::Status full = first.CheckBufferLimits(segment);
   EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
@@ -84,12 +84,14 @@ TEST(UsageLedger, ASessionIsBoundedBeforeItsUserAndRemovalGivesItsChargeBack) {
   // The same user's second session has the rest of the user's share: two segments.
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(second.CheckBufferLimits(segment).ok()) << i;
-    second.AddBuffer(std::make_shared<FakeBuffer>(4096, 0), kSegment);
+    second.AddBuffer(std::make_shared<FakeBuffer>(4096, 0), segment);
   }
   absl::Status user = second.CheckBufferLimits(segment);
   EXPECT_NE(user.message().find("max_reserved_bytes_per_uid"), std::string::npos) << user;
-  // A host buffer charges its bytes of host memory and no address space.
-  const uint64_t host = first.AddBuffer(std::make_shared<FakeBuffer>(1 << 20));
+  // A host buffer charges its bytes of host memory and no address space. (What the listener
+  // passes, from the request: a GPU engine's host buffer says device 0, as here.)
+  const uint64_t host =
+      first.AddBuffer(std::make_shared<FakeBuffer>(1 << 20, 0), BufferCharge{1 << 20, 0});
   EXPECT_EQ(ledger.Totals().mapped_bytes, uint64_t{1} << 20);
   EXPECT_EQ(ledger.Totals().reserved_bytes, 6 * kSegment);
   ASSERT_TRUE(first.RemoveBuffer(ids[0]));
