@@ -283,6 +283,8 @@ grpc::Status ControlService::ListSessions(grpc::ServerContext*, const v1::ListSe
     info->set_used_bytes(s.used_bytes);
     info->set_objects(s.objects);
     info->set_buffers(s.buffers);
+    info->set_mapped_bytes(s.charged.mapped_bytes);
+    info->set_reserved_bytes(s.charged.reserved_bytes);
     info->set_jobs_in_flight(s.jobs_in_flight);
     info->set_jobs_completed(s.jobs_completed);
     info->set_jobs_failed(s.jobs_failed);

@@ -280,6 +280,7 @@ SessionSnapshot Session::Snapshot() const {
     s.used_bytes = objects_->used_bytes();
     s.objects = objects_->size();
     s.buffers = buffers_.size();
+    s.charged = charged_;
     s.jobs_in_flight = jobs_in_flight_;
   }
   s.jobs_completed = counters_.jobs_completed.load(std::memory_order_relaxed);

@@ -43,6 +43,7 @@ struct SessionSnapshot {
   uint64_t used_bytes = 0;
   uint64_t objects = 0;
   uint64_t buffers = 0;
+  BufferCharge charged;  // what the buffers cost: host memory mapped, GPU address space reserved
   uint64_t jobs_in_flight = 0;
   uint64_t jobs_completed = 0;
   uint64_t jobs_failed = 0;

@@ -238,6 +238,12 @@ TEST(HostileClient, MappedBytesAreCappedNodeWideAndCounted) {
   v1::GetStatusResponse status = tierd.Status();
   EXPECT_EQ(status.client_mapped_bytes(), 4 * kBytes);
   EXPECT_EQ(status.max_mapped_bytes(), 8u << 20);
+  // Per session too (tierctl clients --json): a's three, b's one.
+  std::map<std::string, uint64_t> mapped;
+  const v1::ListSessionsResponse sessions = tierd.Sessions();
+  for (const v1::SessionInfo& s : sessions.sessions()) mapped[s.name()] = s.mapped_bytes();
+  EXPECT_EQ(mapped["a"], 3 * kBytes);
+  EXPECT_EQ(mapped["b"], kBytes);
   ASSERT_EQ(tier_buffer_unregister(a.get(), ids[0]), TIER_OK);
   EXPECT_EQ(tierd.Status().client_mapped_bytes(), 3 * kBytes);
   EXPECT_EQ(tier_buffer_register_fd(b.get(), fd, kBytes, &extra), TIER_OK) << tier_last_error();

@@ -159,6 +159,8 @@ class FakeControl final : public v1::Control::Service {
     trainer->set_bytes_offloaded(1024 * kGiB);
     trainer->set_bytes_reloaded(768ull << 20);
     trainer->set_age_ms(3'723'000);
+    trainer->set_mapped_bytes(uint64_t{8} << 20);
+    trainer->set_reserved_bytes(uint64_t{316} << 30);
     v1::LaneInfo* d2h = trainer->add_lanes();
     d2h->set_gpu(0);
     d2h->set_direction("D2H");
@@ -470,7 +472,8 @@ TEST_F(TierctlCommandsTest, ClientsJsonIsValidWithStableNames) {
             (std::set<std::string>{"session_id", "name", "attached", "pid", "uid", "gid",
                                    "quota_bytes", "used_bytes", "objects", "buffers",
                                    "jobs_in_flight", "jobs_completed", "jobs_failed",
-                                   "bytes_offloaded", "bytes_reloaded", "age_ms", "lanes"}));
+                                   "bytes_offloaded", "bytes_reloaded", "age_ms", "lanes",
+                                   "mapped_bytes", "reserved_bytes"}));
   const auto& lanes = first.fields().at("lanes").list_value();
   ASSERT_EQ(lanes.values_size(), 2);
   EXPECT_EQ(Keys(lanes.values(0).struct_value()),
