@@ -201,8 +201,7 @@ uint64_t Session::AddBuffer(std::shared_ptr<engine::ImportedBuffer> buffer, Buff
   }
   MutexLock lock(&mu_);
   uint64_t id = next_buffer_id_++;
-  charged_.mapped_bytes += charge.mapped_bytes;
-  charged_.reserved_bytes += charge.reserved_bytes;
+  charged_.Add(charge);
   if (ledger_ != nullptr) ledger_->AddBuffer(peer_.uid, charge);
   buffers_.emplace(id, Registered{std::move(buffer), charge});
   return id;
@@ -216,8 +215,7 @@ bool Session::RemoveBuffer(uint64_t buffer_id) {
   doomed = std::move(it->second.buffer);
   const BufferCharge charge = it->second.charge;
   buffers_.erase(it);
-  charged_.mapped_bytes -= charge.mapped_bytes;
-  charged_.reserved_bytes -= charge.reserved_bytes;
+  charged_.Remove(charge);
   // Counted free at once, though a job that still copies keeps the mapping a moment longer.
   if (ledger_ != nullptr) ledger_->RemoveBuffer(peer_.uid, charge);
   return true;

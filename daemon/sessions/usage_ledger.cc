@@ -63,9 +63,10 @@ absl::Status UsageLedger::CheckBuffer(uid_t uid, const BufferCharge& charge) con
   }
   // Written so that nothing overflows: usage <= limit always holds.
   const uint64_t mapped = charge.mapped_bytes;
-  if (mapped > limits_.max_mapped_bytes - std::min(mapped_bytes_, limits_.max_mapped_bytes)) {
+  const uint64_t node_mapped = std::min(charged_.mapped_bytes, limits_.max_mapped_bytes);
+  if (mapped > limits_.max_mapped_bytes - node_mapped) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "tierd has ", mapped_bytes_, " bytes of host memory registered in all; ", mapped,
+        "tierd has ", charged_.mapped_bytes, " bytes of host memory registered in all; ", mapped,
         " more would pass ", limits_.max_mapped_bytes, " (max_mapped_bytes)"));
   }
   if (mapped > limits_.max_mapped_bytes_per_uid - usage.mapped_bytes) {
@@ -86,11 +87,9 @@ void UsageLedger::AddBuffer(uid_t uid, const BufferCharge& charge) {
   MutexLock lock(&mu_);
   Usage& usage = by_uid_[uid];
   ++usage.buffers;
-  usage.mapped_bytes += charge.mapped_bytes;
-  usage.reserved_bytes += charge.reserved_bytes;
+  usage.Add(charge);
   ++buffers_;
-  mapped_bytes_ += charge.mapped_bytes;
-  reserved_bytes_ += charge.reserved_bytes;
+  charged_.Add(charge);
 }
 
 void UsageLedger::RemoveBuffer(uid_t uid, const BufferCharge& charge) {
@@ -99,11 +98,9 @@ void UsageLedger::RemoveBuffer(uid_t uid, const BufferCharge& charge) {
   if (it == by_uid_.end() || it->second.buffers == 0) return;
   Usage& usage = it->second;
   --usage.buffers;
-  usage.mapped_bytes -= std::min(charge.mapped_bytes, usage.mapped_bytes);
-  usage.reserved_bytes -= std::min(charge.reserved_bytes, usage.reserved_bytes);
+  usage.Remove(charge);
   --buffers_;
-  mapped_bytes_ -= std::min(charge.mapped_bytes, mapped_bytes_);
-  reserved_bytes_ -= std::min(charge.reserved_bytes, reserved_bytes_);
+  charged_.Remove(charge);
   ForgetIfIdleLocked(uid);
 }
 
@@ -115,7 +112,11 @@ UsageLedger::Usage UsageLedger::UsageOf(uid_t uid) const {
 
 UsageLedger::Usage UsageLedger::Totals() const {
   MutexLock lock(&mu_);
-  return Usage{sessions_, buffers_, mapped_bytes_, 0, reserved_bytes_};
+  Usage totals;
+  static_cast<BufferCharge&>(totals) = charged_;
+  totals.sessions = sessions_;
+  totals.buffers = buffers_;
+  return totals;
 }
 
 void UsageLedger::ForgetIfIdleLocked(uid_t uid) {

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <unordered_map>
 
@@ -38,6 +39,16 @@ struct ClientLimits {
 struct BufferCharge {
   uint64_t mapped_bytes = 0;    // host memory tierd maps (memfds)
   uint64_t reserved_bytes = 0;  // GPU address space tierd reserves (VMM pages and segments)
+
+  void Add(const BufferCharge& c) {
+    mapped_bytes += c.mapped_bytes;
+    reserved_bytes += c.reserved_bytes;
+  }
+  // Never below zero: taking off more than was added leaves 0, not a wrapped count.
+  void Remove(const BufferCharge& c) {
+    mapped_bytes -= std::min(c.mapped_bytes, mapped_bytes);
+    reserved_bytes -= std::min(c.reserved_bytes, reserved_bytes);
+  }
 };
 
 class UsageLedger {
@@ -66,12 +77,11 @@ class UsageLedger {
   void AddBuffer(uid_t uid, const BufferCharge& charge);
   void RemoveBuffer(uid_t uid, const BufferCharge& charge);
 
-  struct Usage {
+  // What a uid's buffers are charged (mapped_bytes, reserved_bytes), with its counts.
+  struct Usage : BufferCharge {
     uint32_t sessions = 0;  // attached
     uint64_t buffers = 0;
-    uint64_t mapped_bytes = 0;
     uint32_t pending = 0;  // opened, not attached
-    uint64_t reserved_bytes = 0;
   };
   Usage UsageOf(uid_t uid) const;
   // Every uid's together (sessions: attached ones).
@@ -86,8 +96,7 @@ class UsageLedger {
   mutable Mutex mu_;
   std::unordered_map<uid_t, Usage> by_uid_ ABSL_GUARDED_BY(mu_);
   uint64_t buffers_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
-  uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
-  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
+  BufferCharge charged_ ABSL_GUARDED_BY(mu_);  // all uids
   uint32_t sessions_ ABSL_GUARDED_BY(mu_) = 0;  // all uids
 };
 

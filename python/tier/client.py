@@ -63,6 +63,7 @@ class Client:
     ``daemon_wait_ms``: how long the constructor waits for a tierd that is not serving yet
     (starting, restarting, draining before its successor starts; 0: 60000, < 0: no wait), so a
     trainer started during ``systemctl restart tierd`` opens its session instead of failing.
+
     Thread-safe. Use as a context manager or call :meth:`close`.
 
     When tierd goes away (killed, restarted, upgraded), the client opens a session with the next
@@ -166,10 +167,8 @@ class Client:
             return self._session.alloc_host_locked(nbytes)
 
     def register_fd(self, fd, nbytes):
-        """Registers a memfd sealed with F_SEAL_SHRINK (tier_buffer_register_fd); returns its id.
-
-        Map it (writable) before: tierd seals it against new writable mappings and writes.
-        """
+        """Registers a memfd sealed with F_SEAL_SHRINK (tier_buffer_register_fd); returns its
+        id. Map it (writable) before: tierd seals it against new writable mappings and writes."""
         return self._session.register_fd(fd, nbytes)
 
     def register_device(self, device_ptr, nbytes=None):
