@@ -271,3 +271,49 @@ def test_offload_ranges_without_gpu_support_stage_every_tensor(monkeypatch):
     assert fallback == [(handles[0], tensors[0], 0, ["P"]), (handles[1], tensors[1], 0, ["P"])]
     assert offloads.device_direct is False
     assert all(h.job is None and h.kept is None for h in handles)
+
+
+def test_the_reload_lane_takes_its_callers_live_handles_as_one_batch_without_a_second_reap(
+        monkeypatch):
+    """tier.torch's reloads (Reloads.start_own): live GPU-engine handles of this session go as one
+    batch on the current stream without another reap (the caller just reaped), prefetched or
+    not; a handle that needs start()'s checks (a failed offload, another generation, staged)
+    sends the whole call through start() instead."""
+    from tier import errors
+
+    reloads = _reloads.Reloads.__new__(_reloads.Reloads)
+    reloads._session = _session()
+    reloads._session.generation = 3
+    cuda_calls, general = [], []
+    monkeypatch.setattr(_reloads, "refuse_in_capture", lambda device, what: None)
+
+    def start_cuda(handles, device, stream, free, defer, reap=True):
+        cuda_calls.append(([h.object_id for h in handles], device, stream, free, defer, reap))
+        return (["t%d" % h.object_id for h in handles],
+                [types.SimpleNamespace(id=10 + h.object_id) for h in handles], 0x55)
+
+    reloads._start_cuda = start_cuda
+    reloads.start = lambda handles, stream, free, prefetch: general.append(
+        ([h.object_id for h in handles], stream, free, prefetch)) or ["general"]
+
+    def handle(object_id, status=None, generation=3, direct=True):
+        job = types.SimpleNamespace(status=status)
+        return types.SimpleNamespace(object_id=object_id, job=job, direct=direct, kept=None,
+                                     freed=False, generation=generation)
+
+    ready = reloads.start_own("cuda:0", [handle(1), handle(2, errors.OK)], False)
+    assert cuda_calls == [([1, 2], "cuda:0", None, True, False, False)]
+    assert [r.result() for r in ready] == ["t1", "t2"]
+    deferred = reloads.start_own("cuda:0", [handle(4)], True)
+    assert cuda_calls[-1] == ([4], "cuda:0", None, True, True, False)
+    assert type(deferred[0]) is _reloads.DeferredReload
+    assert deferred[0]._batch.allocating_ptr == 0x55
+    del deferred  # never taken: the allocating stream waits for it
+    assert reloads._session.jobs.waits == [(14, 0x55)]
+    assert general == []
+
+    for odd in (handle(5, errors.RESOURCE_EXHAUSTED), handle(5, generation=2),
+                handle(5, direct=False)):
+        assert reloads.start_own("cuda:0", [handle(6), odd], True) == ["general"]
+        assert general[-1] == ([6, 5], None, True, True)
+    assert len(cuda_calls) == 2
