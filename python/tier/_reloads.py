@@ -316,29 +316,9 @@ class Reloads:
                 started[i] = s
         return started
 
-    def start_own(self, device, handles, prefetch):
-        """start(handles, None, free=True, prefetch) for handles their caller owns and reloads
-        once each, on `device`, just after a reap (tier.torch's activation reloads): where every
-        one is a live GPU-engine object of this session whose offload did not fail, one batch
-        without start()'s checks per handle and without a second reap; else start() itself."""
-        generation = self._session.generation
-        ok = errors.OK
-        for h in handles:  # (a loop with no call: this runs for every reloaded activation)
-            job = h.job
-            if not h.direct or h.kept is not None or h.object_id is None or h.freed or \
-                    h.generation != generation or \
-                    (job is not None and job.status is not None and job.status != ok):
-                return self.start(handles, None, True, prefetch)
-        refuse_in_capture(device, "reload")
-        dsts, jobs, ptr = self._start_cuda(handles, device, None, True, prefetch, reap=False)
-        if prefetch:
-            batch = DeferredBatch(self._session, jobs, ptr)
-            return [DeferredReload(batch, dst) for dst in dsts]
-        return [Ready(dst) for dst in dsts]
-
-    def _start_cuda(self, handles, device, stream, free, defer, reap=True):
+    def _start_cuda(self, handles, device, stream, free, defer):
         """One GPU's handles as one batch (split at batch_limit). Returns (destinations, the
-        jobs, the consumer stream's cudaStream_t). reap=False: the caller just reaped."""
+        jobs, the consumer stream's cudaStream_t)."""
         torch = torch_module()
         session = self._session
         # Every destination is allocated on the consumer stream before the batch's ticket is
@@ -364,8 +344,7 @@ class Reloads:
         submitted = []
         jobs = session.jobs
         with session.checked:
-            if reap:
-                jobs.reap()
+            jobs.reap()
             try:
                 for lo, hi in jobs.chunks(len(rows)):
                     batch = jobs.reload_ranges(rows[lo:hi], ptr, free, defer=defer)

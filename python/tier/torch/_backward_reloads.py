@@ -3,8 +3,7 @@
 A storage is reloaded when backward first needs it; without a plan the next ``prefetch`` in reverse
 order of offload (the order backward needs them) are started with it, and a plan starts its reloads
 at its triggers instead. The reloads of one device go as batches (at most CHUNK_BYTES each, in the
-order given), through Client.start_reloads (CUDA: its lane for a caller's own handles, just
-reaped, Reloads.start_own): on CUDA allocated on the consumer (current) stream,
+order given), through Client.start_reloads: on CUDA allocated on the consumer (current) stream,
 also when prefetching, so they come from that stream's allocator pool; a prefetch's wait is put
 where the tensor is first used (the offloader's unpack takes its result), so the copies overlap
 the backward work queued in between (tier/_reloads.py). Each object is freed by its reload (a record is reloaded
@@ -114,14 +113,8 @@ class BackwardReloads:
         # CUDA: allocated on the current stream, which waits (GPU) for the copies: at once
         # for a reload needed now, at the first use (take: result()) for a prefetch.
         # CPU: submitted now, taken in take().
-        device = group[0].device
         try:
-            if device.type == "cuda":
-                # Its own handles, each reloaded once, just after start()'s reap: the client's
-                # lane (Client.start_reloads itself where one of them needs its checks).
-                started = client._reloads.start_own(device, handles, prefetch)
-            else:
-                started = client.start_reloads(handles, free=True, prefetch=prefetch)
+            started = client.start_reloads(handles, free=True, prefetch=prefetch)
         except _errors.TierError as e:
             lost = [r for r in group if r.released and r.handle.failed]
             if lost:
