@@ -183,12 +183,13 @@ TEST(DaemonGpuVmmSegment, ASegmentIsRegisteredOnceGrownInPlaceAndRoundTripsBitEx
     EXPECT_EQ(exports, static_cast<uint64_t>(kFirst));
     // What tierd reserved for it: counted against max_reserved_bytes_per_session and _per_uid,
     // and shown in status. The library asks for as much as the segment may grow to, as
-    // PyTorch's reservations run: the GPU's memory from the segment's first page on (not the
-    // client's 200 pages: the driver may report one page's mapping as the address range), in
-    // whole pages.
+    // PyTorch's reservations run: the GPU's memory past the page of the pointer registered
+    // (page 3), from the segment's first page on, in whole pages; not the client's 200 pages
+    // (the driver may report one page's mapping as the address range).
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const uint64_t reserved = std::max<uint64_t>(total_bytes, kReserved * page) / page * page;
+    const uint64_t reserved =
+        std::max<uint64_t>(3 * page + total_bytes, kReserved * page) / page * page;
     EXPECT_EQ(tierd.Status().client_reserved_bytes(), reserved);
     // Steps: ranges of any size anywhere inside cost nothing more.
     for (int step = 0; step < 5; ++step) {
