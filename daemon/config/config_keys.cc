@@ -350,7 +350,7 @@ std::vector<Key> LimitKeys() {
           &Config::max_mapped_bytes, /*allow_zero=*/true, 4096),
       SizeKey("max_reserved_bytes_per_session", kLimits,
           "most GPU address space tierd reserves for one session's VMM buffers "
-          "(an expandable segment reserves 1.125 times its GPU's memory)",
+          "(an expandable segment reserves about its GPU's memory, up to 1.125 times it)",
           &Config::max_reserved_bytes_per_session, false, 4096),
       SizeKey("max_reserved_bytes_per_uid", kLimits,
           "most GPU address space tierd reserves for the VMM buffers of one user's "
