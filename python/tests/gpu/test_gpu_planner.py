@@ -205,7 +205,7 @@ def test_hook_host_time_per_kept_saved_tensor(tmp_path):
     # read 6.1 us in the next run of the same code, back to back. Two misses fail.
     # The target is 5 us a kept save, PyTorch's own hook call included. Where that call alone
     # (identity hooks, the same rounds) leaves less than half of it, the bound is what the host
-    # allows: Tierd may add at most EXTRA_US to identity hooks (it added 0.0-2.8 us on the
+    # allows: Tierd may add at most extra_us to identity hooks (it added 0.0-2.8 us on the
     # device's hosts; an H100 whose identity hooks took 3.6-3.8 us read 5.4-6.7 us kept).
     import subprocess
     bench = os.path.join(HERE, "..", "..", "..", "bench", "hook_overhead_bench.py")
