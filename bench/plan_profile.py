@@ -10,7 +10,8 @@ H200, plans that only recompute within 0.3%).
 
 Goals: ``rc-peak`` (full recompute's measured peak), ``overhead=F`` (max_overhead), ``mib=N``
 (target_bytes); several, comma-separated, are planned in turn on one planner (as frontier_bench
-runs its rows) and the last is profiled. Prints, for both steps: wall time, GPU busy time on
+runs its rows) and the last is profiled. ``budget=F``: no planner, the offload-only budget
+(``offload_activations(max_overhead=F)``, frontier_bench's tierd-budget row). Prints, for both steps: wall time, GPU busy time on
 every stream and on the compute stream, the CUDA runtime and driver calls that can stall the host
 (synchronizations, allocator calls, stream waits) with their count and host time, the host
 functions with the most self time, the planner's figures, and the planned step's host time by
@@ -34,6 +35,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import frontier_bench as fb  # noqa: E402
+import stream_gaps  # noqa: E402
 
 MiB = 2**20
 STALL_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
@@ -133,6 +135,20 @@ def profiled_step(model, opt, ids, mode, cuda, path=None):
     return summarize(prof, wall)
 
 
+def gaps_of_step(model, opt, ids, mode, path):
+    """One step profiled for the GPU only (no host op records: the host runs at its own pace),
+    and the compute stream's idle time split into waiting for the host and stalls
+    (bench/stream_gaps.py)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fb.train_step(model, opt, ids, mode, True)
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        trace = json.load(f)
+    os.remove(path)
+    return stream_gaps.split(trace)
+
+
 def print_summary(name, s):
     fb.log("== %s: wall %.1f ms, GPU busy %.1f ms (busiest stream %.1f ms)" % (
         name, s["wall_ms"], s["gpu_busy_ms"], s["busiest_stream_ms"]))
@@ -184,12 +200,12 @@ def print_cprofiled(cp):
                                               r["with_callees_ms_per_step"], r["calls_per_step"]))
 
 
-def sections_of(model, opt, ids, mode, cuda, planner, steps):
+def sections_of(model, opt, ids, mode, cuda, offloader, steps):
     """Host time per planned step in the hook path's sections and in each library call
     (bench/hook_overhead_bench.Sections: timers around each, so a little slower than the timed
     steps), with the calls per step: where an offload's host price goes."""
     import hook_overhead_bench as hob
-    stats = planner.offloader.stats
+    stats = offloader.stats
     before = stats.offloaded_storages
     with hob.Sections() as sec:
         for _ in range(steps):
@@ -219,7 +235,55 @@ def goal_of(text, rc_peak):
         return dict(max_overhead=float(value))
     if key == "mib":
         return dict(target_bytes=int(float(value) * MiB))
-    raise SystemExit("--goal: rc-peak, overhead=F or mib=N")
+    if key == "budget":
+        return dict(budget=float(value))
+    raise SystemExit("--goal: rc-peak, overhead=F, mib=N or budget=F")
+
+
+def settled_plan(model, opt, ids, session, args, goals, cuda, tt):
+    """The planner after its goals in turn (comma-separated, as frontier_bench runs its rows on
+    one planner: the first calibrates, each later one re-plans), settled on the last."""
+    planner = tt.plan_activations(model, client=session.client, min_bytes=args.min_bytes,
+                                  verbose=True, **goals[0])
+    for goal in goals:
+        mode = fb.Planned(planner, session, goal, "plan")
+        steps = 0
+        while steps < 6 or (planner.settling and steps < 6 + args.settle_steps):
+            fb.train_step(model, opt, ids, mode, cuda)
+            steps += 1
+    if planner.plan is None:
+        raise SystemExit("no plan after %d steps: %r" % (steps, planner.stats))
+    return mode, steps
+
+
+def settled_budget(model, opt, ids, session, args, max_overhead, cuda):
+    """The offload-only budget (frontier_bench's tierd-budget), settled."""
+    mode = fb.TierdBudget("tierd-budget", model, session, args, max_overhead=max_overhead)
+    steps = 0
+    while steps < 6 or (mode.settling() and steps < 6 + args.settle_steps):
+        fb.train_step(model, opt, ids, mode, cuda)
+        steps += 1
+    return mode, steps
+
+
+def planner_figures(planner, offloader, steps):
+    """What the planner (or, with planner None, the budget) chose."""
+    if planner is None:
+        budget = offloader.budget
+        stats = offloader.stats.as_dict()
+        return {"steps_to_settle": steps, "tier_stats": stats,
+                "budget": budget.as_dict() if budget is not None else None,
+                "summary": "budget: %d storages, %.0f MiB offloaded in all" % (
+                    stats["offloaded_storages"], stats["offloaded_bytes"] / MiB)}
+    best = planner.plan.best
+    return {"steps_to_settle": steps, "stats": planner.stats.as_dict(),
+            "modes": best.modes, "offloads": len(best.chosen),
+            "offloaded_mib": best.offloaded_bytes / MiB,
+            "predicted_step_ms": 1e3 * best.step_s,
+            "baseline_step_ms": 1e3 * planner.plan.baseline.step_s,
+            "offload_step_us": 1e6 * planner.profile.offload_step_s,
+            "offload_host_us": 1e6 * planner.profile.offload_host_s,
+            "summary": planner.summary()}
 
 
 def main(argv=None):
@@ -263,36 +327,30 @@ def _run(args, cuda, tob, tt):
         rc_peak = max(fb.train_step(model, opt, ids, rc, cuda)["act_peak"] or 0
                       for _ in range(3)) if cuda else 1 << 20
         rc.remove()
-        # Goals in turn (comma-separated), as frontier_bench runs its rows on one planner: the
-        # first calibrates, each later one re-plans; the last is the one profiled.
         goals = [goal_of(g, rc_peak) for g in args.goal.split(",")]
-        planner = tt.plan_activations(model, client=session.client, min_bytes=args.min_bytes,
-                                      verbose=True, **goals[0])
-        for goal in goals:
-            mode = fb.Planned(planner, session, goal, "plan")
-            steps = 0
-            while steps < 6 or (planner.settling and steps < 6 + args.settle_steps):
-                fb.train_step(model, opt, ids, mode, cuda)
-                steps += 1
+        if "budget" in goals[-1]:
+            mode, steps = settled_budget(model, opt, ids, session, args, goals[-1]["budget"],
+                                         cuda)
+            offloader, planner = mode.off, None
+        else:
+            mode, steps = settled_plan(model, opt, ids, session, args, goals, cuda, tt)
+            planner = mode.planner
+            offloader = planner.offloader
         planned = [fb.train_step(model, opt, ids, mode, cuda)["step_s"] for _ in range(3)]
         trace = os.path.join(args.out_dir, "plan") if args.trace else None
         out["plan"] = profiled_step(model, opt, ids, mode, cuda, trace)
-        out["sections"] = sections_of(model, opt, ids, mode, cuda, planner, SECTION_STEPS)
+        if cuda:
+            out["none_gaps"] = gaps_of_step(model, opt, ids, none,
+                                            os.path.join(args.out_dir, "gaps-none.json"))
+            out["plan_gaps"] = gaps_of_step(model, opt, ids, mode,
+                                            os.path.join(args.out_dir, "gaps-plan.json"))
+        out["sections"] = sections_of(model, opt, ids, mode, cuda, offloader, SECTION_STEPS)
         if args.cprofile > 0:
             out["cprofile"] = cprofiled(model, opt, ids, mode, cuda, args.cprofile,
                                         os.path.join(args.out_dir, "plan.pstats"))
-        if planner.plan is None:
-            raise SystemExit("no plan after %d steps: %r" % (steps, planner.stats))
-        best = planner.plan.best
-        out["planner"] = {"steps_to_settle": steps, "stats": planner.stats.as_dict(),
-                          "modes": best.modes, "offloads": len(best.chosen),
-                          "offloaded_mib": best.offloaded_bytes / MiB,
-                          "predicted_step_ms": 1e3 * best.step_s,
-                          "baseline_step_ms": 1e3 * planner.plan.baseline.step_s,
-                          "offload_step_us": 1e6 * planner.profile.offload_step_s,
-                          "offload_host_us": 1e6 * planner.profile.offload_host_s,
-                          "summary": planner.summary()}
-        planner.remove()
+        out["planner"] = planner_figures(planner, offloader, steps)
+        if planner is not None:
+            planner.remove()
     finally:
         session.close()
     out["none_step_ms"] = 1e3 * statistics.median(none_steps)
@@ -301,11 +359,15 @@ def _run(args, cuda, tob, tt):
            % (args.shape, args.seq, out["device"], args.goal, out["none_step_ms"],
               out["plan_step_ms"], out["plan_step_ms"] / out["none_step_ms"], steps))
     fb.log(out["planner"]["summary"])
-    fb.log("offloads %d (%.0f MiB), price per offload %.0f us of step, host %.0f us" % (
-        out["planner"]["offloads"], out["planner"]["offloaded_mib"],
-        out["planner"]["offload_step_us"], out["planner"]["offload_host_us"]))
+    if "offload_step_us" in out["planner"]:
+        fb.log("offloads %d (%.0f MiB), price per offload %.0f us of step, host %.0f us" % (
+            out["planner"]["offloads"], out["planner"]["offloaded_mib"],
+            out["planner"]["offload_step_us"], out["planner"]["offload_host_us"]))
     print_summary("none", out["none"])
     print_summary("plan", out["plan"])
+    for step in ("none", "plan"):
+        if step + "_gaps" in out:
+            fb.log(stream_gaps.describe(step + ", compute stream", out[step + "_gaps"]))
     print_sections(out["sections"])
     if "cprofile" in out:
         print_cprofiled(out["cprofile"])

@@ -79,6 +79,19 @@ def test_plan_profile_smoke(tmp_path):
     assert "== cProfile of 1 planned steps" in r.stdout
 
 
+def test_plan_profile_smoke_of_the_offload_only_budget(tmp_path):
+    pytest.importorskip("transformers")
+    r = _run([os.path.join(BENCH, "plan_profile.py"), "--smoke", "--goal", "budget=0.05",
+              "--out-dir", str(tmp_path)], timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    with open(tmp_path / "plan_profile.json") as f:
+        out = json.load(f)
+    # No planner: the budget's own figures, and its offloads' host time by section.
+    assert out["planner"]["budget"] is not None and "modes" not in out["planner"]
+    assert out["planner"]["tier_stats"]["saved"] > 0
+    assert out["sections"]["rows"] and "budget:" in r.stdout
+
+
 def test_hook_overhead_bench_cpu(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "hooks.json"
