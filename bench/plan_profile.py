@@ -149,6 +149,50 @@ def gaps_of_step(model, opt, ids, mode, path):
     return stream_gaps.split(trace)
 
 
+PHASES = ("entered", "forward", "backward", "exited", "optimizer", "synced")
+
+
+def phases_of_steps(model, opt, ids, mode, steps=3):
+    """Where a step's wall time goes, phase by phase (entering the mode's context, forward,
+    backward with its end-of-backward callbacks, leaving the context, the optimizer, the final
+    synchronization): host ms, and GPU ms between the same points (CUDA events recorded as the
+    host passes them), medians over `steps` steps. A phase whose host time exceeds its GPU time
+    held the GPU up; the synchronization's host time is how far the GPU ran behind."""
+    rows = []
+    for _ in range(steps):
+        marks = []
+
+        def mark(name):
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            marks.append((name, time.perf_counter(), e))
+        opt.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        mark("start")
+        ctx = mode.context()
+        ctx.__enter__()
+        mark("entered")
+        loss = model(input_ids=ids, labels=ids).loss
+        mark("forward")
+        loss.backward()
+        mark("backward")
+        ctx.__exit__(None, None, None)
+        mark("exited")
+        opt.step()
+        mark("optimizer")
+        torch.cuda.synchronize()
+        mark("synced")
+        rows.append({name: (1e3 * (t - marks[i][1]), marks[i][2].elapsed_time(e))
+                     for i, (name, t, e) in enumerate(marks[1:])})
+    return {name: {"host_ms": statistics.median(r[name][0] for r in rows),
+                   "gpu_ms": statistics.median(r[name][1] for r in rows)} for name in PHASES}
+
+
+def print_phases(name, phases):
+    fb.log("== %s, phases (host ms / GPU ms): " % name + ", ".join(
+        "%s %.2f/%.2f" % (p, phases[p]["host_ms"], phases[p]["gpu_ms"]) for p in PHASES))
+
+
 def print_summary(name, s):
     fb.log("== %s: wall %.1f ms, GPU busy %.1f ms (busiest stream %.1f ms)" % (
         name, s["wall_ms"], s["gpu_busy_ms"], s["busiest_stream_ms"]))
@@ -340,6 +384,8 @@ def _run(args, cuda, tob, tt):
         trace = os.path.join(args.out_dir, "plan") if args.trace else None
         out["plan"] = profiled_step(model, opt, ids, mode, cuda, trace)
         if cuda:
+            out["none_phases"] = phases_of_steps(model, opt, ids, none)
+            out["plan_phases"] = phases_of_steps(model, opt, ids, mode)
             out["none_gaps"] = gaps_of_step(model, opt, ids, none,
                                             os.path.join(args.out_dir, "gaps-none.json"))
             out["plan_gaps"] = gaps_of_step(model, opt, ids, mode,
@@ -366,6 +412,8 @@ def _run(args, cuda, tob, tt):
     print_summary("none", out["none"])
     print_summary("plan", out["plan"])
     for step in ("none", "plan"):
+        if step + "_phases" in out:
+            print_phases(step, out[step + "_phases"])
         if step + "_gaps" in out:
             fb.log(stream_gaps.describe(step + ", compute stream", out[step + "_gaps"]))
     print_sections(out["sections"])
