@@ -162,12 +162,14 @@ class StepTimer:
 
 class BudgetStats(Counters):
     """What the policy chose and how it went (``off.budget``). ``link_source``: where the link
-    figure came from ("tierd", "tierd after a probe", "probe", "given"; ", halved after slow
-    steps" where measured steps made it plan again with half); ``replans``: how often."""
+    figure came from ("tierd", "tierd after a probe", "probe", "given"); ``replans``: how often
+    slow steps made it plan again; ``offload_cost_s``: what each offload costs the step beyond
+    the link's time, learned from those steps (0 until one ran over for another reason than the
+    link)."""
 
     __slots__ = ("calibrations", "plans", "replans", "sites", "chosen_sites", "planned_bytes",
                  "predicted_overhead", "measured_overhead", "calibration_step_s", "timed_step_s",
-                 "last_step_s",
+                 "last_step_s", "offload_cost_s",
                  "link_d2h", "link_h2d", "met_target", "link_source", "mismatches")
 
     def __init__(self):
@@ -288,6 +290,7 @@ class OffloadBudget:
         self._judged = 0          # the plan's steps judged so far
         self._mismatches = Mismatches()
         self._gave_up = False     # the saves change from step to step: nothing is offloaded
+        self._offload_cost_s = 0.0  # each offload's step time beyond the link (slow steps)
         self.stats = BudgetStats()
         if self._given_link is not None:
             self.stats.link_source = "given"
@@ -458,27 +461,41 @@ class OffloadBudget:
                                                        self.max_overhead + 0.02))
             self._slow = self._slow + 1 if slow else 0
             if self._slow >= SLOW_STEPS:
-                # Slower than predicted, twice: the link is slower than planned (other
-                # processes share it). tierd's figure, if it moved; else take the evidence:
-                # half the link.
+                # Slower than predicted, twice. Where tierd's figure for the link fell (other
+                # processes share it), the link is slower than planned: plan with tierd's.
+                # Otherwise the link is not what ran late, and the time is the offloads' own
+                # (the host's work per offload, a release point waiting for a copy): what the
+                # step ran over its prediction, shared out per offload, is priced into every
+                # later plan, so offloads that do not pay for it give way and the large ones
+                # stay. (Halving the link instead, as this did before, moved the budget to half
+                # the bytes whatever the cause: the 1B Llama's budget offloaded about half of
+                # what the link carries in forward, H200, and the 3B's a quarter.)
                 fresh = None if self._given_link is not None else \
                     link_from_tierd(self._client_fn(), self._device)
                 if fresh is not None and fresh.d2h < 0.9 * self._link.d2h:
                     self._link, self.stats.link_source = fresh, "tierd"
                 else:
-                    self._link = planner.Link(self._link.d2h / 2, self._link.h2d / 2)
-                    if "halved" not in self.stats.link_source:
-                        self.stats.link_source += ", halved after slow steps"
+                    self._price_offloads(step)
                 self.stats.replans += 1
                 self._replan()
                 self._timers.clear()  # steps timed under the old plan
+
+    def _price_offloads(self, step):
+        """A planned step of `step` seconds ran over its prediction, and not for the link: the
+        difference per offload of the plan goes into the price of every later offload
+        (``stats.offload_cost_s``)."""
+        offloads = len(self._plan.indices) if self._plan.indices else 0
+        over = step - self._base_step - self._plan.predicted_overhead
+        if offloads and over > 0:
+            self._offload_cost_s += over / offloads
+        self.stats.offload_cost_s = self._offload_cost_s
 
     def _replan(self):
         p = planner.plan(self._sites, self._forward_end, self._base_step,
                          planner.planning_link(self._link),
                          max_overhead=self.max_overhead, target_bytes=self.target_bytes,
                          barrier=True, window_s=RELOAD_WINDOW_S,
-                         batch_bytes=RELOAD_BATCH_BYTES)
+                         batch_bytes=RELOAD_BATCH_BYTES, offload_cost_s=self._offload_cost_s)
         self._plan = p
         offload = [m for i in p.indices for m in self._members[i]]
         self._step_plan = planner.StepPlan(self._count, offload, p.triggers, p.releases,

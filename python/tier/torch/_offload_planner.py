@@ -249,11 +249,14 @@ class Plan:
 
 
 def plan(sites, forward_end, step_seconds, link, max_overhead=None, target_bytes=None,
-         barrier=False, window_s=0.0, batch_bytes=0):
+         barrier=False, window_s=0.0, batch_bytes=0, offload_cost_s=0.0):
     """The sites to offload. ``max_overhead``: the step may grow by at most this fraction;
     ``target_bytes``: what may stay on the GPU at the end of forward (all saved tensors are
     alive then). At least one of the two. ``barrier``: offloads must land by the end of forward
-    (see :func:`simulate`); the plan then also says where each source is released."""
+    (see :func:`simulate`); the plan then also says where each source is released.
+    ``offload_cost_s``: what each offload costs the step besides the link's time (the host's
+    work for it, measured on planned steps: tier/torch/_offload_budget.py), added to the
+    predicted overhead per chosen site."""
     if max_overhead is None and target_bytes is None:
         raise ValueError("plan() needs max_overhead or target_bytes")
     if max_overhead is not None and max_overhead < 0:
@@ -267,7 +270,8 @@ def plan(sites, forward_end, step_seconds, link, max_overhead=None, target_bytes
                                           s.index)):
         if target_bytes is not None and total - offloaded <= target_bytes and budget is None:
             break
-        trial = simulate(chosen + [s], forward_end, link, barrier).overhead
+        trial = simulate(chosen + [s], forward_end, link, barrier).overhead + \
+            (len(chosen) + 1) * offload_cost_s
         if budget is not None and trial > budget:
             continue
         chosen.append(s)
@@ -275,12 +279,13 @@ def plan(sites, forward_end, step_seconds, link, max_overhead=None, target_bytes
         if target_bytes is not None and total - offloaded <= target_bytes and budget is not None:
             break  # the target is met within the budget: no need to move more
     return make_plan(sites, chosen, forward_end, step_seconds, link, budget, target_bytes,
-                     barrier, window_s, batch_bytes)
+                     barrier, window_s, batch_bytes, offload_cost_s)
 
 
 def make_plan(sites, chosen, forward_end, step_seconds, link, budget_seconds=None,
-              target_bytes=None, barrier=False, window_s=0.0, batch_bytes=0):
-    """The :class:`Plan` that offloads ``chosen`` among ``sites``."""
+              target_bytes=None, barrier=False, window_s=0.0, batch_bytes=0, offload_cost_s=0.0):
+    """The :class:`Plan` that offloads ``chosen`` among ``sites`` (``offload_cost_s``: see
+    :func:`plan`)."""
     total = sum(s.nbytes for s in sites)
     offloaded = sum(s.nbytes for s in chosen)
     sim = simulate(chosen, forward_end, link, barrier)
@@ -293,7 +298,7 @@ def make_plan(sites, chosen, forward_end, step_seconds, link, budget_seconds=Non
         p.releases, p.barrier = {}, []
     p.offloaded_bytes = offloaded
     p.kept_bytes = total - offloaded
-    p.predicted_overhead = sim.overhead
+    p.predicted_overhead = sim.overhead + len(chosen) * offload_cost_s
     p.step_seconds = step_seconds
     p.budget_seconds = budget_seconds
     p.target_bytes = target_bytes
