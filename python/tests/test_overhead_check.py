@@ -9,11 +9,12 @@ import pytest
 from tier.torch import _overhead_check as oc
 
 
-def _plan(base_s=0.100, predicted_s=0.104, offloads=0):
+def _plan(base_s=0.100, predicted_s=0.104, offloads=0, modes=("keep", "keep")):
     """A JointPlan's parts the check reads: the baseline's step (and the timed part of it), the
-    plan's timed step and its offloads."""
+    plan's timed step, its offloads and its modes."""
     return SimpleNamespace(baseline=SimpleNamespace(step_s=base_s, timed_s=base_s),
-                           best=SimpleNamespace(timed_s=predicted_s, chosen=[None] * offloads))
+                           best=SimpleNamespace(timed_s=predicted_s, chosen=[None] * offloads,
+                                                modes=modes))
 
 
 def _observe(check, plan, steps, max_overhead=0.05):
@@ -25,11 +26,11 @@ N = oc.CORRECTION_STEPS
 
 def test_a_plan_as_predicted_and_within_its_budget_is_left_alone():
     check = oc.OverheadCheck()
-    assert _observe(check, _plan(offloads=8), [0.1042] * N) == [False] * N
+    assert _observe(check, _plan(offloads=8), [0.1042] * N) == [None] * N
     assert check.settled and check.scale == 1.0 and check.offload_step_s == 0.0
     assert check.corrections == 0 and check.budget(0.05) == 0.05
     assert check.notes(0.05, 0.05) == []
-    assert check.observe(0.5, _plan(), 0.05) is False  # settled: later steps change nothing
+    assert check.observe(0.5, _plan(), 0.05) is None  # settled: later steps change nothing
 
 
 def test_no_verdict_before_enough_steps_and_the_median_decides():
@@ -38,7 +39,7 @@ def test_no_verdict_before_enough_steps_and_the_median_decides():
     steps = ([0.104] * (N - 1) + [0.140])[-N:]
     steps[0], steps[-1] = steps[-1], steps[0]
     verdicts = _observe(check, _plan(offloads=8), steps)
-    assert verdicts == [False] * N and check.settled and check.offload_step_s == 0.0
+    assert verdicts == [None] * N and check.settled and check.offload_step_s == 0.0
 
 
 def test_offloads_slower_than_predicted_get_a_price_per_offload():
@@ -46,21 +47,21 @@ def test_offloads_slower_than_predicted_get_a_price_per_offload():
     # Predicted 4 ms of overhead with 10 offloads, measured 8: 0.4 ms per offload beyond the
     # model, whatever the budget.
     verdicts = _observe(check, _plan(predicted_s=0.104, offloads=10), [0.108] * N, None)
-    assert verdicts[-1] is True and not check.settled
+    assert verdicts[-1] == "overhead" and not check.settled
     assert check.offload_step_s == pytest.approx(0.0004)
     assert check.scale == 1.0 and check.corrections == 1
     note, = check.notes(None, None)
     assert "8.0 ms" in note and "4.0 were predicted" in note and "400 us" in note
     # The next plan (fewer offloads) runs as predicted: settled, the price kept.
     check.new_plan()
-    assert _observe(check, _plan(predicted_s=0.106, offloads=4), [0.106] * N, None)[-1] is False
+    assert _observe(check, _plan(predicted_s=0.106, offloads=4), [0.106] * N, None)[-1] is None
     assert check.settled and check.offload_step_s == pytest.approx(0.0004)
 
 
 def test_an_error_within_noise_is_not_priced():
     check = oc.OverheadCheck()
     slower = 0.104 + 0.100 * oc.NOISE / 2
-    assert _observe(check, _plan(offloads=10), [slower] * N)[-1] is False
+    assert _observe(check, _plan(offloads=10), [slower] * N)[-1] is None
     assert check.offload_step_s == 0.0 and check.settled
 
 
@@ -69,7 +70,7 @@ def test_a_plan_over_its_budget_without_offloads_tightens_the_budget_by_its_own_
     # Predicted 4 ms of overhead (recompute), measured 8: the next plan may predict
     # 0.95 * 5 * 4/8 ms.
     verdicts = _observe(check, _plan(predicted_s=0.104), [0.108] * N)
-    assert verdicts[-1] is True and not check.settled
+    assert verdicts[-1] == "overhead" and not check.settled
     assert check.scale == pytest.approx(oc.CORRECTION_MARGIN * 0.004 / 0.008)
     assert check.budget(0.05) == pytest.approx(0.05 * check.scale)
     assert check.corrections == 1 and check.offload_step_s == 0.0
@@ -79,7 +80,7 @@ def test_a_plan_over_its_budget_without_offloads_tightens_the_budget_by_its_own_
 
 def test_the_budget_is_strict():
     check = oc.OverheadCheck()
-    assert _observe(check, _plan(predicted_s=0.104), [0.1051] * N)[-1] is True
+    assert _observe(check, _plan(predicted_s=0.104), [0.1051] * N)[-1] == "overhead"
 
 
 def test_corrections_are_bounded_per_goal_and_never_loosen():
@@ -104,11 +105,11 @@ def test_corrections_are_bounded_per_goal_and_never_loosen():
 
 def test_a_plan_without_overhead_or_budget_settles_after_its_steps():
     check = oc.OverheadCheck()
-    assert _observe(check, _plan(), [0.5] * N, None) == [False] * N and check.settled
+    assert _observe(check, _plan(), [0.5] * N, None) == [None] * N and check.settled
     assert check.budget(None) is None
     check = oc.OverheadCheck()
     # A plan that predicts no overhead and offloads nothing: nothing to scale or price.
-    assert _observe(check, _plan(predicted_s=0.100), [0.2] * N)[-1] is False
+    assert _observe(check, _plan(predicted_s=0.100), [0.2] * N)[-1] is None
     assert check.settled and check.scale == 1.0
 
 
@@ -162,3 +163,57 @@ def test_what_lay_outside_the_blocks_is_the_least_over_the_timing_steps(monkeypa
     assert w.outside_s == pytest.approx(0.006)  # not round 1's 40 ms, nor the 500 ms step
     w.calibrate(predicted.__getitem__)  # nothing timed since: what was learned stays
     assert w.outside_s == pytest.approx(0.006)
+
+
+# ---- a plan that recomputes and offloads: its twin tells the two excesses apart ---------------
+
+def _twin_run(check, plan_steps, twin_predicted_s, twin_steps, max_overhead=0.05):
+    plan = _plan(predicted_s=0.104, offloads=10, modes=("keep", "full"))
+    verdicts = _observe(check, plan, plan_steps, max_overhead)
+    assert verdicts == [None] * (N - 1) + ["twin"] and not check.settled
+    check.start_twin(twin_predicted_s)
+    return _observe(check, plan, twin_steps, max_overhead)
+
+
+def test_only_the_excess_beyond_the_twins_is_priced_per_offload():
+    check = oc.OverheadCheck()
+    # The plan: 4 ms predicted, 15 measured (11 over). Its twin (the same modes, nothing
+    # offloaded): 3 ms predicted, 7 measured (4 over, the recompute's). The offloads' own: 7 ms
+    # over 10 offloads; the recompute's error scales the budget by 0.95 * 3 / 7.
+    verdicts = _twin_run(check, [0.115] * N, 0.003, [0.107] * N)
+    assert verdicts == [None] * (N - 1) + ["overhead"]
+    assert check.offload_step_s == pytest.approx(0.0007)
+    assert check.scale == pytest.approx(0.95 * 3 / 7)
+    assert check.corrections == 1
+    note, = check.notes(0.05 * check.scale, 0.05)
+    assert "twin without them 7.0 where 3.0" in note and "700 us" in note, note
+
+
+def test_a_twin_that_runs_as_predicted_leaves_the_whole_excess_to_the_offloads():
+    check = oc.OverheadCheck()
+    verdicts = _twin_run(check, [0.115] * N, 0.003, [0.103] * N)
+    assert verdicts[-1] == "overhead"
+    assert check.offload_step_s == pytest.approx(0.0011) and check.scale == 1.0
+
+
+def test_an_excess_that_is_all_the_recomputes_prices_no_offload():
+    # The twin runs as far over as the plan did: the offloads cost nothing beyond the model.
+    check = oc.OverheadCheck()
+    verdicts = _twin_run(check, [0.115] * N, 0.003, [0.114] * N)
+    assert verdicts[-1] == "overhead"
+    assert check.offload_step_s == 0.0 and check.scale < 1.0
+
+
+def test_a_plan_that_only_offloads_needs_no_twin():
+    check = oc.OverheadCheck()
+    verdicts = _observe(check, _plan(predicted_s=0.104, offloads=10), [0.108] * N)
+    assert verdicts[-1] == "overhead" and check.twin is None
+    assert check.offload_step_s == pytest.approx(0.0004)
+
+
+def test_a_new_plan_forgets_a_twin_in_progress():
+    check = oc.OverheadCheck()
+    _observe(check, _plan(predicted_s=0.104, offloads=10, modes=("full",)), [0.115] * N)
+    assert check.twin is not None
+    check.new_plan()  # (a recalibration, or a new goal)
+    assert check.twin is None and check.twin_predicted is None

@@ -698,3 +698,60 @@ def test_a_model_with_no_candidate_still_gets_a_plan(client):
     assert plan.stats.calibration_steps >= 2 and plan.stats.plans == 1
     assert plan.plan.best.offloaded_bytes == 0
     assert not plan._step_plan.offloaded
+
+
+@pytest.mark.parametrize("slow_when", ["offloading", "always"])
+def test_a_slow_plan_that_offloads_and_recomputes_runs_its_twin_to_price_the_offloads(
+        client, monkeypatch, slow_when):
+    # Keep blocks that offload beside full-recompute blocks; planned steps sleep SLOW_STEP_S (on
+    # the test's clock, as above): only those that offload, or every one. The check runs the
+    # plan's twin (the same modes, nothing offloaded) and prices the offloads with what the plan
+    # ran over beyond the twin: the whole sleep where only offloading steps sleep, nothing where
+    # the twin sleeps too. Before the twin, the check laid the whole excess on the offloads in
+    # both cases.
+    torch.manual_seed(0)
+    model = Net()
+    force_modes(monkeypatch, ["keep", "full"] * 3)
+    clock = [time.perf_counter()]
+
+    def tick():
+        clock[0] += 1e-6
+        return clock[0]
+    monkeypatch.setattr(time, "perf_counter", tick)
+    plan = tt.plan_activations(model, max_overhead=0.05, client=client, min_bytes=0,
+                               link=(1e15, 1e15), verbose=False)
+
+    def sleep(*_):
+        step_plan = plan._step_plan
+        if plan.plan is not None and step_plan is not None and (
+                slow_when == "always" or step_plan.offloaded):
+            clock[0] += SLOW_STEP_S
+    slow = model.layers[2].register_forward_pre_hook(sleep)
+    per_step = []  # (candidates the step plan offloads, storages offloaded, twins so far)
+    try:
+        for x in _batches(24):
+            before = plan.offloader.stats.offloaded_storages
+            with plan:
+                held = len(plan._step_plan.offloaded) if plan._step_plan is not None else 0
+                _step(model, x)
+            per_step.append((held, plan.offloader.stats.offloaded_storages - before,
+                             plan.stats.twins))
+            if not plan.settling:
+                break
+    finally:
+        slow.remove()
+    assert not plan.settling, per_step
+    assert plan.stats.twins >= 1, per_step
+    twin_steps = [s for s in per_step if s[2] >= 1 and s[0] == 0]
+    assert len(twin_steps) >= 3 and all(n == 0 for _, n, _ in twin_steps), per_step
+    # Priced per storage offloaded (the planner's sites); the twin's own excess on this clock
+    # is a few ticks.
+    offloads = max(n for _, n, _ in per_step)
+    price = plan._watch.overhead.offload_step_s
+    if slow_when == "offloading":
+        assert SLOW_STEP_S / offloads * 0.95 <= price <= SLOW_STEP_S / offloads * 1.05, \
+            (price, offloads, per_step)
+    else:
+        # (The budget's scale needs a twin predicted to cost something; on this clock its
+        # recompute is a few ticks: test_overhead_check.py covers the scale.)
+        assert price < 0.05 * SLOW_STEP_S / offloads, (price, offloads, per_step)

@@ -58,9 +58,10 @@ slower of the two, and trims offloads the host cannot issue in time
 
 The clock has the last word: a plan whose steps (measured whole, from entering the context to
 leaving it, less what lay outside the blocks in calibration) run slower than predicted is made
-again, with the difference priced per offloaded storage where it offloads, else (over a
+again, with the difference priced per offloaded storage where it offloads (beyond what the
+same modes without offloads run over: the plan's twin runs a few steps to tell), else (over a
 ``max_overhead``) within a budget scaled by its own error, twice at most per goal
-(tier/torch/_overhead_check.py; ``stats.corrections``). ``planner.settling`` is True while the plan
+(tier/torch/_overhead_check.py; ``stats.corrections``, ``stats.twins``). ``planner.settling`` is True while the plan
 may still change by itself (calibration, the host probe, this check).
 """
 
@@ -312,11 +313,12 @@ class PlannerStats(Counters):
     them); ``predicted_peak_bytes``; ``calibration_peak_bytes`` (CUDA: the activation peak
     measured in the last calibration step); ``replans`` (with the host's measured cost);
     ``corrections`` (plans made again because a plan's measured step was over the overhead
-    budget: tier/torch/_overhead_check.py)."""
+    budget: tier/torch/_overhead_check.py); ``twins`` (times a plan's twin, its modes without
+    offloads, ran to tell the offloads' cost from the recompute's)."""
 
     __slots__ = ("calibration_steps", "plans", "planned_steps", "predicted_step_s",
                  "measured_step_s", "measured_overhead", "predicted_peak_bytes",
-                 "calibration_peak_bytes", "replans", "corrections")
+                 "calibration_peak_bytes", "replans", "corrections", "twins")
 
     def __repr__(self):
         return "PlannerStats(%s)" % ", ".join("%s=%s" % kv for kv in self.as_dict().items())
@@ -753,11 +755,22 @@ class ActivationPlanner:
                          "growth (this torch gives the policy no op output)")
         return notes
 
+    def _follow_twin(self):
+        """The overhead check asks for the plan's twin: its modes with nothing offloaded, for
+        a few steps (tier/torch/_overhead_check.py). The modes stay; only the offloads stop."""
+        link = op.planning_link(self._link)
+        twin = ap.evaluate(self._profile, self.plan.best.modes, link, chosen=[])
+        self._step_plan = ap.step_plan(twin, link)
+        self._watch.follow_twin(twin.timed_s - self.plan.baseline.timed_s)
+        self.stats.twins += 1
+
     def _planned_step_done(self):
         what = self._watch.done(self.plan, self._profile, self._signatures, self.max_overhead,
                                 self.stats)
         if what in ("host", "overhead"):
             self._choose(what)
+        elif what == "twin":
+            self._follow_twin()
         elif what == "mismatch-again":
             # Blocks that do not save the same tensors from step to step (data-dependent
             # control flow): a plan by position would offload the wrong tensors. The modes stay.

@@ -4,6 +4,8 @@ whose blocks the host probe clocks (tier/torch/_host_probe.py), the whole steps 
 check judges the plan on (tier/torch/_overhead_check.py), and whether a step's blocks saved what
 calibration saw. After each planned step it tells the planner what to do: nothing, plan again
 with the host's measured cost ("host"), plan again within a corrected budget ("overhead"),
+follow the plan's twin for a few steps, its modes with nothing offloaded, so that the check can
+tell the offloads' cost from the recompute's ("twin": then :meth:`PlanWatch.follow_twin`),
 calibrate again ("mismatch"), or give up offloading ("mismatch-again")."""
 
 from . import _offload_budget as ob
@@ -30,10 +32,19 @@ class PlanWatch:
 
     def new_plan(self):
         """A new plan is followed from the next step: what was timed under the old one goes."""
+        self._forget_steps()
+        self.overhead.new_plan()
+
+    def follow_twin(self, predicted_s):
+        """The plan's twin (its modes, nothing offloaded; ``predicted_s`` of overhead) is
+        followed from the next step, for the overhead check."""
+        self._forget_steps()
+        self.overhead.start_twin(predicted_s)
+
+    def _forget_steps(self):
         self._timers.clear()
         self.windows.clear()
         self.steps = 0
-        self.overhead.new_plan()
 
     @property
     def host_measured(self):
@@ -62,7 +73,7 @@ class PlanWatch:
         return offloader
 
     def done(self, plan, profile, signatures, max_overhead, stats):
-        """After a planned step of `plan`: None, "host", "overhead", "mismatch" or
+        """After a planned step of `plan`: None, "host", "overhead", "twin", "mismatch" or
         "mismatch-again" (see the module docstring). Counts the step in `stats`."""
         timer, self.timer = self.timer, None
         if self.mismatch:
@@ -88,13 +99,15 @@ class PlanWatch:
             # block's backward: what the timer measures.)
             stats.measured_step_s = step
             stats.measured_overhead = step / plan.best.timed_s - 1.0
-            if self.windows.outside_s is None and self.overhead.observe(step, plan,
-                                                                        max_overhead):
-                return "overhead"
+            if self.windows.outside_s is None:
+                verdict = self.overhead.observe(step, plan, max_overhead)
+                if verdict:
+                    return verdict
         # The whole step where it is known (what the plan costs outside its blocks too).
         for step in self.windows.ready():
-            if self.overhead.observe(step, plan, max_overhead):
-                return "overhead"
+            verdict = self.overhead.observe(step, plan, max_overhead)
+            if verdict:
+                return verdict
         return None
 
     def notes(self, profile, planned_overhead, max_overhead):
