@@ -175,8 +175,11 @@ TEST(DaemonGpuVmmSegment, ASegmentIsRegisteredOnceGrownInPlaceAndRoundTripsBitEx
     Session session(tierd);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    // 60 pages from inside page 3: one registration of all 80 pages (64 + one extension).
-    const tier_buffer_id segment = round_trip(session, stream, 3 * page + 4096, 60 * page, 1);
+    // 60 pages from inside page kRegistered: one registration of all 80 pages (64 + one
+    // extension).
+    constexpr uint64_t kRegistered = 3;
+    const tier_buffer_id segment =
+        round_trip(session, stream, kRegistered * page + 4096, 60 * page, 1);
     auto [registrations, extensions, exports] = counters(session.get());
     EXPECT_EQ(registrations, 1u);
     EXPECT_EQ(extensions, 1u);
@@ -184,12 +187,12 @@ TEST(DaemonGpuVmmSegment, ASegmentIsRegisteredOnceGrownInPlaceAndRoundTripsBitEx
     // What tierd reserved for it: counted against max_reserved_bytes_per_session and _per_uid,
     // and shown in status. The library asks for as much as the segment may grow to, as
     // PyTorch's reservations run: the GPU's memory past the page of the pointer registered
-    // (page 3), from the segment's first page on, in whole pages; not the client's 200 pages
-    // (the driver may report one page's mapping as the address range).
+    // (kRegistered), from the segment's first page on, in whole pages; not the client's 200
+    // pages (the driver may report one page's mapping as the address range).
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const uint64_t reserved =
-        std::max<uint64_t>(3 * page + total_bytes, kReserved * page) / page * page;
+        std::max<uint64_t>(kRegistered * page + total_bytes, kReserved * page) / page * page;
     EXPECT_EQ(tierd.Status().client_reserved_bytes(), reserved);
     // Steps: ranges of any size anywhere inside cost nothing more.
     for (int step = 0; step < 5; ++step) {
