@@ -7,7 +7,11 @@ before it held the stream: a wait on another stream or on memory, such as tierd'
 waited for at a release point, or the launch's own latency of a few microseconds). :func:`split`
 divides every gap of the stream into those two parts, using the correlation between each GPU
 operation and the host call that launched it, and lists the largest blocked gaps with the host's
-stream-wait calls issued between the two launches (bench/plan_profile.py prints it).
+stream-wait calls issued between the two launches (bench/plan_profile.py prints it). Those calls
+name a wait issued on any stream (the trace does not say which: tierd's library makes its ticket
+stream wait on the producer with cudaStreamWaitEvent, and the profiler records the driver's
+cuStreamWaitValue64, the wait a release point or a reload puts on the compute stream, on some
+drivers only): read them as a hint, the stall's length as the fact.
 """
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -108,7 +112,7 @@ def _waits_between(host_calls, first, second):
 def describe(name, s):
     """One paragraph of text for `split`'s result."""
     lines = ["== %s: stream %s, %d ops over %.2f ms, busy %.2f ms; idle: waiting for the host "
-             "%.2f ms, stalled %.2f ms (%d gaps > %.0f us, %d after a stream wait), launch "
+             "%.2f ms, stalled %.2f ms (%d gaps > %.0f us, %d after a stream-wait call), launch "
              "latency %.2f ms, unattributed %.2f ms" % (
                  name, s["stream"], s["ops"], s["span_us"] / 1e3, s["busy_us"] / 1e3,
                  s["host_us"] / 1e3, s["stall_us"] / 1e3, s["stalls"], STALL_US,
