@@ -10,11 +10,11 @@ H200, plans that only recompute within 0.3%).
 
 Goals: ``rc-peak`` (full recompute's measured peak), ``overhead=F`` (max_overhead), ``mib=N``
 (target_bytes); several, comma-separated, are planned in turn on one planner (as frontier_bench
-runs its rows) and the last is profiled. ``budget=F``: no planner, the offload-only budget
-(``offload_activations(max_overhead=F)``, frontier_bench's tierd-budget row). Prints, for both steps: wall time, GPU busy time on
-every stream and on the compute stream, the CUDA runtime and driver calls that can stall the host
-(synchronizations, allocator calls, stream waits) with their count and host time, the host
-functions with the most self time, the planner's figures, and the planned step's host time by
+runs its rows) and the last is profiled. ``budget=F`` (alone): no planner, the offload-only
+budget (``offload_activations(max_overhead=F)``, frontier_bench's tierd-budget row). Prints, for
+both steps: wall time, GPU busy time on every stream and on the compute stream, the CUDA runtime
+and driver calls that can stall the host (synchronizations, allocator calls, stream waits) with
+their count and host time, the host functions with the most self time, the planner's figures, and the planned step's host time by
 section of the hook path and by libtierclient call (ms per step, calls per step, us per call);
 writes JSON (and a gzipped Chrome trace per step with --trace; with --cprofile N, N more planned
 steps under cProfile, the tier package's functions listed by their own time).
@@ -291,10 +291,7 @@ def settled_plan(model, opt, ids, session, args, goals, cuda, tt):
                                   verbose=True, **goals[0])
     for goal in goals:
         mode = fb.Planned(planner, session, goal, "plan")
-        steps = 0
-        while steps < 6 or (planner.settling and steps < 6 + args.settle_steps):
-            fb.train_step(model, opt, ids, mode, cuda)
-            steps += 1
+        steps = settle(model, opt, ids, mode, args, cuda)
     if planner.plan is None:
         raise SystemExit("no plan after %d steps: %r" % (steps, planner.stats))
     return mode, steps
@@ -303,11 +300,17 @@ def settled_plan(model, opt, ids, session, args, goals, cuda, tt):
 def settled_budget(model, opt, ids, session, args, max_overhead, cuda):
     """The offload-only budget (frontier_bench's tierd-budget), settled."""
     mode = fb.TierdBudget("tierd-budget", model, session, args, max_overhead=max_overhead)
+    return mode, settle(model, opt, ids, mode, args, cuda)
+
+
+def settle(model, opt, ids, mode, args, cuda):
+    """Steps of `mode` (a planner's goal or the budget) until it settles: at least 6, at most
+    6 + --settle-steps. Returns how many ran."""
     steps = 0
     while steps < 6 or (mode.settling() and steps < 6 + args.settle_steps):
         fb.train_step(model, opt, ids, mode, cuda)
         steps += 1
-    return mode, steps
+    return steps
 
 
 def planner_figures(planner, offloader, steps):
