@@ -89,6 +89,24 @@ def test_shared_references_cannot_make_the_walk_exponential():
     _refused(ckpt._dumps(node))
 
 
+def test_a_container_that_holds_itself_is_refused():
+    node = [1, 2]
+    node.append({"k": node})
+    _refused(ckpt._dumps(node))
+
+
+def test_limits_count_a_shared_value_once_per_place():
+    shared = list(range(1000))
+    ok = [shared] * 4000           # 4M values as a walk sees them, 1001 objects: within
+    assert ckpt._loads(ckpt._dumps(ok), "r")[3999][999] == 999
+    _refused(ckpt._dumps([shared] * 4200))  # over 4M: refused, though small on disk
+    deep = 0
+    for _ in range(64):
+        deep = [deep]
+    ckpt._loads(ckpt._dumps(deep), "r")  # 64 deep: within
+    _refused(ckpt._dumps([deep]))
+
+
 @pytest.mark.parametrize("changes", [
     {"versions": [{"version": 2, "token": "0a1b2c3d", "objects": 10 ** 9}]},  # 1e9 deletes
     {"versions": [{"version": 2, "token": "../../x", "objects": 1}]},

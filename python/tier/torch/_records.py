@@ -68,25 +68,72 @@ def _check_opcodes(data):
             raise ValueError("memo index %s in a record of %d bytes" % (arg, len(data)))
 
 
+def _is_container(value):
+    return isinstance(value, (dict, list, tuple))
+
+
+def _children(value):
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            out.append(k)
+            out.append(v)
+        return out
+    return value
+
+
+def _check_value(value):
+    if not (value is None or isinstance(value, (bool, int, float, complex, str, bytes))):
+        raise ValueError("a %s" % type(value).__name__)
+
+
 def _check_tree(obj):
-    """Iteratively (no recursion): at most _MAX_DEPTH deep and _MAX_NODES in all."""
-    stack = [(obj, 0)]
-    nodes = 0
+    """At most _MAX_DEPTH deep and _MAX_NODES values in all, a shared value counted once per
+    place it appears (what a walk of the record visits), and no container inside itself.
+    Computed over the distinct containers (each once: what it holds, counted from its children's
+    counts), iteratively: a record of 61 lists that share each other, 2^60 values as a walk sees
+    them, is refused at once rather than after walking 4M of them."""
+    if not _is_container(obj):
+        _check_value(obj)
+        return
+    counted = {}   # id(container) -> (values in it, itself included; its height)
+    open_ = set()  # ids of the containers on the walk's path (their contents being counted)
+    stack = [(obj, False)]
     while stack:
-        value, depth = stack.pop()
-        nodes += 1
-        if nodes > _MAX_NODES:
-            raise ValueError("more than %d values" % _MAX_NODES)
-        if depth > _MAX_DEPTH:
-            raise ValueError("nested more than %d deep" % _MAX_DEPTH)
-        if isinstance(value, dict):
-            for k, v in value.items():
-                stack.append((k, depth + 1))
-                stack.append((v, depth + 1))
-        elif isinstance(value, (list, tuple)):
-            stack.extend((v, depth + 1) for v in value)
-        elif not (value is None or isinstance(value, (bool, int, float, complex, str, bytes))):
-            raise ValueError("a %s" % type(value).__name__)
+        value, done = stack.pop()
+        key = id(value)
+        children = _children(value)
+        if done:
+            size, height = 1, 0
+            for child in children:
+                if _is_container(child):
+                    n, h = counted[id(child)]
+                    size += n
+                    height = max(height, h + 1)
+                else:
+                    size += 1
+                    height = max(height, 1)
+            if size > _MAX_NODES:
+                raise ValueError("more than %d values" % _MAX_NODES)
+            if height > _MAX_DEPTH:
+                raise ValueError("nested more than %d deep" % _MAX_DEPTH)
+            counted[key] = (size, height)
+            open_.discard(key)
+            continue
+        if key in counted:
+            continue
+        if key in open_:
+            raise ValueError("a container that holds itself")
+        open_.add(key)
+        stack.append((value, True))
+        for child in children:
+            if _is_container(child):
+                if id(child) in open_:
+                    raise ValueError("a container that holds itself")
+                if id(child) not in counted:
+                    stack.append((child, False))
+            else:
+                _check_value(child)
 
 
 def loads(data, what):
