@@ -83,6 +83,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 from _tierd import TierdProcess  # noqa: E402
+from gc_clock import GcClock  # noqa: E402
 
 MiB = 2**20
 SHAPES = {
@@ -538,8 +539,9 @@ def run_mode(mode, model, ids, args, warmup):
         samples.append(train_step(model, opt, ids, mode, cuda))
     warmup = len(samples)
     before = mode.counters()
-    for _ in range(args.steps):
-        samples.append(train_step(model, opt, ids, mode, cuda))
+    with GcClock() as collector:
+        for _ in range(args.steps):
+            samples.append(train_step(model, opt, ids, mode, cuda))
     after = mode.counters()
     measured = samples[warmup:]
     loop_s = loop_step_s(model, opt, ids, mode, cuda, args.loop_steps) \
@@ -575,6 +577,7 @@ def run_mode(mode, model, ids, args, warmup):
            "registrations_per_step": per_step("registrations"),
            "exports_per_step": per_step("exports"),
            "losses": [s["loss"] for s in samples],
+           "gc": collector.summary(args.steps),
            "probe": summarize_timeline(probes, len(layers_of(model)))}
     row.update(mode.details())
     return row
@@ -641,9 +644,14 @@ def run_child(config):
         if "error" in row:
             log("%s %s: %s" % (tag, row["label"], row["error"]))
         else:
-            log("%s %s: step %.1f ms, act peak %s MiB, D2H %s MiB/step" % (
-                tag, row["label"], row["step_ms"], fmt(row["act_peak_mib"], "%.0f"),
-                fmt(row["d2h_mib"], "%.0f")))
+            collector = row.get("gc") or {}
+            log("%s %s: step %.1f ms (mean %.1f), act peak %s MiB, D2H %s MiB/step; "
+                "gc: %s promoted/step, full collections %s/step (%s ms/step)" % (
+                    tag, row["label"], row["step_ms"], row.get("step_ms_mean", row["step_ms"]),
+                    fmt(row["act_peak_mib"], "%.0f"), fmt(row["d2h_mib"], "%.0f"),
+                    fmt(collector.get("promoted_per_step"), "%.0f"),
+                    fmt((collector.get("collections_per_step") or [None] * 3)[2], "%.2f"),
+                    fmt((collector.get("ms_per_step") or [None] * 3)[2], "%.1f")))
 
     def fresh():
         model.load_state_dict(initial)
