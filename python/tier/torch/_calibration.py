@@ -280,7 +280,9 @@ def _template(b, c, timings):
 
 
 def _extra(b, c, mode):
-    if mode != "selective":
+    """What block b keeps outside the hooks in `mode` (selective checkpointing's saved outputs;
+    light's MLP matmul output)."""
+    if mode not in ("selective", "light"):
         return 0
     if b in c.sac_bytes:
         return c.sac_bytes[b]
