@@ -201,6 +201,42 @@ def test_what_lay_outside_the_blocks_is_the_least_over_the_timing_steps(monkeypa
     assert w.outside_s == pytest.approx(0.006)
 
 
+def test_a_plan_over_its_budget_by_its_blocks_timer_is_corrected_whatever_its_windows_say():
+    # Calibration's windows held more than a planned step's outside time (its steps ran at the
+    # host's pace), so the whole-step measure read this plan within its budget: 104 ms against
+    # a 100 ms baseline. Its blocks' own timer read 110 ms for the same steps: the larger
+    # counts, and the plan is made again within a tighter budget.
+    from tier.torch._plan_activations import PlannerStats
+    from tier.torch._plan_watch import PlanWatch
+
+    class Timer:
+        def __init__(self, step_s):
+            self._s = step_s
+
+        def ready(self):
+            return True
+
+        def step_s(self):
+            return self._s
+
+    def run(block_s, window_s):
+        watch = PlanWatch(2)
+        watch.windows.outside_s = 0.0
+        stats = PlannerStats()
+        verdicts = []
+        for _ in range(N):
+            watch.timer = Timer(block_s)
+            watch.windows._planned.append(Timer(window_s))
+            verdicts.append(watch.done(_plan(), None, None, 0.05, stats))
+        return verdicts, watch
+    verdicts, watch = run(0.110, 0.104)
+    assert verdicts == [None] * (N - 1) + ["overhead"] and watch.overhead.scale < 1.0
+    verdicts, watch = run(0.1041, 0.1042)  # both as predicted: left alone
+    assert verdicts == [None] * N and watch.overhead.settled and watch.overhead.scale == 1.0
+    verdicts, watch = run(0.1041, 0.110)  # over by the window alone (outside the blocks)
+    assert verdicts[-1] == "overhead"
+
+
 # ---- a plan that recomputes and offloads: its twin tells the two excesses apart ---------------
 
 def _twin_run(check, plan_steps, twin_predicted_s, twin_steps, max_overhead=0.05):
