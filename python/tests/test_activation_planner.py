@@ -415,42 +415,6 @@ def test_the_host_probe_places_a_blocks_time_on_both_timelines():
     assert forward_only.blocks[0][4]["host_bwd"] is None
 
 
-def test_the_host_probe_measures_how_much_longer_than_calibrated_the_blocks_run():
-    # The device time of the blocks that offloaded nothing, over their calibrated time (the
-    # median block's): the calibration's own error, which the overhead check scales its
-    # baseline by. Blocks that offloaded are left out (their time is the plan's).
-    from tier.torch._host_probe import HostProbe, SCALE_BLOCKS
-
-    class Clock:
-        def __init__(self, times):
-            self.times = times
-
-        def resolve(self):
-            return self.times
-
-    prof = _with_host(llama_like(n=5), 1.5e-3, 0.0)
-    gpu_f, gpu_b, _, _ = prof.host["L"]["keep"]
-    lay = ap.Layout(prof, ("keep",) * 5)
-    chosen = [s for s in lay.sites if lay.block_of(s.index) == 0][:2]  # block 0 offloads
-    e = ap.evaluate(prof, ("keep",) * 5, LINK, chosen=chosen)
-    # Blocks 1-4 ran 3%, 4%, 2% and (held up) 40% longer than calibrated; block 0, 50% (offloads).
-    stretch = (1.5, 1.03, 1.04, 1.02, 1.40)
-    times = {}
-    for b, k in enumerate(stretch):
-        times[("fs", b)] = 1.0 * b
-        times[("fe", b)] = 1.0 * b + k * gpu_f
-        times[("bs", b)] = 100.0 + b
-        times[("be", b)] = 100.0 + b + k * gpu_b
-    probe = HostProbe(5)
-    probe._clock = Clock(times)
-    probe.cost_s(e, prof, prof.blocks)
-    assert probe.gpu_scale == pytest.approx(1.035)  # the median of 1.02, 1.03, 1.04, 1.40
-    few = HostProbe(5)
-    few._clock = Clock({k: v for k, v in times.items() if k[1] < SCALE_BLOCKS})
-    few.cost_s(e, prof, prof.blocks)
-    assert few.gpu_scale is None  # fewer than SCALE_BLOCKS blocks without offloads clocked
-
-
 def test_a_price_per_offload_learned_from_the_clock_makes_offloads_pay_their_way():
     # With offloads free, at full recompute's peak the plan mixes offload into recompute; once
     # the planned steps showed each offload costs the step 3 ms beyond the model (more than a

@@ -20,22 +20,14 @@ from . import _offload_budget as ob
 HOST_PROBE_STEP = 2
 
 
-# Blocks without offloads the device-time ratio needs (gpu_scale), at least.
-SCALE_BLOCKS = 3
-
-
 class HostProbe:
     """Per block, when its forward began and ended on the host, on the one step clocked.
     ``blocks`` (after cost_s): per block, (mode, offloads, host seconds beyond calibration or
     None, {offloader call: seconds} of the calls clocked through :meth:`timing`, {"host_bwd",
     "gpu_fwd", "gpu_bwd": seconds beyond calibration or None}): what the cost came from (a block
-    with no offload shows what the hooks and releases alone cost there). ``gpu_scale`` (after
-    cost_s): how much longer than calibrated the blocks that offloaded nothing ran on the device
-    (the median block's forward and backward together, over their calibrated time), or None
-    with fewer than SCALE_BLOCKS such blocks: the calibration's error, which no plan can
-    change."""
+    with no offload shows what the hooks and releases alone cost there)."""
 
-    __slots__ = ("_marks", "_sections", "_current", "_clock", "_back", "blocks", "gpu_scale")
+    __slots__ = ("_marks", "_sections", "_current", "_clock", "_back", "blocks")
 
     def __init__(self, blocks):
         self._marks = [[None, None] for _ in range(blocks)]
@@ -44,7 +36,6 @@ class HostProbe:
         self._clock = ob.Clock()  # the blocks' boundaries on the device's timeline
         self._back = {}           # ("bs" | "be", block) -> host seconds
         self.blocks = []
-        self.gpu_scale = None
 
     def timing(self, offloader):
         """A view of `offloader` whose calls (releases, a block's hooks opening and closing, the
@@ -92,7 +83,6 @@ class HostProbe:
         offloading block was clocked against a calibrated host time."""
         counts = ap.offloads_by_block(evaluation.layout, evaluation.chosen)
         per_offload = []
-        ratios = []  # device time over calibrated, of the blocks that offloaded nothing
         self.blocks = []
         times = self._clock.resolve()  # (waits for the step's events: once a plan)
         for b, (sig, mode) in enumerate(zip(signatures, evaluation.modes)):
@@ -100,10 +90,6 @@ class HostProbe:
             start, end = self._marks[b]
             sections = dict(self._sections[b])
             timeline = self._timeline(b, calibrated, times)
-            if not counts[b] and timeline["gpu_fwd"] is not None and \
-                    timeline["gpu_bwd"] is not None and calibrated[0] + calibrated[1] > 0:
-                base = calibrated[0] + calibrated[1]
-                ratios.append((base + timeline["gpu_fwd"] + timeline["gpu_bwd"]) / base)
             if calibrated is None or start is None or end is None:
                 self.blocks.append((mode, counts[b], None, sections, timeline))
                 continue
@@ -111,8 +97,6 @@ class HostProbe:
             self.blocks.append((mode, counts[b], extra, sections, timeline))
             if counts[b]:
                 per_offload.append(extra / counts[b])
-        if len(ratios) >= SCALE_BLOCKS:
-            self.gpu_scale = statistics.median(ratios)
         if not per_offload:
             return None
         # The median block's: one step is clocked, and one block held up by something else (the

@@ -17,16 +17,7 @@ a plan has run CORRECTION_STEPS timed steps, their median is compared with the p
   overhead fell short of the measured one.
 
 At most MAX_CORRECTIONS per goal; the learned cost and scale stay across goals (they are the
-model's error, not the goal's), and neither is ever loosened.
-
-The baseline itself can be off: calibration times each block in a step of mostly recomputed
-blocks and keeps the lesser of two timings, and on an H200 the 3B Llama's blocks then ran 2-4%
-longer in planned steps than calibrated, whatever their mode; laid on the plan, that was most of
-a 5% budget, and two corrections cut the budget to 1.4% for a plan that cost 1.5%. So where the
-host probe's step clocked enough blocks that offloaded nothing (tier/torch/_host_probe.py), the
-median one's device time over its calibrated time (``base_scale``, between 1 and
-MAX_BASE_SCALE) scales the predicted steps the check compares the measured ones with: the plan's
-overhead is judged against a baseline as the blocks really run."""
+model's error, not the goal's), and neither is ever loosened."""
 
 import statistics
 
@@ -40,32 +31,21 @@ MAX_CORRECTIONS = 2
 CORRECTION_MARGIN = 0.95
 # A step this fraction of the baseline slower than predicted is the model's error, not noise.
 NOISE = 0.005
-# The most the baseline's measured scale may stretch the predictions the check compares with.
-MAX_BASE_SCALE = 1.15
 
 
 class OverheadCheck:
     """``offload_step_s``: step seconds per offloaded storage learned beyond the model;
-    ``scale``: the fraction of the user's budget the planner plans with; ``base_scale``: how
-    much longer than calibrated the blocks run (:meth:`measured_base`); ``corrections``: the
+    ``scale``: the fraction of the user's budget the planner plans with; ``corrections``: the
     plans made again for this goal; ``settled``: no correction can come for the plan followed;
     ``last``: (kind, measured overhead s, predicted overhead s, offloads) of the last one."""
 
-    __slots__ = ("offload_step_s", "scale", "base_scale", "corrections", "samples", "settled",
-                 "last", "twin", "twin_predicted")
+    __slots__ = ("offload_step_s", "scale", "corrections", "samples", "settled", "last",
+                 "twin", "twin_predicted")
 
     def __init__(self):
         self.offload_step_s = 0.0
         self.scale = 1.0
-        self.base_scale = 1.0
         self.reset_goal()
-
-    def measured_base(self, ratio):
-        """The host probe's device time over calibrated of the blocks that offloaded nothing
-        (None: not measured): predictions are compared with the clock at that scale (clamped to
-        1..MAX_BASE_SCALE: the check is never made stricter by it, nor blind)."""
-        if ratio is not None:
-            self.base_scale = min(MAX_BASE_SCALE, max(1.0, float(ratio)))
 
     def reset_goal(self):
         """A new goal: corrections may come again."""
@@ -121,11 +101,11 @@ class OverheadCheck:
         self.samples.append(step_s)
         if len(self.samples) < CORRECTION_STEPS:
             return None
-        base, best, k = plan.baseline, plan.best, self.base_scale
-        measured = statistics.median(self.samples[-CORRECTION_STEPS:]) - k * base.timed_s
+        base, best = plan.baseline, plan.best
+        measured = statistics.median(self.samples[-CORRECTION_STEPS:]) - base.timed_s
         if self.twin is not None:
             return self._split(measured, base, max_overhead)
-        predicted = k * (best.timed_s - base.timed_s)
+        predicted = best.timed_s - base.timed_s
         offloads = len(best.chosen or ())
         if self.corrections < MAX_CORRECTIONS:
             error = measured - predicted
@@ -137,7 +117,7 @@ class OverheadCheck:
                 self.offload_step_s += error / offloads
                 return self._corrected("cost", measured, predicted, offloads)
             if (max_overhead is not None and predicted > 0 and
-                    measured > max_overhead * k * base.step_s):
+                    measured > max_overhead * base.step_s):
                 # The plan's overhead ran measured/predicted times its prediction: the next one
                 # must predict at most the budget over that ratio (with a margin).
                 self.scale = min(self.scale, CORRECTION_MARGIN * predicted / measured)
@@ -150,7 +130,7 @@ class OverheadCheck:
         offloads' (priced per offload), the twin's own the recompute's (with a budget, it
         scales the budget by how far the twin's prediction fell short)."""
         measured, predicted, offloads = self.twin
-        twin_predicted = self.base_scale * (self.twin_predicted or 0.0)
+        twin_predicted = self.twin_predicted or 0.0
         self.twin = None
         twin_error = max(0.0, twin_measured - twin_predicted)
         own = (measured - predicted) - twin_error

@@ -88,7 +88,6 @@ class PlanWatch:
             probe, self.probe = self.probe, None
             cost = probe.cost_s(plan.best, profile, signatures)
             self.host_probe = probe.blocks
-            self.overhead.measured_base(probe.gpu_scale)
             if cost is not None:
                 self.host_cost_s = profile.offload_host_s = cost
                 return "host"  # (this step's timer measured the plan before)
@@ -128,7 +127,4 @@ class PlanWatch:
         if self.host_measured:
             notes.append("the host's cost per offloaded storage: %.0f us (measured on a planned "
                          "step)" % (1e6 * profile.offload_host_s))
-        if self.overhead.base_scale > 1.0:
-            notes.append("blocks without offloads ran %.1f%% longer than calibrated: plans are "
-                         "checked against that baseline" % (100 * (self.overhead.base_scale - 1)))
         return notes + self.overhead.notes(planned_overhead, max_overhead)
