@@ -577,16 +577,21 @@ def test_light_mode_saves_less_and_computes_the_same():
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_light_calibration_counts_the_matmul_output_its_mlp_keeps(client):
-    """light's MLP checkpoint keeps down_proj's output outside the hooks (its selective
-    policy): calibration counts it as the block's extra_bytes, as it does selective's, so the
-    planner's memory model includes it."""
+@pytest.mark.parametrize("hooked", [False, True])
+def test_light_calibration_counts_what_its_mlp_keeps_outside_the_hooks(client, hooked):
+    """light's MLP tail is one autograd Function that keeps nothing beyond gate and up; where
+    it cannot be exact (here: a hook on down_proj), a checkpoint whose selective policy keeps
+    down_proj's output outside the hooks. Calibration counts that as the block's extra_bytes,
+    as it does selective's, so the planner's memory model includes it."""
     model, cfg = _tiny_llama()
+    if hooked:
+        for layer in model.model.layers:
+            layer.mlp.down_proj.register_forward_hook(lambda m, i, o: None)
     plan = tt.plan_activations(model, max_overhead=0.05, client=client, min_bytes=4096,
                                verbose=False)
-    if plan._blocks._light_policy is None:
+    if hooked and plan._blocks._light_policy is None:
         plan.remove()
-        pytest.skip("this torch has no selective checkpointing that shows each op's output")
+        pytest.skip("this torch has no selective checkpointing")
     for step in range(8):
         ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(step))
         with plan:
@@ -594,10 +599,43 @@ def test_light_calibration_counts_the_matmul_output_its_mlp_keeps(client):
         if plan.profile is not None:
             break
     modes = plan.profile.modes
-    down = 2 * 48 * cfg.hidden_size * 4  # down_proj's output, fp32
+    down = 2 * 48 * cfg.hidden_size * 4 if hooked else 0  # down_proj's output, fp32
     assert [m["light"].extra_bytes for m in modes.values()] == [down] * len(modes)
     assert all(m["keep"].extra_bytes == 0 for m in modes.values())
+    # Either way light keeps less than keep by act_fn(gate) and the product, less what it
+    # keeps outside the hooks.
+    act = 2 * 48 * cfg.intermediate_size * 4
+    for m in modes.values():
+        keep = sum(x.nbytes for x in m["keep"].sites)
+        light = sum(x.nbytes for x in m["light"].sites) + m["light"].extra_bytes
+        assert keep - light >= 2 * act - down, (keep, light)
     plan.remove()
+
+
+def test_light_mlp_tail_is_bit_identical_to_the_block_as_it_is():
+    """The light MLP tail's own backward (tier/torch/_light_mlp.py) against autograd's, on a
+    gated MLP alone: output and every gradient bit for bit, inputs that need no gradient
+    included; and where it cannot be exact (a bias, autocast), it declines."""
+    from tier.torch._light_mlp import mlp_tail
+    torch.manual_seed(0)
+    down = torch.nn.Linear(64, 16, bias=False)
+    act = torch.nn.SiLU()
+    for need_gate, need_up in ((True, True), (True, False), (False, True)):
+        gate = torch.randn(3, 5, 64, requires_grad=need_gate)
+        up = torch.randn(3, 5, 64, requires_grad=need_up)
+        g = torch.randn(3, 5, 16)
+        ref = down(act(gate) * up)
+        got = mlp_tail(act, down, gate, up)
+        assert torch.equal(ref, got)
+        want = torch.autograd.grad(ref, [t for t in (gate, up, down.weight) if t.requires_grad],
+                                   g)
+        have = torch.autograd.grad(got, [t for t in (gate, up, down.weight) if t.requires_grad],
+                                   g)
+        assert all(torch.equal(a, b) for a, b in zip(want, have))
+    biased = torch.nn.Linear(64, 16)
+    assert mlp_tail(act, biased, gate, up) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mlp_tail(act, down, gate, up) is None
 
 
 def test_light_is_planned_where_every_block_has_a_gated_mlp(client):

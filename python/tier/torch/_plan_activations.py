@@ -79,6 +79,7 @@ from ._activations import DEFAULT_MIN_BYTES, ActivationOffloader
 from ._calibration import (TIMING_STEPS, Calibration, build_profile, calibration_modes, rest_mode,
                            signature)
 from ._counters import Counters
+from ._light_mlp import mlp_tail
 from ._plan_watch import PlanWatch
 from ._weights import find_blocks
 
@@ -202,18 +203,19 @@ class BlockModes:
     releases and timer of a planned step.
 
     ``light``: the block runs as in keep, except that each gated MLP (:func:`_gated_mlps`) runs
-    down_proj(act_fn(gate) * up) inside torch.utils.checkpoint (non-reentrant) with a selective
-    policy that keeps the matmul's output (the default selective policy's): gate and up are
-    saved as before, act_fn(gate) and the product are not (two elementwise kernels run again in
-    backward; the matmul does not), and down_proj's output (tokens x hidden, a quarter of the
-    product's bytes in a Llama) is kept by PyTorch outside the hooks (``extra_bytes``). So a
-    Llama block keeps about a quarter less for a fraction of a millisecond; loss and gradients
-    are bit-identical to keep (the same ops run again), and what the block keeps still goes
-    through the saved-tensor hooks (offloadable). Without selective checkpointing (torch < 2.4)
-    only act_fn(gate) * up is inside, and down_proj saves the product as in keep. (Recomputing the
-    RMSNorms too saved 4 bytes a value of tokens x hidden twice a block more, but on an H200
-    cost a 1B Llama's backward 0.35 ms a block, as much per byte as full recompute.)
-    ``light_blocks[b]``: whether block b has such an MLP."""
+    down_proj(act_fn(gate) * up) so that only gate and up are saved for it: neither
+    act_fn(gate) nor the product (tokens x intermediate each) is, and backward runs the two
+    elementwise kernels again (not the matmul). So a Llama block keeps about a quarter less for
+    a fraction of a millisecond; loss and gradients are bit-identical to keep, and what the
+    block keeps still goes through the saved-tensor hooks (offloadable). It is one autograd
+    Function (tier/torch/_light_mlp.py) where that is exact (a plain nn.Linear without bias or
+    hooks, outside autocast); otherwise torch.utils.checkpoint (non-reentrant) with a selective
+    policy that keeps the matmul's output, which PyTorch then keeps outside the hooks
+    (``extra_bytes``, tokens x hidden); without selective checkpointing (torch < 2.4) only
+    act_fn(gate) * up is inside the checkpoint, and down_proj saves the product as in keep.
+    (Recomputing the RMSNorms too saved 4 bytes a value of tokens x hidden twice a block more,
+    but on an H200 cost a 1B Llama's backward 0.35 ms a block, as much per byte as full
+    recompute.) ``light_blocks[b]``: whether block b has such an MLP."""
 
     def __init__(self, blocks, selective_policy=None):
         if _checkpoint is None:
@@ -258,6 +260,9 @@ class BlockModes:
             return forward(x, *args, **kwargs)
         gate = mlp.gate_proj(x)
         up = mlp.up_proj(x)
+        out = mlp_tail(mlp.act_fn, mlp.down_proj, gate, up)
+        if out is not None:
+            return out
         # No randomness in act_fn(gate) * up: no RNG state to stash.
         if self._light_policy is not None:
             out = _checkpoint(_act_mul_down, mlp.act_fn, mlp.down_proj, gate, up,
