@@ -10,10 +10,10 @@ block (a signature: the same class and shapes):
 
 * ``keep``: nothing recomputed; every tensor the block saves for backward goes through the
   saved-tensor hooks, and may be offloaded.
-* ``light``: as keep, but a gated MLP's activation, multiply and down projection run inside
-  torch.utils.checkpoint with the matmul's output kept: neither act_fn(gate) nor the product is
-  saved, both recomputed in backward (cheap elementwise work); the kept matmul output is
-  ``extra_bytes``, and what the block keeps otherwise still goes through the hooks.
+* ``light``: as keep, but a gated MLP's down_proj(act_fn(gate) * up) saves only gate and up:
+  neither act_fn(gate) nor the product is saved, both recomputed in backward (cheap elementwise
+  work; tier/torch/_light_mlp.py, or a checkpoint keeping the matmul's output, which is then
+  ``extra_bytes``); what the block keeps still goes through the hooks.
 * ``selective``: torch.utils.checkpoint with selective checkpoint contexts: the outputs of the
   expensive ops (matmuls, attention) are kept aside by PyTorch (``extra_bytes``, never offloaded),
   the rest is recomputed in backward; the block's inputs go through the hooks.

@@ -102,6 +102,8 @@ def _check_tree(obj):
     while stack:
         value, done = stack.pop()
         key = id(value)
+        if not done and key in counted:
+            continue
         children = _children(value)
         if done:
             size, height = 1, 0
@@ -119,8 +121,6 @@ def _check_tree(obj):
                 raise ValueError("nested more than %d deep" % _MAX_DEPTH)
             counted[key] = (size, height)
             open_.discard(key)
-            continue
-        if key in counted:
             continue
         if key in open_:
             raise ValueError("a container that holds itself")
