@@ -968,7 +968,8 @@ def report(run):
         modes = ""
         if r.get("modes"):
             m = r["modes"]
-            modes = "%dk/%ds/%df" % (m.count("keep"), m.count("selective"), m.count("full"))
+            modes = "%dk/%dl/%ds/%df" % (m.count("keep"), m.count("light"), m.count("selective"),
+                                         m.count("full"))
         table.append((r["label"], fmt(r["step_ms"]), fmt(r.get("x_none"), "%.3f"),
                       fmt(r["act_peak_mib"], "%.0f"), fmt(r["d2h_mib"], "%.0f"),
                       fmt(r["h2d_mib"], "%.0f"), modes, fmt(r.get("loop_ms"))))
