@@ -1,16 +1,15 @@
 """What Python's garbage collector costs a training step, and what drives that cost.
 
 A full collection walks every object the collector tracks: a transformers Llama's trainer holds
-hundreds of thousands, and one full collection took about 290 ms on an H100's host. CPython
-(3.11, 3.12) runs one once the objects that survived into the oldest generation since the last one
-exceed a quarter of those there after it. So what a step costs on average is proportional to what
-it *promotes*: objects that live through two younger collections (a step's saved activations'
-wrappers, records kept from forward to backward), about 4 x (seconds per tracked object) per
-promoted object, however large the heap; the median step never shows it, the mean does.
+hundreds of thousands, and one took 265-290 ms on H100 and H200 hosts. CPython runs one once
+enough objects have survived into its oldest generation since the last, so what brings them is
+what a step *promotes*: objects that live through two younger collections (records kept from
+forward to backward, checkpointing's frames). The median step never shows a full collection;
+the mean does.
 
 :class:`GcClock` counts, while active: collections per generation and their host time, and the
-objects each young collection moved up (survivors of generation 1 go to the oldest). Used by
-frontier_bench.py's rows and plan_profile.py; no torch here.
+objects each generation-1 collection moved up into the oldest. Used by frontier_bench.py's
+rows; no torch here.
 """
 
 import gc
@@ -55,21 +54,12 @@ class GcClock:
         return False
 
     def summary(self, steps):
-        """Per step: collections and ms of each generation, objects promoted to the oldest, and
-        the full collections' mean cost those promotions imply (seconds per tracked object from
-        the full collections seen, else None)."""
+        """Per step: collections and ms of each generation, and objects promoted to the oldest;
+        the objects tracked there when the clock started."""
         steps = max(1, steps)
-        per_object = None
-        if self.collections[2] and self.oldest_at_start:
-            per_object = self.seconds[2] / self.collections[2] / self.oldest_at_start
-        promoted = self.promoted / steps
         return {
             "collections_per_step": [c / steps for c in self.collections],
             "ms_per_step": [s * 1e3 / steps for s in self.seconds],
-            "promoted_per_step": promoted,
+            "promoted_per_step": self.promoted / steps,
             "tracked_at_start": self.oldest_at_start,
-            # A full collection comes when promotions reach a quarter of the oldest generation,
-            # and walks all of it: 4 x promoted x its cost per object, on average.
-            "full_ms_per_step_implied": (4 * promoted * per_object * 1e3
-                                         if per_object is not None else None),
         }
